@@ -1,0 +1,472 @@
+"""From a validated SELECT to an :class:`AggregateQuery`: one private table, its filter, its group
+keys, the noisy measurements to take and how each output column is computed from them.
+
+The query is first *normalised*: qualified against the policy's columns (sqlglot ``qualify``), then
+its CTEs and subqueries are merged into one SELECT (``eliminate_subqueries`` + ``merge_subqueries``).
+A CTE or subquery that only filters or projects rows merges away; anything left over (LIMIT,
+DISTINCT or aggregation inside, a join) is refused.  The flat query is then read, never changed:
+every aggregate becomes one or more *measurements* (COUNT, SUM of a clipped value, ...) that get
+noise, and every output expression is *lifted* into an expression over measurement ids (``m0``)
+and group-key ids (``k0``), computed after the noise is added (post-processing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sqlglot import exp
+from sqlglot.errors import OptimizeError
+from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
+from sqlglot.optimizer.eliminate_subqueries import eliminate_subqueries
+from sqlglot.optimizer.merge_subqueries import merge_subqueries
+from sqlglot.optimizer.qualify import qualify
+
+from analyses.bounds import expression_bounds
+from analyses.sensitivity import (
+    count_sensitivity,
+    count_units_sensitivity,
+    square_bounds,
+    sum_sensitivity,
+)
+from analyses.validate import AGGREGATES, ParsedStatement, check_row_expression
+from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
+from chorus_py.policy import NUMERIC_TYPES, Policy, TablePolicy
+
+MeasurementKind = Literal["count", "count_units", "sum", "sum_squares"]
+
+SQL_TYPES = {
+    "int": "BIGINT", "float": "DOUBLE", "text": "TEXT", "bool": "BOOLEAN", "date": "DATE",
+    "timestamp": "TIMESTAMP",
+}
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """A GROUP BY expression; ``public_values`` when it is a column with declared values."""
+
+    id: str
+    expr: exp.Expr
+    public_values: tuple[object, ...] | None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One noisy number per group: the aggregate the database computes before noise.
+
+    ``argument`` is the row-level value (None for COUNT(*)); sums clip it to [lower, upper].
+    ``sensitivity`` is the L1 sensitivity of the vector of this measurement over all groups.
+    """
+
+    id: str
+    kind: MeasurementKind
+    argument: exp.Expr | None
+    lower: float | None
+    upper: float | None
+    sensitivity: float
+    derivation: str
+
+    @property
+    def integral(self) -> bool:
+        """Counts are integers and get integer (discrete Laplace) noise."""
+        return self.kind in ("count", "count_units")
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """An output column as an expression over measurement ids and key ids."""
+
+    name: str
+    expr: exp.Expr
+    measurements: tuple[str, ...]
+    key: str | None
+    source: str
+
+
+@dataclass(frozen=True)
+class AggregateQuery:
+    """Everything the rewriter and the noise planner need about one private aggregate query."""
+
+    table: str
+    alias: str
+    table_policy: TablePolicy
+    where: exp.Expr | None
+    keys: tuple[GroupKey, ...]
+    measurements: tuple[Measurement, ...]
+    outputs: tuple[OutputColumn, ...]
+    having: exp.Expr | None
+    order: tuple[exp.Ordered, ...]
+    limit: int | None
+    offset: int | None
+    stability: int
+    thresholded: bool
+    # A measurement whose noisy value can also decide which groups are released (a distinct
+    # count of units, or COUNT(*) without a privacy unit); None means a separate one is needed.
+    threshold_source: str | None
+    normalized_sql: str = field(default="")
+
+    @property
+    def privacy_unit(self) -> str | None:
+        """The privacy unit column, or None for event-level DP."""
+        return self.table_policy.privacy_unit
+
+
+@dataclass(frozen=True)
+class PublicQuery:
+    """A query that reads public tables only: forwarded as is, free of charge."""
+
+    tree: exp.Select
+    tables: tuple[str, ...]
+
+
+def analyze_query(
+    parsed: ParsedStatement, policy: Policy, dialect: str,
+    public_columns: dict[str, dict[str, str]],
+) -> AggregateQuery | PublicQuery:
+    """Analyse a validated statement against the policy (pure: the input is not changed)."""
+    private = [t for t in parsed.tables if not policy.tables[t].public]
+    if not private:
+        return PublicQuery(tree=parsed.tree, tables=parsed.tables)
+    if len(private) > 1 or len(parsed.tables) > 1:
+        raise NotSupportedError(
+            f"the query reads several tables ({', '.join(parsed.tables)}); "
+            "joins are not supported yet",
+            hint="query one private table at a time",
+        )
+    table_name = private[0]
+    table_policy = policy.tables[table_name]
+    names = _output_names(parsed.tree)
+    flat = _normalize(parsed.tree, table_name, table_policy, dialect)
+    return _Reader(flat, table_name, table_policy, names).read()
+
+
+def _output_names(tree: exp.Select) -> list[str]:
+    """Names as Postgres would give them: the alias, the column name, or the function name."""
+    names = []
+    for item in tree.expressions:
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            raise QueryRefused(
+                "SELECT * would release raw rows",
+                hint="select aggregates such as COUNT(*), SUM(col), AVG(col) with GROUP BY",
+            )
+        if isinstance(item, exp.Alias):
+            names.append(item.alias)
+        elif isinstance(item, exp.Column):
+            names.append(item.name)
+        elif isinstance(item, exp.Func):
+            names.append(item.sql_name().lower() if not isinstance(item, exp.Count) else "count")
+        else:
+            names.append("?column?")
+    return names
+
+
+def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> exp.Select:
+    schema = {table: {c: SQL_TYPES[col.type] for c, col in tp.columns.items()}}
+    try:
+        flat = qualify(tree.copy(), schema=schema, dialect=dialect, validate_qualify_columns=True)
+    except OptimizeError as err:
+        text = str(err)
+        raise UndefinedColumn(
+            f"unknown column: {text}" if "olumn" in text else f"cannot resolve the query: {text}",
+            hint=f"table '{table}' has the columns: {', '.join(tp.columns)}",
+        ) from None
+    flat = eliminate_ctes(merge_subqueries(eliminate_subqueries(flat)))
+    assert isinstance(flat, exp.Select)
+    nested = [s for s in flat.find_all(exp.Select) if s is not flat]
+    if nested or flat.args.get("with_"):
+        raise NotSupportedError(
+            "subqueries and CTEs may only filter or project rows of one table "
+            "(no LIMIT, DISTINCT, aggregation, window or ORDER BY inside)",
+            hint="move the aggregation to the outermost SELECT",
+        )
+    source = flat.args["from_"].this
+    if not isinstance(source, exp.Table) or flat.args.get("joins"):
+        raise NotSupportedError("joins are not supported yet")
+    if flat.args.get("distinct"):
+        raise QueryRefused("SELECT DISTINCT releases raw values", hint="use GROUP BY instead")
+    return flat
+
+
+class _Reader:
+    """Reads the flat SELECT once, building measurements and lifted outputs."""
+
+    def __init__(self, flat: exp.Select, table: str, tp: TablePolicy, names: list[str]) -> None:
+        self.flat = flat
+        self.table = table
+        self.tp = tp
+        self.names = names
+        self.stability = tp.contribution_bound
+        self.measurements: dict[tuple[str, str], Measurement] = {}
+        self.keys: list[GroupKey] = []
+        self.aliases: dict[str, exp.Expr] = {}
+
+    # -- reading ------------------------------------------------------------------------------
+    def read(self) -> AggregateQuery:
+        flat = self.flat
+        source = flat.args["from_"].this
+        alias = source.alias_or_name
+        where = flat.args["where"].this if flat.args.get("where") else None
+        if where is not None:
+            self._check_row(where, "WHERE")
+        group = flat.args.get("group")
+        for i, key in enumerate(group.expressions if group else []):
+            self._check_row(key, "GROUP BY")
+            if key.find(*AGGREGATES):
+                raise QueryRefused("aggregates are not allowed in GROUP BY")
+            self.keys.append(GroupKey(f"k{i}", key, self._public_values(key)))
+        if group and group.args.get("rollup") or group and group.args.get("cube"):
+            raise NotSupportedError("ROLLUP, CUBE and GROUPING SETS are not supported")
+        outputs = []
+        for name, item in zip(self.names, flat.expressions, strict=True):
+            expr = item.this if isinstance(item, exp.Alias) else item
+            lifted = self._lift(expr, "SELECT")
+            used = tuple(sorted({c.name for c in lifted.find_all(exp.Column)
+                                 if c.name.startswith("m")}))
+            key = lifted.name if isinstance(lifted, exp.Column) and lifted.name.startswith("k") \
+                else None
+            outputs.append(OutputColumn(name, lifted, used, key, expr.sql()))
+            self.aliases[name] = lifted
+        if not self.measurements:
+            raise QueryRefused(
+                "the query has no aggregate: raw values are never released",
+                hint="use COUNT(*), SUM(col), AVG(col), VARIANCE(col) or STDDEV(col)",
+            )
+        having = flat.args.get("having")
+        lifted_having = self._lift(having.this, "HAVING") if having else None
+        order = flat.args.get("order")
+        lifted_order = tuple(
+            o.copy().set("this", self._lift(o.this, "ORDER BY")) or o for o in
+            (order.expressions if order else [])
+        )
+        lifted_order = tuple(
+            exp.Ordered(this=self._lift(o.this, "ORDER BY"), desc=o.args.get("desc"),
+                        nulls_first=o.args.get("nulls_first"))
+            for o in (order.expressions if order else [])
+        )
+        public = all(k.public_values is not None for k in self.keys)
+        thresholded = bool(self.keys) and not public
+        return AggregateQuery(
+            table=self.table, alias=alias, table_policy=self.tp, where=where,
+            keys=tuple(self.keys), measurements=tuple(self.measurements.values()),
+            outputs=tuple(outputs), having=lifted_having, order=lifted_order,
+            limit=_literal_int(flat, "limit"), offset=_literal_int(flat, "offset"),
+            stability=self.stability, thresholded=thresholded,
+            threshold_source=self._threshold_source() if thresholded else None,
+            normalized_sql=flat.sql(),
+        )
+
+    def _public_values(self, key: exp.Expr) -> tuple[object, ...] | None:
+        if isinstance(key, exp.Column):
+            col = self.tp.columns[key.name]
+            return col.public_values
+        return None
+
+    def _threshold_source(self) -> str | None:
+        # A distinct-unit count (user level) or a row count (event level) per group is exactly
+        # the statistic the threshold is derived for (each group of a new unit has value 1).
+        wanted = "count_units" if self.tp.privacy_unit else "count"
+        for m in self.measurements.values():
+            if m.kind == wanted and m.argument is None:
+                return m.id
+        return None
+
+    # -- lifting output expressions -------------------------------------------------------------
+    def _lift(self, expr: exp.Expr, clause: str) -> exp.Expr:
+        def visit(node: exp.Expr) -> exp.Expr:
+            for key in self.keys:
+                if node == key.expr:
+                    return exp.column(key.id)
+            if isinstance(node, AGGREGATES):
+                return self._aggregate(node)
+            if isinstance(node, exp.Column):
+                if not node.table and node.name in self.aliases:
+                    return self.aliases[node.name].copy()
+                raise QueryRefused(
+                    f"column {node.name} in {clause} is neither aggregated nor in GROUP BY: "
+                    "raw values are never released",
+                    hint=f"wrap it in an aggregate or add it to GROUP BY",
+                )
+            return node
+
+        return expr.transform(visit)
+
+    def _aggregate(self, node: exp.Expr) -> exp.Expr:
+        arg = node.this
+        if isinstance(node, exp.Count):
+            if isinstance(arg, exp.Star):
+                return self._measure("count", None)
+            if isinstance(arg, exp.Distinct):
+                return self._count_distinct(arg)
+            self._check_row(arg, "COUNT")
+            return self._measure("count", arg)
+        if isinstance(arg, exp.Distinct):
+            raise NotSupportedError(f"{node.sql_name()}(DISTINCT ...) is not supported")
+        self._check_row(arg, node.sql_name())
+        lo, hi = self._bounds(arg, node.sql_name())
+        total = self._measure("sum", arg, lo, hi)
+        count = self._measure("count", arg)
+        if isinstance(node, exp.Sum):
+            return total
+        if isinstance(node, exp.Avg):
+            # AVG = noisy SUM / noisy COUNT, clamped into [l, u] (post-processing keeps DP).
+            mean = exp.Div(this=total, expression=_greatest(count, 1.0))
+            return _clamp(mean, lo, hi)
+        squares = self._measure("sum_squares", arg, lo, hi)
+        pop = isinstance(node, exp.VariancePop | exp.StddevPop)
+        # var = (S2 - S1^2 / n) / (n - 1), or / n for the population variance; clamped to
+        # [0, (u - l)^2 / 2], a bound on any sample variance of values in [l, u] with n >= 2.
+        n = _greatest(count, 1.0 if pop else 2.0)
+        centred = exp.Sub(this=squares, expression=exp.Div(
+            this=exp.Mul(this=total, expression=total.copy()), expression=n))
+        denom = n.copy() if pop else exp.Sub(this=n.copy(), expression=exp.Literal.number(1))
+        var = _clamp(exp.Div(this=exp.Paren(this=centred), expression=exp.Paren(this=denom)),
+                     0.0, (hi - lo) ** 2 / 2)
+        if isinstance(node, exp.Stddev | exp.StddevPop | exp.StddevSamp):
+            return exp.Sqrt(this=var)
+        return var
+
+    def _count_distinct(self, distinct: exp.Distinct) -> exp.Expr:
+        unit = self.tp.privacy_unit
+        cols = distinct.expressions
+        if unit and len(cols) == 1 and isinstance(cols[0], exp.Column) and cols[0].name == unit:
+            return self._measure("count_units", None)
+        raise NotSupportedError(
+            "COUNT(DISTINCT ...) is supported only for the privacy unit"
+            + (f" ('{unit}')" if unit else " (this table has none)"),
+            hint="COUNT(DISTINCT other_column) has no bounded sensitivity",
+        )
+
+    def _measure(self, kind: MeasurementKind, arg: exp.Expr | None,
+                 lo: float | None = None, hi: float | None = None) -> exp.Expr:
+        dedup = (kind, arg.sql() if arg is not None else "*")
+        if dedup not in self.measurements:
+            mid = f"m{len(self.measurements)}"
+            sens, why = self._sensitivity(kind, lo, hi)
+            self.measurements[dedup] = Measurement(mid, kind, arg, lo, hi, sens, why)
+        return exp.column(self.measurements[dedup].id)
+
+    def _sensitivity(self, kind: MeasurementKind, lo: float | None,
+                     hi: float | None) -> tuple[float, str]:
+        s = self.stability
+        stab = (f"stability {s} (max_rows_per_unit of '{self.tp.privacy_unit}')"
+                if self.tp.privacy_unit else "stability 1 (event-level: one row per neighbour)")
+        if kind == "count":
+            return float(count_sensitivity(s)), f"COUNT over {stab}: Delta = s = {s}"
+        if kind == "count_units":
+            groups = None
+            if self.keys and all(k.public_values is not None for k in self.keys):
+                groups = 1
+                for k in self.keys:
+                    groups *= len(k.public_values or ())
+            d = count_units_sensitivity(s, bool(self.keys), groups)
+            return float(d), (
+                f"COUNT(DISTINCT unit): a unit's <= {s} rows reach at most {d} group(s): "
+                f"Delta = {d}"
+            )
+        assert lo is not None and hi is not None
+        if kind == "sum_squares":
+            sq_lo, sq_hi = square_bounds(lo, hi)
+            d = sum_sensitivity(s, sq_lo, sq_hi)
+            return d, f"SUM(x^2), x clipped to [{lo:g}, {hi:g}], {stab}: Delta = {s} * {sq_hi:g}"
+        d = sum_sensitivity(s, lo, hi)
+        return d, (f"SUM clipped to [{lo:g}, {hi:g}] over {stab}: "
+                   f"Delta = s * max(|l|, |u|) = {d:g}")
+
+    def _bounds(self, arg: exp.Expr, fname: str) -> tuple[float, float]:
+        missing: list[str] = []
+
+        def column_bounds(col: exp.Column) -> tuple[float, float] | None:
+            cp = self.tp.columns[col.name]
+            if cp.lower is None or cp.upper is None:
+                missing.append(col.name)
+                return None
+            return (cp.lower, cp.upper)
+
+        found = expression_bounds(arg, column_bounds)
+        if found is None:
+            if missing:
+                raise QueryRefused(
+                    f"{fname} over column '{missing[0]}' needs declared bounds",
+                    hint=f"the data owner must set lower and upper for "
+                    f"tables.{self.table}.columns.{missing[0]} in the policy",
+                )
+            raise QueryRefused(
+                f"cannot bound the value of {arg.sql()} in {fname}",
+                hint="use +, -, *, / by a constant, ABS, LEAST, GREATEST or CASE on bounded columns",
+            )
+        return found
+
+    # -- row-level safety ---------------------------------------------------------------------------
+    def _check_row(self, node: exp.Expr, clause: str) -> None:
+        check_row_expression(node, clause)
+        for cast in node.find_all(exp.Cast):
+            self._check_cast(cast, clause)
+        for cmp in node.find_all(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE):
+            self._check_comparison(cmp.this, cmp.expression, clause)
+        for cmp in node.find_all(exp.In):
+            for item in cmp.expressions:
+                self._check_comparison(cmp.this, item, clause)
+        for cmp in node.find_all(exp.Between):
+            for item in (cmp.args["low"], cmp.args["high"]):
+                self._check_comparison(cmp.this, item, clause)
+
+    def _type_of(self, node: exp.Expr) -> str | None:
+        if isinstance(node, exp.Column) and node.name in self.tp.columns:
+            return self.tp.columns[node.name].type
+        return None
+
+    def _check_cast(self, cast: exp.Cast, clause: str) -> None:
+        # A cast that can fail on some value (text -> number, a narrowing numeric cast) would
+        # turn one row's value into a visible error, so only total casts are allowed.
+        if isinstance(cast.this, exp.Literal):
+            return
+        to = cast.to
+        if to.is_type(*exp.DataType.TEXT_TYPES) or to.is_type(
+            exp.DType.DOUBLE, exp.DType.FLOAT
+        ):
+            src = self._type_of(cast.this)
+            if to.is_type(*exp.DataType.TEXT_TYPES) or src in NUMERIC_TYPES:
+                return
+        src = self._type_of(cast.this)
+        if src in ("date", "timestamp") and to.is_type(exp.DType.DATE, exp.DType.TIMESTAMP):
+            return
+        raise QueryRefused(
+            f"the cast {cast.sql()} in {clause} may fail on some rows",
+            hint="casts on rows may only go to TEXT, to DOUBLE from a number, or between "
+            "DATE and TIMESTAMP",
+        )
+
+    def _check_comparison(self, left: exp.Expr, right: exp.Expr, clause: str) -> None:
+        for a, b in ((left, right), (right, left)):
+            kind = self._type_of(a)
+            if kind == "text" and isinstance(b, exp.Literal) and not b.is_string:
+                raise QueryRefused(
+                    f"{a.name} is text but is compared with the number {b.sql()} in {clause}",
+                    hint=f"quote the value: '{b.name}'",
+                )
+            if kind in NUMERIC_TYPES and isinstance(b, exp.Literal) and b.is_string:
+                raise QueryRefused(
+                    f"{a.name} is a number but is compared with the text {b.sql()} in {clause}",
+                    hint="write the number without quotes",
+                )
+
+
+def _literal_int(flat: exp.Select, arg: str) -> int | None:
+    node = flat.args.get(arg)
+    if node is None:
+        return None
+    value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+    if not isinstance(value, exp.Literal) or value.is_string or not value.name.isdigit():
+        raise QueryRefused(f"{arg.upper()} must be a non-negative integer literal")
+    return int(value.name)
+
+
+def _greatest(node: exp.Expr, floor: float) -> exp.Expr:
+    return exp.Greatest(this=node.copy(), expressions=[exp.Literal.number(floor)])
+
+
+def _clamp(node: exp.Expr, lo: float, hi: float) -> exp.Expr:
+    inner = exp.Greatest(this=node, expressions=[exp.Literal.number(lo)])
+    return exp.Least(this=inner, expressions=[exp.Literal.number(hi)])

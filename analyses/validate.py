@@ -1,0 +1,207 @@
+"""Is this statement allowed at all?  Parsing, the node and function allowlists, table lookup.
+
+Everything here runs before any budget is touched, so a refusal costs nothing.  The checks are
+allowlists, never denylists: a node type or function sqlglot learns in a later release is refused
+until someone decides it is safe.
+
+Row-level expressions (WHERE, GROUP BY keys, aggregate arguments) are held to a stricter list than
+post-processing expressions (arithmetic on the noisy aggregates): a row-level function that can
+raise an error on some values (LN of zero, SQRT of a negative, a failing cast) would let the
+presence of one row leak through the error itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from chorus_py.errors import NotSupportedError, QueryRefused, QuerySyntaxError, UndefinedTable
+
+# Structural nodes any accepted query may contain.
+_STRUCTURE: tuple[type[exp.Expr], ...] = (
+    exp.Select, exp.From, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered, exp.Limit,
+    exp.Offset, exp.With, exp.CTE, exp.TableAlias, exp.Subquery, exp.Table, exp.Identifier,
+    exp.Column, exp.Star, exp.Alias, exp.Literal, exp.Boolean, exp.Null, exp.Paren, exp.Neg,
+    exp.Not, exp.And, exp.Or, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In,
+    exp.Between, exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Cast,
+    exp.DataType, exp.DataTypeParam, exp.Case, exp.If, exp.Interval, exp.Var, exp.Distinct,
+    exp.Tuple, exp.DPipe, exp.Concat, exp.Join,
+)
+
+# Aggregates the engine can answer with a derived sensitivity (others are refused by name).
+AGGREGATES: tuple[type[exp.Expr], ...] = (
+    exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
+    exp.StddevSamp,
+)
+
+# Deterministic functions that cannot fail on any row value, so they are safe on raw rows.
+ROW_FUNCTIONS: tuple[type[exp.Expr], ...] = (
+    exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Least, exp.Greatest, exp.Coalesce, exp.Nullif,
+    exp.Lower, exp.Upper, exp.Length, exp.Trim, exp.TimestampTrunc, exp.DateTrunc, exp.Extract,
+    exp.CurrentDate, exp.CurrentTimestamp, exp.Sign,
+)
+
+# Functions allowed only on noisy aggregates (post-processing): an error there depends on noisy
+# values alone, never on a row.
+POST_FUNCTIONS: tuple[type[exp.Expr], ...] = (exp.Sqrt, exp.Ln, exp.Log, exp.Exp, exp.Pow)
+
+_ALLOWED = _STRUCTURE + AGGREGATES + ROW_FUNCTIONS + POST_FUNCTIONS
+
+_REFUSED_AGGREGATES = {
+    "Min": "MIN", "Max": "MAX", "Median": "MEDIAN", "PercentileCont": "PERCENTILE_CONT",
+    "PercentileDisc": "PERCENTILE_DISC", "Quantile": "QUANTILE", "ApproxQuantile": "QUANTILE",
+    "ArrayAgg": "ARRAY_AGG", "GroupConcat": "STRING_AGG", "Mode": "MODE",
+}
+
+# Names that mark a system catalog, to give a more helpful message than "unknown table".
+_CATALOG_PREFIXES = ("pg_", "information_schema", "duckdb_", "sqlite_", "sys")
+
+
+@dataclass(frozen=True)
+class ParsedStatement:
+    """A single SELECT that passed the allowlists, and the tables it names."""
+
+    tree: exp.Select
+    tables: tuple[str, ...]
+
+
+def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> ParsedStatement:
+    """Parse ``sql`` in ``dialect`` and refuse anything but one allowed SELECT.
+
+    >>> parse_statement("SELECT COUNT(*) FROM trips", "duckdb", frozenset({"trips"})).tables
+    ('trips',)
+    """
+    if not sql or not sql.strip():
+        raise QuerySyntaxError("the query is empty", hint="send one SELECT statement")
+    try:
+        statements = [s for s in sqlglot.parse(sql, dialect=dialect) if s is not None]
+    except (ParseError, TokenError) as err:
+        raise QuerySyntaxError(f"syntax error: {_first_line(err)}") from None
+    if len(statements) != 1:
+        raise QueryRefused(
+            f"the query holds {len(statements)} statements",
+            hint="send exactly one SELECT per query",
+        )
+    tree = statements[0]
+    if not isinstance(tree, exp.Select):
+        raise QueryRefused(
+            f"only SELECT queries are allowed, not {_statement_kind(tree)}",
+            hint="the proxy answers aggregate SELECT queries; writes, DDL and COPY are refused",
+        )
+    for node in tree.walk():
+        _check_node(node)
+    tables = _referenced_tables(tree, known_tables)
+    return ParsedStatement(tree=tree, tables=tables)
+
+
+def check_row_expression(node: exp.Expr, where: str) -> None:
+    """Refuse functions that may not run on raw rows (``where`` names the clause)."""
+    for sub in node.walk():
+        if isinstance(sub, POST_FUNCTIONS):
+            raise QueryRefused(
+                f"{sub.sql_name()} is not allowed on rows ({where}): it can fail on some values, "
+                "and an error would reveal the row",
+                hint="apply it to the aggregate's result instead, e.g. SQRT(SUM(x))",
+            )
+        if isinstance(sub, exp.Cast) and not isinstance(sub.this, exp.Literal):
+            continue  # casts are checked with column types in analyses.query
+        if isinstance(sub, exp.Like | exp.ILike) and not isinstance(sub.expression, exp.Literal):
+            raise QueryRefused(f"LIKE patterns must be literals ({where})")
+        if isinstance(sub, exp.Round) and sub.args.get("decimals") is not None:
+            if not isinstance(sub.args["decimals"], exp.Literal | exp.Neg):
+                raise QueryRefused(f"ROUND's digits must be a literal ({where})")
+        if isinstance(sub, exp.TimestampTrunc | exp.DateTrunc):
+            unit = sub.args.get("unit")
+            if unit is not None and not isinstance(unit, exp.Literal | exp.Var):
+                raise QueryRefused(f"DATE_TRUNC's unit must be a literal ({where})")
+
+
+def _check_node(node: exp.Expr) -> None:
+    if isinstance(node, _ALLOWED):
+        if isinstance(node, exp.Join):
+            raise NotSupportedError(
+                "joins are not supported yet",
+                hint="query one private table at a time (join support is planned)",
+            )
+        if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
+            raise QueryRefused(
+                f"table functions are not allowed ({node.sql()})",
+                hint="query the tables the policy declares",
+            )
+        if isinstance(node, exp.Select) and node.args.get("into") is not None:
+            raise QueryRefused("SELECT INTO writes a table and is refused")
+        if isinstance(node, exp.Select) and node.args.get("locks"):
+            raise QueryRefused("locking clauses (FOR UPDATE/SHARE) are refused")
+        if isinstance(node, exp.Subquery) and isinstance(node.parent, exp.Where | exp.In | exp.EQ):
+            raise NotSupportedError(
+                "subqueries inside WHERE act as joins, and joins are not supported yet",
+            )
+        return
+    name = type(node).__name__
+    if name in _REFUSED_AGGREGATES:
+        raise NotSupportedError(
+            f"{_REFUSED_AGGREGATES[name]} is not supported: plain Laplace noise cannot protect "
+            "a statistic with unbounded sensitivity",
+            hint="use COUNT, SUM, AVG, VARIANCE or STDDEV",
+        )
+    if isinstance(node, exp.Window):
+        raise NotSupportedError("window functions are not supported")
+    if isinstance(node, exp.Union | exp.Intersect | exp.Except):
+        raise NotSupportedError("UNION, INTERSECT and EXCEPT are not supported")
+    if isinstance(node, exp.Placeholder | exp.Parameter):
+        raise QueryRefused("unbound parameter in the query", hint="bind all parameters")
+    if isinstance(node, exp.Func):
+        fname = node.sql_name() if not isinstance(node, exp.Anonymous) else node.name.upper()
+        raise QueryRefused(
+            f"function {fname} is not allowed",
+            hint="allowed: COUNT, SUM, AVG, VARIANCE, STDDEV, arithmetic, ABS, ROUND, FLOOR, CEIL, "
+            "LEAST, GREATEST, COALESCE, NULLIF, LOWER, UPPER, LENGTH, TRIM, DATE_TRUNC, EXTRACT, "
+            "CAST, CASE; SQRT/LN/LOG/EXP/POWER on aggregates only",
+        )
+    raise QueryRefused(f"SQL construct {name} is not allowed", hint="see the allowed SQL in README")
+
+
+def _referenced_tables(tree: exp.Select, known: frozenset[str]) -> tuple[str, ...]:
+    cte_names = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    names: list[str] = []
+    for table in tree.find_all(exp.Table):
+        name = table.name.lower()
+        qualifier = (table.args.get("db") or table.args.get("catalog"))
+        if qualifier is not None or name.startswith(_CATALOG_PREFIXES):
+            full = table.sql()
+            if name.startswith(_CATALOG_PREFIXES) or "catalog" in full.lower() or (
+                qualifier is not None and qualifier.name.lower().startswith(_CATALOG_PREFIXES)
+            ):
+                raise QueryRefused(
+                    f"system catalogs are not available ({full})",
+                    hint="the proxy exposes only the tables of its policy",
+                )
+            raise QueryRefused(
+                f"schema-qualified table names are not allowed ({full})",
+                hint=f"use the bare name '{name}'",
+            )
+        if name in cte_names:
+            continue
+        if name not in known:
+            raise UndefinedTable(
+                f"unknown table '{name}'",
+                hint="the policy declares: " + ", ".join(sorted(known)),
+            )
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise QueryRefused("the query reads no table", hint="add FROM <table>")
+    return tuple(names)
+
+
+def _statement_kind(tree: exp.Expr) -> str:
+    key = tree.key.upper()
+    return {"COMMAND": "a command", "COPY": "COPY", "SET": "SET"}.get(key, key)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return text.replace("\x1b[4m", "").replace("\x1b[0m", "")

@@ -1,0 +1,243 @@
+"""Connections to the unmodified database the proxy forwards rewritten SQL to.
+
+Two backends: an embedded DuckDB file and Postgres (psycopg 3).  Both run every statement the
+proxy sends as read-only as the database allows (defence in depth: the analyser already refuses
+writes), and both classify failures so the engine can tell "the data was touched" (charge the
+budget) from "the statement never ran" (release it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psycopg
+
+from chorus_py.errors import OperationalError
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """Rows as returned by the backend, with column names and portable type names."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+class StatementFailed(Exception):
+    """The backend refused or failed a statement.
+
+    ``touched_data`` is False only when the failure happened before any row was read (parse,
+    bind or plan errors), so releasing the budget claim is safe.  ``detail`` is for the server
+    log only: it may quote data values and must never reach an analyst.
+    """
+
+    def __init__(self, touched_data: bool, detail: str) -> None:
+        super().__init__(detail)
+        self.touched_data = touched_data
+        self.detail = detail
+
+
+class Backend(ABC):
+    """A database that runs the proxy's rewritten SQL."""
+
+    dialect: str
+
+    @abstractmethod
+    def run(self, sql: str) -> ResultSet:
+        """Run one statement; raise :class:`StatementFailed` on any database error."""
+
+    @abstractmethod
+    def table_columns(self) -> dict[str, dict[str, str]]:
+        """Every table of the default schema, with its columns and their portable types."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+
+def open_backend(url: str, statement_timeout_s: float = 300.0) -> Backend:
+    """Open the backend a policy's URL names."""
+    if url.startswith("duckdb://"):
+        return DuckDBBackend(duckdb_path(url))
+    return PostgresBackend(url, statement_timeout_s)
+
+
+def duckdb_path(url: str) -> str:
+    """The file of a ``duckdb:///relative`` or ``duckdb:////absolute`` URL (or ``:memory:``)."""
+    rest = url.removeprefix("duckdb:///")
+    return rest if rest == ":memory:" or Path(rest).is_absolute() else str(Path(rest).resolve())
+
+
+def portable_type(name: str) -> str:
+    """Map a backend type name to the small set the report uses."""
+    n = name.lower()
+    if any(s in n for s in ("int", "serial")) and "interval" not in n:
+        return "integer"
+    if any(s in n for s in ("double", "float", "real", "numeric", "decimal")):
+        return "float"
+    if "timestamp" in n:
+        return "timestamp"
+    if n == "date":
+        return "date"
+    if n in ("bool", "boolean"):
+        return "boolean"
+    if any(s in n for s in ("char", "text", "string")):
+        return "text"
+    return n
+
+
+class DuckDBBackend(Backend):
+    """An embedded DuckDB database file (or ``:memory:``)."""
+
+    dialect = "duckdb"
+
+    # Errors raised before execution starts: nothing was read.
+    _BEFORE_EXECUTION = (duckdb.ParserException, duckdb.BinderException,
+                         duckdb.CatalogException, duckdb.SyntaxException)
+
+    def __init__(self, path: str) -> None:
+        if path != ":memory:" and not Path(path).exists():
+            raise OperationalError(
+                f"the DuckDB file {path} does not exist",
+                hint="run `chorus demo` to create demo data, or fix [backend] url in the policy",
+            )
+        try:
+            self._con = duckdb.connect(path)
+        except duckdb.Error as err:
+            raise OperationalError(f"cannot open DuckDB file {path}: {err}") from None
+        # Defence in depth: no file or network access from SQL, and nobody may turn it back on.
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET lock_configuration = true")
+        self._lock = threading.Lock()
+
+    def run(self, sql: str) -> ResultSet:
+        # A cursor is DuckDB's per-thread handle on the same database.
+        with self._lock:
+            cur = self._con.cursor()
+        try:
+            cur.execute(sql)
+            rows = cur.fetchall()
+            desc = cur.description or []
+        except self._BEFORE_EXECUTION as err:
+            raise StatementFailed(False, str(err)) from None
+        except duckdb.Error as err:
+            raise StatementFailed(True, str(err)) from None
+        finally:
+            cur.close()
+        return ResultSet(tuple(d[0] for d in desc), tuple(portable_type(str(d[1])) for d in desc),
+                         rows)
+
+    def table_columns(self) -> dict[str, dict[str, str]]:
+        result = self.run(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"
+        )
+        return _group_columns(result.rows)
+
+    def close(self) -> None:
+        self._con.close()
+
+
+class PostgresBackend(Backend):
+    """Postgres through a small pool of psycopg connections, each in read-only mode."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str, statement_timeout_s: float, pool_size: int = 8) -> None:
+        self._url = url
+        self._timeout_ms = int(statement_timeout_s * 1000)
+        self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
+        self._size = pool_size
+        self._opened = 0
+        self._lock = threading.Lock()
+        with self._connection():  # fail at start-up, not on the first query
+            pass
+
+    def _connect(self) -> psycopg.Connection:
+        try:
+            con = psycopg.connect(self._url, autocommit=False, connect_timeout=10)
+        except psycopg.Error as err:
+            raise OperationalError(
+                f"cannot connect to Postgres: {str(err).strip().splitlines()[0]}",
+                hint="check [backend] url in the policy and that the server is running",
+            ) from None
+        con.read_only = True
+        with con.cursor() as cur:
+            cur.execute(f"SET statement_timeout = {self._timeout_ms}")
+        con.commit()
+        return con
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        try:
+            con = self._pool.get_nowait()
+        except queue.Empty:
+            con = self._connect()
+        try:
+            yield con
+        finally:
+            if con.closed or con.broken:
+                con.close()
+            else:
+                self._pool.put(con)
+
+    def run(self, sql: str) -> ResultSet:
+        with self._connection() as con:
+            try:
+                with con.cursor() as cur:
+                    cur.execute(sql.encode(), prepare=False)
+                    rows = cur.fetchall() if cur.description else []
+                    desc = cur.description or []
+                    types = tuple(_pg_type_name(con, d.type_code) for d in desc)
+                con.commit()
+            except psycopg.Error as err:
+                con.rollback() if not con.closed else None
+                raise StatementFailed(_pg_touched(err), str(err)) from None
+        return ResultSet(tuple(d.name for d in desc), types, rows)
+
+    def table_columns(self) -> dict[str, dict[str, str]]:
+        result = self.run(
+            "SELECT table_name::text, column_name::text, data_type::text "
+            "FROM information_schema.columns WHERE table_schema = current_schema() "
+            "ORDER BY table_name, ordinal_position"
+        )
+        return _group_columns(result.rows)
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._pool.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+def _pg_touched(err: psycopg.Error) -> bool:
+    # SQLSTATE class 42 (syntax or access rule) and 0A (feature not supported) are raised while
+    # parsing or planning, before any row is read; everything else may have read data.
+    state = getattr(err, "sqlstate", None) or ""
+    return not state.startswith(("42", "0A"))
+
+
+_PG_TYPES = {16: "boolean", 20: "integer", 21: "integer", 23: "integer", 25: "text",
+             700: "float", 701: "float", 1043: "text", 1082: "date", 1114: "timestamp",
+             1184: "timestamp", 1700: "float", 18: "text", 19: "text"}
+
+
+def _pg_type_name(con: psycopg.Connection, oid: int) -> str:
+    return _PG_TYPES.get(oid, f"oid {oid}")
+
+
+def _group_columns(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, str]]:
+    tables: dict[str, dict[str, str]] = {}
+    for table, column, dtype in rows:
+        tables.setdefault(str(table), {})[str(column)] = portable_type(str(dtype))
+    return tables

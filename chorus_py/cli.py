@@ -1,0 +1,262 @@
+"""The ``chorus`` command line: a thin layer over :class:`chorus_py.engine.Engine`.
+
+Exit status: 0 on success, 2 when a query is refused (policy, SQL, budget or parameters),
+1 on any other failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from chorus_py.errors import (
+    BudgetExhausted,
+    ChorusError,
+    NotSupportedError,
+    OperationalError,
+    PolicyError,
+    ProgrammingError,
+)
+
+REFUSED = 2
+FAILED = 1
+
+_DEMO_QUERIES = [
+    ("How many trips per city?", "SELECT city, COUNT(*) AS trips FROM trips GROUP BY city "
+     "ORDER BY city"),
+    ("Average fare and distance, all trips",
+     "SELECT AVG(fare) AS avg_fare, AVG(distance_km) AS avg_km FROM trips"),
+    ("How many riders took a trip longer than 20 km in January?",
+     "SELECT COUNT(DISTINCT rider_id) AS riders FROM trips WHERE distance_km > 20 "
+     "AND pickup_time < DATE '2026-02-01'"),
+    ("Fare spread (standard deviation) in SF and NYC",
+     "SELECT city, STDDEV(fare) AS fare_sd FROM trips WHERE city IN ('SF', 'NYC') "
+     "GROUP BY city"),
+    ("Busiest hours of the day (keys released by thresholding)",
+     "SELECT EXTRACT(hour FROM pickup_time) AS hour, COUNT(*) AS trips FROM trips "
+     "GROUP BY 1 ORDER BY trips DESC LIMIT 3"),
+]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug).")
+def main(verbose: int) -> None:
+    """Chorus: a differential-privacy SQL proxy.
+
+    Analysts send ordinary SQL; the proxy bounds each person's influence, rewrites the query so
+    the database adds calibrated noise, and charges the privacy cost to a per-block budget.
+
+    \b
+    Start here:
+      chorus demo                         # demo data + policy in ./demo, example answers
+      chorus query --policy demo/policy.toml "SELECT COUNT(*) FROM trips"
+      chorus explain --policy demo/policy.toml "SELECT AVG(fare) FROM trips"
+    """
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@main.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("demo"), show_default=True, help="Where to write data and policy.")
+@click.option("--backend", "backend_url", default=None, metavar="URL",
+              help="Load into this Postgres database instead of DIR/demo.duckdb, e.g. "
+              "postgresql://postgres@127.0.0.1:5432/demo")
+@click.option("--rows", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Number of trips to generate.")
+@click.option("--epsilon", type=float, default=None, help="Epsilon of each example query.")
+@click.option("--no-queries", is_flag=True, help="Only generate data and policy.")
+def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | None,
+         no_queries: bool) -> None:
+    """Generate a ride-sharing dataset and its policy, then answer example queries.
+
+    The data (trips with rider, driver, city, pickup time over 90 days, fare, distance) is
+    deterministic. Each answer is printed next to its privacy report.
+
+    \b
+    Examples:
+      chorus demo
+      chorus demo --dir /tmp/demo --rows 100000
+      chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo
+    """
+    from chorus_py.demo import generate_demo
+
+    def progress(message: str, fraction: float) -> None:
+        click.echo(f"[{fraction:4.0%}] {message}", err=True)
+
+    try:
+        policy_path = generate_demo(directory, backend_url=backend_url, rows=rows,
+                                    progress=progress)
+    except ChorusError as err:
+        _fail(err)
+    click.echo(f"policy written to {policy_path}")
+    if no_queries:
+        return
+    engine = _engine(policy_path)
+    for question, sql in _DEMO_QUERIES:
+        click.echo("")
+        click.secho(f"-- {question}", bold=True)
+        click.echo(sql)
+        try:
+            result = engine.execute(sql, epsilon=epsilon)
+        except ChorusError as err:
+            click.secho(f"refused: {err}", fg="red")
+            continue
+        _print_table(result.columns, result.rows)
+        _print_report(result.report.to_dict())
+    click.echo("")
+    click.echo("Budget left per block (first 3 of "
+               f"{len(engine.ledger.blocks())}):")
+    for block in engine.ledger.blocks()[:3]:
+        click.echo(f"  {block.block_id}: epsilon {block.epsilon_remaining:.3f} "
+                   f"of {block.epsilon_global:g}")
+    click.echo(f"\nTry: chorus query --policy {policy_path} \"SELECT COUNT(*) FROM trips\"")
+
+
+def _query_options(func: Any) -> Any:
+    for option in reversed([
+        click.option("--policy", "policy_path", required=True,
+                     type=click.Path(dir_okay=False, path_type=Path),
+                     help="The policy (TOML) file."),
+        click.option("--analyst", default=None,
+                     help="Analyst to charge (default: the policy's only analyst)."),
+        click.option("--epsilon", type=float, default=None,
+                     help="Privacy cost of this query (default: privacy.default_epsilon)."),
+        click.option("--delta", type=float, default=None,
+                     help="Delta (default: privacy.default_delta); needed to release "
+                     "group keys without public_values."),
+        click.option("--json", "as_json", is_flag=True,
+                     help="Print one JSON object: columns, rows, report (or error)."),
+        click.argument("sql"),
+    ]):
+        func = option(func)
+    return func
+
+
+@main.command()
+@_query_options
+def query(policy_path: Path, analyst: str | None, epsilon: float | None, delta: float | None,
+          as_json: bool, sql: str) -> None:
+    """Run one query with differential privacy and print the noisy answer.
+
+    \b
+    Examples:
+      chorus query --policy demo/policy.toml "SELECT city, COUNT(*) FROM trips GROUP BY city"
+      chorus query --policy demo/policy.toml --epsilon 0.5 --json \\
+          "SELECT AVG(fare) FROM trips WHERE distance_km > 10"
+    """
+    engine = _engine(policy_path, as_json)
+    try:
+        result = engine.execute(sql, analyst=analyst, epsilon=epsilon, delta=delta)
+    except ChorusError as err:
+        _fail(err, as_json)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), default=str))
+        return
+    _print_table(result.columns, result.rows)
+    _print_report(result.report.to_dict())
+
+
+@main.command()
+@_query_options
+def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
+            delta: float | None, as_json: bool, sql: str) -> None:
+    """Show what a query would cost and how it would be answered, without running it.
+
+    Nothing is executed and no budget is charged.
+
+    \b
+    Example:
+      chorus explain --policy demo/policy.toml "SELECT AVG(fare) FROM trips GROUP BY city"
+    """
+    engine = _engine(policy_path, as_json)
+    try:
+        report = engine.explain(sql, analyst=analyst, epsilon=epsilon, delta=delta)
+    except ChorusError as err:
+        _fail(err, as_json)
+    if as_json:
+        click.echo(json.dumps({"columns": [], "rows": [], "report": report.to_dict()},
+                              default=str))
+        return
+    _print_report(report.to_dict(), verbose=True)
+
+
+def _engine(policy_path: Path, as_json: bool = False) -> Any:
+    from chorus_py.engine import Engine
+
+    try:
+        return Engine.from_policy(policy_path)
+    except (PolicyError, OperationalError) as err:
+        _fail(err, as_json, status=FAILED)
+    except ChorusError as err:
+        _fail(err, as_json)
+
+
+def _fail(err: ChorusError, as_json: bool = False, status: int | None = None) -> None:
+    if status is None:
+        refused = isinstance(err, ProgrammingError | NotSupportedError | BudgetExhausted)
+        status = REFUSED if refused else FAILED
+    if as_json:
+        click.echo(json.dumps({"error": {"message": err.message, "hint": err.hint,
+                                         "sqlstate": err.sqlstate,
+                                         "type": type(err).__name__}}))
+    else:
+        click.secho(f"error: {err.message}", fg="red", err=True)
+        if err.hint:
+            click.echo(f"hint: {err.hint}", err=True)
+    sys.exit(status)
+
+
+def _print_table(columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    click.echo("  ".join("-" * w for w in widths))
+    for row in cells:
+        click.echo("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "NULL" if value is None else str(value)
+
+
+def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
+    charged = "charged" if report["charged"] else "would charge"
+    blocks = report["blocks"]
+    span = f"{blocks[0]} .. {blocks[-1]}" if len(blocks) > 1 else ", ".join(blocks) or "none"
+    click.secho(f"privacy: {charged} epsilon={report['epsilon']:g} delta={report['delta']:g} "
+                f"on {len(blocks)} block(s) [{span}]; noise in {report['noise']}", fg="cyan")
+    if report.get("stability") is not None:
+        unit = report.get("privacy_unit")
+        click.echo(f"  stability {report['stability']}"
+                   + (f" (at most {report['stability']} rows per {unit})" if unit else
+                      " (event-level)"))
+    for col in report["columns"]:
+        if col["role"] == "aggregate":
+            click.echo(f"  {col['name']}: {col['mechanism']}, scale {col['scale']:.4g}, "
+                       f"95% error within +-{col['error_bound_95']:.4g}")
+        elif col["role"] == "derived":
+            click.echo(f"  {col['name']}: {col['note']}")
+    if report.get("key_release"):
+        kr = report["key_release"]
+        if kr["method"] == "threshold":
+            click.echo(f"  group keys: released when noisy count > {kr['threshold']:.1f}")
+    if verbose:
+        for m in report["measurements"]:
+            click.echo(f"  {m['id']} = {m['aggregate']}: {m['derivation']}; "
+                       f"{m['mechanism']['name']} epsilon={m['mechanism']['epsilon']:.4g} "
+                       f"scale={m['mechanism']['scale']:.4g}")
+        for note in report["notes"]:
+            click.echo(f"  note: {note}")
+        if report.get("rewritten_sql"):
+            click.echo("  rewritten SQL:")
+            click.echo("    " + report["rewritten_sql"])

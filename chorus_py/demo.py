@@ -1,0 +1,404 @@
+"""The demo data set behind ``chorus demo``: a synthetic ride-sharing database and its policy.
+
+:func:`generate_demo` builds two tables and writes ``DIR/policy.toml`` describing them:
+
+``trips`` (private; one row per ride, the privacy unit is the rider)
+    ``trip_id BIGINT`` 1..N in pickup order, ``rider_id BIGINT``, ``driver_id BIGINT``,
+    ``city TEXT``, ``pickup_time TIMESTAMP`` (without time zone), ``fare DOUBLE``,
+    ``distance_km DOUBLE``.
+``cities`` (public)
+    ``city TEXT``, ``state TEXT``, ``population BIGINT`` for the five cities.
+
+Distributions (all drawn from one ``numpy.random.Generator`` seeded with ``seed``, so a given
+``(seed, rows)`` always yields the same rows):
+
+- trips per rider: ``round(exp(ln 5 + 1.1 Z))`` clipped to 1..200 (median 5, mean about 9, a long
+  tail: a few riders hit the cap of 200); riders are drawn until their trips reach N, the last
+  rider's count is cut to fit, so the number of riders follows from N (about N / 9).
+- city: each rider has a home city (SF 28%, NYC 34%, LA 20%, CHI 11%, SEA 7%); 95% of a rider's
+  trips are in the home city, the rest anywhere with the same weights.
+- drivers: about N / 200, split among the cities by the same weights, ids shuffled; a driver's
+  share of its city's trips is lognormal (sigma 0.7), so a few drivers are very busy.
+- pickup_time: whole seconds in [2026-01-01 00:00:00, 2026-04-01 00:00:00), i.e. exactly 90 days;
+  every day has trips (when N >= 90); Fridays and Saturdays are busier, traffic grows about 10%
+  over the quarter, the time of day mixes a morning peak (8:30), an evening peak (18:00) and a
+  flat background.
+- distance_km: lognormal around a per-city median (NYC 3.5 km .. LA 7 km, sigma 0.75), clipped to
+  0.1..100, rounded to 10 m.
+- fare: ``(booking fee + base + per_km * distance) * surge * lognormal noise`` (surge 1.2..2.5 on
+  15% of trips), at least the city's minimum fare, rounded to cents; 0.1% of trips carry an extra
+  fee of 150..350 (cleaning, tolls, long waits) so that clipping at the policy bound of 200
+  matters. Every stored fare is <= 500.
+
+Rows are generated as numpy arrays and handed to DuckDB as a dict of arrays (no pandas, no
+pyarrow). For Postgres the rows go through an in-memory DuckDB, out to a temporary CSV file and
+into Postgres with ``COPY ... FROM STDIN``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import tempfile
+import time
+from collections.abc import Callable
+
+import duckdb
+import numpy as np
+
+from chorus_py.errors import InvalidParameter, OperationalError
+
+__all__ = ["CITIES", "DEFAULT_ROWS", "DEFAULT_SEED", "generate_demo", "generate_trips"]
+
+DEFAULT_ROWS = 1_000_000
+DEFAULT_SEED = 20261130
+
+#: (city, state, population (US Census 2023 estimates, rounded), share of riders)
+CITIES: tuple[tuple[str, str, int, float], ...] = (
+    ("SF", "CA", 808_000, 0.28),
+    ("NYC", "NY", 8_258_000, 0.34),
+    ("LA", "CA", 3_821_000, 0.20),
+    ("CHI", "IL", 2_664_000, 0.11),
+    ("SEA", "WA", 755_000, 0.07),
+)
+CITY_NAMES = tuple(c[0] for c in CITIES)
+_CITY_WEIGHTS = np.array([c[3] for c in CITIES])
+# per city: median trip distance (km), base fare, price per km, minimum fare (USD)
+_MEDIAN_KM = np.array([4.0, 3.5, 7.0, 5.0, 5.5])
+_BASE_FARE = np.array([3.0, 3.5, 2.5, 2.5, 2.8])
+_PER_KM = np.array([2.2, 2.6, 1.8, 1.9, 2.0])
+_MIN_FARE = np.array([8.0, 9.0, 7.0, 7.0, 7.5])
+_BOOKING_FEE = 2.5
+
+START = np.datetime64("2026-01-01T00:00:00", "s")
+DAYS = 90
+MAX_TRIPS_PER_RIDER = 200
+MAX_FARE = 500.0
+
+Progress = Callable[[str, float], None]
+
+
+def _no_progress(message: str, fraction: float) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# generation
+
+
+def _trips_per_rider(rng: np.random.Generator, rows: int) -> np.ndarray:
+    """Trips per rider: a discretised lognormal (median 5) clipped to 1..200, summing to rows."""
+    chunks: list[np.ndarray] = []
+    total = 0
+    while total < rows:
+        # the clipped mean is about 9; ask for a little more than needed, then cut.
+        size = max(64, math.ceil((rows - total) / 8))
+        draw = np.rint(np.exp(math.log(5.0) + 1.1 * rng.standard_normal(size)))
+        draw = np.clip(draw, 1, MAX_TRIPS_PER_RIDER).astype(np.int64)
+        chunks.append(draw)
+        total += int(draw.sum())
+    counts = np.concatenate(chunks)
+    cum = np.cumsum(counts)
+    last = int(np.searchsorted(cum, rows))  # first rider whose cumulative count reaches rows
+    counts = counts[: last + 1].copy()
+    counts[-1] -= int(cum[last]) - rows  # >= 1 because cum[last - 1] < rows
+    return counts
+
+
+def generate_trips(rows: int = DEFAULT_ROWS, seed: int = DEFAULT_SEED) -> dict[str, np.ndarray]:
+    """The ``trips`` rows as numpy arrays, sorted by pickup time (``trip_id`` 1..rows).
+
+    ``city`` is a ``uint8`` index into :data:`CITY_NAMES` and ``pickup_time`` is
+    ``datetime64[s]``; the loaders turn them into TEXT and TIMESTAMP.
+    """
+    if rows < 1:
+        raise InvalidParameter(f"rows must be at least 1, got {rows}")
+    rng = np.random.default_rng(seed)
+    n_cities = len(CITIES)
+
+    # riders and their trips
+    counts = _trips_per_rider(rng, rows)
+    n_riders = len(counts)
+    rider_id = np.repeat(np.arange(1, n_riders + 1, dtype=np.int64), counts)
+
+    # city: the rider's home city 95% of the time
+    home = rng.choice(n_cities, size=n_riders, p=_CITY_WEIGHTS).astype(np.uint8)
+    city = home[rider_id - 1]
+    away = rng.random(rows) < 0.05
+    city[away] = rng.choice(n_cities, size=int(away.sum()), p=_CITY_WEIGHTS).astype(np.uint8)
+
+    # drivers: about rows / 200, per city, with skewed activity; ids shuffled across cities
+    n_drivers = max(1, round(rows / 200))
+    per_city = np.maximum(1, np.rint(n_drivers * _CITY_WEIGHTS)).astype(np.int64)
+    id_of_slot = rng.permutation(int(per_city.sum())).astype(np.int64) + 1
+    activity = rng.lognormal(0.0, 0.7, size=int(per_city.sum()))
+    driver_id = np.empty(rows, dtype=np.int64)
+    first_slot = np.concatenate(([0], np.cumsum(per_city)))
+    for c in range(n_cities):
+        in_city = np.flatnonzero(city == c)
+        lo, hi = int(first_slot[c]), int(first_slot[c + 1])
+        w = activity[lo:hi] / activity[lo:hi].sum()
+        driver_id[in_city] = id_of_slot[lo + rng.choice(hi - lo, size=len(in_city), p=w)]
+
+    # pickup day: weekday pattern (2026-01-01 is a Thursday) and slow growth; every day used
+    day = np.arange(DAYS)
+    weekday = (day + 3) % 7  # 0 = Monday
+    day_w = np.where(weekday == 4, 1.3, np.where(weekday == 5, 1.35, 1.0))
+    day_w = np.where(weekday == 6, 1.1, day_w) * (1.0 + 0.1 * day / (DAYS - 1))
+    days = rng.choice(DAYS, size=rows, p=day_w / day_w.sum())
+    days[: min(rows, DAYS)] = np.arange(min(rows, DAYS))
+    # time of day: morning peak, evening peak, flat background (in seconds, wrapped to a day)
+    kind = rng.choice(3, size=rows, p=[0.3, 0.4, 0.3])
+    tod = np.where(
+        kind == 0,
+        rng.normal(8.5 * 3600, 1.2 * 3600, rows),
+        np.where(kind == 1, rng.normal(18 * 3600, 2.0 * 3600, rows), rng.uniform(0, 86400, rows)),
+    )
+    seconds = days.astype(np.int64) * 86400 + np.floor(tod).astype(np.int64) % 86400
+
+    # distance and fare
+    distance = rng.lognormal(np.log(_MEDIAN_KM[city]), 0.75)
+    distance = np.round(np.clip(distance, 0.1, 100.0), 2)
+    surge = np.where(rng.random(rows) < 0.15, rng.uniform(1.2, 2.5, rows), 1.0)
+    fare = (_BOOKING_FEE + _BASE_FARE[city] + _PER_KM[city] * distance) * surge
+    fare *= rng.lognormal(0.0, 0.08, rows)
+    fare = np.maximum(fare, _MIN_FARE[city])
+    extra = rng.random(rows) < 0.001
+    fare[extra] += rng.uniform(150.0, 350.0, int(extra.sum()))
+    fare = np.round(np.minimum(fare, MAX_FARE), 2)
+
+    order = np.argsort(seconds, kind="stable")
+    return {
+        "trip_id": np.arange(1, rows + 1, dtype=np.int64),
+        "rider_id": rider_id[order],
+        "driver_id": driver_id[order],
+        "city": city[order],
+        "pickup_time": START + seconds[order],
+        "fare": fare[order],
+        "distance_km": distance[order],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+_CITY_LIST_SQL = "[" + ", ".join(f"'{c}'" for c in CITY_NAMES) + "]"
+_TRIPS_SELECT = f"""
+    SELECT trip_id, rider_id, driver_id, ({_CITY_LIST_SQL})[city + 1] AS city,
+           CAST(pickup_time AS TIMESTAMP) AS pickup_time, fare, distance_km
+    FROM _chorus_demo_trips
+"""
+_CITIES_VALUES = ", ".join(f"('{c}', '{s}', {p})" for c, s, p, _ in CITIES)
+
+
+def _load_duckdb(con: duckdb.DuckDBPyConnection, trips: dict[str, np.ndarray]) -> None:
+    """Create (or replace) ``trips`` and ``cities`` in an open DuckDB connection."""
+    con.register("_chorus_demo_trips", trips)
+    try:
+        con.execute(
+            """CREATE OR REPLACE TABLE trips (
+                 trip_id BIGINT, rider_id BIGINT, driver_id BIGINT, city VARCHAR,
+                 pickup_time TIMESTAMP, fare DOUBLE, distance_km DOUBLE)"""
+        )
+        con.execute(f"INSERT INTO trips {_TRIPS_SELECT}")
+    finally:
+        con.unregister("_chorus_demo_trips")
+    con.execute("CREATE OR REPLACE TABLE cities (city VARCHAR, state VARCHAR, population BIGINT)")
+    con.execute(f"INSERT INTO cities VALUES {_CITIES_VALUES}")
+
+
+_PG_DDL = """
+DROP TABLE IF EXISTS trips;
+DROP TABLE IF EXISTS cities;
+CREATE TABLE trips (
+    trip_id     BIGINT NOT NULL,
+    rider_id    BIGINT NOT NULL,
+    driver_id   BIGINT NOT NULL,
+    city        TEXT NOT NULL,
+    pickup_time TIMESTAMP WITHOUT TIME ZONE NOT NULL,
+    fare        DOUBLE PRECISION NOT NULL,
+    distance_km DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE cities (city TEXT PRIMARY KEY, state TEXT NOT NULL, population BIGINT NOT NULL);
+"""
+
+
+def _load_postgres(url: str, trips: dict[str, np.ndarray], progress: Progress) -> None:
+    """Replace ``trips`` and ``cities`` in the Postgres database at ``url`` (COPY, then indexes)."""
+    import psycopg  # imported here: the DuckDB demo must not need a Postgres driver at runtime
+
+    with tempfile.TemporaryDirectory(prefix="chorus-demo-") as tmp:
+        csv_path = pathlib.Path(tmp) / "trips.csv"
+        mem = duckdb.connect()
+        try:
+            _load_duckdb(mem, trips)
+            mem.execute(f"COPY trips TO '{csv_path.as_posix()}' (FORMAT csv, HEADER false)")
+        finally:
+            mem.close()
+        progress("loading trips into Postgres", 0.5)
+
+        try:
+            conn = psycopg.connect(url, autocommit=False)
+        except psycopg.Error as e:
+            raise OperationalError(
+                f"cannot connect to the demo backend: {e}".strip(),
+                hint="check the --backend URL; the database must already exist",
+            ) from e
+        with conn:
+            with conn.cursor() as cur:
+                cur.execute(_PG_DDL)
+                with (
+                    cur.copy("COPY trips FROM STDIN (FORMAT csv)") as copy,
+                    csv_path.open("rb") as f,
+                ):
+                    while chunk := f.read(1 << 20):
+                        copy.write(chunk)
+                cur.execute(f"INSERT INTO cities VALUES {_CITIES_VALUES}")
+                progress("indexing trips", 0.8)
+                cur.execute("ALTER TABLE trips ADD PRIMARY KEY (trip_id)")
+                # min/max(pickup_time) and block (time-window) filters use this index
+                cur.execute("CREATE INDEX trips_pickup_time_idx ON trips (pickup_time)")
+            conn.commit()
+            # VACUUM sets the visibility map (index-only scans) and ANALYZE the planner statistics
+            conn.autocommit = True
+            conn.execute("VACUUM (ANALYZE) trips")
+            conn.execute("ANALYZE cities")
+
+
+# ---------------------------------------------------------------------------------------------
+# policy
+
+_POLICY = """\
+# Chorus policy for the demo ride-sharing data (written by `chorus demo`).
+#
+# This file tells the Chorus proxy where the data lives, how much privacy budget may be spent,
+# and what it may assume about every table and column. Analysts never see it; they send plain SQL
+# and get back noisy aggregates. Edit it with care: the bounds below are promises the proxy
+# relies on to calibrate noise.
+
+[backend]
+# The database the proxy forwards rewritten queries to: "duckdb:///demo.duckdb" for an embedded
+# DuckDB file next to this policy (four slashes, "duckdb:////abs/path.duckdb", for an absolute
+# path), or "postgresql://user@host:port/db" for Postgres.{backend_note}
+url = {url}
+
+[privacy]
+# Budget of every private block (here: one day of trips). Every query that reads a day is
+# charged against that day; once a day has spent epsilon_per_block, queries over it are refused.
+# delta_per_block is the matching budget of delta (the small chance the epsilon guarantee fails).
+epsilon_per_block = 10.0
+delta_per_block = 1e-6
+# How charges add up: "basic" (epsilons simply add) or "renyi" (tighter for many Gaussian queries).
+accounting = "basic"
+# What one query costs when the analyst does not ask for a specific epsilon / delta.
+default_epsilon = 0.5
+default_delta = 1e-8
+# The most a single query may ask for; larger requests are refused before anything is spent.
+max_epsilon_per_query = 2.0
+max_delta_per_query = 1e-6
+noise = "sql"            # "sql": the database adds the noise; "proxy": Python adds it
+
+[tables.trips]
+# The individual being protected: adding or removing all trips of one rider changes any answer
+# by at most the noise-calibrated amount.
+privacy_unit = "rider_id"
+# Contribution bound: a rider's trips beyond the first 10 are ignored by every query (a few
+# demo riders have up to 200 trips). Larger values mean more noise; smaller ones drop more data.
+max_rows_per_unit = 10
+# Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget.
+block = {{ column = "pickup_time", size = "1 day" }}
+
+[tables.trips.columns]
+# Every column an analyst may use. "lower"/"upper" clip values before summing or averaging (they
+# bound how much one row can move a SUM); "public_values" lists the only group-by keys released
+# without thresholding; "private_id" marks the identifier of the privacy unit (never released).
+trip_id     = {{ type = "int" }}
+rider_id    = {{ type = "int", private_id = true }}
+driver_id   = {{ type = "int" }}
+city        = {{ type = "text", public_values = ["SF", "NYC", "LA", "CHI", "SEA"] }}
+pickup_time = {{ type = "timestamp" }}
+fare        = {{ type = "float", lower = 0, upper = 200 }}   # about 0.1% of fares exceed 200
+distance_km = {{ type = "float", lower = 0, upper = 100 }}
+
+[tables.cities]
+# A public table: not about individuals, readable and joinable without spending budget.
+public = true
+
+[analysts.demo]
+# SCRAM verifier and REST token are added by the front-door issues.
+"""
+
+
+def _toml_string(value: str) -> str:
+    # A JSON string is a valid TOML basic string (same escapes), and json.dumps escapes
+    # every character TOML requires escaped.
+    return json.dumps(value)
+
+
+def render_policy(url: str, backend_note: str = "") -> str:
+    """The demo policy text for a backend URL."""
+    note = f"\n# {backend_note}" if backend_note else ""
+    return _POLICY.format(url=_toml_string(url), backend_note=note)
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+
+def generate_demo(
+    directory: pathlib.Path,
+    backend_url: str | None = None,
+    rows: int = DEFAULT_ROWS,
+    seed: int = DEFAULT_SEED,
+    progress: Callable[[str, float], None] | None = None,
+) -> pathlib.Path:
+    """Create the demo data and write DIR/policy.toml; return the policy path.
+
+    With ``backend_url`` None the tables go into ``DIR/demo.duckdb`` (existing ``trips`` and
+    ``cities`` tables are replaced, other tables are kept). With a ``postgresql://`` (or
+    ``postgres://``) URL they are created in that existing database, replacing any tables of the
+    same names. ``progress(message, fraction)`` is called as the work advances (fraction 0..1).
+    The data depends only on ``rows`` and ``seed``.
+    """
+    report: Progress = progress or _no_progress
+    if rows < 1:
+        raise InvalidParameter(f"--rows must be at least 1, got {rows}")
+    if backend_url is not None and not backend_url.startswith(("postgresql://", "postgres://")):
+        raise InvalidParameter(
+            f"unsupported demo backend URL {backend_url!r}",
+            hint="give a postgresql://user@host:port/db URL, or no --backend for DuckDB",
+        )
+    directory = pathlib.Path(directory).expanduser().resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+
+    started = time.perf_counter()
+    report(f"generating {rows:,} trips (seed {seed})", 0.0)
+    trips = generate_trips(rows, seed)
+    n_riders = int(trips["rider_id"].max())
+
+    if backend_url is None:
+        db_path = directory / "demo.duckdb"
+        report(f"loading into {db_path}", 0.4)
+        con = duckdb.connect(str(db_path))
+        try:
+            _load_duckdb(con, trips)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        url = "duckdb:///demo.duckdb"  # relative to the policy file next to it
+        note = ""
+    else:
+        report("loading into Postgres", 0.4)
+        _load_postgres(backend_url, trips, report)
+        url = backend_url
+        note = "A password may also come from the environment (PGPASSWORD, ~/.pgpass)."
+
+    policy_path = directory / "policy.toml"
+    policy_path.write_text(render_policy(url, note), encoding="utf-8")
+    elapsed = time.perf_counter() - started
+    report(
+        f"done: {rows:,} trips of {n_riders:,} riders in {elapsed:.1f} s; policy at {policy_path}",
+        1.0,
+    )
+    return policy_path

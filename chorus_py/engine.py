@@ -1,0 +1,371 @@
+"""The engine: one analyst query in, one noisy answer and its privacy report out.
+
+It ties together the steps of DESIGN.md section 3, each owned by its package:
+
+1. parse and 2. validate  -> ``analyses.validate``
+3. resolve and 4. analyse -> ``analyses.query`` (measurements, sensitivities), ``analyses.blocks``
+5. plan noise             -> ``mechanisms.planning``
+6. claim                  -> ``budget.ledger``
+7. rewrite                -> ``rewriters.pipeline``
+8. execute                -> ``chorus_py.backends``
+9. post-process           -> proxy-side noise when the policy asks for it
+10. consume               -> ``budget.ledger``, before any row is returned
+
+Anything that fails before step 6 costs nothing.  A failure after the backend started reading
+rows is charged (the data was touched) and reported without any data value in the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from analyses.blocks import BlocksRead, blocks_read
+from analyses.query import AggregateQuery, PublicQuery, analyze_query
+from analyses.validate import parse_statement
+from budget.ledger import InMemoryLedger
+from chorus_py.backends import Backend, ResultSet, StatementFailed, open_backend
+from chorus_py.errors import BackendError, InternalError, InvalidParameter, PolicyError
+from chorus_py.policy import Policy, load_policy
+from chorus_py.report import (
+    ColumnReport,
+    KeyRelease,
+    MeasurementReport,
+    PrivacyReport,
+    QueryResult,
+)
+from chorus_py.statistics import BlockCatalog
+from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
+from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery, pipeline
+
+log = logging.getLogger("chorus.engine")
+
+_AGGREGATE_NAMES = {"count": "COUNT", "count_units": "COUNT(DISTINCT unit)", "sum": "SUM",
+                    "sum_squares": "SUM of squares"}
+_DUCKDB_TYPES = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
+                 "timestamp": "TIMESTAMP", "boolean": "BOOLEAN"}
+
+
+class _Prepared:
+    """Everything decided before the claim (steps 1-5 and 7): pure, nothing charged."""
+
+    def __init__(self, query: AggregateQuery, plan: NoisePlan, reads: BlocksRead | None,
+                 rewritten: RewrittenQuery, sql: str, report: PrivacyReport) -> None:
+        self.query = query
+        self.plan = plan
+        self.reads = reads
+        self.rewritten = rewritten
+        self.sql = sql
+        self.report = report
+
+
+class Engine:
+    """Answers analyst SQL with differential privacy against one backend and one ledger."""
+
+    def __init__(self, policy: Policy, backend: Backend | None = None,
+                 ledger: InMemoryLedger | None = None, block_ttl_seconds: float = 60.0) -> None:
+        self.policy = policy
+        self.dialect = policy.backend.dialect
+        self.backend = backend or open_backend(policy.backend.url)
+        live = self.backend.table_columns()
+        policy.check_against(live)
+        self._check_types(live)
+        self.public_columns = {t: live[t] for t, tp in policy.tables.items() if tp.public}
+        self.ledger = ledger or InMemoryLedger(policy.privacy.epsilon_per_block,
+                                               policy.privacy.delta_per_block)
+        self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
+        self._analyses: OrderedDict[str, AggregateQuery | PublicQuery] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    @classmethod
+    def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
+        """Load and check a policy file, connect to its backend."""
+        return cls(load_policy(path), **kwargs)
+
+    def close(self) -> None:
+        """Close the backend connections."""
+        self.backend.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- public API ---------------------------------------------------------------------------
+    def explain(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
+                delta: float | None = None) -> PrivacyReport:
+        """What ``execute`` would do and cost, without running or charging anything."""
+        analyst = self._analyst(analyst)
+        analysis = self._analyse(sql)
+        if isinstance(analysis, PublicQuery):
+            return self._public_report(analyst, analysis)
+        eps, dlt = self._parameters(analyst, epsilon, delta)
+        return self._prepare(analysis, analyst, eps, dlt).report
+
+    def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
+                delta: float | None = None) -> QueryResult:
+        """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads."""
+        started = time.perf_counter()
+        analyst = self._analyst(analyst)
+        analysis = self._analyse(sql)
+        if isinstance(analysis, PublicQuery):
+            result = self._run(analysis.tree.sql(self.dialect), touched_charge=None)
+            return QueryResult(result.columns, result.types, result.rows,
+                               self._public_report(analyst, analysis))
+        eps, dlt = self._parameters(analyst, epsilon, delta)
+        prepared = self._prepare(analysis, analyst, eps, dlt)
+        report = prepared.report
+        claim = None
+        if prepared.reads is None or prepared.reads.ids:
+            ids = prepared.reads.ids if prepared.reads else (analysis.table,)
+            self.ledger.ensure_blocks(ids)
+            claim = self.ledger.claim(analyst, ids, report.epsilon, report.delta,
+                                      description=sql[:200])
+        try:
+            if self.policy.privacy.noise == "sql":
+                result = self._run(prepared.sql, touched_charge=claim)
+            else:
+                result = self._run_proxy_noise(prepared, claim)
+        except BaseException:
+            # _run settled the claim when the backend failed; anything else never reached
+            # the backend, or failed after rows were read: charge to stay on the safe side.
+            if claim is not None and claim.state == "allocated":
+                self.ledger.consume(claim)
+            raise
+        if claim is not None:
+            self.ledger.consume(claim)
+        log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
+                 report.epsilon, report.delta, len(report.blocks), len(result.rows),
+                 (time.perf_counter() - started) * 1000)
+        charged = PrivacyReport(**{**report.__dict__, "charged": claim is not None})
+        return QueryResult(result.columns, result.types, result.rows, charged)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _analyst(self, analyst: str | None) -> str:
+        declared = self.policy.analysts
+        if analyst is None:
+            if len(declared) == 1:
+                return next(iter(declared))
+            if not declared:
+                return "anonymous"
+            raise InvalidParameter(
+                "no analyst given", hint=f"pass one of: {', '.join(sorted(declared))}")
+        if declared and analyst not in declared:
+            raise InvalidParameter(f"unknown analyst '{analyst}'",
+                                   hint="the data owner declares analysts in the policy")
+        return analyst
+
+    def _parameters(self, analyst: str, epsilon: float | None,
+                    delta: float | None) -> tuple[float, float]:
+        privacy = self.policy.privacy
+        eps = privacy.default_epsilon if epsilon is None else epsilon
+        dlt = privacy.default_delta if delta is None else delta
+        limit = privacy.max_epsilon_per_query
+        per_analyst = self.policy.analysts.get(analyst)
+        if per_analyst is not None and per_analyst.max_epsilon_per_query is not None:
+            limit = min(limit, per_analyst.max_epsilon_per_query)
+        if eps is None:
+            raise InvalidParameter("epsilon is missing",
+                                   hint="pass epsilon, or set privacy.default_epsilon")
+        if not isinstance(eps, int | float) or not math.isfinite(eps) or eps <= 0:
+            raise InvalidParameter(f"epsilon must be a positive number, got {eps!r}")
+        if eps > limit:
+            raise InvalidParameter(f"epsilon {eps:g} is above the per-query maximum {limit:g}",
+                                   hint=f"ask for epsilon <= {limit:g}")
+        if dlt is None:
+            raise InvalidParameter("delta is missing",
+                                   hint="pass delta, or set privacy.default_delta")
+        if not isinstance(dlt, int | float) or not math.isfinite(dlt) or not 0 <= dlt < 1:
+            raise InvalidParameter(f"delta must be in [0, 1), got {dlt!r}")
+        if dlt > privacy.max_delta_per_query:
+            raise InvalidParameter(
+                f"delta {dlt:g} is above the per-query maximum {privacy.max_delta_per_query:g}")
+        return float(eps), float(dlt)
+
+    def _analyse(self, sql: str) -> AggregateQuery | PublicQuery:
+        # Steps 1-4 depend only on the SQL text and the policy: cache them (never the noise).
+        with self._cache_lock:
+            hit = self._analyses.get(sql)
+            if hit is not None:
+                self._analyses.move_to_end(sql)
+                return hit
+        parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
+        analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns)
+        with self._cache_lock:
+            self._analyses[sql] = analysis
+            if len(self._analyses) > 1024:
+                self._analyses.popitem(last=False)
+        return analysis
+
+    def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
+                 delta: float) -> _Prepared:
+        requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in query.measurements]
+        threshold = None
+        if query.thresholded:
+            if delta <= 0:
+                raise InvalidParameter(
+                    "grouping by a column without public_values releases its keys through a "
+                    "noisy threshold, which needs delta > 0",
+                    hint="pass a small delta (e.g. 1e-8), or group by columns with public_values",
+                )
+            threshold = ThresholdRequest(query.threshold_source, query.stability)
+        plan = plan_noise(requests, epsilon, delta, threshold,
+                          self.policy.privacy.threshold_epsilon_share)
+        reads, restriction = self._blocks(query)
+        rewritten = pipeline(query, plan, restriction, self.dialect)
+        sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
+            rewritten.measure.sql(self.dialect)
+        report = self._report(query, plan, analyst, reads, sql)
+        return _Prepared(query, plan, reads, rewritten, sql, report)
+
+    def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None, BlockRestriction | None]:
+        block = query.table_policy.block
+        if block is None:
+            return None, None
+        windows = self.blocks.windows(query.table, block)
+        reads = blocks_read(query, windows)
+        column_type = query.table_policy.columns[block.column].type
+        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end)
+
+    def _run(self, sql: str, touched_charge: Any) -> ResultSet:
+        try:
+            return self.backend.run(sql)
+        except StatementFailed as err:
+            # The detail may quote data values: operators see it at debug level, analysts never.
+            log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
+            log.debug("backend error detail: %s", err.detail)
+            if touched_charge is not None:
+                if err.touched_data:
+                    self.ledger.consume(touched_charge)
+                else:
+                    self.ledger.release(touched_charge)
+            if err.touched_data:
+                raise BackendError(
+                    "the database failed while evaluating the query; no detail is shown "
+                    "because it could depend on the data",
+                    hint="the budget of this query was charged; check the query's expressions",
+                ) from None
+            raise InternalError(
+                "the database could not plan the rewritten query; nothing was charged",
+                hint="this is a bug in the proxy: please report the query",
+            ) from None
+
+    def _run_proxy_noise(self, prepared: _Prepared, claim: Any) -> ResultSet:
+        exact = self._run(prepared.sql, touched_charge=claim)
+        rewritten, plan = prepared.rewritten, prepared.plan
+        mechanisms = dict(plan.mechanisms)
+        if plan.threshold is not None and plan.threshold.separate:
+            mechanisms[plan.threshold.measurement_id] = plan.threshold.mechanism
+        n_keys = len(rewritten.key_ids)
+        columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
+            () for _ in exact.columns]
+        noisy_columns: list[list[Any]] = [list(c) for c in columns[:n_keys]]
+        for mid, values in zip(rewritten.measure_ids, columns[n_keys:], strict=True):
+            raw = np.array([0.0 if v is None else float(v) for v in values], dtype=float)
+            noisy = mechanisms[mid].sample(raw)
+            integral = mid in plan.mechanisms and prepared.query.measurements[
+                int(mid[1:])].integral or mid not in plan.mechanisms
+            noisy_columns.append([int(v) if integral else float(v) for v in noisy])
+        con = duckdb.connect(":memory:")
+        try:
+            types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
+            types += ["BIGINT" if all(isinstance(v, int) for v in c) else "DOUBLE"
+                      for c in noisy_columns[n_keys:]]
+            names = list(rewritten.key_ids) + list(rewritten.measure_ids)
+            con.execute(f"CREATE TABLE {NOISY} (" + ", ".join(
+                f"{n} {t}" for n, t in zip(names, types, strict=True)) + ")")
+            rows = list(zip(*noisy_columns, strict=True))
+            if rows:
+                con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(names))})",
+                                rows)
+            cur = con.execute(rewritten.finish.sql("duckdb"))
+            from chorus_py.backends import portable_type
+            desc = cur.description or []
+            return ResultSet(tuple(d[0] for d in desc),
+                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+        finally:
+            con.close()
+
+    # -- reports -------------------------------------------------------------------------------
+    def _public_report(self, analyst: str, query: PublicQuery) -> PrivacyReport:
+        return PrivacyReport(
+            analyst=analyst, verdict="allowed", charged=False, epsilon=0.0, delta=0.0,
+            noise="none", tables=query.tables, blocks=(),
+            notes=("public tables only: answered exactly, free of charge",),
+        )
+
+    def _report(self, query: AggregateQuery, plan: NoisePlan, analyst: str,
+                reads: BlocksRead | None, sql: str) -> PrivacyReport:
+        measurements = []
+        for m in query.measurements:
+            mech = plan.mechanisms[m.id]
+            arg = m.argument.sql(self.dialect) if m.argument is not None else "*"
+            measurements.append(MeasurementReport(
+                m.id, f"{_AGGREGATE_NAMES[m.kind]}({arg})" if m.kind != "count_units"
+                else f"COUNT(DISTINCT {query.privacy_unit})", m.sensitivity, m.derivation,
+                mech.describe(), mech.error_bound(0.95)))
+        by_id = {m.id: m for m in measurements}
+        columns = []
+        for out in query.outputs:
+            if out.key is not None:
+                columns.append(ColumnReport(out.name, "group_key", out.source, ()))
+            elif not out.measurements:
+                columns.append(ColumnReport(out.name, "constant", out.source, ()))
+            elif out.expr.sql() in by_id:
+                m = by_id[out.expr.sql()]
+                columns.append(ColumnReport(
+                    out.name, "aggregate", out.source, (m.id,), m.mechanism["name"],
+                    m.mechanism["scale"], m.error_bound_95))
+            else:
+                columns.append(ColumnReport(
+                    out.name, "derived", out.source, out.measurements,
+                    note="post-processing of noisy measurements " + ", ".join(out.measurements)
+                    + ": " + out.expr.sql()))
+        key_release = None
+        if plan.threshold is not None:
+            t = plan.threshold
+            key_release = KeyRelease(
+                "threshold", t.threshold, t.measurement_id, t.delta,
+                note=f"a group is released only if its noisy count ({t.measurement_id}, "
+                f"scale {t.mechanism.scale:g}) exceeds tau = 1 + b ln(D / delta)",
+            )
+        elif query.keys:
+            key_release = KeyRelease("public_values", note="every declared value, nothing else")
+        notes = [f"epsilon split equally over {len(plan.mechanisms)} noisy measurement(s)"
+                 + (" after the key-release count" if plan.threshold and plan.threshold.separate
+                    else "")]
+        if self.policy.privacy.noise == "proxy":
+            notes.append("noise added by the proxy from os.urandom")
+        else:
+            notes.append("noise added by the database (random()); counts use discrete Laplace, "
+                         "sums the snapping mechanism")
+        return PrivacyReport(
+            analyst=analyst, verdict="allowed", charged=False, epsilon=plan.epsilon,
+            delta=plan.delta, noise=self.policy.privacy.noise, tables=(query.table,),
+            blocks=reads.ids if reads is not None else (query.table,),
+            stability=query.stability, privacy_unit=query.privacy_unit,
+            measurements=tuple(measurements), columns=tuple(columns), key_release=key_release,
+            rewritten_sql=sql, notes=tuple(notes),
+        )
+
+    def _check_types(self, live: dict[str, dict[str, str]]) -> None:
+        families = {"int": ("integer",), "float": ("float", "integer"), "text": ("text",),
+                    "bool": ("boolean",), "date": ("date",), "timestamp": ("timestamp",)}
+        for name, table in self.policy.tables.items():
+            for col, cp in table.columns.items():
+                actual = live[name][col]
+                if actual not in families[cp.type]:
+                    raise PolicyError(
+                        f"{self.policy.source}: tables.{name}.columns.{col}.type: declared "
+                        f"'{cp.type}' but the database column is {actual}",
+                        hint="declare the type the database has",
+                    )

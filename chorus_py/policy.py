@@ -1,0 +1,276 @@
+"""The policy (catalog) file: what the data owner declares, validated once at load time.
+
+The file is TOML (DESIGN.md section 4).  Validation happens in two steps:
+
+1. :func:`load_policy` parses and type-checks the file with pydantic; every error names the file,
+   the key path (``tables.trips.columns.fare.upper``) and what was expected.
+2. :meth:`Policy.check_against` compares the declared tables and columns with the live database
+   (a policy that names something the database lacks is an error at load time).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from chorus_py.errors import PolicyError
+
+ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
+NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$")
+_SIZE_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendConfig(_Strict):
+    """Where the data lives: ``duckdb:///path.duckdb``, ``duckdb:///:memory:`` or a Postgres URL."""
+
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        if not url.startswith(("duckdb://", "postgresql://", "postgres://")):
+            raise ValueError("expected a URL starting with duckdb:// or postgresql://")
+        return url
+
+    @property
+    def dialect(self) -> Literal["duckdb", "postgres"]:
+        """The sqlglot dialect of the backend."""
+        return "duckdb" if self.url.startswith("duckdb://") else "postgres"
+
+
+class SchedulerConfig(_Strict):
+    """DPF scheduler settings; read by the budget ledger (the first ledger grants at once)."""
+
+    policy: Literal["fcfs", "dpf-n", "dpf-t"] = "fcfs"
+    n: int | None = Field(default=None, gt=0)
+    wait_seconds: float = Field(default=0.0, ge=0)
+    lifetime: str | None = None
+    tick: str | None = None
+
+
+class PrivacyConfig(_Strict):
+    """Global privacy settings: the budget of every block and the per-query limits."""
+
+    epsilon_per_block: float = Field(gt=0, allow_inf_nan=False)
+    delta_per_block: float = Field(default=0.0, ge=0, lt=1)
+    accounting: Literal["basic", "renyi"] = "basic"
+    default_epsilon: float = Field(default=0.1, gt=0, allow_inf_nan=False)
+    default_delta: float = Field(default=0.0, ge=0, lt=1)
+    max_epsilon_per_query: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    max_delta_per_query: float = Field(default=1e-6, ge=0, lt=1)
+    noise: Literal["sql", "proxy"] = "sql"
+    scheduler: SchedulerConfig = SchedulerConfig()
+    # Share of a query's epsilon spent on the noisy distinct-unit count that decides which
+    # non-public group keys may be released (DESIGN.md section 4, "thresholded").
+    threshold_epsilon_share: float = Field(default=0.2, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _defaults_within_limits(self) -> PrivacyConfig:
+        if self.default_epsilon > self.max_epsilon_per_query:
+            raise ValueError("default_epsilon must not exceed max_epsilon_per_query")
+        if self.default_delta > self.max_delta_per_query:
+            raise ValueError("default_delta must not exceed max_delta_per_query")
+        if self.max_epsilon_per_query > self.epsilon_per_block:
+            raise ValueError("max_epsilon_per_query must not exceed epsilon_per_block")
+        return self
+
+
+class ColumnPolicy(_Strict):
+    """One column: its type, and for numbers the clipping bounds that make SUM/AVG possible."""
+
+    type: ColumnType
+    lower: float | None = Field(default=None, allow_inf_nan=False)
+    upper: float | None = Field(default=None, allow_inf_nan=False)
+    public_values: tuple[str | int | float | bool, ...] | None = None
+    private_id: bool = False
+
+    @model_validator(mode="after")
+    def _bounds_make_sense(self) -> ColumnPolicy:
+        if (self.lower is None) != (self.upper is None):
+            raise ValueError("give both lower and upper, or neither")
+        if self.lower is not None:
+            if self.type not in NUMERIC_TYPES:
+                raise ValueError(f"bounds only apply to int or float columns, not {self.type}")
+            assert self.upper is not None
+            if not self.lower <= self.upper:
+                raise ValueError("lower must be <= upper")
+        if self.public_values is not None and len(self.public_values) == 0:
+            raise ValueError("public_values must list at least one value")
+        return self
+
+    @property
+    def bounded(self) -> bool:
+        """True when the column has declared clipping bounds."""
+        return self.lower is not None
+
+
+class BlockConfig(_Strict):
+    """How a table is cut into private blocks: windows of ``size`` on ``column``."""
+
+    column: str
+    size: str = "1 day"
+
+    @field_validator("size")
+    @classmethod
+    def _parse_size(cls, size: str) -> str:
+        if not _SIZE_RE.match(size):
+            raise ValueError("expected a window such as '1 hour', '1 day' or '1 week'")
+        return size
+
+    @property
+    def seconds(self) -> int:
+        """The window length in seconds."""
+        match = _SIZE_RE.match(self.size)
+        assert match is not None
+        return int(match.group(1)) * _SIZE_SECONDS[match.group(2)]
+
+    @property
+    def width(self) -> timedelta:
+        """The window length."""
+        return timedelta(seconds=self.seconds)
+
+
+class TablePolicy(_Strict):
+    """A table: public (free to read) or private (every query pays for the blocks it reads)."""
+
+    public: bool = False
+    privacy_unit: str | None = None
+    max_rows_per_unit: int | None = Field(default=None, gt=0)
+    block: BlockConfig | None = None
+    columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TablePolicy:
+        if self.public:
+            if self.privacy_unit or self.max_rows_per_unit or self.block:
+                raise ValueError("a public table takes no privacy_unit, max_rows_per_unit or block")
+            return self
+        if not self.columns:
+            raise ValueError("a private table must declare its columns")
+        if self.privacy_unit is not None:
+            if self.privacy_unit not in self.columns:
+                raise ValueError(f"privacy_unit '{self.privacy_unit}' is not a declared column")
+            if self.max_rows_per_unit is None:
+                raise ValueError("a table with a privacy_unit needs max_rows_per_unit")
+        elif self.max_rows_per_unit is not None:
+            raise ValueError("max_rows_per_unit needs a privacy_unit")
+        if self.block is not None:
+            col = self.columns.get(self.block.column)
+            if col is None:
+                raise ValueError(f"block column '{self.block.column}' is not a declared column")
+            if col.type not in ("date", "timestamp"):
+                raise ValueError("block column must be of type date or timestamp")
+        return self
+
+    @property
+    def contribution_bound(self) -> int:
+        """Rows one privacy unit may contribute: max_rows_per_unit, or 1 for event-level DP."""
+        return self.max_rows_per_unit or 1
+
+
+class AnalystPolicy(_Strict):
+    """An analyst. Credentials (SCRAM verifier, REST token hash) belong to the front doors."""
+
+    password: str | None = None
+    token_sha256: str | None = None
+    max_epsilon_per_query: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class Policy(_Strict):
+    """The whole policy file."""
+
+    backend: BackendConfig
+    privacy: PrivacyConfig
+    tables: dict[str, TablePolicy]
+    analysts: dict[str, AnalystPolicy] = Field(default_factory=dict)
+    source: str = "<memory>"
+
+    @field_validator("tables")
+    @classmethod
+    def _lowercase_names(cls, tables: dict[str, TablePolicy]) -> dict[str, TablePolicy]:
+        for name, table in tables.items():
+            if name != name.lower() or any(c != c.lower() for c in table.columns):
+                raise ValueError(f"table and column names must be lower case ('{name}')")
+        return tables
+
+    def table(self, name: str) -> TablePolicy | None:
+        """The policy of a table, by (lower-case) name."""
+        return self.tables.get(name.lower())
+
+    def check_against(self, live_columns: Mapping[str, Mapping[str, str]]) -> None:
+        """Fail if a declared table or column is missing from the database.
+
+        ``live_columns`` maps each table of the database to its columns (name -> type).
+        """
+        for name, table in self.tables.items():
+            if name not in live_columns:
+                raise PolicyError(
+                    f"{self.source}: tables.{name}: the database has no table '{name}'",
+                    hint="create the table, or remove it from the policy",
+                )
+            missing = [c for c in table.columns if c not in live_columns[name]]
+            if missing:
+                raise PolicyError(
+                    f"{self.source}: tables.{name}.columns.{missing[0]}: "
+                    f"the table '{name}' has no column '{missing[0]}'",
+                    hint=f"columns in the database: {', '.join(sorted(live_columns[name]))}",
+                )
+
+
+def _format_error(source: str, err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key (check its spelling against examples/policy.toml)"
+        elif item["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{source}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_policy(data: Mapping[str, object], source: str = "<memory>") -> Policy:
+    """Validate an already-parsed TOML document."""
+    try:
+        return Policy.model_validate({**data, "source": source})
+    except ValidationError as err:
+        raise PolicyError(_format_error(source, err)) from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file; errors name the file, the key and what is expected."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise PolicyError(f"{path}: cannot read the policy file ({err.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise PolicyError(f"{path}: not valid TOML: {err}") from None
+    policy = parse_policy(data, source=str(path))
+    url = policy.backend.url
+    # "duckdb:///x.duckdb" is relative to the policy file, so a policy travels with its data;
+    # "duckdb:////abs/x.duckdb" is absolute (the SQLAlchemy convention).
+    if url.startswith("duckdb:///") and not url.startswith("duckdb:///:memory:"):
+        db_path = Path(url.removeprefix("duckdb:///"))
+        if not db_path.is_absolute():
+            resolved = (path.parent / db_path).resolve()
+            backend = policy.backend.model_copy(update={"url": f"duckdb:///{resolved}"})
+            policy = policy.model_copy(update={"backend": backend})
+    return policy
+
+

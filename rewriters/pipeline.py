@@ -1,0 +1,154 @@
+"""The rewrite of one private aggregate query, pass by pass, into SQL the backend runs.
+
+Shape of the output (SQL noise mode)::
+
+    WITH chorus_noisy AS MATERIALIZED (                    -- noise: each value drawn once
+      SELECT k0, m0 + <noise>, ...
+      FROM (                                               -- measure: exact, per group
+        SELECT <key> AS k0, COUNT(*) AS m0, SUM(LEAST(GREATEST(x, l), u)) AS m1
+        FROM (<at most k random rows per unit>              -- contribution
+              of SELECT t.* FROM table AS t WHERE <analyst filter> AND <claimed blocks>) AS t
+        GROUP BY <key>) AS chorus_exact)                   -- (public keys: LEFT JOIN a grid)
+    SELECT <outputs over k0, m0, ...> FROM chorus_noisy
+    WHERE <noisy count > tau> AND <HAVING> ORDER BY ... LIMIT ...
+
+In proxy noise mode the backend runs only the *measure* query; the engine adds the noise in Python
+and runs *finish* on the noisy rows in an in-memory DuckDB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from sqlglot import exp
+
+from analyses.query import AggregateQuery, Measurement
+from mechanisms.planning import THRESHOLD_ID, NoisePlan
+from rewriters.blocks import blocks
+from rewriters.clipping import clipping
+from rewriters.contribution import contribution
+from rewriters.groups import complete_groups, public_filter, public_grid
+from rewriters.noise import noise
+from rewriters.safety import safety
+
+NOISY = "chorus_noisy"
+
+
+@dataclass(frozen=True)
+class BlockRestriction:
+    """The claimed blocks as one window [start, end) of the block column."""
+
+    column: str
+    column_type: str
+    start: datetime | date
+    end: datetime | date
+
+
+@dataclass(frozen=True)
+class RewrittenQuery:
+    """The statements the engine runs for one query."""
+
+    measure: exp.Select      # exact measurements per group (never returned to anyone)
+    finish: exp.Select       # outputs from the noisy measurements (table chorus_noisy)
+    key_ids: tuple[str, ...]
+    measure_ids: tuple[str, ...]
+    dialect: str
+
+    def sql_with_noise(self, plan: NoisePlan) -> str:
+        """One statement computing the noisy answer inside the database."""
+        noisy = noise(self.measure, self.key_ids, _mechanisms(plan), self.dialect)
+        statement = self.finish.copy()
+        statement.set("with_", exp.With(expressions=[
+            exp.CTE(this=noisy, alias=exp.TableAlias(this=exp.to_identifier(NOISY)),
+                    materialized=True)
+        ]))
+        return statement.sql(self.dialect)
+
+
+def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,
+             dialect: str) -> RewrittenQuery:
+    """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes."""
+    tp = query.table_policy
+    ints = {name for name, col in tp.columns.items() if col.type == "int"}
+    alias = query.alias
+
+    # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.
+    where = safety(query.where, ints) if query.where is not None else None
+    if query.thresholded:
+        for key in query.keys:
+            if key.public_values is not None:
+                filt = public_filter(key.expr, key.public_values)
+                where = filt if where is None else exp.and_(where, filt)
+    if restriction is not None:
+        where = blocks(where, exp.column(restriction.column, table=alias), restriction.start,
+                       restriction.end, restriction.column_type)
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(
+        exp.Table(this=exp.to_identifier(query.table), alias=exp.TableAlias(
+            this=exp.to_identifier(alias))))
+    if where is not None:
+        rows = rows.where(where)
+
+    # 2. Contribution bounding: at most k rows per unit (user-level DP).
+    if tp.privacy_unit is not None:
+        rows = contribution(rows, tp.privacy_unit, tp.contribution_bound)
+
+    # 3. Exact measurements per group, with clipping.
+    columns: list[exp.Expr] = [exp.alias_(safety(k.expr, ints), k.id) for k in query.keys]
+    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit, ints), m.id)
+                for m in query.measurements]
+    measure_ids = [m.id for m in query.measurements]
+    if plan.threshold is not None and plan.threshold.separate:
+        unit = tp.privacy_unit
+        gate = (exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
+                if unit else exp.Count(this=exp.Star()))
+        columns.append(exp.alias_(gate, THRESHOLD_ID))
+        measure_ids.append(THRESHOLD_ID)
+    measure = exp.select(*columns).from_(rows.subquery(alias))
+    if query.keys:
+        measure = measure.group_by(*[safety(k.expr, ints) for k in query.keys])
+    key_ids = [k.id for k in query.keys]
+    if query.keys and not query.thresholded:
+        grid = public_grid([(k.id, k.public_values or ()) for k in query.keys])
+        measure = complete_groups(measure, key_ids, measure_ids, grid)
+
+    # 4. Outputs, HAVING, ORDER BY and LIMIT over the noisy values (post-processing).
+    finish = exp.select(*[exp.alias_(safety(o.expr), o.name, quoted=True)
+                          for o in query.outputs]).from_(NOISY)
+    conditions = []
+    if plan.threshold is not None:
+        conditions.append(exp.column(plan.threshold.measurement_id)
+                          > exp.Literal.number(plan.threshold.threshold))
+    if query.having is not None:
+        conditions.append(safety(query.having))
+    if conditions:
+        finish = finish.where(exp.and_(*conditions))
+    if query.order:
+        finish = finish.order_by(*[
+            exp.Ordered(this=safety(o.this), desc=o.args.get("desc"),
+                        nulls_first=o.args.get("nulls_first")) for o in query.order])
+    if query.limit is not None:
+        finish = finish.limit(query.limit)
+    if query.offset is not None:
+        finish = finish.offset(query.offset)
+    return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
+
+
+def _measure_sql(m: Measurement, alias: str, unit: str | None, ints: set[str]) -> exp.Expr:
+    if m.kind == "count_units":
+        assert unit is not None
+        return exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
+    if m.kind == "count":
+        return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument, ints))
+    assert m.argument is not None and m.lower is not None and m.upper is not None
+    value = clipping(safety(m.argument, ints), m.lower, m.upper)
+    if m.kind == "sum_squares":
+        value = exp.Mul(this=value, expression=value.copy())
+    return exp.cast(exp.Sum(this=value), exp.DType.DOUBLE)
+
+
+def _mechanisms(plan: NoisePlan) -> dict[str, object]:
+    mechanisms = dict(plan.mechanisms)
+    if plan.threshold is not None and plan.threshold.separate:
+        mechanisms[THRESHOLD_ID] = plan.threshold.mechanism
+    return mechanisms

@@ -1,0 +1,244 @@
+"""The demo data generator (`chorus demo`): tables, value ranges, determinism, policy file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pathlib
+import secrets
+import tomllib
+import urllib.parse
+
+import duckdb
+import numpy as np
+import pytest
+
+from chorus_py.demo import CITY_NAMES, generate_demo, generate_trips, render_policy
+from chorus_py.errors import InvalidParameter
+
+ROWS = 5000
+PG_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+EXPECTED_TYPES = {
+    "trip_id": "bigint",
+    "rider_id": "bigint",
+    "driver_id": "bigint",
+    "city": "text",
+    "pickup_time": "timestamp",
+    "fare": "double",
+    "distance_km": "double",
+}
+# DuckDB and Postgres spell the types differently
+_TYPE_ALIASES = {
+    "varchar": "text",
+    "double precision": "double",
+    "timestamp without time zone": "timestamp",
+}
+
+# The same SQL on both backends; exact (integer) aggregates, so runs and backends compare equal.
+CHECKSUM_SQL = """
+SELECT count(*), sum(trip_id), sum(rider_id), sum(driver_id),
+       sum(CAST(round(fare * 100) AS BIGINT)), sum(CAST(round(distance_km * 100) AS BIGINT)),
+       sum(CAST(extract(epoch FROM pickup_time) AS BIGINT) % 1000003),
+       sum(length(city) * rider_id)
+FROM trips
+"""
+RANGES_SQL = """
+SELECT min(trip_id), max(trip_id), count(DISTINCT trip_id), min(pickup_time), max(pickup_time),
+       count(DISTINCT CAST(pickup_time AS DATE)), min(fare), max(fare), min(distance_km),
+       max(distance_km), count(DISTINCT driver_id)
+FROM trips
+"""
+PER_RIDER_SQL = """
+SELECT min(n), max(n), percentile_disc(0.5) WITHIN GROUP (ORDER BY n), count(*)
+FROM (SELECT rider_id, count(*) AS n FROM trips GROUP BY rider_id) AS r
+"""
+
+
+def _normalise(rows: list[tuple]) -> list[tuple]:
+    return [tuple(int(v) if isinstance(v, int | np.integer) else v for v in row) for row in rows]
+
+
+def _check_tables(fetch) -> tuple:
+    """Assertions shared by both backends; ``fetch(sql)`` returns all rows. Returns the checksum."""
+    types = dict(
+        fetch(
+            "SELECT column_name, lower(data_type) FROM information_schema.columns "
+            "WHERE table_name = 'trips' ORDER BY ordinal_position"
+        )
+    )
+    assert {k: _TYPE_ALIASES.get(v, v) for k, v in types.items()} == EXPECTED_TYPES
+
+    (lo_id, hi_id, n_ids, t_min, t_max, n_days, f_min, f_max, d_min, d_max, n_drv) = fetch(
+        RANGES_SQL
+    )[0]
+    assert (lo_id, hi_id, n_ids) == (1, ROWS, ROWS)
+    start = dt.datetime(2026, 1, 1)
+    assert start <= t_min < start + dt.timedelta(days=1)
+    assert start + dt.timedelta(days=89) <= t_max < start + dt.timedelta(days=90)
+    assert n_days == 90
+    assert f_min > 0 and f_max <= 500
+    assert d_min >= 0.1 and d_max <= 100
+    assert 0.5 * ROWS / 200 <= n_drv <= 1.5 * ROWS / 200
+
+    lo_n, hi_n, median_n, n_riders = fetch(PER_RIDER_SQL)[0]
+    assert lo_n >= 1 and hi_n <= 200
+    assert median_n == 5
+    assert ROWS / 20 < n_riders < ROWS / 4
+
+    cities = fetch("SELECT DISTINCT city FROM trips")
+    assert {c for (c,) in cities} == set(CITY_NAMES)
+    assert sorted(fetch("SELECT city, state FROM cities")) == sorted(
+        [("SF", "CA"), ("NYC", "NY"), ("LA", "CA"), ("CHI", "IL"), ("SEA", "WA")]
+    )
+    return _normalise(fetch(CHECKSUM_SQL))[0]
+
+
+def _check_policy(path: pathlib.Path, url: str) -> dict:
+    policy = tomllib.loads(path.read_text(encoding="utf-8"))
+    assert policy["backend"] == {"url": url}
+    assert policy["privacy"] == {
+        "epsilon_per_block": 10.0,
+        "delta_per_block": 1e-6,
+        "accounting": "basic",
+        "default_epsilon": 0.5,
+        "default_delta": 1e-8,
+        "max_epsilon_per_query": 2.0,
+        "max_delta_per_query": 1e-6,
+        "noise": "sql",
+    }
+    trips = policy["tables"]["trips"]
+    assert trips["privacy_unit"] == "rider_id"
+    assert trips["max_rows_per_unit"] == 10
+    assert trips["block"] == {"column": "pickup_time", "size": "1 day"}
+    assert trips["columns"] == {
+        "trip_id": {"type": "int"},
+        "rider_id": {"type": "int", "private_id": True},
+        "driver_id": {"type": "int"},
+        "city": {"type": "text", "public_values": ["SF", "NYC", "LA", "CHI", "SEA"]},
+        "pickup_time": {"type": "timestamp"},
+        "fare": {"type": "float", "lower": 0, "upper": 200},
+        "distance_km": {"type": "float", "lower": 0, "upper": 100},
+    }
+    assert policy["tables"]["cities"] == {"public": True}
+    assert policy["analysts"] == {"demo": {}}
+    return policy
+
+
+@pytest.fixture(scope="module")
+def duckdb_run(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("demo")
+    calls: list[tuple[str, float]] = []
+    policy = generate_demo(directory, rows=ROWS, progress=lambda m, f: calls.append((m, f)))
+    return directory, policy, calls
+
+
+def _duckdb_checksum(directory: pathlib.Path) -> tuple:
+    con = duckdb.connect(str(directory / "demo.duckdb"), read_only=True)
+    try:
+        return _check_tables(lambda sql: con.execute(sql).fetchall())
+    finally:
+        con.close()
+
+
+def test_duckdb_tables(duckdb_run):
+    directory, _, _ = duckdb_run
+    _duckdb_checksum(directory)
+
+
+def test_duckdb_policy(duckdb_run):
+    directory, policy, _ = duckdb_run
+    assert policy == directory.resolve() / "policy.toml"
+    db = (directory / "demo.duckdb").resolve()
+    _check_policy(policy, "duckdb:///demo.duckdb")
+
+
+def test_progress_reported(duckdb_run):
+    _, _, calls = duckdb_run
+    fractions = [f for _, f in calls]
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert fractions == sorted(fractions)
+    assert all(isinstance(m, str) and m for m, _ in calls)
+
+
+def test_deterministic_and_replaces(duckdb_run, tmp_path):
+    directory, _, _ = duckdb_run
+    first = _duckdb_checksum(directory)
+    # a second run elsewhere gives the same rows
+    generate_demo(tmp_path, rows=ROWS)
+    assert _duckdb_checksum(tmp_path) == first
+    # a run over an existing database replaces the tables
+    generate_demo(tmp_path, rows=100, seed=1)
+    con = duckdb.connect(str(tmp_path / "demo.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM trips").fetchone() == (100,)
+        assert con.execute("SELECT count(*) FROM cities").fetchone() == (5,)
+    finally:
+        con.close()
+
+
+def test_generate_trips_arrays():
+    a, b = generate_trips(2000, seed=7), generate_trips(2000, seed=7)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["fare"], generate_trips(2000, seed=8)["fare"])
+    assert np.all(np.diff(a["pickup_time"].astype(np.int64)) >= 0)  # trip_id in pickup order
+    tiny = generate_trips(1)
+    assert len(tiny["trip_id"]) == 1 and tiny["rider_id"][0] == 1
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(InvalidParameter):
+        generate_demo(tmp_path, rows=0)
+    with pytest.raises(InvalidParameter):
+        generate_demo(tmp_path, backend_url="mysql://localhost/x", rows=10)
+    assert not (tmp_path / "policy.toml").exists()
+
+
+def test_example_policy_matches_generated():
+    text = (EXAMPLES / "policy.toml").read_text(encoding="utf-8")
+    _check_policy(EXAMPLES / "policy.toml", "duckdb:///demo.duckdb")
+    # the example is the generated policy with a placeholder URL: keep them in step
+    generated = render_policy("duckdb:///demo.duckdb")
+    assert [ln for ln in text.splitlines() if "Placeholder" not in ln] == generated.splitlines()
+    assert (EXAMPLES / "README.md").is_file()
+
+
+@pytest.fixture
+def pg_database():
+    psycopg = pytest.importorskip("psycopg")
+    name = f"chorus_test_demo_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as e:
+        pytest.skip(f"Postgres not reachable at {PG_URL}: {e}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield urllib.parse.urlsplit(PG_URL)._replace(path=f"/{name}").geturl()
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.postgres
+def test_postgres(pg_database, duckdb_run, tmp_path):
+    import psycopg
+
+    policy = generate_demo(tmp_path, backend_url=pg_database, rows=ROWS)
+    _check_policy(policy, pg_database)
+    assert not (tmp_path / "demo.duckdb").exists()
+    with psycopg.connect(pg_database) as conn:
+        checksum = _check_tables(lambda sql: conn.execute(sql).fetchall())
+        indexes = {
+            r[0]
+            for r in conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = 'trips'"
+            ).fetchall()
+        }
+        assert any("(pickup_time)" in ix for ix in indexes)
+    # same rows as the DuckDB run
+    assert checksum == _duckdb_checksum(duckdb_run[0])
+    # running again replaces the tables (DROP TABLE IF EXISTS)
+    generate_demo(tmp_path, backend_url=pg_database, rows=50)
+    with psycopg.connect(pg_database) as conn:
+        assert conn.execute("SELECT count(*) FROM trips").fetchone() == (50,)
