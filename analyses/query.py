@@ -226,7 +226,7 @@ class _Reader:
                                  if c.name.startswith("m")}))
             key = lifted.name if isinstance(lifted, exp.Column) and lifted.name.startswith("k") \
                 else None
-            outputs.append(OutputColumn(name, lifted, used, key, expr.sql()))
+            outputs.append(OutputColumn(name, lifted, used, key, display_sql(expr)))
             self.aliases[name] = lifted
         if not self.measurements:
             raise QueryRefused(
@@ -306,9 +306,9 @@ class _Reader:
         self._check_row(arg, node.sql_name())
         lo, hi = self._bounds(arg, node.sql_name())
         total = self._measure("sum", arg, lo, hi)
-        count = self._measure("count", arg)
         if isinstance(node, exp.Sum):
             return total
+        count = self._measure("count", arg)
         if isinstance(node, exp.Avg):
             # AVG = noisy SUM / noisy COUNT, clamped into [l, u] (post-processing keeps DP).
             mean = exp.Div(this=total, expression=_greatest(count, 1.0))
@@ -451,6 +451,14 @@ class _Reader:
                     f"{a.name} is a number but is compared with the text {b.sql()} in {clause}",
                     hint="write the number without quotes",
                 )
+
+
+def display_sql(node: exp.Expr) -> str:
+    """SQL for reports: generic dialect, identifiers unquoted."""
+    plain = node.copy()
+    for ident in plain.find_all(exp.Identifier):
+        ident.set("quoted", False)
+    return plain.sql()
 
 
 def _literal_int(flat: exp.Select, arg: str) -> int | None:

@@ -95,6 +95,9 @@ def portable_type(name: str) -> str:
     return n
 
 
+DUCKDB_CONFIG = (("enable_external_access", False), ("lock_configuration", True))
+
+
 class DuckDBBackend(Backend):
     """An embedded DuckDB database file (or ``:memory:``)."""
 
@@ -111,12 +114,11 @@ class DuckDBBackend(Backend):
                 hint="run `chorus demo` to create demo data, or fix [backend] url in the policy",
             )
         try:
-            self._con = duckdb.connect(path)
+            # Defence in depth: no file or network access from SQL, and nobody may turn it back
+            # on.  Every connection of this process to the file must use the same config.
+            self._con = duckdb.connect(path, config=dict(DUCKDB_CONFIG))
         except duckdb.Error as err:
             raise OperationalError(f"cannot open DuckDB file {path}: {err}") from None
-        # Defence in depth: no file or network access from SQL, and nobody may turn it back on.
-        self._con.execute("SET enable_external_access = false")
-        self._con.execute("SET lock_configuration = true")
         self._lock = threading.Lock()
 
     def run(self, sql: str) -> ResultSet:

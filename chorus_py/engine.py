@@ -29,7 +29,7 @@ import duckdb
 import numpy as np
 
 from analyses.blocks import BlocksRead, blocks_read
-from analyses.query import AggregateQuery, PublicQuery, analyze_query
+from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
 from analyses.validate import parse_statement
 from budget.ledger import InMemoryLedger
 from chorus_py.backends import Backend, ResultSet, StatementFailed, open_backend
@@ -308,7 +308,7 @@ class Engine:
         measurements = []
         for m in query.measurements:
             mech = plan.mechanisms[m.id]
-            arg = m.argument.sql(self.dialect) if m.argument is not None else "*"
+            arg = display_sql(m.argument) if m.argument is not None else "*"
             measurements.append(MeasurementReport(
                 m.id, f"{_AGGREGATE_NAMES[m.kind]}({arg})" if m.kind != "count_units"
                 else f"COUNT(DISTINCT {query.privacy_unit})", m.sensitivity, m.derivation,

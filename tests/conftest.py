@@ -1,0 +1,172 @@
+"""Shared fixtures: the same tests run on an embedded DuckDB and on a real Postgres.
+
+Postgres is at ``CHORUS_TEST_PG`` (default postgresql://postgres@127.0.0.1:5432/test); each test
+session creates its own database there and drops it at the end.  When the server is unreachable
+the Postgres tests are skipped, unless ``CHORUS_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which
+turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from chorus_py.demo import generate_demo
+from chorus_py.engine import Engine
+from chorus_py.policy import load_policy
+
+PG_ADMIN_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+TEST_ROWS = 4000
+
+# A policy for tests: the demo's trips (user level, k = 10), an event-level table, a public table.
+# Budgets are large so tests can use a large epsilon and check answers against the truth.
+POLICY_TEMPLATE = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = {epsilon_per_block}
+delta_per_block = 1e-3
+default_epsilon = 1.0
+default_delta = 1e-8
+max_epsilon_per_query = {max_epsilon}
+max_delta_per_query = 1e-4
+noise = "{noise}"
+
+[tables.trips]
+privacy_unit = "rider_id"
+max_rows_per_unit = {k}
+block = {{ column = "pickup_time", size = "1 day" }}
+
+[tables.trips.columns]
+trip_id     = {{ type = "int" }}
+rider_id    = {{ type = "int", private_id = true }}
+driver_id   = {{ type = "int" }}
+city        = {{ type = "text", public_values = ["SF", "NYC", "LA", "CHI", "SEA"] }}
+pickup_time = {{ type = "timestamp" }}
+fare        = {{ type = "float", lower = 0, upper = 200 }}
+distance_km = {{ type = "float", lower = 0, upper = 100 }}
+
+[tables.visits]
+[tables.visits.columns]
+visit_id = {{ type = "int" }}
+page     = {{ type = "text" }}
+seconds  = {{ type = "float", lower = 0, upper = 600 }}
+
+[tables.cities]
+public = true
+
+[analysts.alice]
+[analysts.bob]
+max_epsilon_per_query = 0.5
+"""
+
+_VISITS_SQL = [
+    "DROP TABLE IF EXISTS visits",
+    "CREATE TABLE visits (visit_id BIGINT, page TEXT, seconds DOUBLE PRECISION)",
+    # 1000 visits: pages 'home' (500), 'about' (300), 'blog' (200); seconds = visit_id % 700
+    "INSERT INTO visits SELECT i, CASE WHEN i % 10 < 5 THEN 'home' WHEN i % 10 < 8 THEN 'about' "
+    "ELSE 'blog' END, CAST(i % 700 AS DOUBLE PRECISION) FROM generate_series(1, 1000) AS s(i)",
+]
+
+
+def _postgres_available() -> bool:
+    try:
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh Postgres database for this session (dropped at the end)."""
+    if not _postgres_available():
+        if os.environ.get("CHORUS_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"Postgres is required but unreachable at {PG_ADMIN_URL}")
+        pytest.skip(f"Postgres unreachable at {PG_ADMIN_URL}")
+    name = f"chorus_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as con:
+        con.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def duckdb_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo trips, the visits table and the public cities in a DuckDB file."""
+    import duckdb
+
+    directory = tmp_path_factory.mktemp("duckdb")
+    generate_demo(directory, rows=TEST_ROWS)
+    path = directory / "demo.duckdb"
+    con = duckdb.connect(str(path))
+    for stmt in _VISITS_SQL:
+        con.execute(stmt.replace("DOUBLE PRECISION", "DOUBLE"))
+    con.close()
+    return f"duckdb:///{path}"
+
+
+@pytest.fixture(scope="session")
+def postgres_data(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same data in the session's Postgres database."""
+    generate_demo(tmp_path_factory.mktemp("pg"), backend_url=postgres_url, rows=TEST_ROWS)
+    with psycopg.connect(postgres_url, autocommit=True) as con:
+        for stmt in _VISITS_SQL:
+            con.execute(stmt)
+    return postgres_url
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest) -> str:
+    """Each test using it runs once per backend."""
+    return request.getfixturevalue(f"{request.param}_data")
+
+
+@pytest.fixture
+def write_policy(tmp_path: Path) -> Callable[..., Path]:
+    """Write a test policy for a backend URL; keyword arguments override the template."""
+
+    def write(url: str, *, noise: str = "sql", k: int = 10, epsilon_per_block: float = 1000.0,
+              max_epsilon: float = 500.0, extra: str = "") -> Path:
+        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(POLICY_TEMPLATE.format(
+            url=url, noise=noise, k=k, epsilon_per_block=epsilon_per_block,
+            max_epsilon=max_epsilon) + extra)
+        return path
+
+    return write
+
+
+@pytest.fixture
+def make_engine(write_policy: Callable[..., Path]) -> Iterator[Callable[..., Engine]]:
+    """Build engines on a backend URL (closed after the test)."""
+    engines: list[Engine] = []
+
+    def make(url: str, **overrides: object) -> Engine:
+        engine = Engine(load_policy(write_policy(url, **overrides)))
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+
+
+@pytest.fixture
+def engine(backend_url: str, make_engine: Callable[..., Engine]) -> Engine:
+    """An engine with the default test policy, on each backend."""
+    return make_engine(backend_url)
+
+
+def nothing_spent(engine: Engine) -> bool:
+    """True when no block has any allocated or consumed budget."""
+    return all(b.epsilon_allocated == 0 and b.epsilon_consumed == 0 and b.delta_consumed == 0
+               for b in engine.ledger.blocks()) and not engine.ledger.claims()
