@@ -65,6 +65,7 @@ class Measurement:
     upper: float | None
     sensitivity: float
     derivation: str
+    center: float = 0.0
 
     @property
     def integral(self) -> bool:
@@ -258,10 +259,34 @@ class _Reader:
         )
 
     def _public_values(self, key: exp.Expr) -> tuple[object, ...] | None:
-        if isinstance(key, exp.Column):
-            col = self.tp.columns[key.name]
-            return col.public_values
-        return None
+        """The declared values of a key column, narrowed by ``key = v`` / ``key IN (...)``.
+
+        The narrowing reads literals of the query only, so the released keys still depend on
+        the policy and the query, never on the data.
+        """
+        if not isinstance(key, exp.Column):
+            return None
+        declared = self.tp.columns[key.name].public_values
+        if declared is None:
+            return None
+        where = self.flat.args.get("where")
+        conjuncts = list(where.this.flatten()) if where and isinstance(where.this, exp.And) \
+            else ([where.this] if where else [])
+        values = list(declared)
+        for node in conjuncts:
+            node = node.unnest()
+            if isinstance(node, exp.EQ) and node.this == key and isinstance(
+                node.expression, exp.Literal
+            ):
+                wanted = [node.expression]
+            elif isinstance(node, exp.In) and node.this == key and not node.args.get("query") \
+                    and all(isinstance(v, exp.Literal) for v in node.expressions):
+                wanted = node.expressions
+            else:
+                continue
+            texts = {w.name for w in wanted}
+            values = [v for v in values if str(v) in texts]
+        return tuple(values)
 
     def _threshold_source(self) -> str | None:
         # A distinct-unit count (user level) or a row count (event level) per group is exactly
@@ -305,15 +330,21 @@ class _Reader:
             raise NotSupportedError(f"{node.sql_name()}(DISTINCT ...) is not supported")
         self._check_row(arg, node.sql_name())
         lo, hi = self._bounds(arg, node.sql_name())
-        total = self._measure("sum", arg, lo, hi)
         if isinstance(node, exp.Sum):
-            return total
+            return self._measure("sum", arg, lo, hi)
+        # AVG and VARIANCE measure the values centred on c = (l + u) / 2: x - c lies in
+        # [-(u - l) / 2, (u - l) / 2], which halves the sum's sensitivity (and quarters that of
+        # the sum of squares) compared with max(|l|, |u|), and both statistics are unchanged by
+        # the shift.
+        center = (lo + hi) / 2
+        total = self._measure("sum", arg, lo, hi, center)
         count = self._measure("count", arg)
         if isinstance(node, exp.Avg):
-            # AVG = noisy SUM / noisy COUNT, clamped into [l, u] (post-processing keeps DP).
-            mean = exp.Div(this=total, expression=_greatest(count, 1.0))
+            # AVG = c + noisy SUM(x - c) / noisy COUNT, clamped into [l, u] (post-processing).
+            mean = exp.Add(this=exp.Literal.number(center), expression=exp.Div(
+                this=total, expression=_greatest(count, 1.0)))
             return _clamp(mean, lo, hi)
-        squares = self._measure("sum_squares", arg, lo, hi)
+        squares = self._measure("sum_squares", arg, lo, hi, center)
         pop = isinstance(node, exp.VariancePop | exp.StddevPop)
         # var = (S2 - S1^2 / n) / (n - 1), or / n for the population variance; clamped to
         # [0, (u - l)^2 / 2], a bound on any sample variance of values in [l, u] with n >= 2.
@@ -338,17 +369,17 @@ class _Reader:
             hint="COUNT(DISTINCT other_column) has no bounded sensitivity",
         )
 
-    def _measure(self, kind: MeasurementKind, arg: exp.Expr | None,
-                 lo: float | None = None, hi: float | None = None) -> exp.Expr:
-        dedup = (kind, arg.sql() if arg is not None else "*")
+    def _measure(self, kind: MeasurementKind, arg: exp.Expr | None, lo: float | None = None,
+                 hi: float | None = None, center: float = 0.0) -> exp.Expr:
+        dedup = (kind, arg.sql() if arg is not None else "*", center)
         if dedup not in self.measurements:
             mid = f"m{len(self.measurements)}"
-            sens, why = self._sensitivity(kind, lo, hi)
-            self.measurements[dedup] = Measurement(mid, kind, arg, lo, hi, sens, why)
+            sens, why = self._sensitivity(kind, lo, hi, center)
+            self.measurements[dedup] = Measurement(mid, kind, arg, lo, hi, sens, why, center)
         return exp.column(self.measurements[dedup].id)
 
-    def _sensitivity(self, kind: MeasurementKind, lo: float | None,
-                     hi: float | None) -> tuple[float, str]:
+    def _sensitivity(self, kind: MeasurementKind, lo: float | None, hi: float | None,
+                     center: float) -> tuple[float, str]:
         s = self.stability
         stab = (f"stability {s} (max_rows_per_unit of '{self.tp.privacy_unit}')"
                 if self.tp.privacy_unit else "stability 1 (event-level: one row per neighbour)")
@@ -366,13 +397,13 @@ class _Reader:
                 f"Delta = {d}"
             )
         assert lo is not None and hi is not None
+        value = f"x clipped to [{lo:g}, {hi:g}]" + (f", minus c = {center:g}" if center else "")
         if kind == "sum_squares":
-            sq_lo, sq_hi = square_bounds(lo, hi)
+            sq_lo, sq_hi = square_bounds(lo - center, hi - center)
             d = sum_sensitivity(s, sq_lo, sq_hi)
-            return d, f"SUM(x^2), x clipped to [{lo:g}, {hi:g}], {stab}: Delta = {s} * {sq_hi:g}"
-        d = sum_sensitivity(s, lo, hi)
-        return d, (f"SUM clipped to [{lo:g}, {hi:g}] over {stab}: "
-                   f"Delta = s * max(|l|, |u|) = {d:g}")
+            return d, f"SUM(v^2), v = {value}, {stab}: Delta = {s} * {sq_hi:g} = {d:g}"
+        d = sum_sensitivity(s, lo - center, hi - center)
+        return d, (f"SUM(v), v = {value}, {stab}: Delta = s * max(|v|) = {d:g}")
 
     def _bounds(self, arg: exp.Expr, fname: str) -> tuple[float, float]:
         missing: list[str] = []

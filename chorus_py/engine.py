@@ -21,6 +21,7 @@ import logging
 import math
 import threading
 import time
+from decimal import Decimal
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,13 @@ from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
 from analyses.validate import parse_statement
 from budget.ledger import InMemoryLedger
-from chorus_py.backends import Backend, ResultSet, StatementFailed, open_backend
+from chorus_py.backends import (
+    Backend,
+    ResultSet,
+    StatementFailed,
+    open_backend,
+    portable_type,
+)
 from chorus_py.errors import BackendError, InternalError, InvalidParameter, PolicyError
 from chorus_py.policy import Policy, load_policy
 from chorus_py.report import (
@@ -43,7 +50,13 @@ from chorus_py.report import (
     QueryResult,
 )
 from chorus_py.statistics import BlockCatalog
-from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
+from mechanisms.planning import (
+    THRESHOLD_ID,
+    NoisePlan,
+    NoiseRequest,
+    ThresholdRequest,
+    plan_noise,
+)
 from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery, pipeline
 
 log = logging.getLogger("chorus.engine")
@@ -119,7 +132,7 @@ class Engine:
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
             result = self._run(analysis.tree.sql(self.dialect), touched_charge=None)
-            return QueryResult(result.columns, result.types, result.rows,
+            return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
         prepared = self._prepare(analysis, analyst, eps, dlt)
@@ -147,7 +160,7 @@ class Engine:
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
         charged = PrivacyReport(**{**report.__dict__, "charged": claim is not None})
-        return QueryResult(result.columns, result.types, result.rows, charged)
+        return QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
 
     # -- steps ----------------------------------------------------------------------------------
     def _analyst(self, analyst: str | None) -> str:
@@ -223,7 +236,7 @@ class Engine:
         reads, restriction = self._blocks(query)
         rewritten = pipeline(query, plan, restriction, self.dialect)
         sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
-            rewritten.measure.sql(self.dialect)
+            rewritten.measure_sql()
         report = self._report(query, plan, analyst, reads, sql)
         return _Prepared(query, plan, reads, rewritten, sql, report)
 
@@ -269,17 +282,16 @@ class Engine:
         columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
             () for _ in exact.columns]
         noisy_columns: list[list[Any]] = [list(c) for c in columns[:n_keys]]
+        # Counts (and the key-release count) are integers; everything else is a float.
+        integral = {m.id for m in prepared.query.measurements if m.integral} | {THRESHOLD_ID}
         for mid, values in zip(rewritten.measure_ids, columns[n_keys:], strict=True):
             raw = np.array([0.0 if v is None else float(v) for v in values], dtype=float)
             noisy = mechanisms[mid].sample(raw)
-            integral = mid in plan.mechanisms and prepared.query.measurements[
-                int(mid[1:])].integral or mid not in plan.mechanisms
-            noisy_columns.append([int(v) if integral else float(v) for v in noisy])
+            noisy_columns.append([int(v) if mid in integral else float(v) for v in noisy])
         con = duckdb.connect(":memory:")
         try:
             types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
-            types += ["BIGINT" if all(isinstance(v, int) for v in c) else "DOUBLE"
-                      for c in noisy_columns[n_keys:]]
+            types += ["BIGINT" if mid in integral else "DOUBLE" for mid in rewritten.measure_ids]
             names = list(rewritten.key_ids) + list(rewritten.measure_ids)
             con.execute(f"CREATE TABLE {NOISY} (" + ", ".join(
                 f"{n} {t}" for n, t in zip(names, types, strict=True)) + ")")
@@ -288,7 +300,6 @@ class Engine:
                 con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(names))})",
                                 rows)
             cur = con.execute(rewritten.finish.sql("duckdb"))
-            from chorus_py.backends import portable_type
             desc = cur.description or []
             return ResultSet(tuple(d[0] for d in desc),
                              tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
@@ -309,6 +320,8 @@ class Engine:
         for m in query.measurements:
             mech = plan.mechanisms[m.id]
             arg = display_sql(m.argument) if m.argument is not None else "*"
+            if m.center:
+                arg = f"{arg} - {m.center:g}"
             measurements.append(MeasurementReport(
                 m.id, f"{_AGGREGATE_NAMES[m.kind]}({arg})" if m.kind != "count_units"
                 else f"COUNT(DISTINCT {query.privacy_unit})", m.sensitivity, m.derivation,
@@ -369,3 +382,8 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _portable_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Postgres NUMERIC arrives as Decimal: report it as float, like every other backend."""
+    return [tuple(float(v) if isinstance(v, Decimal) else v for v in row) for row in rows]

@@ -24,9 +24,10 @@ __all__ = ["DIALECTS", "UNIFORM_SQL", "Mechanism"]
 DIALECTS = ("duckdb", "postgres")
 
 #: A uniform draw on (0, 1] for use inside LN. RANDOM() is in [0, 1) in Postgres (a 52-bit grid), so
-#: 1 - RANDOM() is never 0 there. DuckDB computes ldexp(uint64, -64), whose rounding to double returns
-#: exactly 1.0 with probability about 2**-54; GREATEST with the smallest normal double keeps LN finite
-#: (-708.4) instead of -inf, which would make a BIGINT cast fail. It never binds in Postgres.
+#: 1 - RANDOM() is never 0 there. DuckDB computes ldexp(uint64, -64), whose rounding to double
+#: returns exactly 1.0 with probability about 2**-54; GREATEST with the smallest normal double keeps
+#: LN finite (-708.4) instead of -inf, which would make a BIGINT cast fail. It never binds in
+#: Postgres.
 UNIFORM_SQL = "GREATEST(1 - RANDOM(), CAST('2.2250738585072014e-308' AS DOUBLE))"
 
 
@@ -104,7 +105,7 @@ def fill_template(template: str, **nodes: exp.Expr) -> exp.Expr:
     """Parse ``template`` (generic sqlglot SQL) and replace each ``:name`` with a copy of a node.
 
     Every occurrence gets its own copy, so no node is shared between two places of the tree, and a
-    compound expression is parenthesised so that ``:v * 2`` with ``v = a + b`` means ``(a + b) * 2``.
+    compound expression is parenthesised: ``:v * 2`` with ``v = a + b`` means ``(a + b) * 2``.
     """
     tree = sqlglot.parse_one(template)
 

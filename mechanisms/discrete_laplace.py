@@ -48,11 +48,11 @@ class DiscreteLaplace(Mechanism):
 
     Mean 0, variance 2 q / (1 - q)**2, P(|X| >= t) = 2 q**t / (1 + q) for integers t >= 1.
 
-    Calibration: for an integer-valued query with integer L1 sensitivity D, b = D / epsilon
-    (q = exp(-epsilon / D)) gives epsilon-DP: neighbouring outputs' probabilities differ by at most
-    q**-D = e**epsilon. A. Ghosh, T. Roughgarden, M. Sundararajan, "Universally Utility-Maximizing
-    Privacy Mechanisms", STOC 2009 (SIAM J. Comput. 41(6), 2012), the alpha-geometric mechanism;
-    C. Canonne, G. Kamath, T. Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020,
+    Calibration: for an integer-valued query with integer L1 sensitivity D, b = D / epsilon (q =
+    exp(-epsilon / D)) gives epsilon-DP: neighbouring outputs' probabilities differ by at most q**-D
+    = e**epsilon. A. Ghosh, T. Roughgarden, M. Sundararajan, "Universally Utility-Maximizing Privacy
+    Mechanisms", STOC 2009 (SIAM J. Comput. 41(6), 2012), the alpha-geometric mechanism; C. Canonne,
+    G. Kamath, T. Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020,
     arXiv:2004.00010v5, Definition 28 / Fact 29 (discrete Laplace and its privacy).
 
     Rényi curve: the exact Rényi divergence between two discrete Laplace distributions D apart
@@ -66,12 +66,12 @@ class DiscreteLaplace(Mechanism):
 
     Exactness: the database's RANDOM() is a grid (Postgres: multiples of 2**-52; DuckDB is no
     coarser near 1), so each geometric draw's tail P(G >= k) is exp(-k/b) minus less than 2**-52,
-    and draws above 36.04 b never happen. Each draw is therefore within total variation
-    tau <= (36.04 b + 2) 2**-52 of the exact geometric, the noise within 2 tau, and the SQL rendering
-    is (epsilon, 2 tau (1 + e**epsilon))-DP rather than pure (up to the rounding of LN): for b = 1000
+    and draws above 36.04 b never happen. Each draw is therefore within total variation tau <=
+    (36.04 b + 2) 2**-52 of the exact geometric, the noise within 2 tau, and the SQL rendering is
+    (epsilon, 2 tau (1 + e**epsilon))-DP rather than pure (up to the rounding of LN): for b = 1000
     and epsilon <= 1 that delta is below 2e-10. ``sample`` draws Mironov's dense uniform
-    (:func:`mechanisms.randomness.secure_uniform_dense`) instead, whose probabilities are
-    exact up to a relative 2**-52, so the proxy-side mode has no such delta.
+    (:func:`mechanisms.randomness.secure_uniform_dense`) instead, whose probabilities are exact up
+    to a relative 2**-52, so the proxy-side mode has no such delta.
     """
 
     name: ClassVar[str] = "discrete_laplace"

@@ -44,7 +44,7 @@ def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
     B. Balle and Y.-X. Wang, "Improving the Gaussian Mechanism for Differential Privacy: Analytical
     Calibration and Optimal Denoising", ICML 2018, arXiv:1805.06530v2, Theorem 8:
 
-        delta = Phi(D / (2 sigma) - epsilon sigma / D) - e**epsilon Phi(-D / (2 sigma) - epsilon sigma / D)
+        delta = Phi(D/(2 sigma) - epsilon sigma/D) - e**epsilon Phi(-D/(2 sigma) - epsilon sigma/D)
 
     (necessary and sufficient). The second term is computed as exp(epsilon + ln Phi(.)) so that a
     large epsilon does not overflow.
@@ -94,11 +94,11 @@ class Gaussian(Mechanism):
     ``sensitivity`` is the L2 sensitivity D.
 
     Calibration (``from_sensitivity``): the analytic Gaussian mechanism, the smallest sigma with
-    Phi(D/(2 sigma) - epsilon sigma/D) - e**epsilon Phi(-D/(2 sigma) - epsilon sigma/D) <= delta
-    (B. Balle and Y.-X. Wang, ICML 2018, arXiv:1805.06530v2, Theorem 8 and Algorithm 1), found by
+    Phi(D/(2 sigma) - epsilon sigma/D) - e**epsilon Phi(-D/(2 sigma) - epsilon sigma/D) <= delta (B.
+    Balle and Y.-X. Wang, ICML 2018, arXiv:1805.06530v2, Theorem 8 and Algorithm 1), found by
     bisection. It is exact, valid for every epsilon > 0, and smaller than the classic bound.
-    ``classic`` gives sigma = D sqrt(2 ln(1.25 / delta)) / epsilon, valid only for epsilon < 1
-    (C. Dwork and A. Roth, "The Algorithmic Foundations of Differential Privacy", 2014, Theorem A.1).
+    ``classic`` gives sigma = D sqrt(2 ln(1.25 / delta)) / epsilon, valid only for epsilon < 1 (C.
+    Dwork and A. Roth, "The Algorithmic Foundations of Differential Privacy", 2014, Theorem A.1).
 
     Rényi curve: alpha D**2 / (2 sigma**2) (I. Mironov, "Rényi Differential Privacy", CSF 2017,
     arXiv:1702.07476v3, Proposition 7).
@@ -123,7 +123,7 @@ class Gaussian(Mechanism):
 
     @classmethod
     def classic(cls, sensitivity: float, epsilon: float, delta: float) -> Gaussian:
-        """sigma = D sqrt(2 ln(1.25/delta)) / epsilon (Dwork and Roth 2014, Thm A.1), epsilon < 1."""
+        """sigma = D sqrt(2 ln(1.25/delta)) / epsilon (Dwork & Roth 2014, Thm A.1); epsilon < 1."""
         d = check_sensitivity(sensitivity)
         eps = check_epsilon(epsilon)
         dl = _check_delta(delta)

@@ -42,8 +42,8 @@ class Laplace(Mechanism):
 
     Only for reference and accounting: a floating-point Laplace sample reveals the exact answer
     through its low-order bits (I. Mironov, "On Significance of the Least Significant Bits for
-    Differential Privacy", CCS 2012). Ship :class:`~mechanisms.snapping.Snapping` for real values and
-    :class:`~mechanisms.discrete_laplace.DiscreteLaplace` for counts.
+    Differential Privacy", CCS 2012). Ship :class:`~mechanisms.snapping.Snapping` for real values
+    and :class:`~mechanisms.discrete_laplace.DiscreteLaplace` for counts.
 
     SQL (design section 6): ``value + b * sign * -LN(1 - RANDOM())`` with a random sign; using
     ``1 - RANDOM()`` keeps the argument of LN in (0, 1] because RANDOM() is in [0, 1).

@@ -6,12 +6,14 @@ are seedable and predictable, and an analyst who can predict the noise can subtr
 Two uniform samplers exist because they serve different mechanisms:
 
 - :func:`secure_uniform` is the plain 53-bit grid ``{1, 2, ..., 2**53} / 2**53``, the same kind of
-  value the databases' ``random()`` gives (Postgres: a 52-bit grid). It is what the interface asks for.
+  value the databases' ``random()`` gives (Postgres: a 52-bit grid). It is what the interface asks
+  for.
 - :func:`secure_uniform_dense` is Mironov's ``U*``: a real uniform on (0, 1) rounded down to the
-  nearest double, so small values keep their full 53-bit relative precision. Taking ``ln`` of it gives
-  an exponential variate whose tail is faithful down to about 2**-1074, which the snapping mechanism's
-  proof assumes (Mironov, CCS 2012, Section 5.2) and which keeps the geometric draws of the discrete
-  Laplace mechanism within a relative error of about 2**-52 of their exact probabilities.
+  nearest double, so small values keep their full 53-bit relative precision. Taking ``ln`` of it
+  gives an exponential variate whose tail is faithful down to about 2**-1074, which the snapping
+  mechanism's proof assumes (Mironov, CCS 2012, Section 5.2) and which keeps the geometric draws of
+  the discrete Laplace mechanism within a relative error of about 2**-52 of their exact
+  probabilities.
 """
 
 from __future__ import annotations
@@ -75,16 +77,18 @@ def _leading_zeros(words: np.ndarray) -> np.ndarray:
 def secure_uniform_dense(n: int) -> np.ndarray:
     """Return ``n`` floats distributed as a real uniform on (0, 1) rounded down to a double.
 
-    This is the ``U*`` of Mironov (CCS 2012, Section 5.2): the binade ``[2**-(k+1), 2**-k)`` is chosen
-    with probability ``2**-(k+1)`` (the number of leading zeros of a stream of fair bits), then the 52
-    mantissa bits are uniform. Unlike :func:`secure_uniform`, values near 0 are as finely spaced as
-    doubles allow, so ``P(U <= y) = y (1 + O(2**-52))`` for every double ``y`` down to ~2**-1022.
+    This is the ``U*`` of Mironov (CCS 2012, Section 5.2): the binade ``[2**-(k+1), 2**-k)`` is
+    chosen with probability ``2**-(k+1)`` (the number of leading zeros of a stream of fair bits),
+    then the 52 mantissa bits are uniform. Unlike :func:`secure_uniform`, values near 0 are as
+    finely spaced as doubles allow, so ``P(U <= y) = y (1 + O(2**-52))`` for every double ``y`` down
+    to ~2**-1022.
     """
     n = _check_count(n)
     zeros = np.zeros(n, dtype=np.int64)
     pending = np.arange(n)
-    # A fair-bit stream's leading zeros: read 64 bits at a time; an all-zero word (probability 2**-64)
-    # only means "keep reading", so those entries loop. The loop ends after one pass in practice.
+    # A fair-bit stream's leading zeros: read 64 bits at a time; an all-zero word (probability
+    # 2**-64) only means "keep reading", so those entries loop. The loop ends after one pass in
+    # practice.
     while pending.size:
         words = secure_bits(pending.size)
         nonzero = words != 0

@@ -20,7 +20,8 @@ import numpy as np
 
 __all__ = ["discrete_laplace_rdp", "gaussian_rdp", "laplace_rdp", "pure_dp_rdp"]
 
-# Relative rounding error of a double; used to round the discrete Laplace curve up (pessimistically).
+# Relative rounding error of a double; used to round the discrete Laplace curve up
+# (pessimistically).
 _ULP = 2.0**-52
 
 
@@ -52,12 +53,12 @@ def laplace_rdp(alpha: float, b: float) -> float:
         1/(alpha-1) * ln( alpha/(2 alpha - 1) * exp((alpha-1)/b)
                           + (alpha-1)/(2 alpha - 1) * exp(-alpha/b) )
 
-    alpha = 1 gives the KL divergence 1/b + exp(-1/b) - 1 and alpha = inf gives 1/b (the pure epsilon).
-    For a query of sensitivity D and noise scale b use ``laplace_rdp(alpha, b / D)``.
+    alpha = 1 gives the KL divergence 1/b + exp(-1/b) - 1 and alpha = inf gives 1/b (the pure
+    epsilon). For a query of sensitivity D and noise scale b use ``laplace_rdp(alpha, b / D)``.
 
-    Two numerical forms: with x = (alpha-1)/b <= 1 the argument of ln is written as
-    1 + (alpha expm1(x) + (alpha-1) expm1(-alpha/b)) / (2 alpha - 1) and passed to log1p, which stays
-    accurate as alpha -> 1; otherwise the sum is taken in log space (logaddexp), which cannot overflow
+    Two numerical forms: with x = (alpha-1)/b <= 1 the argument of ln is written as 1 + (alpha
+    expm1(x) + (alpha-1) expm1(-alpha/b)) / (2 alpha - 1) and passed to log1p, which stays accurate
+    as alpha -> 1; otherwise the sum is taken in log space (logaddexp), which cannot overflow
     however large (alpha-1)/b is.
     """
     a = _check_alpha(alpha)
@@ -97,7 +98,7 @@ def pure_dp_rdp(alpha: float, epsilon: float) -> float:
     T. Steinke, "Sharp RDP & zCDP from Pure DP", differentialprivacy.org, 27 May 2024, Theorem 4
     (tight: randomized response attains it; the proof is a two-line Jensen argument):
 
-        eps_hat(alpha) = epsilon - 1/(alpha-1) * ln( (1 + e^-epsilon) / (1 + e^-(2 alpha - 1) epsilon) )
+        eps_hat(alpha) = epsilon - ln((1 + e^-epsilon) / (1 + e^-(2 alpha - 1) epsilon)) / (alpha-1)
 
     It is at most epsilon (Mironov 2017, Proposition 3) and at most alpha epsilon**2 / 2
     (Bun and Steinke, "Concentrated Differential Privacy: Simplifications, Extensions, and Lower
@@ -132,9 +133,9 @@ def discrete_laplace_rdp(alpha: float, b: float, shift: int = 1) -> float:
     and D_alpha = ln(S) / (alpha - 1), evaluated in log space. alpha = 1 is the KL divergence
     (k - 2 q (1 - q**k) / (1 - q**2)) / b and alpha = inf is k / b.
 
-    This is the curve of the discrete Laplace (two-sided geometric) mechanism of a query with integer
-    sensitivity k; the result is rounded up by a few ulps and never exceeds the curve implied by its
-    pure epsilon = k/b (:func:`pure_dp_rdp`), which is also a valid bound.
+    This is the curve of the discrete Laplace (two-sided geometric) mechanism of a query with
+    integer sensitivity k; the result is rounded up by a few ulps and never exceeds the curve
+    implied by its pure epsilon = k/b (:func:`pure_dp_rdp`), which is also a valid bound.
     """
     a = _check_alpha(alpha)
     t = 1.0 / _check_positive_finite(b, "the discrete Laplace scale b")

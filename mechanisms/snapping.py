@@ -52,14 +52,16 @@ def _power_of_two_ceil(x: float) -> float:
 def _slack(bound_unit: float) -> Fraction:
     """Exact floating-point slack, in units of 1/lambda, of the mechanism with clamp bound B'.
 
-    2**-49 B' is the term of Mironov's Theorem 1. 2**-52 (B' + 2) pays for dividing f by D in
-    floating point: rounding each of f/D and f'/D moves it by at most half an ulp, and only values
-    with |f/D| <= B' + 2 escape the clamp, so |fl(f/D) - fl(f'/D)| <= 1 + 2**-52 (B' + 2). The
-    privacy loss in Mironov's proof is |x - x'| / lambda plus the rounding term, so the stretch adds
-    to the 1 of the sensitivity-1 case.
+    2**-49 B' is the term of Mironov's Theorem 1, which takes x = f / D as an exact double. Here x
+    is computed: the value is cast to double (exact for a DOUBLE, rounded for a large integer or a
+    NUMERIC) and divided by D, two roundings that move x by at most |x| (2**-52 + 2**-106). Only
+    inputs with |x| <= B' + 2 escape the clamp, so neighbours' inputs differ by at most
+    1 + 2 (B' + 2)(2**-52 + 2**-106) = 1 + (B' + 2)(2**-51 + 2**-105). The privacy loss in
+    Mironov's proof is |x - x'| / lambda plus the rounding term, so that stretch adds to the 1 of
+    the sensitivity-1 case.
     """
     b = Fraction(bound_unit)
-    return b / 2**49 + (b + 2) / 2**52
+    return b / 2**49 + (b + 2) * (Fraction(1, 2**51) + Fraction(1, 2**105))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,27 +70,36 @@ class Snapping(Mechanism):
 
     I. Mironov, "On Significance of the Least Significant Bits for Differential Privacy", ACM CCS
     2012, Section 5.2, Theorem 1: for a sensitivity-1 query f, lambda < B < 2**46 lambda, Lambda the
-    smallest power of two >= lambda, S a uniform sign and U uniform on (0, 1] drawn as Mironov's U*,
+    smallest power of two >= lambda, S a uniform sign and U uniform on (0, 1) drawn as Mironov's U*,
 
         M(f) = clamp_B(Lambda * round((clamp_B(f) + S * lambda * ln(U)) / Lambda))
 
-    is (1/lambda + 2**-49 B / lambda)-DP in IEEE double arithmetic (the analysis assumes a logarithm
-    accurate to within an ulp). Without the clamping and rounding, the low-order bits of a
-    floating-point Laplace sample reveal the exact answer (Section 3 of the same paper).
+    is (1/lambda + 2**-49 B / lambda)-DP in IEEE double arithmetic. The analysis assumes a correctly
+    rounded logarithm (such as CRlibm's); numpy and both databases call the C library's log, which
+    is accurate to about an ulp but not guaranteed correctly rounded, a gap shared by every SQL
+    rendering. Without the clamping and rounding, the low-order bits of a floating-point Laplace
+    sample reveal the exact answer (Section 3 of the same paper).
 
-    Density: before rounding the noise is Laplace, p(x) = exp(-|x| / lambda) / (2 lambda); the output
-    is the nearest multiple of Lambda (clamped to [-B, B]). A query of sensitivity D is handled as
-    D * M(f / D), so in the query's units the scale is b = D lambda, the step D Lambda, the bound D B.
+    Density: before rounding the noise is Laplace, p(x) = exp(-|x| / lambda) / (2 lambda); the
+    output is the nearest multiple of Lambda (clamped to [-B, B]). A query of sensitivity D is
+    handled as D * M(f / D), so in the query's units the scale is b = D lambda, the step D Lambda,
+    the bound D B.
 
-    Calibration (``from_sensitivity``): the total epsilon equals the requested one. With inflation
-    r = 1e-3, lambda' = (1 + r) / epsilon and B' the largest multiple of Lambda' with
-    2**-49 B' + 2**-52 (B' + 2) <= r, i.e. B' <= (2**52 r - 2) / 9 (about 5.0e11); then
-    (1 + 2**-49 B' + 2**-52 (B' + 2)) / lambda' <= epsilon, checked in exact rational arithmetic after
-    rounding lambda' up. The 2**-52 (B' + 2) term pays for the rounding of f / D (see ``_slack``).
-    The constraint B' < 2**46 lambda' holds while r (64 epsilon - 9) < 9 (epsilon < ~140.9 at
-    r = 1e-3); for larger epsilon r drops to 9 / (2 (64 epsilon - 9)), half the limit, so B' shrinks
-    (about 2**45 / epsilon). lambda' < B' needs epsilon > ~2e-12; smaller values raise ValueError.
-    B' is a multiple of Lambda', so every output, clamped or not, is a multiple of D Lambda'.
+    Calibration (``from_sensitivity``): the total epsilon equals the requested one. With the
+    inflation r = 1e-3:
+
+        lambda' = (1 + r) / epsilon, rounded up so that it holds exactly;
+        Lambda' = the smallest power of two >= lambda';
+        B'      = the largest multiple of Lambda' with slack(B') <= r, where
+                  slack(B') = 2**-49 B' + (B' + 2)(2**-51 + 2**-105),
+                  i.e. B' <= about (2**51 r - 2) / 5 (4.5e11 at r = 1e-3);
+
+    so (1 + slack(B')) / lambda' <= epsilon, checked in exact rational arithmetic. Beyond Mironov's
+    2**-49 B', the slack pays for rounding the value to double and dividing it by D (``_slack``).
+    B' < 2**46 lambda' holds while r (32 epsilon - 5) < 5 (epsilon < ~156.6 at r = 1e-3); for
+    larger epsilon r drops to 5 / (2 (32 epsilon - 5)), half the limit, so B' shrinks to about
+    2**45 / epsilon. lambda' < B' needs epsilon > ~2.2e-12; smaller values raise ValueError. B' is a multiple of
+    Lambda', so every output, clamped or not, is a multiple of D Lambda'.
 
     Variance and error: the noise is Laplace(b) plus a rounding error of at most Lambda/2, so
     P(|noise| <= b ln(1/(1-c)) + Lambda/2) >= c (ignoring the clamp, which only matters for
@@ -101,11 +112,12 @@ class Snapping(Mechanism):
     :func:`mechanisms.rdp.pure_dp_rdp`), which is at most epsilon. The Laplace curve at lambda' is
     not used: nothing shows the rounded, clamped output inherits it.
 
-    Randomness: ``sample`` draws U as Mironov's U* (:func:`mechanisms.randomness.secure_uniform_dense`).
-    The SQL rendering uses 1 - RANDOM(), a uniform on a 2**-52 grid (Postgres; DuckDB is no
-    coarser near 0), so |S lambda ln U| <= 36.04 lambda and each grid output's probability is off by
-    less than 2**-52. At most 74 outputs have non-zero mass, so the output distribution is within
-    total variation 2**-46 of the ideal one and the SQL rendering is (epsilon, 2**-46 (1 + e**epsilon))-DP.
+    Randomness: ``sample`` draws U as Mironov's U*
+    (:func:`mechanisms.randomness.secure_uniform_dense`). The SQL rendering uses 1 - RANDOM(), a
+    uniform on a 2**-52 grid (Postgres; DuckDB is no coarser near 0), so |S lambda ln U| <= 36.04
+    lambda and each grid output's probability is off by less than 2**-52. At most 74 outputs have
+    non-zero mass, so the output distribution is within total variation 2**-46 of the ideal one and
+    the SQL rendering is (epsilon, 2**-46 (1 + e**epsilon))-DP.
     """
 
     name: ClassVar[str] = "snapping"
@@ -119,27 +131,27 @@ class Snapping(Mechanism):
 
     @classmethod
     def from_sensitivity(cls, sensitivity: float, epsilon: float) -> Snapping:
-        """Calibrate to L1 ``sensitivity`` D so that the total epsilon is ``epsilon`` (class doc)."""
+        """Calibrate to L1 ``sensitivity`` D so the total epsilon is ``epsilon`` (see class doc)."""
         d = check_sensitivity(sensitivity)
         eps = check_epsilon(epsilon)
         r = DEFAULT_INFLATION
-        if r * (64.0 * eps - 9.0) >= 9.0:
+        if r * (32.0 * eps - 5.0) >= 5.0:
             # B' would reach 2**46 lambda': give up part of the slack (half the limit keeps B' well
             # inside the range after it is rounded down to a multiple of Lambda').
-            r = 9.0 / (2.0 * (64.0 * eps - 9.0))
+            r = 5.0 / (2.0 * (32.0 * eps - 5.0))
         lam = (1.0 + r) / eps
         # Round lambda' up until lambda' >= (1 + r) / epsilon holds exactly, not just in floats.
         while Fraction(lam) * Fraction(eps) < 1 + Fraction(r):
             lam = math.nextafter(lam, math.inf)
         big_lam = _power_of_two_ceil(lam)
-        bound_unit = big_lam * math.floor((math.ldexp(r, 52) - 2.0) / 9.0 / big_lam)
+        bound_unit = big_lam * math.floor((math.ldexp(r, 51) - 2.0) / 5.0 / big_lam)
         # The float formula may round up; step down until the slack fits r exactly.
         while bound_unit > 0 and _slack(bound_unit) > Fraction(r):
             bound_unit -= big_lam
         if not lam < bound_unit < _MAX_B_OVER_LAMBDA * lam:
             raise ValueError(
                 f"epsilon {epsilon!r} is outside the range the snapping mechanism supports "
-                f"(about 2e-12 < epsilon); its clamp bound would not satisfy "
+                f"(about 2.2e-12 < epsilon); its clamp bound would not satisfy "
                 f"lambda < B < 2**46 lambda"
             )
         return cls(
@@ -167,7 +179,9 @@ class Snapping(Mechanism):
         if big_lam != _power_of_two_ceil(lam):
             raise ValueError(f"Lambda_unit {big_lam!r} is not the smallest power of two >= {lam!r}")
         if not lam < b < _MAX_B_OVER_LAMBDA * lam:
-            raise ValueError(f"the bound {b!r} must satisfy lambda < B < 2**46 lambda (lambda={lam!r})")
+            raise ValueError(
+                f"the bound {b!r} must satisfy lambda < B < 2**46 lambda (lambda={lam!r})"
+            )
         if not (b / big_lam).is_integer():
             raise ValueError(f"the bound {b!r} must be a multiple of Lambda_unit {big_lam!r}")
         if self.guaranteed_epsilon > Fraction(self.epsilon):
@@ -187,7 +201,7 @@ class Snapping(Mechanism):
         return -self.scale * math.log1p(-c) + self.Lambda / 2.0
 
     def variance(self) -> float:
-        """Upper bound 2 b**2 + Lambda**2 / 4 (the exact value depends on f's offset in the grid)."""
+        """An upper bound: 2 b**2 + Lambda**2 / 4; the exact value depends on f mod Lambda."""
         return 2.0 * self.scale * self.scale + self.Lambda * self.Lambda / 4.0
 
     def render_sql(self, value: exp.Expr, dialect: str) -> exp.Expr:

@@ -27,6 +27,7 @@ from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import blocks
 from rewriters.clipping import clipping
+from rewriters.dialect import dialect
 from rewriters.contribution import contribution
 from rewriters.groups import complete_groups, public_filter, public_grid
 from rewriters.noise import noise
@@ -63,7 +64,11 @@ class RewrittenQuery:
             exp.CTE(this=noisy, alias=exp.TableAlias(this=exp.to_identifier(NOISY)),
                     materialized=True)
         ]))
-        return statement.sql(self.dialect)
+        return dialect(statement, self.dialect).sql(self.dialect)
+
+    def measure_sql(self) -> str:
+        """The exact measurements alone (proxy noise mode), for the backend."""
+        return dialect(self.measure, self.dialect).sql(self.dialect)
 
 
 def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,
@@ -142,6 +147,8 @@ def _measure_sql(m: Measurement, alias: str, unit: str | None, ints: set[str]) -
         return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument, ints))
     assert m.argument is not None and m.lower is not None and m.upper is not None
     value = clipping(safety(m.argument, ints), m.lower, m.upper)
+    if m.center:
+        value = exp.Paren(this=exp.Sub(this=value, expression=exp.Literal.number(m.center)))
     if m.kind == "sum_squares":
         value = exp.Mul(this=value, expression=value.copy())
     return exp.cast(exp.Sum(this=value), exp.DType.DOUBLE)

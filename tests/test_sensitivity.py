@@ -31,10 +31,11 @@ CASES = [
     ("SELECT COUNT(*) FROM visits", 2.0, {"COUNT(*)": (1, "discrete_laplace", 0.5)}),
     # 3. SUM(fare), clip [0, 200], k = 10: Delta = 10 * 200 = 2000; eps 0.5 -> 4000 * 1.001.
     ("SELECT SUM(fare) FROM trips", 0.5, {"SUM(trips.fare)": (2000, "snapping", 4004.0)}),
-    # 4. AVG(fare) = SUM / COUNT(fare): eps 1 split in two halves.
-    #    SUM: Delta 2000, b = 2000 * 1.001 / 0.5 = 4004;  COUNT(fare): Delta 10, b = 20.
+    # 4. AVG(fare) = c + SUM(fare - c) / COUNT(fare), c = (0 + 200) / 2 = 100: eps 1 in halves.
+    #    SUM(fare - 100): values in [-100, 100], Delta 10 * 100 = 1000, b = 1000 * 1.001 / 0.5
+    #    = 2002;  COUNT(fare): Delta 10, b = 20.
     ("SELECT AVG(fare) FROM trips", 1.0,
-     {"SUM(trips.fare)": (2000, "snapping", 4004.0),
+     {"SUM(trips.fare - 100)": (1000, "snapping", 2002.0),
       "COUNT(trips.fare)": (10, "discrete_laplace", 20.0)}),
     # 5. COUNT(DISTINCT rider_id) without GROUP BY: a unit moves one count by 1 -> Delta 1.
     ("SELECT COUNT(DISTINCT rider_id) FROM trips", 1.0,
@@ -49,22 +50,24 @@ CASES = [
     # 8. SUM(ABS(fare - 100)): fare - 100 in [-100, 100], ABS -> [0, 100] -> Delta = 1000.
     ("SELECT SUM(ABS(fare - 100)) FROM trips", 1.0,
      {"SUM(ABS(trips.fare - 100))": (1000, "snapping", 1000 * (1 + R))}),
-    # 9. VARIANCE(distance_km), [0, 100]: SUM x (Delta 1000), COUNT x (10), SUM x^2
-    #    (Delta 10 * 100^2 = 100000); eps 0.9 -> 0.3 each.
+    # 9. VARIANCE(distance_km), [0, 100], centred on c = 50: SUM(x - 50) (Delta 10 * 50 = 500),
+    #    COUNT x (10), SUM((x - 50)^2) (Delta 10 * 50^2 = 25000); eps 0.9 -> 0.3 each.
     ("SELECT VARIANCE(distance_km) FROM trips", 0.9,
-     {"SUM(trips.distance_km)": (1000, "snapping", 1000 * (1 + R) / 0.3),
+     {"SUM(trips.distance_km - 50)": (500, "snapping", 500 * (1 + R) / 0.3),
       "COUNT(trips.distance_km)": (10, "discrete_laplace", 10 / 0.3),
-      "SUM of squares(trips.distance_km)": (100000, "snapping", 100000 * (1 + R) / 0.3)}),
+      "SUM of squares(trips.distance_km - 50)": (25000, "snapping", 25000 * (1 + R) / 0.3)}),
     # 10. Two aggregates share epsilon: COUNT(*) and SUM(seconds) at event level, eps 1:
     #     COUNT Delta 1, b = 2; SUM Delta 600, b = 600 * 1.001 / 0.5 = 1201.2.
     ("SELECT COUNT(*), SUM(seconds) FROM visits", 1.0,
      {"COUNT(*)": (1, "discrete_laplace", 2.0),
       "SUM(visits.seconds)": (600, "snapping", 1201.2)}),
-    # 11. A measurement used twice is measured once: SUM(fare) and AVG(fare) share SUM(fare);
-    #     measurements SUM(fare), COUNT(fare) -> eps 1 / 2 each.
-    ("SELECT SUM(fare), AVG(fare) FROM trips", 1.0,
-     {"SUM(trips.fare)": (2000, "snapping", 4004.0),
-      "COUNT(trips.fare)": (10, "discrete_laplace", 20.0)}),
+    # 11. Measurements are shared: AVG(fare) and COUNT(fare) use the same COUNT(fare); with
+    #     SUM(fare) there are 3 measurements, eps 0.75 / 3 = 0.25 each:
+    #     SUM(fare) Delta 2000, b = 8008; SUM(fare - 100) Delta 1000, b = 4004; COUNT b = 40.
+    ("SELECT SUM(fare), AVG(fare), COUNT(fare) FROM trips", 0.75,
+     {"SUM(trips.fare)": (2000, "snapping", 8008.0),
+      "SUM(trips.fare - 100)": (1000, "snapping", 4004.0),
+      "COUNT(trips.fare)": (10, "discrete_laplace", 40.0)}),
     # 12. A filter through a CTE keeps stability 10: COUNT Delta 10, eps 0.25 -> b = 40.
     ("WITH long AS (SELECT * FROM trips WHERE distance_km > 10) SELECT COUNT(*) FROM long", 0.25,
      {"COUNT(*)": (10, "discrete_laplace", 40.0)}),

@@ -41,7 +41,7 @@ def draw(mech: Mechanism, value: float, source: str, con: object = None, n: int 
     if source == "python":
         return mech.sample(np.full(n, value, dtype=np.float64))
     if source == "duckdb":
-        con.execute(f"SELECT setseed({SEED})")
+        con.execute(f"SELECT setseed({SEED})").fetchall()
         sql = mech.render_sql(value_expr(value), "duckdb").sql("duckdb")
         return con.sql(f"SELECT {sql} AS x FROM range({n})").fetchnumpy()["x"]
     if source == "postgres":
@@ -52,9 +52,7 @@ def draw(mech: Mechanism, value: float, source: str, con: object = None, n: int 
     raise AssertionError(source)
 
 
-def check_moments(
-    noise: np.ndarray, mean: float, var: float, mu4: float, what: str = ""
-) -> None:
+def check_moments(noise: np.ndarray, mean: float, var: float, mu4: float, what: str = "") -> None:
     """Assert the sample mean and variance of ``noise`` are within Z standard errors."""
     n = noise.size
     noise = noise.astype(np.float64)
@@ -78,7 +76,9 @@ def check_proportion(hits: int, n: int, p: float, what: str = "") -> None:
 def laplace_cdf(x: np.ndarray, b: float) -> np.ndarray:
     """P(L <= x) for L ~ Laplace(0, b)."""
     x = np.asarray(x, dtype=np.float64)
-    return np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0.0) / b), 1.0 - 0.5 * np.exp(-np.maximum(x, 0.0) / b))
+    return np.where(
+        x < 0, 0.5 * np.exp(np.minimum(x, 0.0) / b), 1.0 - 0.5 * np.exp(-np.maximum(x, 0.0) / b)
+    )
 
 
 def snapped_distribution(f: float, b: float, step: float) -> tuple[np.ndarray, np.ndarray]:

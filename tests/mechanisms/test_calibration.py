@@ -110,12 +110,12 @@ def test_snapping_calibration_by_hand() -> None:
     assert m.scale == pytest.approx(2002.0, rel=1e-15)
     # Lambda' = smallest power of two >= 10.01 = 16 (8 < 10.01 <= 16); Lambda = 200 * 16 = 3200
     assert (m.Lambda_unit, m.Lambda) == (16.0, 3200.0)
-    # B' = largest multiple of 16 with 2**-49 B' + 2**-52 (B' + 2) <= r:
-    #   B' <= (2**52 * 1e-3 - 2) / 9 = (4503599627370.496 - 2) / 9 = 500399958596.4996
-    #   500399958596.4996 / 16 = 31274997412.28  ->  B' = 31274997412 * 16 = 500399958592
-    assert m.bound_unit == 500399958592.0
-    assert m.bound == 200 * 500399958592.0 == 100079991718400.0
-    # Total epsilon (1 + 2**-49 B' + 2**-52 (B' + 2)) / lambda' <= 0.1, and barely below it.
+    # B' = largest multiple of 16 with 2**-49 B' + (B' + 2)(2**-51 + 2**-105) <= r, i.e. about
+    #   B' <= (2**51 * 1e-3 - 2) / 5 = (2251799813685.248 - 2) / 5 = 450359962736.6496
+    #   450359962736.6496 / 16 = 28147497671.04  ->  B' = 28147497671 * 16 = 450359962736
+    assert m.bound_unit == 450359962736.0
+    assert m.bound == 200 * 450359962736.0 == 90071992547200.0
+    # Total epsilon (1 + slack(B')) / lambda' <= 0.1, and barely below it.
     assert m.guaranteed_epsilon <= Fraction(0.1)
     assert float(m.guaranteed_epsilon) == pytest.approx(0.1, rel=1e-9)
     assert m.error_bound(0.95) == pytest.approx(2002.0 * math.log(20) + 1600.0, rel=1e-14)
@@ -126,10 +126,10 @@ def test_snapping_calibration_by_hand() -> None:
 
 
 def test_snapping_large_epsilon_lowers_inflation() -> None:
-    # At r = 1e-3, B' < 2**46 lambda' needs r (64 epsilon - 9) < 9, i.e. epsilon < 140.8;
-    # at epsilon = 1000 r drops to 9 / (2 (64000 - 9)) = 7.0322e-5.
+    # At r = 1e-3, B' < 2**46 lambda' needs r (32 epsilon - 5) < 5, i.e. epsilon < 156.6;
+    # at epsilon = 1000 r drops to 5 / (2 (32000 - 5)) = 7.8137e-5.
     m = Snapping.from_sensitivity(1, 1000)
-    assert m.inflation == pytest.approx(9 / (2 * (64000 - 9)), rel=1e-15)
+    assert m.inflation == pytest.approx(5 / (2 * (32000 - 5)), rel=1e-15)
     assert m.lambda_unit < m.bound_unit < 2**46 * m.lambda_unit
     assert m.guaranteed_epsilon <= Fraction(1000)
 
@@ -146,11 +146,9 @@ def test_snapping_invariants(d: float, eps: float) -> None:
     assert lam < b < 2**46 * lam  # Mironov's Theorem 1 range
     assert (b / big).is_integer()  # clamped outputs stay on the grid
     assert m.guaranteed_epsilon <= Fraction(eps)  # the total never exceeds the request
-    # It wastes at most the slack share r (when B' is rounded down to a coarse grid, at tiny
-    # epsilon), and nothing noticeable in the usual range.
-    assert float(m.guaranteed_epsilon) >= eps / (1 + m.inflation) * (1 - 1e-12)
-    if eps >= 1e-6:
-        assert float(m.guaranteed_epsilon) >= eps * (1 - 1e-9)
+    # It wastes only what rounding B' down to a multiple of Lambda' costs: at most one step, i.e.
+    # (2**-49 + 2**-51) Lambda' = 10 2**-52 Lambda' of the slack (noticeable only at tiny epsilon).
+    assert float(m.guaranteed_epsilon) >= eps * (1 - 10 * 2.0**-52 * big - 1e-12)
     assert m.scale == d * lam and m.Lambda == d * big and m.bound == d * b
 
 

@@ -156,9 +156,7 @@ def test_discrete_laplace_rdp_matches_brute_force(a: float, b: float, k: int) ->
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    a1=alphas, a2=alphas, b=st.floats(min_value=0.05, max_value=1e3), k=st.integers(1, 500)
-)
+@given(a1=alphas, a2=alphas, b=st.floats(min_value=0.05, max_value=1e3), k=st.integers(1, 500))
 def test_discrete_laplace_rdp_monotone_in_alpha_and_shift(
     a1: float, a2: float, b: float, k: int
 ) -> None:
