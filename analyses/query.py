@@ -1,8 +1,9 @@
 """From a validated SELECT to an :class:`AggregateQuery`: one private table, its filter, its group
 keys, the noisy measurements to take and how each output column is computed from them.
 
-The query is first *normalised*: qualified against the policy's columns (sqlglot ``qualify``), then
-its CTEs and subqueries are merged into one SELECT (``eliminate_subqueries`` + ``merge_subqueries``).
+The query is first *normalised*: qualified against the policy's columns (sqlglot ``qualify``),
+then its CTEs and subqueries are merged into one SELECT (``eliminate_subqueries`` and
+``merge_subqueries``).
 A CTE or subquery that only filters or projects rows merges away; anything left over (LIMIT,
 DISTINCT or aggregation inside, a join) is refused.  The flat query is then read, never changed:
 every aggregate becomes one or more *measurements* (COUNT, SUM of a clipped value, ...) that get
@@ -217,7 +218,7 @@ class _Reader:
             if key.find(*AGGREGATES):
                 raise QueryRefused("aggregates are not allowed in GROUP BY")
             self.keys.append(GroupKey(f"k{i}", key, self._public_values(key)))
-        if group and group.args.get("rollup") or group and group.args.get("cube"):
+        if (group and group.args.get("rollup")) or (group and group.args.get("cube")):
             raise NotSupportedError("ROLLUP, CUBE and GROUPING SETS are not supported")
         outputs = []
         for name, item in zip(self.names, flat.expressions, strict=True):
@@ -311,7 +312,7 @@ class _Reader:
                 raise QueryRefused(
                     f"column {node.name} in {clause} is neither aggregated nor in GROUP BY: "
                     "raw values are never released",
-                    hint=f"wrap it in an aggregate or add it to GROUP BY",
+                    hint="wrap it in an aggregate or add it to GROUP BY",
                 )
             return node
 
@@ -425,11 +426,12 @@ class _Reader:
                 )
             raise QueryRefused(
                 f"cannot bound the value of {arg.sql()} in {fname}",
-                hint="use +, -, *, / by a constant, ABS, LEAST, GREATEST or CASE on bounded columns",
+                hint="use +, -, *, / by a constant, ABS, LEAST, GREATEST or CASE on bounded "
+                "columns",
             )
         return found
 
-    # -- row-level safety ---------------------------------------------------------------------------
+    # -- row-level safety -------------------------------------------------------------------
     def _check_row(self, node: exp.Expr, clause: str) -> None:
         check_row_expression(node, clause)
         for cast in node.find_all(exp.Cast):

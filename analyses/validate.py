@@ -110,9 +110,9 @@ def check_row_expression(node: exp.Expr, where: str) -> None:
             continue  # casts are checked with column types in analyses.query
         if isinstance(sub, exp.Like | exp.ILike) and not isinstance(sub.expression, exp.Literal):
             raise QueryRefused(f"LIKE patterns must be literals ({where})")
-        if isinstance(sub, exp.Round) and sub.args.get("decimals") is not None:
-            if not isinstance(sub.args["decimals"], exp.Literal | exp.Neg):
-                raise QueryRefused(f"ROUND's digits must be a literal ({where})")
+        decimals = sub.args.get("decimals") if isinstance(sub, exp.Round) else None
+        if decimals is not None and not isinstance(decimals, exp.Literal | exp.Neg):
+            raise QueryRefused(f"ROUND's digits must be a literal ({where})")
         if isinstance(sub, exp.TimestampTrunc | exp.DateTrunc):
             unit = sub.args.get("unit")
             if unit is not None and not isinstance(unit, exp.Literal | exp.Var):

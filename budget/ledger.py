@@ -13,6 +13,7 @@ behind the same interface: ``claim`` / ``consume`` / ``release`` / ``blocks``.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -116,8 +117,9 @@ class InMemoryLedger:
     def claim(self, analyst: str, blocks: Sequence[str], epsilon: float, delta: float,
               description: str = "") -> Claim:
         """Allocate (epsilon, delta) on every block, all or nothing; raise if any lacks budget."""
-        if epsilon <= 0 or delta < 0:
-            raise ValueError("a claim needs epsilon > 0 and delta >= 0")
+        if not (math.isfinite(epsilon) and epsilon > 0 and math.isfinite(delta) and delta >= 0):
+            raise ValueError("a claim needs a finite epsilon > 0 and a finite delta >= 0")
+        blocks = tuple(dict.fromkeys(blocks))  # a block named twice is charged once
         if not blocks:
             raise ValueError("a claim needs at least one block")
         with self._lock:

@@ -17,14 +17,15 @@ rows is charged (the data was touched) and reported without any data value in th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
 import time
-from decimal import Decimal
 from collections import OrderedDict
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import duckdb
 import numpy as np
@@ -88,15 +89,21 @@ class Engine:
         self.policy = policy
         self.dialect = policy.backend.dialect
         self.backend = backend or open_backend(policy.backend.url)
-        live = self.backend.table_columns()
-        policy.check_against(live)
-        self._check_types(live)
+        try:
+            live = self.backend.table_columns()
+            policy.check_against(live)
+            self._check_types(live)
+        except BaseException:
+            self.backend.close()
+            raise
         self.public_columns = {t: live[t] for t, tp in policy.tables.items() if tp.public}
         self.ledger = ledger or InMemoryLedger(policy.privacy.epsilon_per_block,
                                                policy.privacy.delta_per_block)
         self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
-        self._analyses: OrderedDict[str, AggregateQuery | PublicQuery] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        # Steps 1-5 and 7 are pure functions of (SQL, policy, block windows, epsilon, delta):
+        # cache them.  The noise is drawn when the SQL runs, and the budget is charged per call.
+        self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
+        self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
 
     @classmethod
     def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
@@ -159,7 +166,7 @@ class Engine:
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
-        charged = PrivacyReport(**{**report.__dict__, "charged": claim is not None})
+        charged = dataclasses.replace(report, charged=claim is not None)
         return QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
 
     # -- steps ----------------------------------------------------------------------------------
@@ -205,22 +212,29 @@ class Engine:
         return float(eps), float(dlt)
 
     def _analyse(self, sql: str) -> AggregateQuery | PublicQuery:
-        # Steps 1-4 depend only on the SQL text and the policy: cache them (never the noise).
-        with self._cache_lock:
-            hit = self._analyses.get(sql)
-            if hit is not None:
-                self._analyses.move_to_end(sql)
-                return hit
+        hit = self._analyses.get(sql)
+        if hit is not None:
+            return hit
         parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
         analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns)
-        with self._cache_lock:
-            self._analyses[sql] = analysis
-            if len(self._analyses) > 1024:
-                self._analyses.popitem(last=False)
+        self._analyses.put(sql, analysis)
         return analysis
 
     def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
                  delta: float) -> _Prepared:
+        reads, restriction = self._blocks(query)
+        key = (query.normalized_sql, epsilon, delta, restriction)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction)
+            self._prepared.put(key, prepared)
+        report = dataclasses.replace(prepared.report, analyst=analyst)
+        return _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
+                         prepared.sql, report)
+
+    def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
+                          reads: BlocksRead | None,
+                          restriction: BlockRestriction | None) -> _Prepared:
         requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in query.measurements]
         threshold = None
         if query.thresholded:
@@ -233,11 +247,10 @@ class Engine:
             threshold = ThresholdRequest(query.threshold_source, query.stability)
         plan = plan_noise(requests, epsilon, delta, threshold,
                           self.policy.privacy.threshold_epsilon_share)
-        reads, restriction = self._blocks(query)
         rewritten = pipeline(query, plan, restriction, self.dialect)
         sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
             rewritten.measure_sql()
-        report = self._report(query, plan, analyst, reads, sql)
+        report = self._report(query, plan, "", reads, sql)
         return _Prepared(query, plan, reads, rewritten, sql, report)
 
     def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None, BlockRestriction | None]:
@@ -387,3 +400,37 @@ class Engine:
 def _portable_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """Postgres NUMERIC arrives as Decimal: report it as float, like every other backend."""
     return [tuple(float(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _LRU(Generic[K, V]):
+    """A small thread-safe least-recently-used cache."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._items

@@ -36,7 +36,7 @@ class ChorusError(Exception):
 
 
 # PEP 249 names, so the DB-API driver can re-export them unchanged.
-class Warning(Exception):  # noqa: A001 - PEP 249 requires this name
+class Warning(Exception):
     """PEP 249 ``Warning``."""
 
 

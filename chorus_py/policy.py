@@ -244,6 +244,9 @@ def _format_error(source: str, err: ValidationError) -> str:
 
 def parse_policy(data: Mapping[str, object], source: str = "<memory>") -> Policy:
     """Validate an already-parsed TOML document."""
+    if "source" in data:  # an internal field: the file name, never read from the file
+        raise PolicyError(f"{source}: source: unknown key (check its spelling against "
+                          "examples/policy.toml)")
     try:
         return Policy.model_validate({**data, "source": source})
     except ValidationError as err:

@@ -10,6 +10,7 @@ instance cannot under-report its cost.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -101,13 +102,19 @@ def float_literal(value: float) -> exp.Expr:
 _ATOMIC = (exp.Column, exp.Literal, exp.Func, exp.Paren, exp.Cast, exp.Placeholder)
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(template: str) -> exp.Expr:
+    # Templates are a handful of constants: parse each once (callers get copies).
+    return sqlglot.parse_one(template)
+
+
 def fill_template(template: str, **nodes: exp.Expr) -> exp.Expr:
     """Parse ``template`` (generic sqlglot SQL) and replace each ``:name`` with a copy of a node.
 
     Every occurrence gets its own copy, so no node is shared between two places of the tree, and a
     compound expression is parenthesised: ``:v * 2`` with ``v = a + b`` means ``(a + b) * 2``.
     """
-    tree = sqlglot.parse_one(template)
+    tree = _parsed(template).copy()
 
     def substitute(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Placeholder) and node.name in nodes:

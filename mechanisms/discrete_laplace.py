@@ -53,7 +53,7 @@ class DiscreteLaplace(Mechanism):
     = e**epsilon. A. Ghosh, T. Roughgarden, M. Sundararajan, "Universally Utility-Maximizing Privacy
     Mechanisms", STOC 2009 (SIAM J. Comput. 41(6), 2012), the alpha-geometric mechanism; C. Canonne,
     G. Kamath, T. Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020,
-    arXiv:2004.00010v5, Definition 28 / Fact 29 (discrete Laplace and its privacy).
+    arXiv:2004.00010 (the discrete Laplace, its privacy, and an exact sampler).
 
     Rényi curve: the exact Rényi divergence between two discrete Laplace distributions D apart
     (:func:`mechanisms.rdp.discrete_laplace_rdp`, a closed form). The continuous Laplace curve at

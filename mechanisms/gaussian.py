@@ -42,7 +42,7 @@ def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
     """The smallest delta for which N(0, sigma**2) noise is (epsilon, delta)-DP at this sensitivity.
 
     B. Balle and Y.-X. Wang, "Improving the Gaussian Mechanism for Differential Privacy: Analytical
-    Calibration and Optimal Denoising", ICML 2018, arXiv:1805.06530v2, Theorem 8:
+    Calibration and Optimal Denoising", ICML 2018, arXiv:1805.06530, Theorem 8:
 
         delta = Phi(D/(2 sigma) - epsilon sigma/D) - e**epsilon Phi(-D/(2 sigma) - epsilon sigma/D)
 
@@ -95,7 +95,7 @@ class Gaussian(Mechanism):
 
     Calibration (``from_sensitivity``): the analytic Gaussian mechanism, the smallest sigma with
     Phi(D/(2 sigma) - epsilon sigma/D) - e**epsilon Phi(-D/(2 sigma) - epsilon sigma/D) <= delta (B.
-    Balle and Y.-X. Wang, ICML 2018, arXiv:1805.06530v2, Theorem 8 and Algorithm 1), found by
+    Balle and Y.-X. Wang, ICML 2018, arXiv:1805.06530, Theorem 8 and Algorithm 1), found by
     bisection. It is exact, valid for every epsilon > 0, and smaller than the classic bound.
     ``classic`` gives sigma = D sqrt(2 ln(1.25 / delta)) / epsilon, valid only for epsilon < 1 (C.
     Dwork and A. Roth, "The Algorithmic Foundations of Differential Privacy", 2014, Theorem A.1).

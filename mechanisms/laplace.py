@@ -36,7 +36,7 @@ class Laplace(Mechanism):
 
     Calibration: b = D / epsilon for a query of L1 sensitivity D gives epsilon-DP
     (C. Dwork, F. McSherry, K. Nissim, A. Smith, "Calibrating Noise to Sensitivity in Private Data
-    Analysis", TCC 2006, Proposition 1; Dwork and Roth, "The Algorithmic Foundations of Differential
+    Analysis", TCC 2006; C. Dwork and A. Roth, "The Algorithmic Foundations of Differential
     Privacy", 2014, Theorem 3.6). Rényi curve: Mironov, "Rényi Differential Privacy", CSF 2017,
     arXiv:1702.07476v3, Proposition 6 (:func:`mechanisms.rdp.laplace_rdp` at b / D).
 

@@ -23,6 +23,8 @@ __all__ = ["discrete_laplace_rdp", "gaussian_rdp", "laplace_rdp", "pure_dp_rdp"]
 # Relative rounding error of a double; used to round the discrete Laplace curve up
 # (pessimistically).
 _ULP = 2.0**-52
+# Orders closer to 1 than this use the discrete Laplace curve at 1 + _NEAR_ONE (see there).
+_NEAR_ONE = 1e-4
 
 
 def _check_alpha(alpha: float) -> float:
@@ -100,10 +102,10 @@ def pure_dp_rdp(alpha: float, epsilon: float) -> float:
 
         eps_hat(alpha) = epsilon - ln((1 + e^-epsilon) / (1 + e^-(2 alpha - 1) epsilon)) / (alpha-1)
 
-    It is at most epsilon (Mironov 2017, Proposition 3) and at most alpha epsilon**2 / 2
-    (Bun and Steinke, "Concentrated Differential Privacy: Simplifications, Extensions, and Lower
-    Bounds", TCC 2016, arXiv:1605.02065, Proposition 3.3). alpha = 1 gives epsilon tanh(epsilon/2),
-    alpha = inf gives epsilon.
+    It is at most epsilon (an average privacy loss never exceeds its maximum) and at most
+    alpha epsilon**2 / 2 (M. Bun and T. Steinke, "Concentrated Differential Privacy:
+    Simplifications, Extensions, and Lower Bounds", TCC 2016, arXiv:1605.02065, Proposition 3.3).
+    alpha = 1 gives epsilon tanh(epsilon/2), alpha = inf gives epsilon.
     """
     a = _check_alpha(alpha)
     eps = _check_positive_finite(epsilon, "epsilon")
@@ -151,6 +153,12 @@ def discrete_laplace_rdp(alpha: float, b: float, shift: int = 1) -> float:
         one_minus_qk = -math.expm1(-kt)
         one_minus_q2 = -math.expm1(-2.0 * t)
         return t * (k - 2.0 * math.exp(-t) * one_minus_qk / one_minus_q2)
+    order = a
+    if a - 1.0 < _NEAR_ONE:
+        # ln S is a difference of O(alpha k t) terms that vanishes as alpha -> 1, so dividing by a
+        # tiny alpha - 1 would amplify its rounding error. D_alpha is nondecreasing in alpha, so
+        # the value at 1 + _NEAR_ONE is an upper bound here, and only slightly larger.
+        a = 1.0 + _NEAR_ONE
     am1 = a - 1.0
     log_one_minus_q = math.log(-math.expm1(-t))
     terms = [am1 * kt, -a * kt]
@@ -164,4 +172,4 @@ def discrete_laplace_rdp(alpha: float, b: float, shift: int = 1) -> float:
     # Round up: the terms have magnitude up to alpha k t and are summed with relative error ~ulp.
     margin = 8.0 * _ULP * (1.0 + a * kt) / am1
     exact = max(0.0, log_s / am1 + margin)
-    return min(exact, pure_dp_rdp(a, kt))
+    return min(exact, pure_dp_rdp(order, kt))

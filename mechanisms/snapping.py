@@ -98,8 +98,8 @@ class Snapping(Mechanism):
     2**-49 B', the slack pays for rounding the value to double and dividing it by D (``_slack``).
     B' < 2**46 lambda' holds while r (32 epsilon - 5) < 5 (epsilon < ~156.6 at r = 1e-3); for
     larger epsilon r drops to 5 / (2 (32 epsilon - 5)), half the limit, so B' shrinks to about
-    2**45 / epsilon. lambda' < B' needs epsilon > ~2.2e-12; smaller values raise ValueError. B' is a multiple of
-    Lambda', so every output, clamped or not, is a multiple of D Lambda'.
+    2**45 / epsilon. lambda' < B' needs epsilon > ~2.2e-12; smaller values raise ValueError.
+    B' is a multiple of Lambda', so every output, clamped or not, is a multiple of D Lambda'.
 
     Variance and error: the noise is Laplace(b) plus a rounding error of at most Lambda/2, so
     P(|noise| <= b ln(1/(1-c)) + Lambda/2) >= c (ignoring the clamp, which only matters for

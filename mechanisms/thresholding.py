@@ -1,4 +1,4 @@
-"""Releasing group keys that are not public: a noisy count must clear a threshold derived from delta.
+"""Releasing non-public group keys: a noisy count must clear a threshold derived from delta.
 
 Setting.  A query groups by a column whose values are not declared public.  Each group's key is
 released only when the group's noisy count exceeds tau.  The count is the number of distinct
@@ -9,7 +9,8 @@ Derivation of tau.  Take neighbours D and D' = D plus one unit.  Groups present 
 covered by the Laplace argument (epsilon_t for the counts, L1 sensitivity D).  A group present
 only in D' holds that unit alone, so its true count is 1, and the unit reaches at most D such
 groups.  With X discrete Laplace of parameter a = exp(-1/b),
-P(1 + X > tau) = P(X >= m) for m = floor(tau - 1) + 1, and P(X >= m) = a^m / (1 + a) < exp(-(tau-1)/b).
+P(1 + X > tau) = P(X >= m) for m = floor(tau - 1) + 1, and
+P(X >= m) = a^m / (1 + a) < exp(-(tau - 1) / b).
 A union bound over the D groups gives P(any such key released) < D exp(-(tau - 1) / b), which is
 at most delta when
 

@@ -27,8 +27,8 @@ from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import blocks
 from rewriters.clipping import clipping
-from rewriters.dialect import dialect
 from rewriters.contribution import contribution
+from rewriters.dialect import dialect
 from rewriters.groups import complete_groups, public_filter, public_grid
 from rewriters.noise import noise
 from rewriters.safety import safety

@@ -150,7 +150,7 @@ def test_duckdb_tables(duckdb_run):
 def test_duckdb_policy(duckdb_run):
     directory, policy, _ = duckdb_run
     assert policy == directory.resolve() / "policy.toml"
-    db = (directory / "demo.duckdb").resolve()
+    assert (directory / "demo.duckdb").is_file()
     _check_policy(policy, "duckdb:///demo.duckdb")
 
 

@@ -7,6 +7,7 @@ and ``global = remaining + allocated + consumed`` with nothing negative.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
@@ -332,10 +333,8 @@ def test_nan_delta_is_refused(ledger: InMemoryLedger) -> None:
 def test_duplicate_blocks_in_one_claim() -> None:
     led = InMemoryLedger(1.0, 0.0)
     led.ensure_blocks(["a"])
-    try:
+    with contextlib.suppress(ValueError, BudgetExhausted):
         led.claim("alice", ["a", "a"], 0.6, 0.0)
-    except (ValueError, BudgetExhausted):
-        pass
     check_invariants(led)
     assert block(led, "a").epsilon_allocated in (0.0, 0.6)
 

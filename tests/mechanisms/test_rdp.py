@@ -106,7 +106,7 @@ def test_pure_dp_rdp_bounds(a1: float, a2: float, eps: float) -> None:
     lo, hi = sorted((a1, a2))
     r_lo, r_hi = pure_dp_rdp(lo, eps), pure_dp_rdp(hi, eps)
     assert 0.0 <= r_lo <= r_hi * (1 + 1e-12) + 1e-300
-    assert r_hi <= eps * (1 + 1e-12)  # Mironov 2017, Prop. 3
+    assert r_hi <= eps * (1 + 1e-12)  # pure DP bounds every order
     assert r_hi <= hi * eps * eps / 2 * (1 + 1e-9)  # Bun and Steinke 2016, Prop. 3.3
 
 

@@ -1,0 +1,165 @@
+"""Benchmarks of the engine; writes benchmarks/RESULTS.md.
+
+    python benchmarks/run.py [--rows 1000000] [--repeat 7] [--postgres URL] [--skip-postgres]
+
+1. Analyse + rewrite latency (steps 1-5 and 7, no database work: block windows are cached) over a
+   fixed set of single-table queries, cold (analysis cache cleared) and warm (cached by SQL text).
+2. End-to-end DP query time over raw query time on the demo data, DuckDB and Postgres, measured
+   side by side in one run (raw and DP alternate), medians over --repeat runs.
+
+Machines here are shared and noisy: read ratios and medians, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from chorus_py.demo import generate_demo  # noqa: E402
+from chorus_py.engine import Engine  # noqa: E402
+
+QUERIES = [
+    "SELECT COUNT(*) FROM trips",
+    "SELECT SUM(fare) FROM trips",
+    "SELECT city, COUNT(*), AVG(fare) FROM trips GROUP BY city",
+    "SELECT COUNT(DISTINCT rider_id) FROM trips WHERE distance_km > 20",
+    "SELECT city, STDDEV(distance_km) FROM trips WHERE city IN ('SF', 'NYC') GROUP BY city",
+    "SELECT COUNT(*) FROM trips WHERE pickup_time >= '2026-03-01' AND fare > 30",
+    "WITH long AS (SELECT * FROM trips WHERE distance_km > 10) "
+    "SELECT city, SUM(fare) / COUNT(*) AS per_trip FROM long GROUP BY city",
+    "SELECT city, COUNT(*) AS n FROM trips GROUP BY city HAVING COUNT(*) > 1000 "
+    "ORDER BY n DESC LIMIT 3",
+    "SELECT EXTRACT(hour FROM pickup_time) AS h, COUNT(*) FROM trips GROUP BY 1",
+    "SELECT AVG(fare * 2 - 1), VARIANCE(fare) FROM trips WHERE city = 'LA'",
+]
+
+# Queries for the end-to-end ratio (the raw query is the same SQL sent straight to the database).
+E2E_QUERIES = [*QUERIES[:4], QUERIES[5]]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def bench_latency(engine: Engine, rounds: int) -> list[str]:
+    cold: list[float] = []
+    warm: list[float] = []
+    for sql in QUERIES:  # warm the block-window cache and check every query is accepted
+        engine.explain(sql, epsilon=0.5, delta=1e-8)
+    for _ in range(rounds):
+        for sql in QUERIES:
+            engine._analyses.clear()
+            engine._prepared.clear()
+            start = time.perf_counter()
+            engine.explain(sql, epsilon=0.5, delta=1e-8)
+            cold.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            engine.explain(sql, epsilon=0.5, delta=1e-8)
+            warm.append((time.perf_counter() - start) * 1000)
+    return [
+        "| analysis cache | p50 ms | p95 ms | target p50 |",
+        "|---|---|---|---|",
+        f"| cold (parse, qualify, analyse, plan, rewrite) | {percentile(cold, .5):.3f} | "
+        f"{percentile(cold, .95):.3f} | |",
+        "| warm (analysis, plan and rewrite cached by SQL, epsilon, delta, blocks) | "
+        f"{percentile(warm, .5):.3f} | "
+        f"{percentile(warm, .95):.3f} | <= 0.5 |",
+    ]
+
+
+def bench_end_to_end(engine: Engine, label: str, repeat: int) -> tuple[list[str], list[float]]:
+    rows = []
+    ratios = []
+    for sql in E2E_QUERIES:
+        engine.execute(sql, epsilon=0.01, delta=1e-9)  # warm caches and the buffer pool
+        engine.backend.run(sql)
+        raw: list[float] = []
+        dp: list[float] = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            engine.backend.run(sql)
+            raw.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            engine.execute(sql, epsilon=0.01, delta=1e-9)
+            dp.append(time.perf_counter() - start)
+        r, d = statistics.median(raw) * 1000, statistics.median(dp) * 1000
+        ratios.append(d / r)
+        rows.append(f"| {label} | `{sql}` | {r:.1f} | {d:.1f} | {d / r:.2f} |")
+    return rows, ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
+                        help="an admin URL; a database chorus_bench is (re)created next to it")
+    parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
+    print(f"generating {args.rows:,} demo trips in {work}", file=sys.stderr)
+    engines = {"DuckDB": Engine.from_policy(generate_demo(work / "duckdb", rows=args.rows))}
+    if not args.skip_postgres:
+        base = args.postgres.rsplit("/", 1)[0]
+        with psycopg.connect(args.postgres, autocommit=True) as con:
+            con.execute("DROP DATABASE IF EXISTS chorus_bench WITH (FORCE)")
+            con.execute("CREATE DATABASE chorus_bench")
+        engines["Postgres"] = Engine.from_policy(
+            generate_demo(work / "pg", backend_url=f"{base}/chorus_bench", rows=args.rows))
+    for engine in engines.values():  # benchmarks must not run out of budget
+        engine.ledger.epsilon_per_block = 1e9
+
+    print("analyse + rewrite latency", file=sys.stderr)
+    latency = bench_latency(engines["DuckDB"], rounds=30)
+    e2e: list[str] = []
+    summary = []
+    for label, engine in engines.items():
+        print(f"end to end on {label}", file=sys.stderr)
+        rows, ratios = bench_end_to_end(engine, label, args.repeat)
+        e2e += rows
+        summary.append(f"- {label}: median DP/raw ratio {statistics.median(ratios):.2f} "
+                       f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target <= 1.15)")
+
+    text = "\n".join([
+        "# Benchmark results",
+        "",
+        f"Written by `python benchmarks/run.py` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
+        f"{platform.machine()}, Python {platform.python_version()}, {args.rows:,} demo trips, "
+        f"medians of {args.repeat} alternating runs. Shared, noisy machine: read the ratios.",
+        "",
+        "## Analyse + rewrite latency (single-table queries, no database work)",
+        "",
+        *latency,
+        "",
+        f"Over {len(QUERIES)} queries x 30 rounds (DuckDB dialect).",
+        "",
+        "## End-to-end DP query time over raw query time",
+        "",
+        "| backend | query | raw ms | DP ms | DP / raw |",
+        "|---|---|---|---|---|",
+        *e2e,
+        "",
+        *summary,
+        "",
+    ])
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
