@@ -56,6 +56,14 @@ class Backend(ABC):
         """Run one statement; raise :class:`StatementFailed` on any database error."""
 
     @abstractmethod
+    def run_owned(self, statements: Sequence[str]) -> None:
+        """Run statements that write the proxy's own schema, in one transaction.
+
+        Only the proxy calls this (never with analyst SQL): it materialises data the proxy
+        owns, such as bounded samples, in a schema analysts cannot name.
+        """
+
+    @abstractmethod
     def table_columns(self) -> dict[str, dict[str, str]]:
         """Every table of the default schema, with its columns and their portable types."""
 
@@ -138,6 +146,20 @@ class DuckDBBackend(Backend):
         return ResultSet(tuple(d[0] for d in desc), tuple(portable_type(str(d[1])) for d in desc),
                          rows)
 
+    def run_owned(self, statements: Sequence[str]) -> None:
+        with self._lock:
+            cur = self._con.cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            for statement in statements:
+                cur.execute(statement)
+            cur.execute("COMMIT")
+        except duckdb.Error:
+            cur.execute("ROLLBACK")
+            raise
+        finally:
+            cur.close()
+
     def table_columns(self) -> dict[str, dict[str, str]]:
         result = self.run(
             "SELECT table_name, column_name, data_type FROM information_schema.columns "
@@ -157,10 +179,7 @@ class PostgresBackend(Backend):
     def __init__(self, url: str, statement_timeout_s: float, pool_size: int = 8) -> None:
         self._url = url
         self._timeout_ms = int(statement_timeout_s * 1000)
-        self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
-        self._size = pool_size
-        self._opened = 0
-        self._lock = threading.Lock()
+        self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue(maxsize=pool_size)
         with self._connection():  # fail at start-up, not on the first query
             pass
 
@@ -190,7 +209,10 @@ class PostgresBackend(Backend):
             if con.closed or con.broken:
                 con.close()
             else:
-                self._pool.put(con)
+                try:
+                    self._pool.put_nowait(con)
+                except queue.Full:  # more threads than pooled connections: close the extra
+                    con.close()
 
     def run(self, sql: str) -> ResultSet:
         with self._connection() as con:
@@ -199,12 +221,19 @@ class PostgresBackend(Backend):
                     cur.execute(sql.encode(), prepare=False)
                     rows = cur.fetchall() if cur.description else []
                     desc = cur.description or []
-                    types = tuple(_pg_type_name(con, d.type_code) for d in desc)
+                    types = tuple(_PG_TYPES.get(d.type_code, f"oid {d.type_code}")
+                                  for d in desc)
                 con.commit()
             except psycopg.Error as err:
                 con.rollback() if not con.closed else None
                 raise StatementFailed(_pg_touched(err), str(err)) from None
         return ResultSet(tuple(d.name for d in desc), types, rows)
+
+    def run_owned(self, statements: Sequence[str]) -> None:
+        # A separate, writable connection: the pooled ones are read-only on purpose.
+        with psycopg.connect(self._url, connect_timeout=10) as con, con.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement.encode(), prepare=False)
 
     def table_columns(self) -> dict[str, dict[str, str]]:
         result = self.run(
@@ -232,10 +261,6 @@ def _pg_touched(err: psycopg.Error) -> bool:
 _PG_TYPES = {16: "boolean", 20: "integer", 21: "integer", 23: "integer", 25: "text",
              700: "float", 701: "float", 1043: "text", 1082: "date", 1114: "timestamp",
              1184: "timestamp", 1700: "float", 18: "text", 19: "text"}
-
-
-def _pg_type_name(con: psycopg.Connection, oid: int) -> str:
-    return _PG_TYPES.get(oid, f"oid {oid}")
 
 
 def _group_columns(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, str]]:

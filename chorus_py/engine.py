@@ -42,6 +42,7 @@ from chorus_py.backends import (
     portable_type,
 )
 from chorus_py.errors import BackendError, InternalError, InvalidParameter, PolicyError
+from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
 from chorus_py.report import (
     ColumnReport,
@@ -100,6 +101,7 @@ class Engine:
         self.ledger = ledger or InMemoryLedger(policy.privacy.epsilon_per_block,
                                                policy.privacy.delta_per_block)
         self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
+        self.samples = BoundedSamples(self.backend, block_ttl_seconds)
         # Steps 1-5 and 7 are pure functions of (SQL, policy, block windows, epsilon, delta):
         # cache them.  The noise is drawn when the SQL runs, and the budget is charged per call.
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
@@ -223,18 +225,21 @@ class Engine:
     def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
                  delta: float) -> _Prepared:
         reads, restriction = self._blocks(query)
-        key = (query.normalized_sql, epsilon, delta, restriction)
+        sample = None
+        if query.table_policy.bounding == "materialized":
+            sample = (SCHEMA, self.samples.relation(query.table, query.table_policy))
+        key = (query.normalized_sql, epsilon, delta, restriction, sample)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction)
+            prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction, sample)
             self._prepared.put(key, prepared)
         report = dataclasses.replace(prepared.report, analyst=analyst)
         return _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
                          prepared.sql, report)
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
-                          reads: BlocksRead | None,
-                          restriction: BlockRestriction | None) -> _Prepared:
+                          reads: BlocksRead | None, restriction: BlockRestriction | None,
+                          sample: tuple[str, str] | None) -> _Prepared:
         requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in query.measurements]
         threshold = None
         if query.thresholded:
@@ -247,7 +252,7 @@ class Engine:
             threshold = ThresholdRequest(query.threshold_source, query.stability)
         plan = plan_noise(requests, epsilon, delta, threshold,
                           self.policy.privacy.threshold_epsilon_share)
-        rewritten = pipeline(query, plan, restriction, self.dialect)
+        rewritten = pipeline(query, plan, restriction, self.dialect, sample)
         sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
             rewritten.measure_sql()
         report = self._report(query, plan, "", reads, sql)
@@ -366,7 +371,13 @@ class Engine:
             )
         elif query.keys:
             key_release = KeyRelease("public_values", note="every declared value, nothing else")
-        notes = [f"epsilon split equally over {len(plan.mechanisms)} noisy measurement(s)"
+        notes = []
+        if query.privacy_unit is not None:
+            how = ("a stored random sample (bounding = 'materialized')"
+                   if query.table_policy.bounding == "materialized"
+                   else "a random choice among the rows that pass the filter")
+            notes.append(f"at most {query.stability} rows per {query.privacy_unit}, by {how}")
+        notes += [f"epsilon split equally over {len(plan.mechanisms)} noisy measurement(s)"
                  + (" after the key-release count" if plan.threshold and plan.threshold.separate
                     else "")]
         if self.policy.privacy.noise == "proxy":

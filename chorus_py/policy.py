@@ -149,6 +149,11 @@ class TablePolicy(_Strict):
     privacy_unit: str | None = None
     max_rows_per_unit: int | None = Field(default=None, gt=0)
     block: BlockConfig | None = None
+    # "per-query": every query keeps <= k random rows per unit of its own filtered rows (most
+    # accurate).  "materialized": the proxy stores one random sample of <= k rows per unit in its
+    # own schema, rebuilt when the table changes, and queries filter that sample (much faster on
+    # large tables; filtered queries keep fewer rows of units with more than k rows).
+    bounding: Literal["per-query", "materialized"] = "per-query"
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -166,6 +171,8 @@ class TablePolicy(_Strict):
                 raise ValueError("a table with a privacy_unit needs max_rows_per_unit")
         elif self.max_rows_per_unit is not None:
             raise ValueError("max_rows_per_unit needs a privacy_unit")
+        if self.bounding == "materialized" and self.privacy_unit is None:
+            raise ValueError("bounding = 'materialized' needs a privacy_unit")
         if self.block is not None:
             col = self.columns.get(self.block.column)
             if col is None:

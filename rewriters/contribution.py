@@ -40,3 +40,14 @@ def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
         .from_(ranked.subquery("b"))
         .where(exp.column(RANK, table="b") <= exp.Literal.number(k))
     )
+
+
+def sample_table(table: str, unit: str, k: int) -> exp.Select:
+    """The rows of ``table`` that contribution bounding keeps, for the proxy to store once.
+
+    >>> sample_table("trips", "rider_id", 2).sql("duckdb")
+    'SELECT * FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM trips AS t) AS r) AS b WHERE b.__chorus_rank <= 2'
+    """
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("t"))).from_(
+        exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
+    return contribution(rows, unit, k)

@@ -72,8 +72,12 @@ class RewrittenQuery:
 
 
 def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,
-             dialect: str) -> RewrittenQuery:
-    """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes."""
+             dialect: str, sample: tuple[str, str] | None = None) -> RewrittenQuery:
+    """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
+
+    ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
+    reads it instead of bounding contributions itself.
+    """
     tp = query.table_policy
     ints = {name for name, col in tp.columns.items() if col.type == "int"}
     alias = query.alias
@@ -88,14 +92,18 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if restriction is not None:
         where = blocks(where, exp.column(restriction.column, table=alias), restriction.start,
                        restriction.end, restriction.column_type)
-    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(
-        exp.Table(this=exp.to_identifier(query.table), alias=exp.TableAlias(
-            this=exp.to_identifier(alias))))
+    source = exp.Table(this=exp.to_identifier(query.table))
+    if sample is not None:
+        source = exp.Table(this=exp.to_identifier(sample[1], quoted=True),
+                           db=exp.to_identifier(sample[0]))
+    source.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(source)
     if where is not None:
         rows = rows.where(where)
 
-    # 2. Contribution bounding: at most k rows per unit (user-level DP).
-    if tp.privacy_unit is not None:
+    # 2. Contribution bounding: at most k rows per unit (user-level DP), unless the rows come
+    #    from a stored sample that already holds at most k rows per unit.
+    if tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, tp.contribution_bound)
 
     # 3. Exact measurements per group, with clipping.

@@ -224,3 +224,99 @@ def test_analysis_is_cached_but_noise_is_not(engine: Engine) -> None:
     assert first.report.blocks == second.report.blocks
     spent = engine.ledger.blocks()[0].epsilon_consumed
     assert spent == pytest.approx(0.2)
+
+
+RIDES_POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+max_epsilon_per_query = 1e5
+
+[tables.rides]
+privacy_unit = "rider_id"
+max_rows_per_unit = {k}
+bounding = "materialized"
+block = {{ column = "pickup_time", size = "1 day" }}
+
+[tables.rides.columns]
+rider_id    = {{ type = "int" }}
+pickup_time = {{ type = "timestamp" }}
+fare        = {{ type = "float", lower = 0, upper = 200 }}
+"""
+
+
+@pytest.fixture
+def rides(backend_url: str, tmp_path) -> Callable[[int], Engine]:
+    """A fresh table `rides` (copied from trips) under a materialized-bounding policy."""
+    from chorus_py.backends import open_backend
+    from chorus_py.policy import load_policy
+
+    admin = open_backend(backend_url)
+    admin.run_owned(["DROP TABLE IF EXISTS rides",
+                     "CREATE TABLE rides AS SELECT rider_id, pickup_time, fare FROM trips"])
+    engines: list[Engine] = []
+
+    def make(k: int) -> Engine:
+        path = tmp_path / f"rides-{k}.toml"
+        path.write_text(RIDES_POLICY.format(url=backend_url, k=k))
+        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+    admin.run_owned(["DROP TABLE IF EXISTS rides", "DROP SCHEMA IF EXISTS chorus_private CASCADE"])
+    admin.close()
+
+
+def test_materialized_bounding_keeps_k_rows_per_unit(rides: Callable[[int], Engine]) -> None:
+    engine = rides(3)
+    result = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
+    assert "chorus_private" in result.report.rewritten_sql
+    assert "ROW_NUMBER" not in result.report.rewritten_sql  # read from the stored sample
+    (name,) = [r[0] for r in exact(engine, "SELECT table_name FROM information_schema.tables "
+                                           "WHERE table_schema = 'chorus_private'")]
+    (worst,) = exact(engine, "SELECT MAX(c) FROM (SELECT COUNT(*) AS c FROM "
+                             f'chorus_private."{name}" GROUP BY rider_id) AS s')[0]
+    assert worst <= 3
+    (expected,) = exact(engine, "SELECT SUM(LEAST(c, 3)) FROM (SELECT COUNT(*) AS c FROM rides "
+                                "GROUP BY rider_id) AS s")[0]
+    assert abs(result.rows[0][0] - expected) <= 5 * result.report.columns[0].error_bound_95
+
+
+def test_materialized_sample_is_rebuilt_when_the_table_changes(
+    rides: Callable[[int], Engine],
+) -> None:
+    engine = rides(200)
+    first = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
+    engine.backend.run_owned([
+        "INSERT INTO rides SELECT rider_id + 1000000, pickup_time, fare FROM rides"])
+    if engine.dialect == "postgres":  # the statistics collector publishes counters lazily
+        import time
+
+        deadline = time.monotonic() + 10
+        old = engine.samples._fingerprint("rides", engine.policy.tables["rides"])
+        while engine.samples._fingerprint("rides", engine.policy.tables["rides"]) == old:
+            assert time.monotonic() < deadline, "pg_stat_user_tables never changed"
+            time.sleep(0.2)
+    second = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
+    assert second.rows[0][0] == pytest.approx(2 * first.rows[0][0], rel=0.01)
+    tables = exact(engine, "SELECT table_name FROM information_schema.tables "
+                           "WHERE table_schema = 'chorus_private'")
+    assert len(tables) == 1  # the stale sample was dropped
+
+
+def test_analysts_cannot_read_the_private_schema(rides: Callable[[int], Engine]) -> None:
+    from chorus_py.errors import QueryRefused
+
+    engine = rides(3)
+    engine.execute("SELECT COUNT(*) FROM rides", epsilon=1.0)
+    (name,) = [r[0] for r in exact(engine, "SELECT table_name FROM information_schema.tables "
+                                           "WHERE table_schema = 'chorus_private'")]
+    for sql in (f'SELECT COUNT(*) FROM chorus_private."{name}"',
+                f'SELECT * FROM chorus_private."{name}"'):
+        with pytest.raises(QueryRefused):
+            engine.execute(sql, epsilon=1.0)

@@ -1,0 +1,84 @@
+"""Bounded samples the proxy stores in its own schema (``bounding = "materialized"``).
+
+For a table with a privacy unit and cap k, the proxy keeps one random sample of at most k rows per
+unit in ``chorus_private.<table>__bounded_<fingerprint>``; queries then read that sample instead
+of ranking rows per query.  Stability stays k for every query (each unit has <= k rows in the
+sample, chosen at random, independently of other units), and reusing one sample across queries
+costs no privacy.
+
+The sample is versioned by a fingerprint of its source table and rebuilt when the table changes:
+on Postgres the ``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the
+statistics collector within about a second); on DuckDB the row count with a hash checksum of the
+unit and block columns (one scan of two columns).  The fingerprint is read at most once per TTL.
+Analysts cannot reach the schema: the analyser refuses schema-qualified and undeclared tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+
+from chorus_py.backends import Backend
+from chorus_py.policy import TablePolicy
+from rewriters.contribution import sample_table
+
+SCHEMA = "chorus_private"
+
+log = logging.getLogger("chorus.materialize")
+
+
+class BoundedSamples:
+    """Keeps one up-to-date bounded sample per table (thread-safe)."""
+
+    def __init__(self, backend: Backend, ttl_seconds: float = 60.0) -> None:
+        self._backend = backend
+        self._ttl = ttl_seconds
+        self._current: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def relation(self, table: str, policy: TablePolicy) -> str:
+        """The name (``chorus_private.x``) of the current sample of ``table``."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._current.get(table)
+            if hit is not None and now - hit[0] < self._ttl:
+                return hit[1]
+            name = f"{table}__bounded_{self._fingerprint(table, policy)}"
+            if hit is None or hit[1] != name:
+                self._build(table, policy, name)
+            self._current[table] = (now, name)
+            return name
+
+    def _fingerprint(self, table: str, policy: TablePolicy) -> str:
+        assert policy.privacy_unit is not None
+        if self._backend.dialect == "postgres":
+            row = self._backend.run(
+                "SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables "
+                f"WHERE schemaname = current_schema() AND relname = '{table}'").rows
+        else:
+            cols = [policy.privacy_unit] + ([policy.block.column] if policy.block else [])
+            hashed = ", ".join(f'"{c}"' for c in cols)
+            row = self._backend.run(
+                f'SELECT COUNT(*), SUM(hash({hashed}) % 1000000007) FROM "{table}"').rows
+        # The cap is part of the version: a new max_rows_per_unit needs a new sample.
+        text = f"{row}|{policy.privacy_unit}|{policy.contribution_bound}"
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def _build(self, table: str, policy: TablePolicy, name: str) -> None:
+        assert policy.privacy_unit is not None
+        started = time.perf_counter()
+        select = sample_table(table, policy.privacy_unit, policy.contribution_bound)
+        existing = self._backend.run(
+            "SELECT table_name FROM information_schema.tables "
+            f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}__bounded_%'").rows
+        stale = [r[0] for r in existing if r[0] != name]
+        statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
+        if not any(r[0] == name for r in existing):
+            statements.append(f'CREATE TABLE {SCHEMA}."{name}" AS '
+                              f"{select.sql(self._backend.dialect)}")
+        statements += [f'DROP TABLE IF EXISTS {SCHEMA}."{old}"' for old in stale]
+        self._backend.run_owned(statements)
+        log.info("bounded sample of %s rebuilt as %s.%s in %.0f ms", table, SCHEMA, name,
+                 (time.perf_counter() - started) * 1000)

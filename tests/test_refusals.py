@@ -1,0 +1,600 @@
+"""Refusals: every query or parameter the engine must not answer gets a clear error, costs nothing.
+
+Each refusal case runs on DuckDB and on Postgres (the ``engine`` fixture) and checks that
+``execute`` and ``explain`` both raise the expected ``chorus_py.errors`` class with a message that
+names the problem, and that no budget was charged.  Positive controls prove that close variants are
+answered and charged, so the refusal tests can fail.  The analyst-attack tests at the end check
+that tricky SQL is refused or answered safely, and never escapes as a raw Python, sqlglot, DuckDB or
+psycopg exception.
+
+Cases marked ``xfail(strict=True, reason="BUG: ...")`` document bugs found by these tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from chorus_py.engine import Engine
+from chorus_py.errors import (
+    ChorusError,
+    InvalidParameter,
+    NotSupportedError,
+    ProgrammingError,
+    QueryRefused,
+    QuerySyntaxError,
+    UndefinedColumn,
+    UndefinedTable,
+)
+from tests.conftest import nothing_spent
+
+ALICE: dict[str, Any] = {"analyst": "alice", "epsilon": 1.0, "delta": 1e-6}
+
+# Fragments of raw driver errors that must never reach an analyst.
+_RAW_ERROR_MARKERS = ("Conversion Error", "Binder Error", "Catalog Error", "Parser Error",
+                      "Traceback", "psycopg", "_duckdb", "sqlglot.errors", "LINE 1:")
+
+
+def case(sql: str, error: type[ChorusError], *needles: str, bug: str | None = None,
+         id: str, **kwargs: Any) -> Any:
+    """One refusal: ``sql`` with ``kwargs`` (over ALICE's defaults) raises ``error`` naming
+    every needle (case-insensitive).  ``bug`` marks a known bug (strict xfail)."""
+    marks = [pytest.mark.xfail(strict=True, reason=f"BUG: {bug}")] if bug else []
+    return pytest.param(sql, kwargs, error, needles, id=id, marks=marks)
+
+
+def _check_message(err: ChorusError, needles: tuple[str, ...]) -> None:
+    text = str(err)
+    assert type(err).__module__ == "chorus_py.errors", type(err)
+    assert err.message, "an error must carry a message"
+    for needle in needles:
+        assert needle.lower() in text.lower(), f"{needle!r} not in {text!r}"
+    for marker in _RAW_ERROR_MARKERS:
+        assert marker not in text, f"raw driver error leaked: {text!r}"
+
+
+REFUSALS = [
+    # -- raw rows ------------------------------------------------------------------------------
+    case("SELECT * FROM trips", QueryRefused, "SELECT *", "raw", id="select-star"),
+    case("SELECT fare FROM trips", QueryRefused, "fare", "neither aggregated", id="raw-column"),
+    case("SELECT city, COUNT(*) FROM trips", QueryRefused, "city", "GROUP BY",
+         id="column-next-to-aggregate"),
+    case("SELECT COUNT(*) FROM trips ORDER BY fare", QueryRefused, "fare", "ORDER BY",
+         id="raw-column-in-order-by"),
+    case("SELECT COUNT(*) FROM trips GROUP BY city HAVING fare > 1", QueryRefused, "fare",
+         "HAVING", id="raw-column-in-having"),
+    case("SELECT DISTINCT city FROM trips", QueryRefused, "DISTINCT", id="select-distinct"),
+    # -- writes, DDL, commands -----------------------------------------------------------------
+    case("INSERT INTO trips (trip_id) VALUES (1)", QueryRefused, "INSERT", id="insert"),
+    case("UPDATE trips SET fare = 0", QueryRefused, "UPDATE", id="update"),
+    case("DELETE FROM trips", QueryRefused, "DELETE", id="delete"),
+    case("DROP TABLE trips", QueryRefused, "DROP", id="drop-table"),
+    case("CREATE TABLE stolen (a INT)", QueryRefused, "CREATE", id="create-table"),
+    case("CREATE TEMP VIEW v AS SELECT * FROM trips", QueryRefused, "CREATE", id="create-view"),
+    case("ALTER TABLE trips ADD COLUMN y INT", QueryRefused, "ALTER", id="alter"),
+    case("TRUNCATE trips", QueryRefused, "TRUNCATE", id="truncate"),
+    case("COPY trips TO '/tmp/chorus-stolen.csv'", QueryRefused, "COPY", id="copy-to"),
+    case("COPY trips FROM '/tmp/chorus-planted.csv'", QueryRefused, "COPY", id="copy-from"),
+    case("SET search_path = pg_catalog", QueryRefused, "SET", id="set"),
+    case("GRANT ALL ON trips TO bob", QueryRefused, "GRANT", id="grant"),
+    case("BEGIN", QueryRefused, "only SELECT", id="begin"),
+    case("VACUUM", QueryRefused, "only SELECT", id="vacuum"),
+    case("EXPLAIN SELECT COUNT(*) FROM trips", QueryRefused, "only SELECT", id="sql-explain"),
+    case("VALUES (1)", QueryRefused, "VALUES", id="values"),
+    case("WITH x AS (DELETE FROM trips RETURNING *) SELECT COUNT(*) FROM x", QueryRefused,
+         "Delete", id="delete-in-cte"),
+    case("SELECT COUNT(*) INTO stolen FROM trips", QueryRefused, "INTO", id="select-into"),
+    case("SELECT COUNT(*) FROM trips FOR UPDATE", QueryRefused, "FOR UPDATE", id="for-update"),
+    # -- several statements, empty, malformed ----------------------------------------------------
+    case("SELECT COUNT(*) FROM trips; SELECT COUNT(*) FROM trips", QueryRefused, "2 statements",
+         id="two-selects"),
+    case("SELECT COUNT(*) FROM trips; DROP TABLE trips", QueryRefused, "2 statements",
+         id="select-then-drop"),
+    case("SELECT COUNT(*) FROM trips /* x */; DROP TABLE trips", QueryRefused, "2 statements",
+         id="comment-then-drop"),
+    case("SELECT COUNT(*) /* */ ; DROP TABLE trips; -- */ FROM trips", QueryRefused,
+         "statements", id="comment-hiding-drop"),
+    case("", QuerySyntaxError, "empty", id="empty"),
+    case("   \n\t ", QuerySyntaxError, "empty", id="blank"),
+    case("-- only a comment", QueryRefused, "0 statements", id="only-comment"),
+    case(" ;; ", QueryRefused, "0 statements", id="only-semicolons"),
+    case("SELECT COUNT(* FROM trips", QuerySyntaxError, "syntax error", id="unbalanced-paren"),
+    case("SELEC COUNT(*) FROM trips", QuerySyntaxError, "syntax error", id="misspelt-select"),
+    case("SELECT COUNT(*) FROM trips WHERE", QuerySyntaxError, "syntax error",
+         id="dangling-where"),
+    # -- unknown names, missing bounds ------------------------------------------------------------
+    case("SELECT COUNT(*) FROM nope", UndefinedTable, "nope", id="unknown-table"),
+    case("SELECT SUM(nope) FROM trips", UndefinedColumn, "nope", id="unknown-column"),
+    case("SELECT COUNT(*) FROM trips WHERE nope = 1", UndefinedColumn, "nope",
+         id="unknown-column-in-where"),
+    case("SELECT SUM(driver_id) FROM trips", QueryRefused, "driver_id", "lower and upper",
+         id="sum-unbounded"),
+    case("SELECT AVG(driver_id) FROM trips", QueryRefused, "driver_id", "lower and upper",
+         id="avg-unbounded"),
+    case("SELECT SUM(fare + driver_id) FROM trips", QueryRefused, "driver_id", "lower and upper",
+         id="sum-expression-unbounded"),
+    case("SELECT SUM(rider_id) FROM trips", QueryRefused, "rider_id", "lower and upper",
+         id="sum-privacy-unit"),
+    # -- system catalogs, table functions, side effects ------------------------------------------
+    case("SELECT COUNT(*) FROM pg_catalog.pg_class", QueryRefused, "system catalog",
+         id="pg-class"),
+    case("SELECT COUNT(*) FROM pg_class", QueryRefused, "system catalog", id="pg-class-bare"),
+    case("SELECT COUNT(*) FROM information_schema.tables", QueryRefused, "system catalog",
+         id="information-schema"),
+    case("SELECT COUNT(*) FROM pg_stats", QueryRefused, "system catalog", id="pg-stats"),
+    case("SELECT COUNT(*) FROM sqlite_master", QueryRefused, "system catalog",
+         id="sqlite-master"),
+    case("SELECT COUNT(*) FROM duckdb_tables()", QueryRefused, "table function",
+         id="duckdb-tables"),
+    case("SELECT COUNT(*) FROM read_csv('/etc/passwd')", QueryRefused, "table function",
+         id="read-csv"),
+    case("SELECT COUNT(*) FROM read_parquet('/tmp/x.parquet')", QueryRefused, "table function",
+         id="read-parquet"),
+    case("SELECT COUNT(*) FROM generate_series(1, 10)", QueryRefused, "table function",
+         id="generate-series"),
+    case("SELECT COUNT(*) FROM trips WHERE pg_sleep(1) IS NULL", QueryRefused, "PG_SLEEP",
+         id="pg-sleep"),
+    case("SELECT setseed(0.5), COUNT(*) FROM trips", QueryRefused, "SETSEED", id="setseed"),
+    case("SELECT COUNT(*) FROM trips WHERE random() < 0.5", QueryRefused, "RAND", id="random"),
+    case("SELECT current_setting('server_version'), COUNT(*) FROM trips", QueryRefused,
+         "CURRENT_SETTING", id="current-setting"),
+    case("SELECT COUNT(*) FROM trips WHERE city = current_user", QueryRefused, "CURRENT_USER",
+         id="current-user"),
+    case("SELECT pg_read_file('/etc/passwd'), COUNT(*) FROM trips", QueryRefused,
+         "PG_READ_FILE", id="pg-read-file"),
+    case("SELECT version(), COUNT(*) FROM trips", QueryRefused, "VERSION", id="version"),
+    case("SELECT COUNT(*) FROM trips WHERE fare > $1", QueryRefused, "parameter",
+         id="unbound-parameter"),
+    case("SELECT COUNT(*) FROM trips TABLESAMPLE 10%", QueryRefused, "TableSample",
+         id="tablesample"),
+    # -- joins and subqueries ----------------------------------------------------------------------
+    case("SELECT COUNT(*) FROM trips JOIN cities ON trips.city = cities.name", NotSupportedError,
+         "join", id="join"),
+    case("SELECT COUNT(*) FROM trips, cities", NotSupportedError, "join", id="comma-join"),
+    case("SELECT COUNT(*) FROM trips AS t, LATERAL (SELECT 1) AS x", NotSupportedError, "join",
+         id="lateral"),
+    case("SELECT COUNT(*) FROM trips WHERE city IN (SELECT name FROM cities)", NotSupportedError,
+         "join", id="subquery-in-where"),
+    case("SELECT COUNT(*) FROM trips WHERE fare > (SELECT 1)", NotSupportedError, "subquer",
+         id="scalar-subquery-in-where"),
+    case("SELECT (SELECT COUNT(*) FROM trips) FROM cities", NotSupportedError, "join",
+         id="scalar-subquery-over-public"),
+    case("SELECT COUNT(*) FROM trips WHERE fare > 1 AND NOT EXISTS (SELECT 1 FROM cities)",
+         QueryRefused, "EXISTS", id="exists"),
+    case("SELECT COUNT(*) FROM (SELECT * FROM trips LIMIT 10) AS t", NotSupportedError, "LIMIT",
+         id="subquery-with-limit"),
+    case("SELECT COUNT(*) FROM (SELECT DISTINCT rider_id FROM trips) AS t", NotSupportedError,
+         "DISTINCT", id="subquery-with-distinct"),
+    case("SELECT COUNT(*) FROM trips UNION SELECT COUNT(*) FROM trips", QueryRefused, "UNION",
+         id="union"),
+    case("SELECT COUNT(*) FROM (SELECT fare FROM trips UNION ALL SELECT fare FROM trips) AS t",
+         NotSupportedError, "UNION", id="union-in-subquery"),
+    # -- aggregates the engine cannot protect -----------------------------------------------------
+    case("SELECT COUNT(*) OVER () FROM trips", NotSupportedError, "window", id="window"),
+    case("SELECT SUM(fare) OVER (PARTITION BY city) FROM trips", NotSupportedError, "window",
+         id="window-partition"),
+    case("SELECT MIN(fare) FROM trips", NotSupportedError, "MIN", id="min"),
+    case("SELECT MAX(fare) FROM trips", NotSupportedError, "MAX", id="max"),
+    case("SELECT MEDIAN(fare) FROM trips", NotSupportedError, "MEDIAN", id="median"),
+    case("SELECT quantile(fare, 0.5) FROM trips", NotSupportedError, "QUANTILE", id="quantile"),
+    case("SELECT string_agg(city, ',') FROM trips", NotSupportedError, "STRING_AGG",
+         id="string-agg"),
+    case("SELECT array_agg(fare) FROM trips", NotSupportedError, "ARRAY_AGG", id="array-agg"),
+    case("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips",
+         NotSupportedError, "PERCENTILE_CONT", id="percentile-cont",
+         bug="analyses/validate.py _check_node meets the WithinGroup wrapper before the "
+         "PercentileCont node, so the refusal is QueryRefused('SQL construct WithinGroup is "
+         "not allowed') instead of the NotSupportedError naming PERCENTILE_CONT that "
+         "_REFUSED_AGGREGATES was written for"),
+    case("SELECT COUNT(DISTINCT city) FROM trips", NotSupportedError, "privacy unit", "rider_id",
+         id="count-distinct-other"),
+    case("SELECT COUNT(DISTINCT visit_id) FROM visits", NotSupportedError, "privacy unit",
+         id="count-distinct-event-level"),
+    case("SELECT SUM(DISTINCT fare) FROM trips", NotSupportedError, "DISTINCT",
+         id="sum-distinct"),
+    case("SELECT COUNT(*) FROM trips GROUP BY 1", QueryRefused, "GROUP BY",
+         id="group-by-aggregate"),
+    # -- row-level expressions that can fail on some values ---------------------------------------
+    case("SELECT SUM(LN(fare)) FROM trips", QueryRefused, "LN", "rows", id="ln-in-sum"),
+    case("SELECT COUNT(*) FROM trips WHERE SQRT(fare - 10) > 1", QueryRefused, "SQRT",
+         id="sqrt-in-where"),
+    case("SELECT COUNT(*) FROM trips WHERE fare ^ 2 > 1", QueryRefused, "POWER",
+         id="power-in-where"),
+    case("SELECT COUNT(*) FROM trips WHERE CAST(city AS INT) > 3", QueryRefused, "cast",
+         id="cast-text-to-int"),
+    case("SELECT COUNT(*) FROM trips WHERE city::INT > 3", QueryRefused, "cast",
+         id="pg-cast-text-to-int"),
+    case("SELECT COUNT(*) FROM trips WHERE CAST(fare AS INT) = 1", QueryRefused, "cast",
+         id="narrowing-cast"),
+    case("SELECT COUNT(*) FROM trips WHERE city = 3", QueryRefused, "city", "number",
+         id="text-vs-number"),
+    case("SELECT COUNT(*) FROM trips WHERE city IN ('SF', 3)", QueryRefused, "city", "number",
+         id="text-in-numbers"),
+    case("SELECT COUNT(*) FROM trips WHERE fare = '12'", QueryRefused, "fare", "text",
+         id="number-vs-text"),
+    case("SELECT COUNT(*) FROM trips WHERE city LIKE city", QueryRefused, "LIKE",
+         id="like-non-literal"),
+    case("SELECT COUNT(*) FROM trips WHERE ROUND(fare, trip_id) > 1", QueryRefused, "ROUND",
+         id="round-non-literal-digits"),
+    case("SELECT SUM(fare / (fare - 10)) FROM trips", QueryRefused, "cannot bound",
+         id="sum-unbounded-division"),
+    case("SELECT COUNT(*) FROM trips WHERE CASE WHEN trip_id = 17 THEN CAST('x' AS INT) "
+         "ELSE 1 END = 1", QueryRefused, "cast", id="failing-literal-cast-in-case",
+         bug="analyses/query.py _check_cast returns early for any literal operand, so "
+         "CAST('x' AS INT) is accepted on rows; inside a CASE the database raises only when "
+         "a row matches (on DuckDB: error iff trip 17 exists), an exact one-bit release"),
+    case("SELECT COUNT(*) FROM trips WHERE city = -3", QueryRefused, "city", "number",
+         id="text-vs-negative-number",
+         bug="analyses/query.py _check_comparison only looks at exp.Literal operands; -3 is "
+         "exp.Neg, so it passes, then DuckDB fails converting each city at run time "
+         "(BackendError, budget charged) and Postgres cannot plan it (InternalError)"),
+    case("SELECT COUNT(*) FROM trips WHERE pickup_time = 5", QueryRefused, "pickup_time",
+         id="timestamp-vs-number",
+         bug="analyses/query.py _check_comparison ignores date/timestamp columns: DuckDB "
+         "fails at run time (BackendError, budget charged), Postgres cannot plan it"),
+    case("SELECT COUNT(*) FROM trips WHERE pickup_time > 'notadate'", QueryRefused,
+         "pickup_time", id="invalid-timestamp-literal",
+         bug="a malformed timestamp literal is not checked before the claim; the database "
+         "fails at run time and the query is charged as a BackendError (DESIGN.md s.10: bad "
+         "input never costs budget)"),
+    case("SELECT COUNT(*) FROM trips WHERE date_trunc(city, pickup_time) IS NULL",
+         QueryRefused, "DATE_TRUNC", id="date-trunc-column-unit",
+         bug="sqlglot turns the column `city` in the unit position into Var(CITY), which "
+         "analyses/validate.py check_row_expression accepts as a literal unit; the rewritten "
+         "DATE_TRUNC('CITY', ...) fails at run time and is charged as a BackendError"),
+    case("SELECT COUNT(*) FROM trips WHERE pickup_time + INTERVAL '292221' YEAR > pickup_time",
+         QueryRefused, "interval", id="timestamp-overflow",
+         bug="timestamp + interval on rows is allowed and not neutralised by "
+         "rewriters/safety.py; it overflows only for late enough rows (on DuckDB: error iff a "
+         "row after 2026-01-10 passes the filter), a data-dependent error"),
+    # -- LIMIT / OFFSET ------------------------------------------------------------------------------
+    case("SELECT COUNT(*) FROM trips LIMIT 1+1", QueryRefused, "LIMIT", id="limit-expression"),
+    case("SELECT COUNT(*) FROM trips LIMIT (SELECT 1)", NotSupportedError, "subquer",
+         id="limit-subquery"),
+    case("SELECT COUNT(*) FROM trips LIMIT -1", QueryRefused, "LIMIT", id="limit-negative"),
+    case("SELECT COUNT(*) FROM trips OFFSET city", QueryRefused, "OFFSET", id="offset-column"),
+    case("SELECT COUNT(*) FROM trips LIMIT ALL", QueryRefused, "LIMIT", id="limit-all"),
+    case("SELECT COUNT(*) FROM trips LIMIT 99999999999999999999999", QueryRefused, "LIMIT",
+         id="limit-overflow",
+         bug="analyses/query.py _literal_int accepts any digit string; both databases reject "
+         "the out-of-range LIMIT at run time and the query is charged as a BackendError"),
+    # -- privacy parameters -----------------------------------------------------------------------
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-zero",
+         epsilon=0),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-negative",
+         epsilon=-1),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-nan",
+         epsilon=math.nan),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-inf",
+         epsilon=math.inf),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-string",
+         epsilon="1"),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", "maximum", "500",
+         id="epsilon-above-max", epsilon=1000),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", "maximum", "0.5",
+         id="epsilon-above-analyst-max", analyst="bob", epsilon=0.6),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-tiny",
+         epsilon=1e-300,
+         bug="chorus_py/engine.py _prepare lets the ValueError of mechanisms/discrete_laplace.py "
+         "_check_calibration ('scale 1e+301 exceeds 1e+15') escape raw instead of an "
+         "InvalidParameter"),
+    case("SELECT SUM(fare) FROM trips", InvalidParameter, "epsilon", id="epsilon-tiny-sum",
+         epsilon=1e-300,
+         bug="chorus_py/engine.py _prepare lets the ValueError of mechanisms/snapping.py "
+         "from_sensitivity ('outside the range the snapping mechanism supports') escape raw"),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "delta", id="delta-negative",
+         delta=-1e-9),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "delta", id="delta-one", delta=1.0),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "delta", id="delta-nan",
+         delta=math.nan),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "delta", "maximum",
+         id="delta-above-max", delta=1e-3),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "unknown analyst", "mallory",
+         id="unknown-analyst", analyst="mallory"),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "unknown analyst", id="empty-analyst",
+         analyst=""),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "no analyst", id="no-analyst",
+         analyst=None),
+    case("SELECT driver_id, COUNT(*) FROM trips GROUP BY driver_id", InvalidParameter, "delta",
+         id="threshold-needs-delta", delta=0.0),
+    case("SELECT page, COUNT(*) FROM visits GROUP BY page", InvalidParameter, "delta",
+         id="threshold-needs-delta-event-level", delta=0.0),
+    # -- CTE shadowing a policy table --------------------------------------------------------------
+    case("WITH trips AS (SELECT 1 AS fare) SELECT SUM(fare) FROM trips", QueryRefused,
+         "no table", id="cte-shadows-trips-constant"),
+    case("WITH trips AS (SELECT * FROM trips) SELECT fare FROM trips", QueryRefused,
+         id="cte-shadows-trips-raw"),
+    case("WITH cities AS (SELECT fare AS name FROM trips) SELECT name FROM cities", QueryRefused,
+         "fare", "neither aggregated", id="cte-shadows-public-table-raw"),
+    case("WITH cities AS (SELECT fare AS name FROM trips) SELECT * FROM cities", QueryRefused,
+         "SELECT *", id="cte-shadows-public-table-star"),
+    # -- quoted and qualified names ----------------------------------------------------------------
+    case('SELECT COUNT(*) FROM "pg_catalog"."pg_class"', QueryRefused, "system catalog",
+         id="quoted-pg-class"),
+    case('SELECT COUNT(*) FROM "PG_CATALOG"."PG_CLASS"', QueryRefused, "system catalog",
+         id="quoted-upper-pg-class"),
+    case('SELECT COUNT(*) FROM "PG_STATS"', QueryRefused, "system catalog",
+         id="quoted-pg-stats"),
+    case('SELECT COUNT(*) FROM "information_schema"."tables"', QueryRefused, "system catalog",
+         id="quoted-information-schema"),
+    case("SELECT COUNT(*) FROM public.trips", QueryRefused, "schema-qualified", id="public-trips"),
+    case("SELECT COUNT(*) FROM main.trips", QueryRefused, "schema-qualified", id="main-trips"),
+    case('SELECT COUNT(*) FROM "public"."trips"', QueryRefused, "schema-qualified",
+         id="quoted-public-trips"),
+    case("SELECT COUNT(*) FROM test.public.trips", QueryRefused, "schema-qualified",
+         id="catalog-qualified-trips"),
+    # -- functions hidden in a CTE -----------------------------------------------------------------
+    case("WITH t AS (SELECT pg_sleep(1) AS x, fare FROM trips) SELECT SUM(fare) FROM t",
+         QueryRefused, "PG_SLEEP", id="pg-sleep-in-cte"),
+    case("WITH t AS (SELECT setseed(0.5) AS s, fare FROM trips) SELECT SUM(fare) FROM t",
+         QueryRefused, "SETSEED", id="setseed-in-cte"),
+    case("WITH t AS (SELECT * FROM read_csv('/etc/passwd')) SELECT COUNT(*) FROM t",
+         QueryRefused, "table function", id="read-csv-in-cte"),
+    case("WITH t AS (SELECT fare FROM trips WHERE current_setting('x') = 'a') "
+         "SELECT SUM(fare) FROM t", QueryRefused, "CURRENT_SETTING", id="current-setting-in-cte"),
+]
+
+
+@pytest.mark.parametrize(("sql", "kwargs", "error", "needles"), REFUSALS)
+def test_refused(engine: Engine, sql: str, kwargs: dict[str, Any], error: type[ChorusError],
+                 needles: tuple[str, ...]) -> None:
+    args = {**ALICE, **kwargs}
+    with pytest.raises(error) as executed:
+        engine.execute(sql, **args)
+    _check_message(executed.value, needles)
+    with pytest.raises(error) as explained:
+        engine.explain(sql, **args)
+    _check_message(explained.value, needles)
+    assert nothing_spent(engine)
+
+
+def test_epsilon_missing(engine: Engine) -> None:
+    """Without a default epsilon in the policy, epsilon=None is refused (the loader always sets
+    one, so the policy is edited in memory)."""
+    privacy = engine.policy.privacy.model_copy(update={"default_epsilon": None})
+    engine.policy = engine.policy.model_copy(update={"privacy": privacy})
+    for call in (engine.execute, engine.explain):
+        with pytest.raises(InvalidParameter, match="epsilon is missing"):
+            call("SELECT COUNT(*) FROM trips", analyst="alice", epsilon=None)
+    assert nothing_spent(engine)
+
+
+# -- positive controls: close variants are answered and charged ------------------------------------
+CONTROLS = [
+    pytest.param("SELECT COUNT(*) FROM trips", {}, id="count"),
+    pytest.param("SELECT COUNT(*) FROM trips;", {}, id="trailing-semicolon"),
+    pytest.param("SELECT COUNT(*) FROM trips", {"epsilon": None}, id="default-epsilon"),
+    pytest.param("SELECT COUNT(*) FROM trips", {"analyst": "bob", "epsilon": 0.5},
+                 id="bob-at-his-max"),
+    pytest.param("SELECT COUNT(*) FROM trips", {"epsilon": 500}, id="epsilon-at-max"),
+    pytest.param("SELECT COUNT(*) FROM trips", {"delta": 1e-4}, id="delta-at-max"),
+    pytest.param("SELECT SUM(fare) FROM trips", {}, id="sum-bounded"),
+    pytest.param("SELECT AVG(fare), STDDEV(distance_km) FROM trips", {}, id="avg-stddev"),
+    pytest.param("SELECT SUM(1) FROM trips", {}, id="sum-constant"),
+    pytest.param("SELECT SQRT(SUM(fare)) FROM trips", {}, id="sqrt-of-sum"),
+    pytest.param("SELECT LN(COUNT(*) + 1) FROM trips", {}, id="ln-of-count"),
+    pytest.param("SELECT city, COUNT(*) FROM trips GROUP BY city", {}, id="group-by-public"),
+    pytest.param("SELECT city AS c, COUNT(*) FROM trips GROUP BY c", {}, id="group-by-alias"),
+    pytest.param("SELECT driver_id, COUNT(*) FROM trips GROUP BY driver_id", {"delta": 1e-6},
+                 id="group-by-thresholded"),
+    pytest.param("SELECT COUNT(DISTINCT rider_id) FROM trips", {}, id="count-distinct-unit"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city LIKE 'S%'", {}, id="like-literal"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'SF' AND fare BETWEEN 10 AND 50", {},
+                 id="filters"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE CAST(city AS TEXT) = 'SF' "
+                 "AND CAST(fare AS DOUBLE) > 1", {}, id="total-casts"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE pickup_time < CURRENT_TIMESTAMP", {},
+                 id="current-timestamp"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE pickup_time >= CURRENT_DATE - INTERVAL '1' "
+                 "YEAR", {}, id="current-date-interval"),
+    pytest.param("SELECT COUNT(*) AS n FROM trips GROUP BY city ORDER BY n DESC LIMIT 3", {},
+                 id="order-limit"),
+    pytest.param("WITH t AS (SELECT fare FROM trips WHERE fare > 10) SELECT SUM(fare) FROM t",
+                 {}, id="filtering-cte"),
+    pytest.param("SELECT COUNT(*) FROM (SELECT fare FROM trips WHERE fare > 10) AS t", {},
+                 id="filtering-subquery"),
+    pytest.param('SELECT COUNT(*) FROM "trips"', {}, id="quoted-table"),
+    pytest.param("SELECT COUNT(*) FROM trips -- ; DROP TABLE trips", {},
+                 id="line-comment"),
+    pytest.param("SELECT SUM(seconds) FROM visits", {}, id="event-level-sum"),
+]
+
+
+@pytest.mark.parametrize(("sql", "kwargs"), CONTROLS)
+def test_answered_and_charged(engine: Engine, sql: str, kwargs: dict[str, Any]) -> None:
+    args = {**ALICE, **kwargs}
+    report = engine.explain(sql, **args)
+    assert report.epsilon > 0 and not report.charged
+    assert nothing_spent(engine), "explain must not charge"
+    result = engine.execute(sql, **args)
+    assert result.report.charged and result.report.epsilon == report.epsilon
+    assert len(result.columns) >= 1
+    assert not nothing_spent(engine), "a private query must charge the budget"
+
+
+def test_public_table_is_free(engine: Engine) -> None:
+    result = engine.execute("SELECT COUNT(*) FROM cities", **ALICE)
+    assert result.rows == [(5,)] and not result.report.charged
+    assert nothing_spent(engine)
+
+
+# -- analyst attacks -----------------------------------------------------------------------------------
+def _refused_or_answered(engine: Engine, sql: str, **kwargs: Any) -> list[ChorusError]:
+    """Run explain and execute; only ChorusError may come out.  Returns the errors raised."""
+    errors = []
+    for call in (engine.explain, engine.execute):
+        try:
+            call(sql, **{**ALICE, **kwargs})
+        except ChorusError as err:
+            _check_message(err, ())
+            errors.append(err)
+    return errors
+
+
+def _nested(depth: int) -> str:
+    return "SELECT COUNT(*) FROM trips WHERE " + "(" * depth + "fare > 1" + ")" * depth
+
+
+ATTACKS = [
+    pytest.param(_nested(30), id="30-nested-parens"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE trip_id IN ("
+                 + ", ".join(str(i) for i in range(2000)) + ")", id="10k-char-in-list"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city IN ("
+                 + ", ".join(f"'c{i}'" for i in range(1500)) + ")", id="text-in-list"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE " + " AND ".join(["fare > 1"] * 1000),
+                 id="1000-conjuncts"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE " + " + ".join(["fare"] * 1000) + " > 1",
+                 id="1000-term-sum"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = '" + "x" * 20000 + "'",
+                 id="20k-char-literal"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'S\x00F'", id="nul-in-literal"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'S' -- \x00", id="nul-in-comment"),
+    pytest.param("SELECT COUNT(*) FROM trips\x00", id="nul-after-table"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'Zürich ☃ 北京 \U0001f600'",
+                 id="unicode-literal"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = E'\\x00'", id="escape-string"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = $$SF$$", id="dollar-quoted"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'it''s'", id="doubled-quote"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'a\\' OR 1=1 --'",
+                 id="backslash-quote"),
+    pytest.param("SELECT COUNT(*) FROM trips -- */ ; DROP TABLE trips", id="comment-closer"),
+    pytest.param('SELECT COUNT(*) FROM "TRIPS"', id="quoted-upper-table"),
+    pytest.param('SELECT COUNT(*) FROM "trips" AS "pg_class"', id="alias-named-catalog"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE city = 'SF' UNION SELECT 1", id="union-tail"),
+    pytest.param("SELECT SUM(fare * 0) FROM trips", id="sum-times-zero",
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "BUG: interval [0, 0] gives sensitivity 0 and mechanisms/base.py "
+                     "check_sensitivity raises a raw ValueError through engine._prepare "
+                     "(also SUM(0), AVG(-2), VARIANCE(2.5))"))),
+    pytest.param("SELECT SUM(fare * 1e308) FROM trips", id="sum-infinite-bound",
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "BUG: the bound overflows to inf, raw ValueError 'sensitivity must be a "
+                     "positive finite number, got inf' (nan for 1e400)"))),
+    pytest.param("SELECT VARIANCE(fare * 1e200) FROM trips", id="variance-overflow",
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "BUG: analyses/query.py _aggregate computes (hi - lo) ** 2 / 2 and raises "
+                     "a raw OverflowError"))),
+    pytest.param(_nested(200), id="200-nested-parens",
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "BUG: analyses/validate.py parse_statement catches only ParseError/"
+                     "TokenError; sqlglot raises RecursionError from about 45 nested "
+                     "parentheses (40 nested ABS, 100 NOT)"))),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE " + "ABS(" * 200 + "fare" + ")" * 200 + " > 1",
+                 id="200-nested-calls",
+                 marks=pytest.mark.xfail(strict=True, reason="BUG: RecursionError, see above")),
+]
+
+
+@pytest.mark.parametrize("sql", ATTACKS)
+def test_attack_refused_or_answered(engine: Engine, sql: str) -> None:
+    _refused_or_answered(engine, sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM trips WHERE city = '\ud800'",
+    "SELECT COUNT(*) FROM trips WHERE city = 'S\udcffF'",
+])
+def test_lone_surrogate_duckdb(make_engine: Callable[..., Engine], duckdb_data: str,
+                               sql: str) -> None:
+    _refused_or_answered(make_engine(duckdb_data), sql)
+
+
+@pytest.mark.postgres
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: chorus_py/backends.py PostgresBackend.run calls sql.encode() outside its try block: "
+    "a lone surrogate in a string literal escapes as a raw UnicodeEncodeError, and "
+    "engine.execute then consumes the claim although nothing reached the database"))
+def test_lone_surrogate_postgres(make_engine: Callable[..., Engine], postgres_data: str) -> None:
+    _refused_or_answered(make_engine(postgres_data), "SELECT COUNT(*) FROM trips WHERE city = '\ud800'")
+
+
+def test_comment_payload_never_reaches_the_database(engine: Engine) -> None:
+    for sql in ("SELECT COUNT(*) FROM trips -- ; DROP TABLE trips",
+                "SELECT COUNT(*) FROM trips -- */ ; DROP TABLE trips",
+                "SELECT COUNT(*) /* ; DROP TABLE trips */ FROM trips"):
+        report = engine.explain(sql, **ALICE)
+        assert "DROP" not in (report.rewritten_sql or "").upper()
+        engine.execute(sql, **ALICE)
+    # trips is still there
+    assert engine.execute("SELECT COUNT(*) FROM trips", **ALICE).rows
+
+
+def test_cte_named_like_a_public_table_is_still_private(engine: Engine) -> None:
+    report = engine.explain(
+        "WITH cities AS (SELECT fare AS name FROM trips) SELECT COUNT(*) FROM cities", **ALICE)
+    assert report.tables == ("trips",) and report.epsilon > 0
+    assert report.privacy_unit == "rider_id"
+
+
+def test_cte_named_like_another_private_table_uses_the_real_bounds(engine: Engine) -> None:
+    # visits is event-level with seconds in [0, 600]; the CTE reads trips (k = 10, fare <= 200).
+    report = engine.explain(
+        "WITH visits AS (SELECT fare AS seconds FROM trips) SELECT SUM(seconds) FROM visits",
+        **ALICE)
+    assert report.tables == ("trips",) and report.privacy_unit == "rider_id"
+    assert [m.sensitivity for m in report.measurements] == [10 * 200]
+
+
+def test_quoted_table_is_the_private_table(engine: Engine) -> None:
+    for sql in ('SELECT COUNT(*) FROM "TRIPS"', 'SELECT COUNT(*) FROM "trips"'):
+        try:
+            result = engine.execute(sql, **ALICE)
+        except ChorusError as err:
+            _check_message(err, ())
+            continue
+        assert result.report.charged and result.report.tables == ("trips",)
+
+
+def test_backend_error_message_holds_no_data_value(engine: Engine) -> None:
+    # DuckDB's own error would say "Could not convert string 'home' to INT32": a page value.
+    pages = [row[0] for row in engine.backend.run("SELECT DISTINCT page FROM visits").rows]
+    fares = [row[0] for row in engine.backend.run("SELECT DISTINCT fare FROM trips").rows]
+    assert pages and fares
+    for sql in ("SELECT COUNT(*) FROM visits WHERE page = -3",
+                "SELECT COUNT(*) FROM visits WHERE page = 1 + 2",
+                "SELECT COUNT(*) FROM trips WHERE CAST(fare AS TEXT) = -3",
+                "SELECT COUNT(*) FROM trips WHERE CAST(fare AS TEXT) = 1 + 2"):
+        for err in _refused_or_answered(engine, sql):
+            text = str(err)
+            assert not any(p in text for p in pages), text
+            assert not any(f"{f}" in text or f"{f:g}" in text for f in fares if f >= 10), text
+
+
+DATA_DEPENDENT_ERRORS = [
+    pytest.param(
+        "SELECT COUNT(*) FROM trips WHERE CASE WHEN trip_id = {} THEN CAST('x' AS INT) ELSE 1 "
+        "END = 1", ("17", "-17"), id="literal-cast-in-case",
+        marks=pytest.mark.xfail(strict=True, reason=(
+            "BUG: the error appears iff a trip with that id exists (see the case "
+            "failing-literal-cast-in-case)"))),
+    pytest.param(
+        "SELECT COUNT(*) FROM trips WHERE pickup_time {} AND pickup_time + INTERVAL '292221' "
+        "YEAR > pickup_time", (">= TIMESTAMP '2026-03-01'", "< TIMESTAMP '2026-01-05'"),
+        id="timestamp-overflow",
+        marks=pytest.mark.xfail(strict=True, reason=(
+            "BUG: the overflow appears iff a matching row is late enough (see the case "
+            "timestamp-overflow)"))),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE CASE WHEN trip_id = {} THEN LN(fare - 500) "
+                 "ELSE 1 END = 1", ("17", "-17"), id="ln-in-case"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE CASE WHEN trip_id = {} THEN fare / 0 "
+                 "ELSE 1 END = 1", ("17", "-17"), id="division-by-zero-in-case"),
+    pytest.param("SELECT COUNT(*) FROM trips WHERE CASE WHEN trip_id = {} THEN trip_id * "
+                 "9223372036854775807 ELSE 1 END = 1", ("17", "-17"), id="overflow-in-case"),
+]
+
+
+@pytest.mark.parametrize(("template", "values"), DATA_DEPENDENT_ERRORS)
+def test_errors_do_not_depend_on_the_data(make_engine: Callable[..., Engine], duckdb_data: str,
+                                          template: str, values: tuple[str, str]) -> None:
+    """The same query shape, once matching rows (first value) and once matching none: whether
+    it fails must not depend on the rows.  DuckDB only: it evaluates lazily, so a row-level error
+    shows exactly when a matching row exists."""
+    outcomes = []
+    for value in values:
+        engine = make_engine(duckdb_data)
+        outcomes.append(tuple(type(e).__name__ for e in
+                              _refused_or_answered(engine, template.format(value))))
+    assert outcomes[0] == outcomes[1]
