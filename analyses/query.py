@@ -217,6 +217,12 @@ class _Reader:
             self._check_row(key, "GROUP BY")
             if key.find(*AGGREGATES):
                 raise QueryRefused("aggregates are not allowed in GROUP BY")
+            for col in key.find_all(exp.Column):
+                if self.tp.columns[col.name].private_id:
+                    raise QueryRefused(
+                        f"cannot group by {col.name}: it identifies individuals (private_id)",
+                        hint=f"filter on it, or count it with COUNT(DISTINCT {col.name})",
+                    )
             self.keys.append(GroupKey(f"k{i}", key, self._public_values(key)))
         if (group and group.args.get("rollup")) or (group and group.args.get("cube")):
             raise NotSupportedError("ROLLUP, CUBE and GROUPING SETS are not supported")

@@ -282,6 +282,8 @@ _POLICY = """\
 # DuckDB file next to this policy (four slashes, "duckdb:////abs/path.duckdb", for an absolute
 # path), or "postgresql://user@host:port/db" for Postgres.{backend_note}
 url = {url}
+# Queries running longer are cancelled (and charged: the data was read).
+statement_timeout_seconds = 300
 
 [privacy]
 # Budget of every private block (here: one day of trips). Every query that reads a day is
@@ -289,8 +291,11 @@ url = {url}
 # delta_per_block is the matching budget of delta (the small chance the epsilon guarantee fails).
 epsilon_per_block = 10.0
 delta_per_block = 1e-6
-# How charges add up: "basic" (epsilons simply add) or "renyi" (tighter for many Gaussian queries).
+# How charges add up: "basic" (epsilons simply add). ("renyi" comes with the DPF ledger.)
 accounting = "basic"
+# How claims are scheduled: "fcfs" grants a claim at once when every block it reads has budget.
+# (The DPF schedulers "dpf-n" and "dpf-t" come with the DPF ledger.)
+scheduler = {{ policy = "fcfs" }}
 # What one query costs when the analyst does not ask for a specific epsilon / delta.
 default_epsilon = 0.5
 default_delta = 1e-8
@@ -298,21 +303,30 @@ default_delta = 1e-8
 max_epsilon_per_query = 2.0
 max_delta_per_query = 1e-6
 noise = "sql"            # "sql": the database adds the noise; "proxy": Python adds it
+# Share of a query's epsilon spent on the noisy count that decides which group keys without
+# public_values may be released (unless the query itself counts distinct riders per group).
+threshold_epsilon_share = 0.2
 
 [tables.trips]
 # The individual being protected: adding or removing all trips of one rider changes any answer
 # by at most the noise-calibrated amount.
 privacy_unit = "rider_id"
-# Contribution bound: a rider's trips beyond the first 10 are ignored by every query (a few
-# demo riders have up to 200 trips). Larger values mean more noise; smaller ones drop more data.
+# Contribution bound: every query sees at most 10 randomly chosen trips per rider (a few demo
+# riders have up to 200 trips). Larger values mean more noise; smaller ones drop more data.
 max_rows_per_unit = 10
+# "per-query": the 10 trips are drawn among those that pass each query's filter (most accurate).
+# "materialized": one random sample of <= 10 trips per rider is stored in the proxy's schema and
+# reused by every query (much faster on large tables; filtered answers keep fewer trips of heavy
+# riders). The sample is rebuilt when the table changes.
+bounding = "per-query"
 # Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget.
 block = {{ column = "pickup_time", size = "1 day" }}
 
 [tables.trips.columns]
 # Every column an analyst may use. "lower"/"upper" clip values before summing or averaging (they
 # bound how much one row can move a SUM); "public_values" lists the only group-by keys released
-# without thresholding; "private_id" marks the identifier of the privacy unit (never released).
+# without thresholding; "private_id" marks an identifier of individuals: it may be filtered on
+# or counted with COUNT(DISTINCT ...), never grouped by or released.
 trip_id     = {{ type = "int" }}
 rider_id    = {{ type = "int", private_id = true }}
 driver_id   = {{ type = "int" }}
@@ -326,7 +340,9 @@ distance_km = {{ type = "float", lower = 0, upper = 100 }}
 public = true
 
 [analysts.demo]
-# SCRAM verifier and REST token are added by the front-door issues.
+# Each analyst is charged separately in the report. An analyst may have a lower per-query limit:
+max_epsilon_per_query = 2.0
+# (The SCRAM verifier for the wire protocol and the REST token come with the front doors.)
 """
 
 

@@ -89,7 +89,8 @@ class Engine:
                  ledger: InMemoryLedger | None = None, block_ttl_seconds: float = 60.0) -> None:
         self.policy = policy
         self.dialect = policy.backend.dialect
-        self.backend = backend or open_backend(policy.backend.url)
+        self.backend = backend or open_backend(policy.backend.url,
+                                               policy.backend.statement_timeout_seconds)
         try:
             live = self.backend.table_columns()
             policy.check_against(live)

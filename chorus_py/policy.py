@@ -36,6 +36,8 @@ class BackendConfig(_Strict):
     """Where the data lives: ``duckdb:///path.duckdb``, ``duckdb:///:memory:`` or a Postgres URL."""
 
     url: str
+    # Rewritten queries running longer are cancelled (and charged: they read data).
+    statement_timeout_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
 
     @field_validator("url")
     @classmethod
@@ -53,7 +55,9 @@ class BackendConfig(_Strict):
 class SchedulerConfig(_Strict):
     """DPF scheduler settings; read by the budget ledger (the first ledger grants at once)."""
 
-    policy: Literal["fcfs", "dpf-n", "dpf-t"] = "fcfs"
+    # Only first-come first-served is available until the DPF ledger lands: a policy asking for
+    # DPF is refused rather than silently scheduled differently.
+    policy: Literal["fcfs"] = "fcfs"
     n: int | None = Field(default=None, gt=0)
     wait_seconds: float = Field(default=0.0, ge=0)
     lifetime: str | None = None
@@ -65,7 +69,7 @@ class PrivacyConfig(_Strict):
 
     epsilon_per_block: float = Field(gt=0, allow_inf_nan=False)
     delta_per_block: float = Field(default=0.0, ge=0, lt=1)
-    accounting: Literal["basic", "renyi"] = "basic"
+    accounting: Literal["basic"] = "basic"  # "renyi" arrives with the DPF ledger
     default_epsilon: float = Field(default=0.1, gt=0, allow_inf_nan=False)
     default_delta: float = Field(default=0.0, ge=0, lt=1)
     max_epsilon_per_query: float = Field(default=1.0, gt=0, allow_inf_nan=False)

@@ -97,20 +97,23 @@ def _check_tables(fetch) -> tuple:
 
 def _check_policy(path: pathlib.Path, url: str) -> dict:
     policy = tomllib.loads(path.read_text(encoding="utf-8"))
-    assert policy["backend"] == {"url": url}
+    assert policy["backend"] == {"url": url, "statement_timeout_seconds": 300}
     assert policy["privacy"] == {
         "epsilon_per_block": 10.0,
         "delta_per_block": 1e-6,
         "accounting": "basic",
+        "scheduler": {"policy": "fcfs"},
         "default_epsilon": 0.5,
         "default_delta": 1e-8,
         "max_epsilon_per_query": 2.0,
         "max_delta_per_query": 1e-6,
         "noise": "sql",
+        "threshold_epsilon_share": 0.2,
     }
     trips = policy["tables"]["trips"]
     assert trips["privacy_unit"] == "rider_id"
     assert trips["max_rows_per_unit"] == 10
+    assert trips["bounding"] == "per-query"
     assert trips["block"] == {"column": "pickup_time", "size": "1 day"}
     assert trips["columns"] == {
         "trip_id": {"type": "int"},
@@ -122,7 +125,7 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
         "distance_km": {"type": "float", "lower": 0, "upper": 100},
     }
     assert policy["tables"]["cities"] == {"public": True}
-    assert policy["analysts"] == {"demo": {}}
+    assert policy["analysts"] == {"demo": {"max_epsilon_per_query": 2.0}}
     return policy
 
 

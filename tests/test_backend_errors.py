@@ -1,0 +1,46 @@
+"""Backend failures: classified as "touched data" or not, charged accordingly, never leaked."""
+
+from __future__ import annotations
+
+import pytest
+
+from chorus_py.backends import StatementFailed
+from chorus_py.engine import Engine
+from chorus_py.errors import BackendError, InternalError
+
+# Fails while reading values: the error text would quote 'secret-value-42'.
+DATA_ERROR = "SELECT CAST(x AS INTEGER) FROM (VALUES ('secret-value-42')) AS t(x)"
+PLAN_ERROR = "SELECT no_such_column FROM trips"
+
+
+def test_data_errors_touch_data(engine: Engine) -> None:
+    with pytest.raises(StatementFailed) as info:
+        engine.backend.run(DATA_ERROR)
+    assert info.value.touched_data
+    assert "secret-value-42" in info.value.detail  # the detail is for the operator's log only
+
+
+def test_plan_errors_do_not_touch_data(engine: Engine) -> None:
+    for sql in ("SELEC 1", PLAN_ERROR):
+        with pytest.raises(StatementFailed) as info:
+            engine.backend.run(sql)
+        assert not info.value.touched_data
+
+
+def test_data_error_after_claim_is_charged_and_sanitised(engine: Engine) -> None:
+    engine.ledger.ensure_blocks(["b"])
+    claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0)
+    with pytest.raises(BackendError) as info:
+        engine._run(DATA_ERROR, touched_charge=claim)
+    assert "secret-value-42" not in str(info.value)
+    assert claim.state == "consumed"
+    assert engine.ledger.blocks()[0].epsilon_consumed == 0.5
+
+
+def test_plan_error_after_claim_is_released(engine: Engine) -> None:
+    engine.ledger.ensure_blocks(["b"])
+    claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0)
+    with pytest.raises(InternalError):
+        engine._run(PLAN_ERROR, touched_charge=claim)
+    assert claim.state == "released"
+    assert engine.ledger.blocks()[0].epsilon_consumed == 0.0
