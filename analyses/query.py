@@ -13,6 +13,7 @@ and group-key ids (``k0``), computed after the noise is added (post-processing).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,6 +25,7 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
 from analyses.bounds import expression_bounds
+from analyses.literals import fits, literal_casts, literal_value
 from analyses.sensitivity import (
     count_sensitivity,
     count_units_sensitivity,
@@ -337,6 +339,12 @@ class _Reader:
             raise NotSupportedError(f"{node.sql_name()}(DISTINCT ...) is not supported")
         self._check_row(arg, node.sql_name())
         lo, hi = self._bounds(arg, node.sql_name())
+        # A value that is always 0 (for SUM) or always the same (for AVG and VARIANCE, measured
+        # centred) gives a measurement that ignores the data: sensitivity 0, nothing to protect.
+        if (lo == hi == 0) or (lo == hi and not isinstance(node, exp.Sum)):
+            raise QueryRefused(
+                f"{node.sql_name()}({display_sql(arg)}) does not depend on the data: {arg.sql()} "
+                f"is always {lo:g}", hint="compute the constant without an aggregate")
         if isinstance(node, exp.Sum):
             return self._measure("sum", arg, lo, hi)
         # AVG and VARIANCE measure the values centred on c = (l + u) / 2: x - c lies in
@@ -360,7 +368,7 @@ class _Reader:
             this=exp.Mul(this=total, expression=total.copy()), expression=n))
         denom = n.copy() if pop else exp.Sub(this=n.copy(), expression=exp.Literal.number(1))
         var = _clamp(exp.Div(this=exp.Paren(this=centred), expression=exp.Paren(this=denom)),
-                     0.0, (hi - lo) ** 2 / 2)
+                     0.0, (hi - lo) * (hi - lo) / 2)
         if isinstance(node, exp.Stddev | exp.StddevPop | exp.StddevSamp):
             return exp.Sqrt(this=var)
         return var
@@ -435,6 +443,13 @@ class _Reader:
                 hint="use +, -, *, / by a constant, ABS, LEAST, GREATEST or CASE on bounded "
                 "columns",
             )
+        lo, hi = found
+        # Squares of the range must stay finite too (VARIANCE sums squares).
+        if not all(math.isfinite(v) for v in (lo, hi, (hi - lo) * (hi - lo), lo * lo, hi * hi)):
+            raise QueryRefused(
+                f"the value of {display_sql(arg)} in {fname} can overflow a double",
+                hint="use smaller constants",
+            )
         return found
 
     # -- row-level safety -------------------------------------------------------------------
@@ -458,8 +473,15 @@ class _Reader:
 
     def _check_cast(self, cast: exp.Cast, clause: str) -> None:
         # A cast that can fail on some value (text -> number, a narrowing numeric cast) would
-        # turn one row's value into a visible error, so only total casts are allowed.
-        if isinstance(cast.this, exp.Literal):
+        # turn one row's value into a visible error, so only total casts are allowed; a cast of
+        # a literal is tried here, before anything runs.
+        literal = literal_value(cast.this)
+        if literal is not None:
+            if not literal_casts(literal[1], cast.to):
+                raise QueryRefused(
+                    f"the cast {cast.sql()} in {clause} cannot succeed",
+                    hint="write a value of the target type, e.g. DATE '2026-01-31'",
+                )
             return
         to = cast.to
         if to.is_type(*exp.DataType.TEXT_TYPES) or to.is_type(
@@ -478,18 +500,33 @@ class _Reader:
         )
 
     def _check_comparison(self, left: exp.Expr, right: exp.Expr, clause: str) -> None:
+        # The database would convert the literal (or, worse, every row) to the column's type;
+        # a conversion that fails must be refused here, before the budget is claimed.
         for a, b in ((left, right), (right, left)):
             kind = self._type_of(a)
-            if kind == "text" and isinstance(b, exp.Literal) and not b.is_string:
+            literal = literal_value(b)
+            if kind is None or literal is None:
+                continue
+            form, text = literal
+            if kind == "text" and form == "number":
                 raise QueryRefused(
-                    f"{a.name} is text but is compared with the number {b.sql()} in {clause}",
-                    hint=f"quote the value: '{b.name}'",
+                    f"{a.name} is text but is compared with the number {text} in {clause}",
+                    hint=f"quote the value: '{text}'",
                 )
-            if kind in NUMERIC_TYPES and isinstance(b, exp.Literal) and b.is_string:
+            if kind in NUMERIC_TYPES and form == "string":
                 raise QueryRefused(
                     f"{a.name} is a number but is compared with the text {b.sql()} in {clause}",
                     hint="write the number without quotes",
                 )
+            if kind in ("date", "timestamp"):
+                if form == "number":
+                    raise QueryRefused(
+                        f"{a.name} is a {kind} but is compared with the number {text} in "
+                        f"{clause}", hint=f"compare with a {kind} such as '2026-01-31'")
+                if not fits(text, kind):
+                    raise QueryRefused(
+                        f"'{text}' is not a valid {kind} (compared with {a.name} in {clause})",
+                        hint="use ISO format, e.g. '2026-01-31' or '2026-01-31 08:00:00'")
 
 
 def display_sql(node: exp.Expr) -> str:
@@ -507,6 +544,8 @@ def _literal_int(flat: exp.Select, arg: str) -> int | None:
     value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
     if not isinstance(value, exp.Literal) or value.is_string or not value.name.isdigit():
         raise QueryRefused(f"{arg.upper()} must be a non-negative integer literal")
+    if int(value.name) >= 2**62:  # both databases reject larger ones, at run time
+        raise QueryRefused(f"{arg.upper()} {value.name} is too large")
     return int(value.name)
 
 

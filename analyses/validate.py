@@ -56,6 +56,14 @@ _REFUSED_AGGREGATES = {
     "ArrayAgg": "ARRAY_AGG", "GroupConcat": "STRING_AGG", "Mode": "MODE",
 }
 
+TOO_DEEP = "the query nests too deeply to analyse"
+
+# Units DATE_TRUNC and EXTRACT accept (singular, lower case); anything else could fail at run time.
+_TIME_UNITS = frozenset({
+    "microsecond", "millisecond", "second", "minute", "hour", "day", "week", "month", "quarter",
+    "year", "decade", "century", "millennium", "dow", "doy", "epoch", "isodow", "isoyear",
+})
+
 # Names that mark a system catalog, to give a more helpful message than "unknown table".
 _CATALOG_PREFIXES = ("pg_", "information_schema", "duckdb_", "sqlite_", "sys")
 
@@ -77,9 +85,15 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
     if not sql or not sql.strip():
         raise QuerySyntaxError("the query is empty", hint="send one SELECT statement")
     try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError:
+        raise QuerySyntaxError("the query is not valid Unicode text (a lone surrogate)") from None
+    try:
         statements = [s for s in sqlglot.parse(sql, dialect=dialect) if s is not None]
     except (ParseError, TokenError) as err:
         raise QuerySyntaxError(f"syntax error: {_first_line(err)}") from None
+    except RecursionError:
+        raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
     if len(statements) != 1:
         raise QueryRefused(
             f"the query holds {len(statements)} statements",
@@ -113,10 +127,32 @@ def check_row_expression(node: exp.Expr, where: str) -> None:
         decimals = sub.args.get("decimals") if isinstance(sub, exp.Round) else None
         if decimals is not None and not isinstance(decimals, exp.Literal | exp.Neg):
             raise QueryRefused(f"ROUND's digits must be a literal ({where})")
-        if isinstance(sub, exp.TimestampTrunc | exp.DateTrunc):
-            unit = sub.args.get("unit")
-            if unit is not None and not isinstance(unit, exp.Literal | exp.Var):
-                raise QueryRefused(f"DATE_TRUNC's unit must be a literal ({where})")
+        if isinstance(sub, exp.TimestampTrunc | exp.DateTrunc | exp.Extract):
+            unit = sub.args.get("unit") if not isinstance(sub, exp.Extract) else sub.this
+            name = unit.name.lower().rstrip("s") if isinstance(unit, exp.Literal | exp.Var) else ""
+            if name not in _TIME_UNITS:
+                fname = "EXTRACT" if isinstance(sub, exp.Extract) else "DATE_TRUNC"
+                raise QueryRefused(
+                    f"{fname}'s unit must be a literal time unit ({where})",
+                    hint="one of: " + ", ".join(sorted(_TIME_UNITS)),
+                )
+        if isinstance(sub, exp.Interval) and _next_to_column(sub):
+            # column + interval can overflow for late enough rows: a data-dependent error.
+            raise QueryRefused(
+                f"interval arithmetic is not allowed on rows ({where})",
+                hint="compare the timestamp with a literal instead, e.g. "
+                "pickup_time >= '2026-03-01'",
+            )
+
+
+def _next_to_column(interval: exp.Interval) -> bool:
+    """Whether an interval is added to / subtracted from something that reads a row."""
+    parent = interval.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    if not isinstance(parent, exp.Add | exp.Sub):
+        return False
+    return any(side.find(exp.Column) is not None for side in (parent.this, parent.expression))
 
 
 def _check_node(node: exp.Expr) -> None:
@@ -147,6 +183,10 @@ def _check_node(node: exp.Expr) -> None:
             "a statistic with unbounded sensitivity",
             hint="use COUNT, SUM, AVG, VARIANCE or STDDEV",
         )
+    if isinstance(node, exp.WithinGroup):
+        inner = type(node.this).__name__
+        if inner in _REFUSED_AGGREGATES:
+            _check_node(node.this)
     if isinstance(node, exp.Window):
         raise NotSupportedError("window functions are not supported")
     if isinstance(node, exp.Union | exp.Intersect | exp.Except):

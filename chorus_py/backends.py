@@ -215,10 +215,14 @@ class PostgresBackend(Backend):
                     con.close()
 
     def run(self, sql: str) -> ResultSet:
+        try:
+            query = sql.encode()
+        except UnicodeEncodeError as err:
+            raise StatementFailed(False, str(err)) from None
         with self._connection() as con:
             try:
                 with con.cursor() as cur:
-                    cur.execute(sql.encode(), prepare=False)
+                    cur.execute(query, prepare=False)
                     rows = cur.fetchall() if cur.description else []
                     desc = cur.description or []
                     types = tuple(_PG_TYPES.get(d.type_code, f"oid {d.type_code}")

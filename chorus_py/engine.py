@@ -32,7 +32,7 @@ import numpy as np
 
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
-from analyses.validate import parse_statement
+from analyses.validate import TOO_DEEP, parse_statement
 from budget.ledger import InMemoryLedger
 from chorus_py.backends import (
     Backend,
@@ -41,7 +41,13 @@ from chorus_py.backends import (
     open_backend,
     portable_type,
 )
-from chorus_py.errors import BackendError, InternalError, InvalidParameter, PolicyError
+from chorus_py.errors import (
+    BackendError,
+    InternalError,
+    InvalidParameter,
+    PolicyError,
+    QueryRefused,
+)
 from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
 from chorus_py.report import (
@@ -219,7 +225,10 @@ class Engine:
         if hit is not None:
             return hit
         parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
-        analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns)
+        try:
+            analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns)
+        except RecursionError:
+            raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
         self._analyses.put(sql, analysis)
         return analysis
 
@@ -251,8 +260,14 @@ class Engine:
                     hint="pass a small delta (e.g. 1e-8), or group by columns with public_values",
                 )
             threshold = ThresholdRequest(query.threshold_source, query.stability)
-        plan = plan_noise(requests, epsilon, delta, threshold,
-                          self.policy.privacy.threshold_epsilon_share)
+        try:
+            plan = plan_noise(requests, epsilon, delta, threshold,
+                              self.policy.privacy.threshold_epsilon_share)
+        except ValueError as err:  # e.g. a scale beyond what the mechanisms can render
+            raise InvalidParameter(
+                f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
+                hint="ask for a larger epsilon",
+            ) from None
         rewritten = pipeline(query, plan, restriction, self.dialect, sample)
         sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
             rewritten.measure_sql()

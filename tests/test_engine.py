@@ -131,7 +131,8 @@ def test_cte_and_subquery_filters_are_answered(wide: Engine) -> None:
 
 def test_arithmetic_on_aggregates(wide: Engine) -> None:
     result = wide.execute("SELECT SUM(fare) / COUNT(*) AS per_trip, COUNT(*) * 2 + 1 AS odd, "
-                          "ROUND(AVG(distance_km), 1) AS km FROM trips", epsilon=300.0, **ALICE)
+                          "ROUND(AVG(distance_km), 1) AS km FROM trips", epsilon=30000.0,
+                          **ALICE)
     per_trip, odd, km = result.rows[0]
     (avg_fare, avg_km) = exact(wide, "SELECT AVG(LEAST(fare, 200)), AVG(distance_km) "
                                "FROM trips")[0]
@@ -292,13 +293,13 @@ def test_materialized_sample_is_rebuilt_when_the_table_changes(
 ) -> None:
     engine = rides(200)
     first = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
+    old = engine.samples._fingerprint("rides", engine.policy.tables["rides"])
     engine.backend.run_owned([
         "INSERT INTO rides SELECT rider_id + 1000000, pickup_time, fare FROM rides"])
     if engine.dialect == "postgres":  # the statistics collector publishes counters lazily
         import time
 
         deadline = time.monotonic() + 10
-        old = engine.samples._fingerprint("rides", engine.policy.tables["rides"])
         while engine.samples._fingerprint("rides", engine.policy.tables["rides"]) == old:
             assert time.monotonic() < deadline, "pg_stat_user_tables never changed"
             time.sleep(0.2)
