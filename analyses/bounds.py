@@ -6,6 +6,7 @@ Anything the rules below do not cover has no bound (``None``) and cannot be summ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from sqlglot import exp
@@ -34,9 +35,13 @@ def expression_bounds(node: exp.Expr, column_bounds: ColumnBounds) -> Interval |
         inner = expression_bounds(node.this, column_bounds)
         return None if inner is None else (-inner[1], -inner[0])
     if isinstance(node, exp.Cast):
-        return expression_bounds(node.this, column_bounds) if node.to.is_type(
-            *exp.DataType.NUMERIC_TYPES
-        ) else None
+        if not node.to.is_type(*exp.DataType.NUMERIC_TYPES):
+            return None
+        inner = expression_bounds(node.this, column_bounds)
+        if inner is not None and node.to.is_type(*exp.DataType.INTEGER_TYPES):
+            # A cast to an integer rounds: widen to the enclosing integers.
+            return (float(math.floor(inner[0])), float(math.ceil(inner[1])))
+        return inner
     if isinstance(node, exp.Abs):
         inner = expression_bounds(node.this, column_bounds)
         if inner is None:

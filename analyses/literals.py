@@ -96,6 +96,6 @@ def cast_kind(to: exp.DataType) -> str | None:
         return "bool"
     if to.is_type(exp.DType.DATE):
         return "date"
-    if to.is_type(exp.DType.TIMESTAMP):
+    if to.is_type(exp.DType.TIMESTAMP, exp.DType.TIMESTAMPNTZ, exp.DType.DATETIME):
         return "timestamp"
     return None

@@ -19,6 +19,7 @@ from typing import Literal
 
 from sqlglot import exp
 from sqlglot.errors import OptimizeError
+from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
 from sqlglot.optimizer.eliminate_subqueries import eliminate_subqueries
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
@@ -32,6 +33,7 @@ from analyses.sensitivity import (
     square_bounds,
     sum_sensitivity,
 )
+from analyses.typecheck import check_row_types
 from analyses.validate import AGGREGATES, ParsedStatement, check_row_expression
 from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
 from chorus_py.policy import NUMERIC_TYPES, Policy, TablePolicy
@@ -178,6 +180,8 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> e
         ) from None
     flat = eliminate_ctes(merge_subqueries(eliminate_subqueries(flat)))
     assert isinstance(flat, exp.Select)
+    # Types on every node, for the type checks of row-level expressions.
+    flat = annotate_types(flat, schema=schema, dialect=dialect)
     nested = [s for s in flat.find_all(exp.Select) if s is not flat]
     if nested or flat.args.get("with_"):
         raise NotSupportedError(
@@ -455,6 +459,7 @@ class _Reader:
     # -- row-level safety -------------------------------------------------------------------
     def _check_row(self, node: exp.Expr, clause: str) -> None:
         check_row_expression(node, clause)
+        check_row_types(node, clause, boolean=clause == "WHERE")
         for cast in node.find_all(exp.Cast):
             self._check_cast(cast, clause)
         for cmp in node.find_all(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE):

@@ -88,6 +88,8 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
         sql.encode("utf-8")
     except UnicodeEncodeError:
         raise QuerySyntaxError("the query is not valid Unicode text (a lone surrogate)") from None
+    if "\x00" in sql:
+        raise QuerySyntaxError("the query contains a NUL character")
     try:
         statements = [s for s in sqlglot.parse(sql, dialect=dialect) if s is not None]
     except (ParseError, TokenError) as err:

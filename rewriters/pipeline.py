@@ -79,11 +79,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     reads it instead of bounding contributions itself.
     """
     tp = query.table_policy
-    ints = {name for name, col in tp.columns.items() if col.type == "int"}
     alias = query.alias
 
     # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.
-    where = safety(query.where, ints) if query.where is not None else None
+    where = safety(query.where) if query.where is not None else None
     if query.thresholded:
         for key in query.keys:
             if key.public_values is not None:
@@ -107,8 +106,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         rows = contribution(rows, tp.privacy_unit, tp.contribution_bound)
 
     # 3. Exact measurements per group, with clipping.
-    columns: list[exp.Expr] = [exp.alias_(safety(k.expr, ints), k.id) for k in query.keys]
-    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit, ints), m.id)
+    columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id) for k in query.keys]
+    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit), m.id)
                 for m in query.measurements]
     measure_ids = [m.id for m in query.measurements]
     if plan.threshold is not None and plan.threshold.separate:
@@ -119,7 +118,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         measure_ids.append(THRESHOLD_ID)
     measure = exp.select(*columns).from_(rows.subquery(alias))
     if query.keys:
-        measure = measure.group_by(*[safety(k.expr, ints) for k in query.keys])
+        measure = measure.group_by(*[safety(k.expr) for k in query.keys])
     key_ids = [k.id for k in query.keys]
     if query.keys and not query.thresholded:
         grid = public_grid([(k.id, k.public_values or ()) for k in query.keys])
@@ -147,14 +146,14 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
 
 
-def _measure_sql(m: Measurement, alias: str, unit: str | None, ints: set[str]) -> exp.Expr:
+def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:
     if m.kind == "count_units":
         assert unit is not None
         return exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
     if m.kind == "count":
-        return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument, ints))
+        return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument))
     assert m.argument is not None and m.lower is not None and m.upper is not None
-    value = clipping(safety(m.argument, ints), m.lower, m.upper)
+    value = clipping(safety(m.argument), m.lower, m.upper)
     if m.center:
         value = exp.Paren(this=exp.Sub(this=value, expression=exp.Literal.number(m.center)))
     if m.kind == "sum_squares":

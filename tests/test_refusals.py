@@ -5,9 +5,8 @@ Each refusal case runs on DuckDB and on Postgres (the ``engine`` fixture) and ch
 names the problem, and that no budget was charged.  Positive controls prove that close variants are
 answered and charged, so the refusal tests can fail.  The analyst-attack tests at the end check
 that tricky SQL is refused or answered safely, and never escapes as a raw Python, sqlglot, DuckDB or
-psycopg exception.
-
-Cases marked ``xfail(strict=True, reason="BUG: ...")`` document bugs found by these tests.
+psycopg exception.  Several cases are regression tests of leaks these tests once found
+(data-dependent errors through casts, types, overflow and interval arithmetic).
 """
 
 from __future__ import annotations
@@ -38,12 +37,10 @@ _RAW_ERROR_MARKERS = ("Conversion Error", "Binder Error", "Catalog Error", "Pars
                       "Traceback", "psycopg", "_duckdb", "sqlglot.errors", "LINE 1:")
 
 
-def case(sql: str, error: type[ChorusError], *needles: str, bug: str | None = None,
-         id: str, **kwargs: Any) -> Any:
+def case(sql: str, error: type[ChorusError], *needles: str, id: str, **kwargs: Any) -> Any:
     """One refusal: ``sql`` with ``kwargs`` (over ALICE's defaults) raises ``error`` naming
-    every needle (case-insensitive).  ``bug`` marks a known bug (strict xfail)."""
-    marks = [pytest.mark.xfail(strict=True, reason=f"BUG: {bug}")] if bug else []
-    return pytest.param(sql, kwargs, error, needles, id=id, marks=marks)
+    every needle (case-insensitive)."""
+    return pytest.param(sql, kwargs, error, needles, id=id)
 
 
 def _check_message(err: ChorusError, needles: tuple[str, ...]) -> None:
@@ -238,7 +235,7 @@ REFUSALS = [
          QueryRefused, "DATE_TRUNC", id="date-trunc-column-unit"),
     case("SELECT COUNT(*) FROM trips WHERE pickup_time + INTERVAL '292221' YEAR > pickup_time",
          QueryRefused, "interval", id="timestamp-overflow"),
-    # -- LIMIT / OFFSET ------------------------------------------------------------------------------
+    # -- LIMIT / OFFSET ---------------------------------------------------------------------------
     case("SELECT COUNT(*) FROM trips LIMIT 1+1", QueryRefused, "LIMIT", id="limit-expression"),
     case("SELECT COUNT(*) FROM trips LIMIT (SELECT 1)", NotSupportedError, "subquer",
          id="limit-subquery"),
@@ -369,8 +366,6 @@ CONTROLS = [
                  "AND CAST(fare AS DOUBLE) > 1", {}, id="total-casts"),
     pytest.param("SELECT COUNT(*) FROM trips WHERE pickup_time < CURRENT_TIMESTAMP", {},
                  id="current-timestamp"),
-    pytest.param("SELECT COUNT(*) FROM trips WHERE pickup_time >= TIMESTAMP '2026-02-01'", {},
-                 id="typed-timestamp-literal"),
     pytest.param("SELECT COUNT(*) FROM trips WHERE pickup_time >= '2026-02-01 12:00:00'", {},
                  id="string-timestamp-literal"),
     pytest.param("SELECT COUNT(*) FROM trips WHERE CAST(pickup_time AS DATE) = DATE '2026-01-31'",
@@ -402,13 +397,26 @@ def test_answered_and_charged(engine: Engine, sql: str, kwargs: dict[str, Any]) 
     assert not nothing_spent(engine), "a private query must charge the budget"
 
 
+@pytest.mark.parametrize("backend", [
+    pytest.param("duckdb"),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+])
+def test_typed_timestamp_literal_is_answered(request: pytest.FixtureRequest,
+                                             make_engine: Callable[..., Engine],
+                                             backend: str) -> None:
+    engine = make_engine(request.getfixturevalue(f"{backend}_data"))
+    sql = "SELECT COUNT(*) FROM trips WHERE pickup_time >= TIMESTAMP '2026-02-01'"
+    assert engine.explain(sql, **ALICE).epsilon > 0
+    assert engine.execute(sql, **ALICE).report.charged
+
+
 def test_public_table_is_free(engine: Engine) -> None:
     result = engine.execute("SELECT COUNT(*) FROM cities", **ALICE)
     assert result.rows == [(5,)] and not result.report.charged
     assert nothing_spent(engine)
 
 
-# -- analyst attacks -----------------------------------------------------------------------------------
+# -- analyst attacks ------------------------------------------------------------------------------
 def _refused_or_answered(engine: Engine, sql: str, **kwargs: Any) -> list[ChorusError]:
     """Run explain and execute; only ChorusError may come out.  Returns the errors raised."""
     errors = []
@@ -507,29 +515,28 @@ def test_quoted_table_is_the_private_table(engine: Engine) -> None:
 
 
 def test_backend_error_message_holds_no_data_value(engine: Engine) -> None:
-    # DuckDB's own error would say "Could not convert string 'home' to INT32": a page value.
+    # DuckDB's own errors would say "Could not convert string 'home' to INT32" (a page value)
+    # or "... string '22.39x' ..." (a fare): the analyst must see neither.
     pages = [row[0] for row in engine.backend.run("SELECT DISTINCT page FROM visits").rows]
     fares = [row[0] for row in engine.backend.run("SELECT DISTINCT fare FROM trips").rows]
     assert pages and fares
+    fare_text = "CASE WHEN fare > 0 THEN CAST(fare AS TEXT) || 'x'"
     for sql in ("SELECT COUNT(*) FROM visits WHERE page = -3",
-                "SELECT COUNT(*) FROM visits WHERE page = 1 + 2",
-                "SELECT COUNT(*) FROM trips WHERE CAST(fare AS TEXT) = -3",
-                "SELECT COUNT(*) FROM trips WHERE CAST(fare AS TEXT) = 1 + 2"):
+                "SELECT COUNT(*) FROM visits WHERE CASE WHEN visit_id > 0 THEN page ELSE '1' END "
+                "= 1",
+                f"SELECT COUNT(*) FROM trips WHERE {fare_text} ELSE '1' END = 1",
+                f"SELECT COUNT(*) FROM trips WHERE {fare_text} ELSE 'true' END"):
         for err in _refused_or_answered(engine, sql):
             text = str(err)
             assert not any(p in text for p in pages), text
             assert not any(f"{f}" in text or f"{f:g}" in text for f in fares if f >= 10), text
 
 
-def _pairs(template: str, values: tuple[str, str], id: str,
-           leaks_on: tuple[str, ...] = (), bug: str = "") -> list[Any]:
-    """One query shape run twice (first value matches rows, second matches none), per backend;
-    ``leaks_on`` lists the backends where the outcome depends on the data (a strict xfail)."""
+def _pairs(template: str, values: tuple[str, str], id: str) -> list[Any]:
+    """One query shape run twice (first value matches rows, second matches none), per backend."""
     params = []
     for backend in ("duckdb", "postgres"):
         marks = [pytest.mark.postgres] if backend == "postgres" else []
-        if backend in leaks_on:
-            marks.append(pytest.mark.xfail(strict=True, reason=f"BUG: {bug}"))
         params.append(pytest.param(backend, template, values, id=f"{backend}-{id}", marks=marks))
     return params
 
