@@ -78,6 +78,9 @@ class BoundedSamples:
         if not any(r[0] == name for r in existing):
             statements.append(f'CREATE TABLE {SCHEMA}."{name}" AS '
                               f"{select.sql(self._backend.dialect)}")
+            if self._backend.dialect == "postgres":
+                # Without statistics the planner guesses ~1000 rows and picks sort-based plans.
+                statements.append(f'ANALYZE {SCHEMA}."{name}"')
         statements += [f'DROP TABLE IF EXISTS {SCHEMA}."{old}"' for old in stale]
         self._backend.run_owned(statements)
         log.info("bounded sample of %s rebuilt as %s.%s in %.0f ms", table, SCHEMA, name,
