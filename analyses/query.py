@@ -14,6 +14,7 @@ and group-key ids (``k0``), computed after the noise is added (post-processing).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -115,6 +116,22 @@ class AggregateQuery:
     def privacy_unit(self) -> str | None:
         """The privacy unit column, or None for event-level DP."""
         return self.table_policy.privacy_unit
+
+    @property
+    def auto_cap(self) -> bool:
+        """True when the row cap per unit is chosen per query (``contribution = "auto"``)."""
+        return self.privacy_unit is not None and self.table_policy.contribution == "auto"
+
+    def with_cap(self, k: int) -> AggregateQuery:
+        """The same query over at most ``k`` rows per unit: stability and sensitivities at k."""
+        if not 1 <= k <= self.table_policy.contribution_bound:
+            raise ValueError(f"cap {k} outside [1, {self.table_policy.contribution_bound}]")
+        rescaled = []
+        for m in self.measurements:
+            sens, why = _derive(m.kind, k, m.lower, m.upper, m.center, self.privacy_unit,
+                                self.keys)
+            rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
+        return dataclasses.replace(self, stability=k, measurements=tuple(rescaled))
 
 
 @dataclass(frozen=True)
@@ -399,30 +416,8 @@ class _Reader:
 
     def _sensitivity(self, kind: MeasurementKind, lo: float | None, hi: float | None,
                      center: float) -> tuple[float, str]:
-        s = self.stability
-        stab = (f"stability {s} (max_rows_per_unit of '{self.tp.privacy_unit}')"
-                if self.tp.privacy_unit else "stability 1 (event-level: one row per neighbour)")
-        if kind == "count":
-            return float(count_sensitivity(s)), f"COUNT over {stab}: Delta = s = {s}"
-        if kind == "count_units":
-            groups = None
-            if self.keys and all(k.public_values is not None for k in self.keys):
-                groups = 1
-                for k in self.keys:
-                    groups *= len(k.public_values or ())
-            d = count_units_sensitivity(s, bool(self.keys), groups)
-            return float(d), (
-                f"COUNT(DISTINCT unit): a unit's <= {s} rows reach at most {d} group(s): "
-                f"Delta = {d}"
-            )
-        assert lo is not None and hi is not None
-        value = f"x clipped to [{lo:g}, {hi:g}]" + (f", minus c = {center:g}" if center else "")
-        if kind == "sum_squares":
-            sq_lo, sq_hi = square_bounds(lo - center, hi - center)
-            d = sum_sensitivity(s, sq_lo, sq_hi)
-            return d, f"SUM(v^2), v = {value}, {stab}: Delta = {s} * {sq_hi:g} = {d:g}"
-        d = sum_sensitivity(s, lo - center, hi - center)
-        return d, (f"SUM(v), v = {value}, {stab}: Delta = s * max(|v|) = {d:g}")
+        return _derive(kind, self.stability, lo, hi, center, self.tp.privacy_unit,
+                       tuple(self.keys))
 
     def _bounds(self, arg: exp.Expr, fname: str) -> tuple[float, float]:
         missing: list[str] = []
@@ -532,6 +527,31 @@ class _Reader:
                     raise QueryRefused(
                         f"'{text}' is not a valid {kind} (compared with {a.name} in {clause})",
                         hint="use ISO format, e.g. '2026-01-31' or '2026-01-31 08:00:00'")
+
+
+def _derive(kind: MeasurementKind, s: int, lo: float | None, hi: float | None, center: float,
+            unit: str | None, keys: tuple[GroupKey, ...]) -> tuple[float, str]:
+    """The L1 sensitivity of one measurement over a relation of stability s, with its reason."""
+    stab = (f"stability {s} (at most {s} rows per {unit})" if unit
+            else "stability 1 (event-level: one row per neighbour)")
+    if kind == "count":
+        return float(count_sensitivity(s)), f"COUNT over {stab}: Delta = s = {s}"
+    if kind == "count_units":
+        groups = None
+        if keys and all(k.public_values is not None for k in keys):
+            groups = math.prod(len(k.public_values or ()) for k in keys)
+        d = count_units_sensitivity(s, bool(keys), groups)
+        return float(d), (
+            f"COUNT(DISTINCT unit): a unit's <= {s} rows reach at most {d} group(s): Delta = {d}"
+        )
+    assert lo is not None and hi is not None
+    value = f"x clipped to [{lo:g}, {hi:g}]" + (f", minus c = {center:g}" if center else "")
+    if kind == "sum_squares":
+        sq_lo, sq_hi = square_bounds(lo - center, hi - center)
+        d = sum_sensitivity(s, sq_lo, sq_hi)
+        return d, f"SUM(v^2), v = {value}, {stab}: Delta = {s} * {sq_hi:g} = {d:g}"
+    d = sum_sensitivity(s, lo - center, hi - center)
+    return d, f"SUM(v), v = {value}, {stab}: Delta = s * max(|v|) = {d:g}"
 
 
 def display_sql(node: exp.Expr) -> str:

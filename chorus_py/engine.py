@@ -52,12 +52,15 @@ from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
 from chorus_py.report import (
     ColumnReport,
+    ContributionReport,
     KeyRelease,
     MeasurementReport,
     PrivacyReport,
     QueryResult,
 )
 from chorus_py.statistics import BlockCatalog
+from mechanisms import DiscreteLaplace
+from mechanisms.caps import cap_bins, choose_cap, noise_per_row
 from mechanisms.planning import (
     THRESHOLD_ID,
     NoisePlan,
@@ -65,7 +68,8 @@ from mechanisms.planning import (
     ThresholdRequest,
     plan_noise,
 )
-from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery, pipeline
+from rewriters.dialect import dialect
+from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery, cap_histogram, pipeline
 
 log = logging.getLogger("chorus.engine")
 
@@ -79,13 +83,19 @@ class _Prepared:
     """Everything decided before the claim (steps 1-5 and 7): pure, nothing charged."""
 
     def __init__(self, query: AggregateQuery, plan: NoisePlan, reads: BlocksRead | None,
-                 rewritten: RewrittenQuery, sql: str, report: PrivacyReport) -> None:
+                 rewritten: RewrittenQuery, sql: str, report: PrivacyReport,
+                 restriction: BlockRestriction | None, sample: tuple[str, str] | None,
+                 cap_epsilon: float) -> None:
         self.query = query
         self.plan = plan
         self.reads = reads
         self.rewritten = rewritten
         self.sql = sql
         self.report = report
+        self.restriction = restriction
+        self.sample = sample
+        # > 0 when the row cap is still to be chosen (contribution = "auto").
+        self.cap_epsilon = cap_epsilon
 
 
 class Engine:
@@ -160,6 +170,9 @@ class Engine:
             claim = self.ledger.claim(analyst, ids, report.epsilon, report.delta,
                                       description=sql[:200])
         try:
+            if prepared.cap_epsilon > 0:
+                cap = self._choose_cap(prepared, claim)
+                prepared = self._prepare(analysis, analyst, eps, dlt, cap=cap)
             if self.policy.privacy.noise == "sql":
                 result = self._run(prepared.sql, touched_charge=claim)
             else:
@@ -175,7 +188,7 @@ class Engine:
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
-        charged = dataclasses.replace(report, charged=claim is not None)
+        charged = dataclasses.replace(prepared.report, charged=claim is not None)
         return QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
 
     # -- steps ----------------------------------------------------------------------------------
@@ -232,20 +245,59 @@ class Engine:
         self._analyses.put(sql, analysis)
         return analysis
 
-    def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
-                 delta: float) -> _Prepared:
+    def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float, delta: float,
+                 cap: int | None = None) -> _Prepared:
+        """Plan and rewrite; with contribution = "auto", at the limit until ``cap`` is known."""
         reads, restriction = self._blocks(query)
         sample = None
         if query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.samples.relation(query.table, query.table_policy))
-        key = (query.normalized_sql, epsilon, delta, restriction, sample)
+        cap_epsilon = 0.0
+        if query.auto_cap:
+            if not _cap_matters(query):
+                # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
+                query = query.with_cap(1)
+            else:
+                cap_epsilon = epsilon * self.policy.privacy.cap_epsilon_share
+                if cap is not None:
+                    query = query.with_cap(cap)
+        key = (query.normalized_sql, query.stability, cap, epsilon, delta, restriction, sample)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction, sample)
+            prepared = self._prepare_uncached(query, epsilon - cap_epsilon, delta, reads,
+                                              restriction, sample)
+            report = prepared.report
+            if query.auto_cap:
+                report = self._with_contribution(report, query, cap_epsilon, cap)
+            prepared = _Prepared(prepared.query, prepared.plan, reads, prepared.rewritten,
+                                 prepared.sql, report, restriction, sample,
+                                 cap_epsilon if cap is None else 0.0)
             self._prepared.put(key, prepared)
         report = dataclasses.replace(prepared.report, analyst=analyst)
         return _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
-                         prepared.sql, report)
+                         prepared.sql, report, prepared.restriction, prepared.sample,
+                         prepared.cap_epsilon)
+
+    def _choose_cap(self, prepared: _Prepared, claim: Any) -> int:
+        """Run the noisy per-unit histogram and pick the cap (``mechanisms.caps``)."""
+        query, plan = prepared.query, prepared.plan
+        limit = query.table_policy.contribution_bound
+        starts = cap_bins(limit)
+        histogram = cap_histogram(query, prepared.restriction, prepared.sample, starts)
+        exact = np.zeros(len(starts))
+        for index, units in self._run(dialect(histogram, self.dialect).sql(self.dialect),
+                                      touched_charge=claim).rows:
+            exact[int(index)] = float(units)
+        # The exact histogram never leaves this function: only its noisy version is used.
+        noisy = DiscreteLaplace.from_sensitivity(1, prepared.cap_epsilon).sample(exact)
+        weights, epsilons = [], []
+        for mid, mechanism in _all_mechanisms(plan).items():
+            epsilons.append(mechanism.epsilon)
+            weights.append(_cap_weight(query, mid))
+        groups = 1
+        if query.keys and not query.thresholded:
+            groups = math.prod(len(k.public_values or ()) for k in query.keys)
+        return choose_cap(starts, noisy, limit, noise_per_row(epsilons, weights), groups)
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,
@@ -272,7 +324,7 @@ class Engine:
         sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
             rewritten.measure_sql()
         report = self._report(query, plan, "", reads, sql)
-        return _Prepared(query, plan, reads, rewritten, sql, report)
+        return _Prepared(query, plan, reads, rewritten, sql, report, restriction, sample, 0.0)
 
     def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None, BlockRestriction | None]:
         block = query.table_policy.block
@@ -341,6 +393,25 @@ class Engine:
             con.close()
 
     # -- reports -------------------------------------------------------------------------------
+    def _with_contribution(self, report: PrivacyReport, query: AggregateQuery,
+                           cap_epsilon: float, cap: int | None) -> PrivacyReport:
+        limit = query.table_policy.contribution_bound
+        if cap_epsilon == 0:
+            note = ("COUNT(DISTINCT unit) needs one row per unit: cap 1, no epsilon spent on "
+                    "choosing it")
+            chosen: int | None = query.stability
+        else:
+            chosen = cap
+            note = ("cap chosen per query from a histogram of rows per unit with discrete "
+                    f"Laplace noise (epsilon {cap_epsilon:g}); "
+                    + (f"chosen cap {cap} (a noisy, differentially private choice)"
+                       if cap is not None else
+                       f"sensitivities above are shown at the limit {limit}; the cap is chosen "
+                       "when the query runs"))
+        contribution = ContributionReport("auto", limit, chosen, cap_epsilon, note)
+        return dataclasses.replace(report, epsilon=report.epsilon + cap_epsilon,
+                                   contribution=contribution)
+
     def _public_report(self, analyst: str, query: PublicQuery) -> PrivacyReport:
         return PrivacyReport(
             analyst=analyst, verdict="allowed", charged=False, epsilon=0.0, delta=0.0,
@@ -422,6 +493,29 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _cap_matters(query: AggregateQuery) -> bool:
+    """Whether some noise scale of the query grows with the row cap k."""
+    if query.thresholded:
+        return True  # the key-release count reaches up to k groups per unit
+    return any(_cap_weight(query, m.id) > 0 for m in query.measurements)
+
+
+def _cap_weight(query: AggregateQuery, mid: str) -> float:
+    """w_m of ``mechanisms.caps``: how a measurement's noise, in rows, grows with the cap."""
+    kinds = {m.id: m.kind for m in query.measurements}
+    kind = kinds.get(mid, "count")  # the separate key-release count behaves like a count
+    if kind == "count_units":
+        return 1.0 if query.keys else 0.0  # ungrouped: sensitivity 1 whatever the cap
+    return 1.0 if kind == "count" else 2.0
+
+
+def _all_mechanisms(plan: NoisePlan) -> dict[str, Any]:
+    mechanisms = dict(plan.mechanisms)
+    if plan.threshold is not None and plan.threshold.separate:
+        mechanisms[plan.threshold.measurement_id] = plan.threshold.mechanism
+    return mechanisms
 
 
 def _portable_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

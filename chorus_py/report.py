@@ -44,6 +44,17 @@ class KeyRelease:
 
 
 @dataclass(frozen=True)
+class ContributionReport:
+    """How many rows per privacy unit the query used, and what choosing that cost."""
+
+    mode: Literal["auto", "fixed"]
+    limit: int
+    cap: int | None
+    epsilon: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class PrivacyReport:
     """What a query costs (``explain``) or cost (``execute``), and how its answer was made."""
 
@@ -60,6 +71,7 @@ class PrivacyReport:
     measurements: tuple[MeasurementReport, ...] = ()
     columns: tuple[ColumnReport, ...] = ()
     key_release: KeyRelease | None = None
+    contribution: ContributionReport | None = None
     rewritten_sql: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 

@@ -18,6 +18,7 @@ and runs *finish* on the noisy rows in an in-memory DuckDB.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -27,7 +28,7 @@ from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import blocks
 from rewriters.clipping import clipping
-from rewriters.contribution import contribution
+from rewriters.contribution import RANK, contribution
 from rewriters.dialect import dialect
 from rewriters.groups import complete_groups, public_filter, public_grid
 from rewriters.noise import noise
@@ -76,34 +77,18 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
-    reads it instead of bounding contributions itself.
+    reads it instead of bounding contributions itself.  The cap is ``query.stability``.
     """
     tp = query.table_policy
     alias = query.alias
 
     # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.
-    where = safety(query.where) if query.where is not None else None
-    if query.thresholded:
-        for key in query.keys:
-            if key.public_values is not None:
-                filt = public_filter(key.expr, key.public_values)
-                where = filt if where is None else exp.and_(where, filt)
-    if restriction is not None:
-        where = blocks(where, exp.column(restriction.column, table=alias), restriction.start,
-                       restriction.end, restriction.column_type)
-    source = exp.Table(this=exp.to_identifier(query.table))
-    if sample is not None:
-        source = exp.Table(this=exp.to_identifier(sample[1], quoted=True),
-                           db=exp.to_identifier(sample[0]))
-    source.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(source)
-    if where is not None:
-        rows = rows.where(where)
+    rows = filtered_rows(query, restriction, sample)
 
     # 2. Contribution bounding: at most k rows per unit (user-level DP), unless the rows come
-    #    from a stored sample that already holds at most k rows per unit.
+    #    from a stored sample, which already keeps the rows of rank <= k.
     if tp.privacy_unit is not None and sample is None:
-        rows = contribution(rows, tp.privacy_unit, tp.contribution_bound)
+        rows = contribution(rows, tp.privacy_unit, query.stability)
 
     # 3. Exact measurements per group, with clipping.
     columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id) for k in query.keys]
@@ -144,6 +129,52 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if query.offset is not None:
         finish = finish.offset(query.offset)
     return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
+
+
+def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,
+                  sample: tuple[str, str] | None) -> exp.Select:
+    """``SELECT alias.* FROM table WHERE <filter> AND <public keys> AND <claimed blocks>``."""
+    alias = query.alias
+    where = safety(query.where) if query.where is not None else None
+    if query.thresholded:
+        for key in query.keys:
+            if key.public_values is not None:
+                filt = public_filter(key.expr, key.public_values)
+                where = filt if where is None else exp.and_(where, filt)
+    if restriction is not None:
+        where = blocks(where, exp.column(restriction.column, table=alias), restriction.start,
+                       restriction.end, restriction.column_type)
+    source = exp.Table(this=exp.to_identifier(query.table))
+    if sample is not None:
+        source = exp.Table(this=exp.to_identifier(sample[1], quoted=True),
+                           db=exp.to_identifier(sample[0]))
+        if query.stability < query.table_policy.contribution_bound:
+            # The sample ranks each unit's rows at random: keeping ranks <= k keeps k rows.
+            cap = exp.column(RANK, table=alias) <= exp.Literal.number(query.stability)
+            where = cap if where is None else exp.and_(where, cap)
+    source.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(source)
+    return rows.where(where) if where is not None else rows
+
+
+def cap_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
+                  sample: tuple[str, str] | None, starts: Sequence[int]) -> exp.Select:
+    """Units per bin of their row count in the query's filtered rows (``mechanisms.caps``).
+
+    Returns rows (bin index, units); bins without units are absent.  Its result is exact and
+    stays inside the proxy: the engine adds noise before using it.
+    """
+    unit = query.privacy_unit
+    assert unit is not None
+    rows = filtered_rows(query, restriction, sample)
+    per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c"))
+                .from_(rows.subquery("f")).group_by(exp.column(unit, table="f")))
+    ifs = [exp.If(this=exp.column("c") >= exp.Literal.number(start),
+                  true=exp.Literal.number(i))
+           for i, start in reversed(list(enumerate(starts)))]
+    bin_index = exp.Case(ifs=ifs, default=exp.Literal.number(0))
+    return (exp.select(exp.alias_(bin_index, "b"), exp.alias_(exp.Count(this=exp.Star()), "n"))
+            .from_(per_unit.subquery("u")).group_by(bin_index.copy()))
 
 
 def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:

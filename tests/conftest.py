@@ -23,7 +23,8 @@ from chorus_py.policy import load_policy
 PG_ADMIN_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TEST_ROWS = 4000
 
-# A policy for tests: the demo's trips (user level, k = 10), an event-level table, a public table.
+# A policy for tests: the demo's trips (user level, a fixed cap k = 10 unless a test asks for
+# contribution = "auto"), an event-level table, a public table.
 # Budgets are large so tests can use a large epsilon and check answers against the truth.
 POLICY_TEMPLATE = """
 [backend]
@@ -41,6 +42,7 @@ noise = "{noise}"
 [tables.trips]
 privacy_unit = "rider_id"
 max_rows_per_unit = {k}
+contribution = "{contribution}"
 block = {{ column = "pickup_time", size = "1 day" }}
 
 [tables.trips.columns]
@@ -135,11 +137,11 @@ def write_policy(tmp_path: Path) -> Callable[..., Path]:
     """Write a test policy for a backend URL; keyword arguments override the template."""
 
     def write(url: str, *, noise: str = "sql", k: int = 10, epsilon_per_block: float = 1000.0,
-              max_epsilon: float = 500.0, extra: str = "") -> Path:
+              max_epsilon: float = 500.0, contribution: str = "fixed", extra: str = "") -> Path:
         path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
         path.write_text(POLICY_TEMPLATE.format(
             url=url, noise=noise, k=k, epsilon_per_block=epsilon_per_block,
-            max_epsilon=max_epsilon) + extra)
+            max_epsilon=max_epsilon, contribution=contribution) + extra)
         return path
 
     return write

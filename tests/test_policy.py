@@ -82,7 +82,8 @@ def test_examples_policy_parses() -> None:
     policy = load_policy(EXAMPLES / "policy.toml")
     assert policy.backend.url == f"duckdb:///{(EXAMPLES / 'demo.duckdb').resolve()}"
     trips = policy.tables["trips"]
-    assert trips.privacy_unit == "rider_id" and trips.max_rows_per_unit == 10
+    assert trips.privacy_unit == "rider_id" and trips.max_rows_per_unit == 200
+    assert trips.contribution == "auto"
     assert trips.columns["fare"].upper == 200
     assert policy.tables["cities"].public
     assert policy.privacy.default_epsilon <= policy.privacy.max_epsilon_per_query

@@ -1,0 +1,185 @@
+"""Automatic contribution caps (contribution = "auto"): the rule, its accounting, end to end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chorus_py.backends import open_backend
+from chorus_py.engine import Engine
+from chorus_py.policy import load_policy
+from mechanisms.caps import cap_bins, choose_cap, noise_per_row
+from tests.conftest import nothing_spent
+
+ALICE = {"analyst": "alice"}
+
+
+# -- the rule ------------------------------------------------------------------------------------
+def test_bins_partition_one_to_the_limit() -> None:
+    assert cap_bins(1) == (1,)
+    assert cap_bins(8) == (1, 2, 3, 4, 5, 6, 7, 8)
+    starts = cap_bins(200)
+    assert starts[0] == 1 and starts[-1] <= 200
+    assert all(b > a for a, b in zip(starts, starts[1:], strict=False))
+    # Above 8 each bin is at most ~19% wide (factor 2^(1/4), rounded).
+    assert all(b / a <= 1.25 for a, b in zip(starts[8:], starts[9:], strict=False))
+
+
+def test_rule_by_hand() -> None:
+    # Bins start at 1, 2, 4, 8; 100 units with >= 8 rows, nothing else.
+    # E(k) = lost(k) + per_row * k with per_row = 10:
+    #   k=1: 100*7 + 10 = 710; k=2: 600 + 20 = 620; k=4: 400 + 40 = 440; k=8: 0 + 80 = 80;
+    #   k=10 (the limit): 0 + 100.  Minimum at k = 8.
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, per_row=10.0) == 8
+    # With per_row = 200 the noise dominates: k=1 costs 700 + 200 = 900, k=8 costs 1600.
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, per_row=200.0) == 1
+    # Grouped over G = 100 groups, the loss per group is 7 at k=1: 7 + 10 < 80 at k = 8.
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, per_row=10.0, groups=100) == 1
+    # Negative noisy counts count as zero.
+    assert choose_cap((1, 2, 4, 8), [-50, -3, 0, 0], 10, per_row=1.0) == 1
+
+
+def test_noise_per_row() -> None:
+    # Two measurements, a count (w=1) at eps 0.5 and a sum (w=2) at eps 0.25:
+    # sqrt(2) * (1 / 0.5 + 2 / 0.25) = 10 sqrt(2).
+    assert noise_per_row([0.5, 0.25], [1.0, 2.0]) == pytest.approx(10 * math.sqrt(2))
+    with pytest.raises(ValueError):
+        noise_per_row([0.0], [1.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit=st.integers(1, 500), data=st.data())
+def test_chosen_cap_never_exceeds_the_limit(limit: int, data: st.DataObject) -> None:
+    starts = cap_bins(limit)
+    counts = data.draw(st.lists(st.floats(-1e6, 1e6), min_size=len(starts),
+                                max_size=len(starts)))
+    per_row = data.draw(st.floats(0.0, 1e6))
+    k = choose_cap(starts, counts, limit, per_row)
+    assert 1 <= k <= limit
+    assert k in {*starts, limit}
+
+
+# -- end to end ----------------------------------------------------------------------------------
+EXACT_POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+max_epsilon_per_query = 1e5
+cap_epsilon_share = 0.5
+
+[tables.exact]
+privacy_unit = "unit_id"
+max_rows_per_unit = 50
+contribution = "auto"
+bounding = "{bounding}"
+
+[tables.exact.columns]
+unit_id = {{ type = "int" }}
+value   = {{ type = "float", lower = 0, upper = 10 }}
+
+[analysts.alice]
+"""
+
+
+@pytest.fixture
+def exact_units(backend_url: str, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    """Table `exact`: 400 units with exactly c rows each (c set per test)."""
+    admin = open_backend(backend_url)
+    engines: list[Engine] = []
+
+    def make(c: int, bounding: str = "per-query") -> Engine:
+        admin.run_owned([
+            "DROP TABLE IF EXISTS exact",
+            "CREATE TABLE exact AS SELECT CAST(u AS BIGINT) AS unit_id, CAST(r AS DOUBLE "
+            f"PRECISION) AS value FROM generate_series(1, 400) AS a(u), generate_series(1, {c}) "
+            "AS b(r)".replace("DOUBLE PRECISION", "DOUBLE" if "duckdb" in backend_url
+                              else "DOUBLE PRECISION"),
+        ])
+        path = tmp_path / f"exact-{c}-{bounding}.toml"
+        path.write_text(EXACT_POLICY.format(url=backend_url, bounding=bounding))
+        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+    admin.run_owned(["DROP TABLE IF EXISTS exact",
+                     "DROP SCHEMA IF EXISTS chorus_private CASCADE"])
+    admin.close()
+
+
+@pytest.mark.parametrize("c", [6, 12])
+def test_cap_equals_the_rows_every_unit_has(exact_units: Callable[..., Engine], c: int) -> None:
+    # Every unit has exactly c rows (c is a bin start).  At eps 50 (25 on the histogram, noise
+    # scale 0.04) E(k) is minimal at k = c: fewer drops rows, more only adds noise.
+    engine = exact_units(c)
+    result = engine.execute("SELECT COUNT(*) FROM exact", epsilon=50.0, **ALICE)
+    contribution = result.report.contribution
+    assert contribution is not None and contribution.cap == c
+    assert result.rows[0][0] == pytest.approx(400 * c, abs=5 * result.report.columns[0].error_bound_95)
+
+
+def test_materialized_sample_honours_the_chosen_cap(exact_units: Callable[..., Engine]) -> None:
+    engine = exact_units(12, bounding="materialized")
+    result = engine.execute("SELECT COUNT(*) FROM exact", epsilon=50.0, **ALICE)
+    assert result.report.contribution.cap == 12
+    assert "__chorus_rank <= 12" in result.report.rewritten_sql
+    assert result.rows[0][0] == pytest.approx(4800, abs=5 * result.report.columns[0].error_bound_95)
+
+
+def test_epsilon_adds_up_to_the_charge(exact_units: Callable[..., Engine]) -> None:
+    engine = exact_units(6)
+    result = engine.execute("SELECT COUNT(*), AVG(value) FROM exact", epsilon=2.0, **ALICE)
+    report = result.report
+    assert report.contribution is not None
+    assert report.contribution.epsilon == pytest.approx(1.0)  # cap_epsilon_share = 0.5
+    spent = report.contribution.epsilon + sum(m.mechanism["epsilon"] for m in report.measurements)
+    assert spent == pytest.approx(2.0, rel=1e-12)
+    assert report.epsilon == 2.0
+    (block,) = engine.ledger.blocks()
+    assert block.epsilon_consumed == pytest.approx(2.0)
+    # The sensitivities are those of the chosen cap: COUNT(*) has Delta = k.
+    count = next(m for m in report.measurements if m.aggregate == "COUNT(*)")
+    assert count.sensitivity == report.contribution.cap
+
+
+def test_explain_does_not_run_the_selection(exact_units: Callable[..., Engine]) -> None:
+    engine = exact_units(6)
+    report = engine.explain("SELECT SUM(value) FROM exact", epsilon=1.0, **ALICE)
+    assert report.contribution is not None and report.contribution.cap is None
+    assert "limit 50" in report.contribution.note
+    # Shown at the limit: SUM(value) in [0, 10] with k = 50 -> Delta = 500.
+    assert report.measurements[0].sensitivity == 500
+    assert report.epsilon == 1.0
+    assert nothing_spent(engine)
+
+
+def test_distinct_units_alone_need_no_selection(exact_units: Callable[..., Engine]) -> None:
+    engine = exact_units(6)
+    result = engine.execute("SELECT COUNT(DISTINCT unit_id) FROM exact", epsilon=10.0, **ALICE)
+    assert result.report.contribution.cap == 1
+    assert result.report.contribution.epsilon == 0
+    assert result.report.measurements[0].mechanism["epsilon"] == pytest.approx(10.0)
+    assert result.rows[0][0] == pytest.approx(400, abs=5)
+
+
+def test_demo_trips_are_not_biased_by_the_cap(backend_url: str,
+                                              make_engine: Callable[..., Engine]) -> None:
+    # With a fixed cap of 10, COUNT(*) loses the trips of heavy riders; the automatic cap keeps
+    # (nearly) all of them at a generous epsilon.
+    auto = make_engine(backend_url, k=200, contribution="auto", epsilon_per_block=1e6,
+                       max_epsilon=1e5)
+    fixed = make_engine(backend_url, k=10, epsilon_per_block=1e6, max_epsilon=1e5)
+    (true,) = auto.backend.run("SELECT COUNT(*) FROM trips").rows[0]
+    got_auto = auto.execute("SELECT COUNT(*) FROM trips", epsilon=1000.0, **ALICE).rows[0][0]
+    got_fixed = fixed.execute("SELECT COUNT(*) FROM trips", epsilon=1000.0, **ALICE).rows[0][0]
+    assert abs(got_auto - true) < 0.02 * true
+    assert got_fixed < 0.9 * true
