@@ -13,8 +13,8 @@ and group-key ids (``k0``), computed after the noise is added (post-processing).
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 

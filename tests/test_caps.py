@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,9 +26,9 @@ def test_bins_partition_one_to_the_limit() -> None:
     assert cap_bins(8) == (1, 2, 3, 4, 5, 6, 7, 8)
     starts = cap_bins(200)
     assert starts[0] == 1 and starts[-1] <= 200
-    assert all(b > a for a, b in zip(starts, starts[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(starts))
     # Above 8 each bin is at most ~19% wide (factor 2^(1/4), rounded).
-    assert all(b / a <= 1.25 for a, b in zip(starts[8:], starts[9:], strict=False))
+    assert all(b / a <= 1.25 for a, b in itertools.pairwise(starts[8:]))
 
 
 def test_rule_by_hand() -> None:
@@ -124,7 +125,8 @@ def test_cap_equals_the_rows_every_unit_has(exact_units: Callable[..., Engine], 
     result = engine.execute("SELECT COUNT(*) FROM exact", epsilon=50.0, **ALICE)
     contribution = result.report.contribution
     assert contribution is not None and contribution.cap == c
-    assert result.rows[0][0] == pytest.approx(400 * c, abs=5 * result.report.columns[0].error_bound_95)
+    bound = result.report.columns[0].error_bound_95
+    assert result.rows[0][0] == pytest.approx(400 * c, abs=5 * bound)
 
 
 def test_materialized_sample_honours_the_chosen_cap(exact_units: Callable[..., Engine]) -> None:
