@@ -72,6 +72,8 @@ class Measurement:
     sensitivity: float
     derivation: str
     center: float = 0.0
+    # Released as a total (COUNT, SUM), not only inside an AVG or VARIANCE: dropped rows bias it.
+    total: bool = True
 
     @property
     def integral(self) -> bool:
@@ -373,14 +375,14 @@ class _Reader:
         # the sum of squares) compared with max(|l|, |u|), and both statistics are unchanged by
         # the shift.
         center = (lo + hi) / 2
-        total = self._measure("sum", arg, lo, hi, center)
-        count = self._measure("count", arg)
+        total = self._measure("sum", arg, lo, hi, center, total=False)
+        count = self._measure("count", arg, total=False)
         if isinstance(node, exp.Avg):
             # AVG = c + noisy SUM(x - c) / noisy COUNT, clamped into [l, u] (post-processing).
             mean = exp.Add(this=exp.Literal.number(center), expression=exp.Div(
                 this=total, expression=_greatest(count, 1.0)))
             return _clamp(mean, lo, hi)
-        squares = self._measure("sum_squares", arg, lo, hi, center)
+        squares = self._measure("sum_squares", arg, lo, hi, center, total=False)
         pop = isinstance(node, exp.VariancePop | exp.StddevPop)
         # var = (S2 - S1^2 / n) / (n - 1), or / n for the population variance; clamped to
         # [0, (u - l)^2 / 2], a bound on any sample variance of values in [l, u] with n >= 2.
@@ -406,13 +408,17 @@ class _Reader:
         )
 
     def _measure(self, kind: MeasurementKind, arg: exp.Expr | None, lo: float | None = None,
-                 hi: float | None = None, center: float = 0.0) -> exp.Expr:
+                 hi: float | None = None, center: float = 0.0, total: bool = True) -> exp.Expr:
         dedup = (kind, arg.sql() if arg is not None else "*", center)
-        if dedup not in self.measurements:
+        found = self.measurements.get(dedup)
+        if found is None:
             mid = f"m{len(self.measurements)}"
             sens, why = self._sensitivity(kind, lo, hi, center)
-            self.measurements[dedup] = Measurement(mid, kind, arg, lo, hi, sens, why, center)
-        return exp.column(self.measurements[dedup].id)
+            found = Measurement(mid, kind, arg, lo, hi, sens, why, center, total)
+        elif total and not found.total:  # also released directly, e.g. COUNT(x) next to AVG(x)
+            found = dataclasses.replace(found, total=True)
+        self.measurements[dedup] = found
+        return exp.column(found.id)
 
     def _sensitivity(self, kind: MeasurementKind, lo: float | None, hi: float | None,
                      center: float) -> tuple[float, str]:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
 
 QUERIES = [
     "SELECT COUNT(*) FROM trips",
@@ -144,19 +145,19 @@ def main() -> None:
                        f"(min {min(ratios):.2f}, max {max(ratios):.2f}; target <= 1.15)")
 
     text = "\n".join([
-        "# Benchmark results",
+        "## Engine: analyse + rewrite latency and DP/raw query time",
         "",
         f"Written by `python benchmarks/run.py` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
         f"{platform.machine()}, Python {platform.python_version()}, {args.rows:,} demo trips, "
         f"medians of {args.repeat} alternating runs. Shared, noisy machine: read the ratios.",
         "",
-        "## Analyse + rewrite latency (single-table queries, no database work)",
+        "### Analyse + rewrite latency (single-table queries, no database work)",
         "",
         *latency,
         "",
         f"Over {len(QUERIES)} queries x 30 rounds (DuckDB dialect).",
         "",
-        "## End-to-end DP query time over raw query time",
+        "### End-to-end DP query time over raw query time",
         "",
         "Raw: the analyst's SQL sent straight to the database. DP: `Engine.execute` (analysis "
         "cached, noise drawn in the database, budget charged).",
@@ -168,7 +169,7 @@ def main() -> None:
         *summary,
         "",
     ])
-    args.out.write_text(text)
+    write_section("engine", text, args.out)
     print(text)
 
 

@@ -60,7 +60,7 @@ from chorus_py.report import (
 )
 from chorus_py.statistics import BlockCatalog
 from mechanisms import DiscreteLaplace
-from mechanisms.caps import cap_bins, choose_cap, noise_per_row
+from mechanisms.caps import CapTerm, cap_bins, choose_cap
 from mechanisms.planning import (
     THRESHOLD_ID,
     NoisePlan,
@@ -290,14 +290,13 @@ class Engine:
             exact[int(index)] = float(units)
         # The exact histogram never leaves this function: only its noisy version is used.
         noisy = DiscreteLaplace.from_sensitivity(1, prepared.cap_epsilon).sample(exact)
-        weights, epsilons = [], []
-        for mid, mechanism in _all_mechanisms(plan).items():
-            epsilons.append(mechanism.epsilon)
-            weights.append(_cap_weight(query, mid))
+        totals = {m.id: m.total for m in query.measurements}
+        terms = [CapTerm(_cap_weight(query, mid), mechanism.epsilon, totals.get(mid, False))
+                 for mid, mechanism in _all_mechanisms(plan).items()]
         groups = 1
         if query.keys and not query.thresholded:
             groups = math.prod(len(k.public_values or ()) for k in query.keys)
-        return choose_cap(starts, noisy, limit, noise_per_row(epsilons, weights), groups)
+        return choose_cap(starts, noisy, limit, terms, groups)
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,

@@ -1,8 +1,9 @@
 """Choosing a query's row cap per privacy unit from a noisy histogram (contribution = "auto").
 
-The cap k trades bias against noise.  Rows a unit has beyond k are dropped (bias), while every
-noisy measurement's sensitivity, hence its noise, grows linearly with k.  A fixed table-wide cap
-is wrong for most queries: too small, and COUNT(*) comes back far too low at any epsilon.
+The cap k trades bias against noise.  Rows a unit has beyond k are dropped, which biases every
+total (COUNT, SUM) down, while every noisy measurement's sensitivity, hence its noise, grows
+linearly with k.  A fixed table-wide cap is wrong for most queries: too small, and COUNT(*) comes
+back far too low at any epsilon; too large, and an AVG drowns in noise it did not need.
 
 The histogram.  In the database, count each unit's rows in the query's own filtered relation,
 c_u, and count units per bin of c_u.  The bins partition [1, limit]: one bin per integer up to 8,
@@ -12,31 +13,43 @@ scale 1 / epsilon_sel makes the histogram epsilon_sel-DP.  k is a function of th
 only (post-processing), so the query as a whole costs epsilon_sel + the epsilon of its
 measurements, by basic composition.
 
-The rule.  For a candidate cap k (a bin start, or the limit), estimate the total error of the
-answer as
+The rule.  From the noisy counts H_b (clamped at 0), with each unit counted at the start s_b of its
+bin (exact below 9, at most 19% low above), estimate the rows kept at cap k,
 
-    E(k) = lost(k) / G + k * sum_m w_m * sqrt(2) / epsilon_m
+    N(k) = sum_b H_b * min(s_b, k),
 
-- lost(k) = sum over bins b of H_b * max(0, start_b - k): the rows dropped, counting each unit at
-  the start of its bin (exact below 9, at most 19% low above), with H_b the noisy count clamped
-  at 0;
-- G spreads the loss over the groups of a grouped query (the noise hits every group in full);
-- the second term is the noise standard deviation of the measurements at cap k (Laplace of scale
-  k * (sensitivity per row) / epsilon_m has standard deviation sqrt(2) times the scale), expressed
-  in rows: w_m = 1 for counts, and 2 for sums, whose per-row sensitivity max(|l|, |u|) is taken
-  as twice a typical value.
+and, for a query with G groups (its public keys; 1 otherwise), the expected relative error of each
+noisy measurement m at cap k.  A measurement of epsilon_m has Laplace noise of standard deviation
+sqrt(2) * k * d_m / epsilon_m, with d_m its sensitivity per row; d_m is measured in typical values
+through the weight w_m: 1 for counts, 2 for sums (a sum's per-row bound is taken as twice a
+typical value).  Then
 
-k is the smallest minimiser of E.  On data where every unit has exactly c rows and c is a bin
-start, E falls until k = c and rises after it, so the rule picks c whenever the noise does not
-move the histogram much (a generous epsilon_sel).
+    total m (a COUNT or SUM released as such):
+        e_m(k) = [ (N(limit) - N(k)) / G + w_m sqrt(2) k / epsilon_m ] / (N(limit) / G)
+    ratio m (only inside AVG / VARIANCE, whose value barely moves when rows are dropped):
+        e_m(k) = w_m sqrt(2) k / epsilon_m / (N(k) / G)
+
+and k minimises E(k) = sum_m e_m(k) over the bin starts and the limit (the smallest on ties).
+On data where every unit has exactly c rows and c is a bin start, a total's error falls until
+k = c and rises after it, so the rule picks c when the histogram noise is small.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class CapTerm:
+    """One noisy measurement as the rule sees it."""
+
+    weight: float     # w_m: 1 for counts, 2 for sums, 0 when the noise does not grow with k
+    epsilon: float    # its epsilon
+    total: bool       # released as a total (its bias counts) or only inside a ratio
 
 
 def cap_bins(limit: int) -> tuple[int, ...]:
@@ -55,32 +68,32 @@ def cap_bins(limit: int) -> tuple[int, ...]:
     return tuple(starts)
 
 
-def noise_per_row(epsilons: Sequence[float], weights: Sequence[float]) -> float:
-    """sum_m w_m sqrt(2) / epsilon_m: the noise standard deviation one more row of cap adds."""
-    if len(epsilons) != len(weights) or not epsilons:
-        raise ValueError("one weight per measurement epsilon")
-    if any(not e > 0 for e in epsilons):
-        raise ValueError("epsilons must be positive")
-    return sum(w * math.sqrt(2) / e for e, w in zip(epsilons, weights, strict=True))
-
-
 def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
-               per_row: float, groups: int = 1) -> int:
+               terms: Sequence[CapTerm], groups: int = 1) -> int:
     """The cap minimising E(k) (see the module docstring); never above ``limit``.
 
-    >>> choose_cap((1, 2, 4, 8), [0, 0, 0, 1000], 10, per_row=1.0)
+    100 units with 8 rows, one count (total): k = 8 loses nothing and costs the least noise.
+
+    >>> choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [CapTerm(1.0, 1.0, True)])
     8
     """
     if len(starts) != len(noisy_counts):
         raise ValueError("one count per bin")
+    if any(not t.epsilon > 0 for t in terms):
+        raise ValueError("epsilons must be positive")
     counts = np.maximum(np.asarray(noisy_counts, dtype=float), 0.0)
     lower = np.asarray(starts, dtype=float)
+    groups = max(groups, 1)
+    n_all = max(float(np.sum(counts * np.minimum(lower, limit))), 1.0) / groups
     best_k, best_error = 1, math.inf
     for k in sorted({*starts, limit}):
         if k > limit:
             continue
-        lost = float(np.sum(counts * np.maximum(0.0, lower - k)))
-        error = lost / max(groups, 1) + per_row * k
+        n_k = max(float(np.sum(counts * np.minimum(lower, k))), 1.0) / groups
+        error = 0.0
+        for term in terms:
+            noise = term.weight * math.sqrt(2) * k / term.epsilon
+            error += (n_all - n_k + noise) / n_all if term.total else noise / n_k
         if error < best_error:
             best_k, best_error = k, error
     return best_k

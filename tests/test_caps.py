@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from chorus_py.backends import open_backend
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
-from mechanisms.caps import cap_bins, choose_cap, noise_per_row
+from mechanisms.caps import CapTerm, cap_bins, choose_cap
 from tests.conftest import nothing_spent
 
 ALICE = {"analyst": "alice"}
@@ -32,25 +32,26 @@ def test_bins_partition_one_to_the_limit() -> None:
 
 
 def test_rule_by_hand() -> None:
-    # Bins start at 1, 2, 4, 8; 100 units with >= 8 rows, nothing else.
-    # E(k) = lost(k) + per_row * k with per_row = 10:
-    #   k=1: 100*7 + 10 = 710; k=2: 600 + 20 = 620; k=4: 400 + 40 = 440; k=8: 0 + 80 = 80;
-    #   k=10 (the limit): 0 + 100.  Minimum at k = 8.
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, per_row=10.0) == 8
-    # With per_row = 200 the noise dominates: k=1 costs 700 + 200 = 900, k=8 costs 1600.
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, per_row=200.0) == 1
-    # Grouped over G = 100 groups, the loss per group is 7 at k=1: 7 + 10 < 80 at k = 8.
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, per_row=10.0, groups=100) == 1
-    # Negative noisy counts count as zero.
-    assert choose_cap((1, 2, 4, 8), [-50, -3, 0, 0], 10, per_row=1.0) == 1
-
-
-def test_noise_per_row() -> None:
-    # Two measurements, a count (w=1) at eps 0.5 and a sum (w=2) at eps 0.25:
-    # sqrt(2) * (1 / 0.5 + 2 / 0.25) = 10 sqrt(2).
-    assert noise_per_row([0.5, 0.25], [1.0, 2.0]) == pytest.approx(10 * math.sqrt(2))
+    # Bins start at 1, 2, 4, 8; 100 units with >= 8 rows, nothing else: N(k) = 100 min(8, k),
+    # N(limit 10) = 800.  One count released as a total, w = 1, epsilon = 1/sqrt(2) so that its
+    # noise is 2k rows.  e(k) = (800 - N(k) + 2k) / 800:
+    #   k=1: (700 + 2) / 800; k=2: (600 + 4); k=4: (400 + 8); k=8: (0 + 16); k=10: (0 + 20).
+    count = CapTerm(1.0, 1 / math.sqrt(2), True)
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [count]) == 8
+    # Noise of 200k rows (epsilon = 1/(100 sqrt(2))): k=1 costs 700 + 200 = 900 < 1600 at k=8.
+    loud = CapTerm(1.0, 1 / (100 * math.sqrt(2)), True)
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [loud]) == 1
+    # Only inside a ratio, the count's error is its noise over N(k): 2k / (100 min(8, k)) is
+    # 0.02 for every k <= 8 and 0.025 at 10: the smallest minimiser, k = 1.
+    ratio = CapTerm(1.0, 1 / math.sqrt(2), False)
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [ratio]) == 1
+    # Grouped over G = 100 groups the loss per group shrinks the same way as the rows per group,
+    # but the noise does not: with noise 2k per group, e(1) = (7 + 2) / 8 < e(8) = 16 / 8.
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [count], groups=100) == 1
+    # Negative noisy counts count as zero (then N is taken as 1 row).
+    assert choose_cap((1, 2, 4, 8), [-50, -3, 0, 0], 10, [count]) == 1
     with pytest.raises(ValueError):
-        noise_per_row([0.0], [1.0])
+        choose_cap((1,), [1.0], 1, [CapTerm(1.0, 0.0, True)])
 
 
 @settings(max_examples=300, deadline=None)
@@ -59,8 +60,9 @@ def test_chosen_cap_never_exceeds_the_limit(limit: int, data: st.DataObject) -> 
     starts = cap_bins(limit)
     counts = data.draw(st.lists(st.floats(-1e6, 1e6), min_size=len(starts),
                                 max_size=len(starts)))
-    per_row = data.draw(st.floats(0.0, 1e6))
-    k = choose_cap(starts, counts, limit, per_row)
+    terms = [CapTerm(data.draw(st.floats(0.0, 2.0)), data.draw(st.floats(1e-3, 1e3)),
+                     data.draw(st.booleans())) for _ in range(data.draw(st.integers(1, 4)))]
+    k = choose_cap(starts, counts, limit, terms, data.draw(st.integers(1, 50)))
     assert 1 <= k <= limit
     assert k in {*starts, limit}
 
