@@ -235,7 +235,15 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
     span = f"{blocks[0]} .. {blocks[-1]}" if len(blocks) > 1 else ", ".join(blocks) or "none"
     click.secho(f"privacy: {charged} epsilon={report['epsilon']:g} delta={report['delta']:g} "
                 f"on {len(blocks)} block(s) [{span}]; noise in {report['noise']}", fg="cyan")
-    if report.get("stability") is not None:
+    contribution = report.get("contribution")
+    if contribution and contribution.get("cap") is not None:
+        click.echo(f"  at most {contribution['cap']} rows per {report.get('privacy_unit')} "
+                   f"(chosen for this query, limit {contribution['limit']}; "
+                   f"epsilon {contribution['epsilon']:g} spent choosing it)")
+    elif contribution:
+        click.echo(f"  rows per {report.get('privacy_unit')}: chosen when the query runs "
+                   f"(limit {contribution['limit']}, epsilon {contribution['epsilon']:g})")
+    elif report.get("stability") is not None:
         unit = report.get("privacy_unit")
         click.echo(f"  stability {report['stability']}"
                    + (f" (at most {report['stability']} rows per {unit})" if unit else
