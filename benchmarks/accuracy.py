@@ -122,7 +122,7 @@ def main() -> None:
             f"- epsilon {eps}: automatic caps within 10% of the truth on {within} of "
             f"{len(QUERIES)} queries ({within / len(QUERIES):.0%}; target >= 75% at 0.1); "
             f"worst ratio of automatic to best fixed-cap error {worst_ratio:.2f} (target <= 1.5)")
-    lines += summary + ["", "![accuracy](accuracy.png)", ""]
+    lines += [*summary, "", "![accuracy](accuracy.png)", ""]
     write_section("accuracy", "\n".join(lines))
     plot(errors, configs, ROOT / "benchmarks" / "accuracy.png")
     print("\n".join(lines))

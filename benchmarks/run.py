@@ -26,9 +26,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results import write_section  # noqa: E402
 from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
 
 QUERIES = [
     "SELECT COUNT(*) FROM trips",

@@ -7,8 +7,9 @@ back far too low at any epsilon; too large, and an AVG drowns in noise it did no
 
 The histogram.  In the database, count each unit's rows in the query's own filtered relation,
 c_u, and count units per bin of c_u.  The bins partition [1, limit]: one bin per integer up to 8,
-then bins about 19% wide (edges grow by a factor 2^(1/4)), and a bin for exactly the limit.  Each unit falls in exactly one bin, so
-adding or removing a unit changes one count by 1: L1 sensitivity 1.  Discrete Laplace noise of
+then bins about 19% wide (edges grow by a factor 2^(1/4)), and a bin for exactly the limit.
+Each unit falls in exactly one bin, so adding or removing a unit changes one count by 1: L1
+sensitivity 1.  Discrete Laplace noise of
 scale 1 / epsilon_sel makes the histogram epsilon_sel-DP.  k is a function of the noisy histogram
 only (post-processing), so the query as a whole costs epsilon_sel + the epsilon of its
 measurements, by basic composition.

@@ -50,7 +50,9 @@ def test_laplace_rdp_large_inverse_scale_does_not_overflow() -> None:
 def test_laplace_rdp_monotone_in_alpha_and_below_pure(a1: float, a2: float, b: float) -> None:
     lo, hi = sorted((a1, a2))
     r_lo, r_hi = laplace_rdp(lo, b), laplace_rdp(hi, b)
-    assert 0.0 <= r_lo <= r_hi * (1 + 1e-12) + 1e-300
+    # Monotone in alpha up to float cancellation (eps - ln(...)/(alpha-1) loses ~1e-12
+    # relative for tiny epsilon; hypothesis found 2e-12).
+    assert 0.0 <= r_lo <= r_hi * (1 + 1e-9) + 1e-300
     # The exact curve never exceeds what its pure epsilon 1/b alone implies.
     assert r_hi <= pure_dp_rdp(hi, 1.0 / b) * (1 + 1e-9) + 1e-300
 
@@ -105,7 +107,9 @@ def test_gaussian_rdp_matches_numerical_integration() -> None:
 def test_pure_dp_rdp_bounds(a1: float, a2: float, eps: float) -> None:
     lo, hi = sorted((a1, a2))
     r_lo, r_hi = pure_dp_rdp(lo, eps), pure_dp_rdp(hi, eps)
-    assert 0.0 <= r_lo <= r_hi * (1 + 1e-12) + 1e-300
+    # Monotone in alpha up to float cancellation (eps - ln(...)/(alpha-1) loses ~1e-12
+    # relative for tiny epsilon; hypothesis found 2e-12).
+    assert 0.0 <= r_lo <= r_hi * (1 + 1e-9) + 1e-300
     assert r_hi <= eps * (1 + 1e-12)  # pure DP bounds every order
     assert r_hi <= hi * eps * eps / 2 * (1 + 1e-9)  # Bun and Steinke 2016, Prop. 3.3
 
