@@ -1,83 +1,163 @@
-"""The first per-block budget ledger: in memory, basic composition, all-or-nothing claims.
+"""The per-block privacy budget ledger: claims, the DPF scheduler, durable storage.
 
-Each private block holds a global budget (epsilon^G, delta^G).  A claim asks for (epsilon, delta)
-on every block a query reads; it is granted only if it fits on *all* of them (basic composition:
-epsilons add up, deltas add up), then it is *allocated*.  The engine *consumes* it before any row
-reaches the analyst, or *releases* it when nothing did.  Check-then-commit happens under one lock,
-so two threads racing for the last budget can never overspend.
+The engine's whole use of it (DESIGN.md section 3, steps 6 and 10)::
 
-The DPF scheduler, Rényi accounting and the durable ledger (DESIGN.md section 7) replace this class
-behind the same interface: ``claim`` / ``consume`` / ``release`` / ``blocks``.
+    ledger.ensure_blocks(ids)                 # blocks appear as data arrives: fresh budget
+    claim = ledger.claim(analyst, ids, epsilon, delta, events=..., wait_seconds=...)
+    ...                                       # run the rewritten query
+    ledger.consume(claim)                     # before any row is returned
+    ledger.release(claim)                     # only when the backend never ran the statement
+
+``claim`` is all or nothing: it returns an *allocated* claim, having taken the demand on every
+block, or raises :class:`~chorus_py.errors.BudgetExhausted` having taken nothing.  A claim that does
+not fit at once waits (blocking the calling thread) up to its wait time for the scheduler to grant
+it; it is refused at once when it never could fit (a block is retired, or has less left than the
+demand) or when its wait time is 0.
+
+What a claim costs is decided by the accountant (``budget.accounting``: basic or Rényi) from the
+claim's events; when it is granted by the scheduler (``budget.scheduler``: FCFS, DPF-N, DPF-T);
+where the state lives by the store (``budget.store``: memory, SQLite, Postgres).  Every change is
+one store transaction, serialised across threads and processes, with the block invariant checked
+and a journal row appended (:func:`replay` rebuilds every block from the journal alone).
+
+Claims of a process that died are settled when a ledger is next opened on the same machine
+(:meth:`Ledger.recover`): a waiting claim is refused (it held nothing), an allocated one is
+*consumed*: the query may have read data, so charging it is the safe side.
 """
 
 from __future__ import annotations
 
-import itertools
+import copy
 import math
+import os
+import socket
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any
 
+from budget import scheduler as sched
+from budget.accounting import Accountant, BasicAccountant, Event, Vec, accountant_for
+from budget.scheduler import (
+    BlockState,
+    ClaimRecord,
+    ClaimState,
+    InvariantError,
+    SchedulerSettings,
+)
+from budget.store import LedgerMismatch, MemoryStore, PostgresStore, SQLiteStore, Store, Tx
 from chorus_py.errors import BudgetExhausted
 
-# Floating-point slack when comparing sums of epsilons: 1e-12 relative, never in the analyst's
-# favour by more than that.
-_SLACK = 1e-12
-
-ClaimState = Literal["allocated", "consumed", "released"]
+__all__ = ["BlockBudget", "Claim", "InMemoryLedger", "InvariantError", "Ledger",
+           "LedgerMismatch", "open_ledger", "replay"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class BlockBudget:
-    """One private block: ``global = unlocked + allocated + consumed`` (nothing locked yet)."""
+    """A snapshot of one block.
+
+    Vectors have one entry (basic accounting) or one per Rényi order; the scalar ``epsilon_*``
+    properties read them at ``index`` (for Rényi: the order with the best remaining guarantee).
+    """
 
     block_id: str
+    state: str
+    accounting: str
+    orders: tuple[float, ...]
     epsilon_global: float
     delta_global: float
-    epsilon_allocated: float = 0.0
-    epsilon_consumed: float = 0.0
-    delta_allocated: float = 0.0
-    delta_consumed: float = 0.0
+    global_: Vec
+    locked: Vec
+    unlocked: Vec
+    allocated: Vec
+    consumed: Vec
+    delta_pool: float
+    delta_allocated: float
+    delta_consumed: float
+    arrivals: int
+    epsilon_spent: float
+    delta_spent: float
+    index: int
+    by_analyst: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def epsilon_capacity(self) -> float:
+        """The budget at ``index`` (epsilon^G for basic accounting)."""
+        return self.global_[self.index]
+
+    @property
+    def epsilon_locked(self) -> float:
+        """Budget not yet unlocked by the scheduler."""
+        return self.locked[self.index]
+
+    @property
+    def epsilon_unlocked(self) -> float:
+        """Budget that claims may be granted now."""
+        return self.unlocked[self.index]
+
+    @property
+    def epsilon_allocated(self) -> float:
+        """Budget granted to claims not yet consumed or released."""
+        return self.allocated[self.index]
+
+    @property
+    def epsilon_consumed(self) -> float:
+        """Budget spent for good."""
+        return self.consumed[self.index]
 
     @property
     def epsilon_remaining(self) -> float:
-        """Budget that new claims may still take."""
-        return self.epsilon_global - self.epsilon_allocated - self.epsilon_consumed
+        """Budget that future claims may still take: locked + unlocked."""
+        return self.global_[self.index] - self.allocated[self.index] - self.consumed[self.index]
 
     @property
     def delta_remaining(self) -> float:
-        """Delta that new claims may still take."""
-        return self.delta_global - self.delta_allocated - self.delta_consumed
+        """Delta that future claims may still take."""
+        return self.delta_pool - self.delta_allocated - self.delta_consumed
 
-    def check_invariant(self) -> None:
-        """Every field non-negative and nothing spent beyond the global budget."""
-        values = (self.epsilon_allocated, self.epsilon_consumed, self.delta_allocated,
-                  self.delta_consumed)
-        if (any(v < -_SLACK for v in values)
-                or self.epsilon_remaining < -_SLACK * max(1.0, self.epsilon_global)
-                or self.delta_remaining < -_SLACK):
-            # Never reachable through claim/consume/release; a bug must stop the proxy, not
-            # silently overspend.
-            raise RuntimeError(f"budget invariant violated on block {self.block_id}: {self}")
+    @property
+    def epsilon_left(self) -> float:
+        """epsilon^G minus the epsilon of the guarantee already spent (never negative)."""
+        return max(0.0, self.epsilon_global - self.epsilon_spent)
 
-    def as_dict(self) -> dict[str, object]:
-        """JSON-serialisable view."""
-        return {
+    @property
+    def delta_left(self) -> float:
+        """delta^G minus the delta of the guarantee already spent (never negative)."""
+        return max(0.0, self.delta_global - self.delta_spent)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view (scalars at ``index``; Rényi vectors too)."""
+        out: dict[str, Any] = {
             "block": self.block_id,
+            "state": self.state,
+            "accounting": self.accounting,
             "epsilon_global": self.epsilon_global,
+            "delta_global": self.delta_global,
+            "epsilon_locked": self.epsilon_locked,
+            "epsilon_unlocked": self.epsilon_unlocked,
             "epsilon_allocated": self.epsilon_allocated,
             "epsilon_consumed": self.epsilon_consumed,
             "epsilon_remaining": max(0.0, self.epsilon_remaining),
-            "delta_global": self.delta_global,
+            "delta_allocated": self.delta_allocated,
             "delta_consumed": self.delta_consumed,
             "delta_remaining": max(0.0, self.delta_remaining),
+            "guarantee_spent": {"epsilon": self.epsilon_spent, "delta": self.delta_spent},
+            "guarantee_left": {"epsilon": self.epsilon_left, "delta": self.delta_left},
+            "by_analyst": dict(self.by_analyst),
         }
+        if self.accounting == "renyi":
+            out["alpha"] = self.orders[self.index]
+            out["renyi"] = {"orders": list(self.orders), "capacity": list(self.global_),
+                            "locked": list(self.locked), "unlocked": list(self.unlocked),
+                            "allocated": list(self.allocated), "consumed": list(self.consumed)}
+        return out
 
 
 @dataclass
 class Claim:
-    """A grant of (epsilon, delta) on a set of blocks, for one analyst's query."""
+    """A claim of budget on a set of blocks, for one analyst's query."""
 
     claim_id: int
     analyst: str
@@ -86,102 +166,627 @@ class Claim:
     delta: float
     state: ClaimState = "allocated"
     description: str = field(default="")
+    demand: Vec = field(default=(), compare=False)
+    delta_demand: float = field(default=0.0, compare=False)
+    reason: str = field(default="", compare=False)
 
 
-class InMemoryLedger:
-    """Per-block budgets with basic composition, safe under threads."""
+def _claim_view(rec: ClaimRecord) -> Claim:
+    return Claim(rec.claim_id, rec.analyst, rec.blocks, rec.epsilon, rec.delta, rec.state,
+                 rec.description, rec.demand, rec.delta_demand, rec.reason)
 
-    def __init__(self, epsilon_per_block: float, delta_per_block: float) -> None:
-        if epsilon_per_block <= 0 or delta_per_block < 0:
-            raise ValueError("block budgets must be positive")
-        self.epsilon_per_block = epsilon_per_block
-        self.delta_per_block = delta_per_block
-        self._blocks: dict[str, BlockBudget] = {}
-        self._claims: dict[int, Claim] = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
 
+def _process_start(pid: int) -> str:
+    """The start time of a process (ticks since boot), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _owner() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+
+
+def _owner_alive(owner: str) -> bool | None:
+    """True/False for an owner on this machine, None when it lives elsewhere (unknown)."""
+    try:
+        host, pid_text, start = owner.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start == "?" or _process_start(pid) == start
+
+
+def _listed(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+class Ledger:
+    """Per-block budgets, claims and their scheduling (see the module docstring)."""
+
+    def __init__(self, epsilon_per_block: float, delta_per_block: float, *,
+                 store: Store | None = None, accountant: Accountant | None = None,
+                 scheduler: SchedulerSettings | None = None,
+                 clock: Callable[[], float] = time.time, poll_seconds: float = 0.05,
+                 on_grant: Callable[[int], None] | None = None,
+                 analyst_caps: Mapping[str, float] | None = None) -> None:
+        if not (math.isfinite(epsilon_per_block) and epsilon_per_block > 0
+                and math.isfinite(delta_per_block) and 0 <= delta_per_block < 1):
+            raise ValueError("block budgets must be positive: epsilon > 0, 0 <= delta < 1")
+        self.epsilon_per_block = float(epsilon_per_block)
+        self.delta_per_block = float(delta_per_block)
+        self.store = store or MemoryStore()
+        self.accountant = accountant or BasicAccountant()
+        self.settings = scheduler or SchedulerSettings()
+        self.clock = clock
+        self.poll_seconds = poll_seconds
+        self.on_grant = on_grant  # called with each granted claim id (the simulator listens)
+        # Per analyst: the most they may spend on one block (sum of the epsilons they asked).
+        self.analyst_caps = dict(analyst_caps or {})
+        self.owner = _owner()
+        # DPF order keys depend only on a claim's demands and its blocks' global budgets, which
+        # never change: computed once per waiting claim.
+        self._keys: dict[int, tuple[tuple[float, ...], int]] = {}
+        # Fail early on a Rényi ledger that cannot hold anything (delta^G = 0).
+        self.accountant.capacity(self.epsilon_per_block, self.delta_per_block)
+        meta = {"accounting": self.accountant.name, "schema": "1"}
+        if self.accountant.name == "renyi":
+            acc: Any = self.accountant
+            meta["orders"] = ",".join(f"{a:g}" for a in acc.orders)
+            meta["renyi_delta_share"] = f"{acc.delta_share:g}"
+        self.store.check_meta(meta)
+        self._known: set[str] = set()
+        self._changed = threading.Condition()
+        if self.store.durable:
+            self.recover()
+
+    @property
+    def accounting(self) -> str:
+        """``basic`` or ``renyi``."""
+        return self.accountant.name
+
+    def close(self) -> None:
+        """Release the store's connections."""
+        self.store.close()
+
+    # -- blocks -------------------------------------------------------------------------------
     def ensure_blocks(self, block_ids: Iterable[str]) -> None:
         """Create blocks seen for the first time, each with a fresh global budget."""
-        with self._lock:
-            for block_id in block_ids:
-                if block_id not in self._blocks:
-                    self._blocks[block_id] = BlockBudget(
-                        block_id, self.epsilon_per_block, self.delta_per_block)
+        ids = [b for b in dict.fromkeys(block_ids) if b not in self._known]
+        if not ids:
+            return
+        with self._tx() as tx:
+            now = self.clock()
+            have = tx.blocks(ids)
+            locked = self.settings.policy != "fcfs"
+            for block_id in ids:
+                if block_id not in have:
+                    block = BlockState.new(block_id, now, self.epsilon_per_block,
+                                           self.delta_per_block, self.accountant, locked)
+                    tx.add_block(block)
+                    tx.log("block_created", None, {"block": block.to_dict()}, now)
+        self._known.update(ids)
 
-    def can_claim(self, blocks: Sequence[str], epsilon: float, delta: float) -> list[str]:
-        """Names of the blocks the demand does not fit on (empty: it fits). Changes nothing."""
-        with self._lock:
-            return self._short(blocks, epsilon, delta)
+    # -- claims -------------------------------------------------------------------------------
+    def can_claim(self, blocks: Sequence[str], epsilon: float, delta: float,
+                  events: Sequence[Event] | None = None) -> list[str]:
+        """Blocks whose unlocked budget the demand does not fit on now (empty: it fits).
+
+        Changes nothing (in particular, asking does not unlock DPF budget).
+        """
+        rec = self._record("", blocks, epsilon, delta, events, "", None)
+
+        def check(tx: Tx) -> list[str]:
+            have = self._load(tx, rec.blocks)
+            self._refresh(tx, have, self.clock(), journal=False)
+            short = sched.short_blocks(self.accountant, rec, have)
+            if not short and sched.fit_order(self.accountant, rec, have) is None:
+                short = list(rec.blocks)  # fits each block alone, at no common Rényi order
+            return short
+
+        return self._peek(check)
 
     def claim(self, analyst: str, blocks: Sequence[str], epsilon: float, delta: float,
-              description: str = "") -> Claim:
-        """Allocate (epsilon, delta) on every block, all or nothing; raise if any lacks budget."""
-        if not (math.isfinite(epsilon) and epsilon > 0 and math.isfinite(delta) and delta >= 0):
-            raise ValueError("a claim needs a finite epsilon > 0 and a finite delta >= 0")
-        blocks = tuple(dict.fromkeys(blocks))  # a block named twice is charged once
-        if not blocks:
-            raise ValueError("a claim needs at least one block")
-        with self._lock:
-            short = self._short(blocks, epsilon, delta)
-            if short:
-                listed = ", ".join(short[:5]) + (f" and {len(short) - 5} more" if len(short) > 5
-                                                 else "")
-                raise BudgetExhausted(
-                    f"not enough privacy budget left on block(s) {listed} for "
-                    f"epsilon={epsilon:g}, delta={delta:g}; nothing was spent",
-                    hint="ask for a smaller epsilon, or restrict the query to other blocks",
-                )
-            for block_id in blocks:
-                block = self._blocks[block_id]
-                block.epsilon_allocated += epsilon
-                block.delta_allocated += delta
-                block.check_invariant()
-            claim = Claim(next(self._ids), analyst, tuple(blocks), epsilon, delta,
-                          description=description)
-            self._claims[claim.claim_id] = claim
+              description: str = "", *, events: Sequence[Event] | None = None,
+              wait_seconds: float | None = None,
+              per_block: Mapping[str, Sequence[Event]] | None = None) -> Claim:
+        """Allocate the demand on every block, all or nothing, waiting if the scheduler says so.
+
+        Returns an allocated claim or raises ``BudgetExhausted`` (nothing taken).
+        """
+        claim = self.submit(analyst, blocks, epsilon, delta, description, events=events,
+                            wait_seconds=wait_seconds, per_block=per_block)
+        if claim.state == "allocated":
             return claim
+        return self._wait(claim)
+
+    def submit(self, analyst: str, blocks: Sequence[str], epsilon: float, delta: float,
+               description: str = "", *, events: Sequence[Event] | None = None,
+               wait_seconds: float | None = None,
+               per_block: Mapping[str, Sequence[Event]] | None = None) -> Claim:
+        """Register a claim and run the scheduler once; never blocks.
+
+        Returns the claim *allocated* or *waiting*; raises ``BudgetExhausted`` when it is refused.
+        """
+        wait = self.settings.wait_seconds if wait_seconds is None else float(wait_seconds)
+        if not (math.isfinite(wait) and wait >= 0):
+            raise ValueError(f"wait_seconds must be a finite number >= 0, got {wait_seconds!r}")
+        wait = min(wait, self.settings.max_wait_seconds)
+        rec = self._record(analyst, blocks, epsilon, delta, events, description, per_block)
+        with self._tx() as tx:
+            now = self.clock()
+            rec.arrived_at, rec.deadline, rec.owner = now, now + wait, self.owner
+            have = self._load(tx, rec.blocks)
+            self._refresh(tx, have, now)
+            retired = [b for b in rec.blocks if have[b].retired]
+            never: list[str] = retired
+            if not retired and sched.fit_order(self.accountant, rec, have, "unspent") is None:
+                never = sched.short_blocks(self.accountant, rec, have, "unspent") or list(
+                    rec.blocks)  # each block alone fits, but at no common Rényi order
+            over = self._over_cap(rec, have)
+            if never or over:
+                # Refused on arrival: it could never fit, so it unlocks nothing either.
+                what = "exhausted (retired)" if retired else "left"
+                reason = (f"block(s) {_listed(never)} have not enough privacy budget {what} for "
+                          f"{self._asked(rec)}; nothing was spent") if never else (
+                    f"analyst '{rec.analyst}' would exceed their limit of epsilon "
+                    f"{self.analyst_caps.get(rec.analyst, 0):g} per block on block(s) "
+                    f"{_listed(over)} with {self._asked(rec)}; nothing was spent")
+                rec.state, rec.reason = "refused", reason
+                tx.add_claim(rec)
+                tx.log("claim_refused", rec.claim_id, {"claim": _rec_dict(rec)}, now)
+                refused = rec
+            else:
+                refused = None
+                tx.add_claim(rec)
+                tx.log("claim_arrived", rec.claim_id, {"claim": _rec_dict(rec)}, now)
+                if self.settings.policy == "dpf-n":
+                    assert self.settings.n is not None
+                    moved = {b: sched.unlock_on_arrival(have[b], self.settings.n)
+                             for b in rec.blocks}
+                    for b in rec.blocks:
+                        tx.save_block(have[b])
+                    tx.log("unlock", rec.claim_id, {"blocks": moved, "arrival": True}, now)
+                self._schedule(tx, now)
+                if rec.state == "waiting" and wait <= 0:
+                    short = sched.short_blocks(self.accountant, rec, have)
+                    self._refuse(tx, rec, now, (
+                        f"not enough privacy budget available on block(s) "
+                        f"{_listed(short or list(rec.blocks))} for {self._asked(rec)}; "
+                        "nothing was spent"))
+                    refused = rec
+        self._notify()
+        if refused is not None:
+            raise BudgetExhausted(refused.reason, hint=_hint(refused, self.settings))
+        return _claim_view(rec)
+
+    def poll(self, claim: Claim) -> Claim:
+        """Run the scheduler once and return the claim's current state (never blocks)."""
+        with self._tx() as tx:
+            self._schedule(tx, self.clock())
+            rec = tx.claim(claim.claim_id)
+        if rec is None:
+            raise KeyError(f"unknown claim {claim.claim_id}")
+        claim.state, claim.reason = rec.state, rec.reason
+        return claim
+
+    def schedule(self) -> list[int]:
+        """Run the scheduler once (time-based unlocking, expiries, grants); granted claim ids."""
+        with self._tx() as tx:
+            granted = self._schedule(tx, self.clock())
+        self._notify()
+        return granted
 
     def consume(self, claim: Claim) -> None:
         """Turn an allocated claim into spent budget (before any row is released)."""
-        with self._lock:
-            self._settle(claim, "consumed")
+        self._settle(claim, "consumed")
 
     def release(self, claim: Claim) -> None:
         """Give an allocated claim back: nothing reached the analyst."""
-        with self._lock:
-            self._settle(claim, "released")
+        self._settle(claim, "released")
+        self._notify()
 
-    def blocks(self) -> list[BlockBudget]:
-        """A snapshot of every block, sorted by id."""
-        with self._lock:
-            return [BlockBudget(**vars(b)) for _, b in sorted(self._blocks.items())]
+    # -- views --------------------------------------------------------------------------------
+    def blocks(self, ids: Iterable[str] | None = None) -> list[BlockBudget]:
+        """Snapshots of the blocks (all of them by default), sorted by id."""
+        def view(tx: Tx) -> list[BlockBudget]:
+            states = (tx.all_blocks() if ids is None
+                      else [b for _, b in sorted(tx.blocks(list(ids)).items())])
+            self._refresh(tx, {b.block_id: b for b in states}, self.clock())
+            return [self._view(b) for b in states]
+
+        if self.settings.policy == "dpf-t":
+            # Time-based unlocking due by now is applied and journaled, so what is shown is
+            # exactly what the journal replays to.
+            with self._tx() as tx:
+                return view(tx)
+        return self._peek(view)
+
+    def remaining(self, ids: Sequence[str]) -> list[BlockBudget]:
+        """Snapshots of ``ids`` in that order; a block not created yet shows a fresh budget."""
+        have = {b.block_id: b for b in self.blocks(ids)}
+        out = []
+        for b in ids:
+            if b not in have:
+                fresh = BlockState.new(b, self.clock(), self.epsilon_per_block,
+                                       self.delta_per_block, self.accountant,
+                                       self.settings.policy != "fcfs")
+                have[b] = self._view(fresh)
+            out.append(have[b])
+        return out
 
     def claims(self) -> list[Claim]:
         """Every claim so far, oldest first."""
-        with self._lock:
-            return list(self._claims.values())
+        return [_claim_view(r) for r in self.store.claims()]
 
-    def _short(self, blocks: Sequence[str], epsilon: float, delta: float) -> list[str]:
-        short = []
-        for block_id in blocks:
-            block = self._blocks.get(block_id)
-            if block is None:
-                raise KeyError(f"unknown block {block_id}")
-            eps_ok = epsilon <= block.epsilon_remaining + _SLACK * block.epsilon_global
-            if not eps_ok or delta > block.delta_remaining + _SLACK * block.delta_global:
-                short.append(block_id)
-        return short
+    def history(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Journal rows (seq, at, event, claim_id, data) after ``since``, oldest first."""
+        return self.store.journal(since, limit)
+
+    def spending(self) -> dict[str, dict[str, float]]:
+        """Per analyst and block, the epsilons they asked for in allocated or consumed claims."""
+        out: dict[str, dict[str, float]] = {}
+        for block in self.blocks():
+            for analyst, eps in block.by_analyst.items():
+                if eps > 0:
+                    out.setdefault(analyst, {})[block.block_id] = eps
+        return out
+
+    # -- recovery -----------------------------------------------------------------------------
+    def recover(self) -> list[int]:
+        """Settle open claims of processes of this machine that ended; return their ids."""
+        settled: list[int] = []
+        with self._tx() as tx:
+            now = self.clock()
+            for rec in tx.open_claims():
+                if rec.owner == self.owner or _owner_alive(rec.owner) is not False:
+                    continue
+                if rec.state == "waiting":
+                    self._refuse(tx, rec, now, "the process that made the claim ended")
+                else:
+                    self._apply_settle(tx, rec, "consumed", now, recovered=True)
+                settled.append(rec.claim_id)
+        return settled
+
+    # -- internals ----------------------------------------------------------------------------
+    def _tx(self) -> Any:
+        return self.store.transaction(self.accountant.name)
+
+    def _peek(self, read: Callable[[Tx], Any]) -> Any:
+        """Run ``read`` in a transaction that is rolled back: it changes nothing."""
+        try:
+            with self._tx() as tx:
+                raise _Rollback(read(tx))
+        except _Rollback as done:
+            return done.value
+
+    def _record(self, analyst: str, blocks: Sequence[str], epsilon: float, delta: float,
+                events: Sequence[Event] | None, description: str,
+                per_block: Mapping[str, Sequence[Event]] | None) -> ClaimRecord:
+        if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0
+                and isinstance(delta, int | float) and math.isfinite(delta) and delta >= 0):
+            raise ValueError("a claim needs a finite epsilon > 0 and a finite delta >= 0")
+        ids = tuple(dict.fromkeys(blocks))  # a block named twice is charged once
+        if not ids:
+            raise ValueError("a claim needs at least one block")
+        evs = list(events) if events else [Event.epsilon_delta(epsilon, delta)]
+        demand, delta_demand = self.accountant.demand(evs)
+        if self.accounting == "basic":
+            # Pessimistic: never charge less than the (epsilon, delta) the report states.
+            demand = (max(demand[0], float(epsilon)),)
+            delta_demand = max(delta_demand, float(delta))
+        per: dict[str, Vec] = {}
+        for b, b_events in (per_block or {}).items():
+            if b not in ids:
+                raise ValueError(f"per-block demand for block {b} the claim does not ask for")
+            per[b], d = self.accountant.demand(b_events)
+            delta_demand = max(delta_demand, d)
+        return ClaimRecord(0, analyst, ids, demand, delta_demand, float(epsilon), float(delta),
+                           tuple(e.to_dict() for e in evs), description[:500], per_block=per)
+
+    def _asked(self, rec: ClaimRecord) -> str:
+        return f"epsilon={rec.epsilon:g}, delta={rec.delta:g}"
+
+    def _load(self, tx: Tx, ids: Sequence[str]) -> dict[str, BlockState]:
+        have = tx.blocks(ids)
+        for b in ids:
+            if b not in have:
+                raise KeyError(f"unknown block {b}")
+        return have
+
+    def _refresh(self, tx: Tx, blocks: Mapping[str, BlockState], now: float,
+                 journal: bool = True) -> None:
+        """DPF-T: unlock what the elapsed ticks allow on these blocks."""
+        s = self.settings
+        if s.policy != "dpf-t":
+            return
+        assert s.lifetime_seconds is not None and s.tick_seconds is not None
+        moved = {}
+        for block in blocks.values():
+            if block.retired or not any(x > 0 for x in block.locked):
+                continue
+            amount = sched.unlock_by_time(block, now, s.lifetime_seconds, s.tick_seconds)
+            if any(x > 0 for x in amount):
+                moved[block.block_id] = amount
+                tx.save_block(block)
+        if moved and journal:
+            tx.log("unlock", None, {"blocks": moved, "time": True}, now)
+
+    def _schedule(self, tx: Tx, now: float) -> list[int]:
+        """One scheduling pass: expire overdue claims, then grant in policy order."""
+        waiting = []
+        for rec in tx.waiting():
+            if rec.deadline < now:
+                self._refuse(tx, rec, now, _timeout_reason(rec, self.accountant, tx))
+            else:
+                waiting.append(rec)
+        if not waiting:
+            return []
+        have = tx.blocks({b for rec in waiting for b in rec.blocks})
+        self._refresh(tx, have, now)
+        if self.settings.policy == "fcfs":
+            order = sorted(waiting, key=lambda r: r.claim_id)
+        else:
+            keys = self._keys
+            for r in waiting:
+                if r.claim_id not in keys:
+                    keys[r.claim_id] = sched.dpf_key(self.accountant, r, have)
+            order = sorted(waiting, key=lambda r: keys[r.claim_id])
+        granted = []
+        for rec in order:
+            index = sched.fit_order(self.accountant, rec, have)
+            if index is None or self._over_cap(rec, have):
+                continue
+            for b in rec.blocks:
+                sched.allocate(have[b], rec.demand_on(b), rec.delta_demand, rec.analyst,
+                               rec.epsilon)
+                tx.save_block(have[b])
+            rec.state, rec.granted_order = "allocated", index
+            tx.save_claim(rec)
+            tx.log("claim_granted", rec.claim_id, _move_data(rec, "unlocked", "allocated", index),
+                   now)
+            granted.append(rec.claim_id)
+            self._keys.pop(rec.claim_id, None)
+            if self.on_grant is not None:
+                self.on_grant(rec.claim_id)
+        return granted
+
+    def _over_cap(self, rec: ClaimRecord, have: Mapping[str, BlockState]) -> list[str]:
+        """Blocks where the claim would take its analyst past their per-block limit."""
+        cap = self.analyst_caps.get(rec.analyst)
+        if cap is None:
+            return []
+        return [b for b in rec.blocks
+                if have[b].by_analyst.get(rec.analyst, 0.0) + rec.epsilon > cap * (1 + 1e-12)]
+
+    def _refuse(self, tx: Tx, rec: ClaimRecord, now: float, reason: str) -> None:
+        self._keys.pop(rec.claim_id, None)
+        rec.state, rec.reason = "refused", reason
+        tx.save_claim(rec)
+        tx.log("claim_refused", rec.claim_id, {"reason": reason}, now)
 
     def _settle(self, claim: Claim, state: ClaimState) -> None:
-        if claim.state != "allocated":
-            raise ValueError(f"claim {claim.claim_id} is already {claim.state}")
-        for block_id in claim.blocks:
-            block = self._blocks[block_id]
-            block.epsilon_allocated -= claim.epsilon
-            block.delta_allocated -= claim.delta
-            if state == "consumed":
-                block.epsilon_consumed += claim.epsilon
-                block.delta_consumed += claim.delta
-            block.check_invariant()
+        with self._tx() as tx:
+            rec = tx.claim(claim.claim_id)
+            if rec is None:
+                raise KeyError(f"unknown claim {claim.claim_id}")
+            if rec.state != "allocated":
+                raise ValueError(f"claim {claim.claim_id} is already {rec.state}"
+                                 if rec.state in ("consumed", "released") else
+                                 f"claim {claim.claim_id} is {rec.state}, not allocated")
+            now = self.clock()
+            self._apply_settle(tx, rec, state, now)
+            if state == "released":
+                self._schedule(tx, now)  # the budget given back may let waiting claims in
         claim.state = state
+
+    def _apply_settle(self, tx: Tx, rec: ClaimRecord, state: ClaimState, now: float,
+                      recovered: bool = False) -> None:
+        have = self._load(tx, rec.blocks)
+        for b in rec.blocks:
+            block = have[b]
+            if state == "consumed":
+                sched.consume(block, rec.demand_on(b), rec.delta_demand)
+            else:
+                sched.release(block, rec.demand_on(b), rec.delta_demand, rec.analyst,
+                              rec.epsilon)
+            tx.save_block(block)
+        rec.state = state
+        tx.save_claim(rec)
+        target = "consumed" if state == "consumed" else "unlocked"
+        data = _move_data(rec, "allocated", target, rec.granted_order)
+        if recovered:
+            data["recovered"] = "the process that held the claim ended; charged, as the data " \
+                "may have been read"
+        tx.log(f"claim_{state}", rec.claim_id, data, now)
+        if state == "consumed":
+            for b in rec.blocks:
+                block = have[b]
+                if not block.retired and sched.exhausted(block):
+                    block.retired = True
+                    tx.log("block_retired", None, {"block": b}, now)
+
+    def _wait(self, claim: Claim) -> Claim:
+        # Waits in real time, whatever the ledger's clock; passes use the ledger's clock for
+        # deadlines and ticks.
+        rec_deadline = time.monotonic() + max(0.0, min(
+            self.settings.max_wait_seconds, self._deadline_of(claim) - self.clock()))
+        while True:
+            left = rec_deadline - time.monotonic()
+            if left > 0:
+                with self._changed:
+                    self._changed.wait(timeout=min(self.poll_seconds, left))
+            self.poll(claim)
+            if claim.state == "allocated":
+                return claim
+            if claim.state == "refused":
+                raise BudgetExhausted(claim.reason,
+                                      hint="ask for a smaller epsilon, or retry later")
+            if time.monotonic() >= rec_deadline:
+                with self._tx() as tx:
+                    rec = tx.claim(claim.claim_id)
+                    assert rec is not None
+                    if rec.state == "waiting":
+                        self._refuse(tx, rec, self.clock(),
+                                     _timeout_reason(rec, self.accountant, tx))
+                    claim.state, claim.reason = rec.state, rec.reason
+                if claim.state == "allocated":
+                    return claim
+                raise BudgetExhausted(claim.reason,
+                                      hint="ask for a smaller epsilon, or retry later")
+
+    def _deadline_of(self, claim: Claim) -> float:
+        def deadline(tx: Tx) -> float:
+            rec = tx.claim(claim.claim_id)
+            assert rec is not None
+            return rec.deadline
+
+        return self._peek(deadline)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _view(self, b: BlockState) -> BlockBudget:
+        used = tuple(a + c for a, c in zip(b.allocated, b.consumed, strict=True))
+        eps, dlt, index = self.accountant.guarantee(
+            used, b.delta_allocated + b.delta_consumed, b.epsilon_global, b.delta_global)
+        if self.accounting == "basic":
+            index = 0
+        return BlockBudget(
+            b.block_id, "retired" if b.retired else "active", self.accounting,
+            tuple(getattr(self.accountant, "orders", ())), b.epsilon_global, b.delta_global,
+            tuple(b.global_), tuple(b.locked), tuple(b.unlocked), tuple(b.allocated),
+            tuple(b.consumed), b.delta_pool, b.delta_allocated, b.delta_consumed, b.arrivals,
+            eps, dlt, index, dict(b.by_analyst))
+
+
+def _timeout_reason(rec: ClaimRecord, accountant: Accountant, tx: Tx) -> str:
+    have = tx.blocks(rec.blocks)
+    short = sched.short_blocks(accountant, rec, have) or list(rec.blocks)
+    waited = max(0.0, rec.deadline - rec.arrived_at)
+    return (f"not enough privacy budget was unlocked on block(s) {_listed(short)} for "
+            f"epsilon={rec.epsilon:g}, delta={rec.delta:g} within the wait time of "
+            f"{waited:g} s; nothing was spent")
+
+
+def _hint(rec: ClaimRecord, settings: SchedulerSettings) -> str:
+    if "retired" in rec.reason or "left for" in rec.reason:
+        return "these blocks cannot pay for this query any more: restrict it to other blocks"
+    if settings.policy != "fcfs":
+        return ("the DPF scheduler unlocks budget gradually: wait longer (wait_seconds), ask "
+                "for a smaller epsilon, or retry later")
+    return "ask for a smaller epsilon, or restrict the query to other blocks"
+
+
+def _rec_dict(rec: ClaimRecord) -> dict[str, Any]:
+    return {"analyst": rec.analyst, "blocks": list(rec.blocks), "demand": list(rec.demand),
+            "delta_demand": rec.delta_demand, "epsilon": rec.epsilon, "delta": rec.delta,
+            "events": list(rec.events), "description": rec.description,
+            "deadline": rec.deadline, "owner": rec.owner, "state": rec.state,
+            "per_block": {k: list(v) for k, v in rec.per_block.items()}}
+
+
+def _move_data(rec: ClaimRecord, source: str, target: str, index: int | None) -> dict[str, Any]:
+    data: dict[str, Any] = {"move": [source, target], "blocks": list(rec.blocks),
+                            "amount": list(rec.demand), "delta": rec.delta_demand,
+                            "order": index, "analyst": rec.analyst, "epsilon": rec.epsilon}
+    if rec.per_block:
+        data["per_block"] = {k: list(v) for k, v in rec.per_block.items()}
+    return data
+
+
+class _Rollback(Exception):
+    """Leaves a transaction without writing anything, carrying the result of a read."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+
+
+def replay(journal: Iterable[Mapping[str, Any]]) -> dict[str, BlockState]:
+    """Rebuild every block's state from the journal alone (what an auditor does)."""
+    blocks: dict[str, BlockState] = {}
+    for row in journal:
+        event, data = row["event"], row["data"]
+        if event == "block_created":
+            state = copy.deepcopy(data["block"])  # the journal itself is never changed
+            blocks[state["block_id"]] = BlockState(**state)
+        elif event == "unlock":
+            for b, amount in data["blocks"].items():
+                block = blocks[b]
+                if "arrival" in data:
+                    block.arrivals += 1
+                sched._move(block, "locked", "unlocked", amount)
+        elif event in ("claim_granted", "claim_consumed", "claim_released"):
+            per = data.get("per_block", {})
+            for b in data["blocks"]:
+                amount, delta = per.get(b, data["amount"]), data["delta"]
+                block = blocks[b]
+                who, eps = data.get("analyst", ""), data.get("epsilon", 0.0)
+                if event == "claim_granted":
+                    sched.allocate(block, tuple(amount), delta, who, eps)
+                elif event == "claim_consumed":
+                    sched.consume(block, tuple(amount), delta)
+                else:
+                    sched.release(block, tuple(amount), delta, who, eps)
+        elif event == "block_retired":
+            blocks[data["block"]].retired = True
+    return blocks
+
+
+def InMemoryLedger(epsilon_per_block: float, delta_per_block: float,
+                   **kwargs: Any) -> Ledger:
+    """A ledger kept in this process only (basic accounting, FCFS unless told otherwise)."""
+    return Ledger(epsilon_per_block, delta_per_block, store=MemoryStore(), **kwargs)
+
+
+def open_ledger(privacy: Any, source: str = "<memory>", analysts: Mapping[str, Any] | None = None,
+                **kwargs: Any) -> Ledger:
+    """The ledger a policy's ``[privacy]`` section describes.
+
+    ``privacy.ledger``: ``"memory"``, ``"sqlite:///file"`` (relative to the policy file) or
+    ``"postgresql://..."``; unset means ``sqlite:///<policy stem>.budget.sqlite3`` next to the
+    policy file, or memory for a policy not read from a file.  ``analysts`` (the policy's) gives
+    the per-analyst limits (``max_epsilon_per_block``).
+    """
+    caps = {name: a.max_epsilon_per_block for name, a in (analysts or {}).items()
+            if getattr(a, "max_epsilon_per_block", None) is not None}
+    url = privacy.ledger
+    if url is None:
+        url = "memory" if source == "<memory>" else f"sqlite:///{Path(source).stem}.budget.sqlite3"
+    store: Store
+    if url == "memory":
+        store = MemoryStore()
+    elif url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.is_absolute() and source != "<memory>":
+            path = Path(source).resolve().parent / path
+        store = SQLiteStore(path)
+    elif url.startswith(("postgresql://", "postgres://")):
+        store = PostgresStore(url)
+    else:
+        raise ValueError(f"unknown ledger URL {url!r}")
+    sch = privacy.scheduler
+    settings = SchedulerSettings(
+        policy=sch.policy, n=sch.n, lifetime_seconds=sch.lifetime_seconds,
+        tick_seconds=sch.tick_seconds, wait_seconds=sch.wait_seconds,
+        max_wait_seconds=sch.max_wait_seconds)
+    try:
+        return Ledger(privacy.epsilon_per_block, privacy.delta_per_block, store=store,
+                      accountant=accountant_for(privacy.accounting, privacy.renyi_delta_share),
+                      scheduler=settings, analyst_caps=caps, **kwargs)
+    except BaseException:
+        store.close()
+        raise

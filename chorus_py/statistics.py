@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from chorus_py.backends import Backend
 from chorus_py.policy import BlockConfig
@@ -21,12 +22,17 @@ _EPOCH = datetime(1970, 1, 1)
 
 @dataclass(frozen=True)
 class BlockWindows:
-    """Consecutive windows [start + i * width, start + (i + 1) * width) for i < count."""
+    """Consecutive windows [start + i * width, start + (i + 1) * width) for i < count.
+
+    Time windows (datetime start, timedelta width), or ranges of privacy-unit ids (int start and
+    width, User DP; ``column`` names the unit).
+    """
 
     table: str
-    start: datetime
-    width: timedelta
+    start: Any
+    width: Any
     count: int
+    column: str = ""
 
     @property
     def end(self) -> datetime:
@@ -34,7 +40,12 @@ class BlockWindows:
         return self.start + self.width * self.count
 
     def ids(self) -> tuple[str, ...]:
-        """Block ids such as ``trips/2026-01-01`` (time shown when windows are sub-day)."""
+        """Block ids such as ``trips/2026-01-01`` (time shown when windows are sub-day), or
+        ``trips/rider_id:0-9999`` for id ranges."""
+        if isinstance(self.width, int):
+            return tuple(f"{self.table}/{self.column}:{lo}-{lo + self.width - 1}"
+                         for lo in range(self.start, self.start + self.width * self.count,
+                                         self.width))
         daily = self.width % timedelta(days=1) == timedelta(0)
         out = []
         for i in range(self.count):
@@ -75,6 +86,12 @@ class BlockCatalog:
 
 
 def _windows(table: str, block: BlockConfig, low: object, high: object) -> BlockWindows:
+    ids = block.ids_per_block
+    if ids is not None:  # User DP: ranges of ids aligned to multiples of the width
+        if low is None or high is None:
+            return BlockWindows(table, 0, ids, 0, block.column)
+        first, last = int(low) // ids, int(high) // ids  # type: ignore[call-overload]
+        return BlockWindows(table, first * ids, ids, last - first + 1, block.column)
     width = block.width
     if low is None or high is None:
         return BlockWindows(table, _EPOCH, width, 0)

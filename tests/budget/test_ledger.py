@@ -7,6 +7,7 @@ and ``global = remaining + allocated + consumed`` with nothing negative.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import threading
@@ -133,7 +134,9 @@ def test_claim_short_on_one_block_allocates_nothing_anywhere() -> None:
     assert "nothing was spent" in message
     assert info.value.hint
     assert led.blocks() == before
-    assert led.claims() == claims_before
+    # The refused claim is recorded (for the audit trail) but took nothing.
+    *kept, refused = led.claims()
+    assert kept == claims_before and refused.state == "refused"
     assert block(led, names[0]).epsilon_allocated == 0.0
     assert block(led, names[2]).epsilon_allocated == 0.0
     check_invariants(led)
@@ -256,9 +259,11 @@ def test_blocks_are_sorted_snapshots(ledger: InMemoryLedger) -> None:
     ledger.ensure_blocks(["0"])
     snapshot = ledger.blocks()
     assert [b.block_id for b in snapshot] == ["0", "a", "b", "c"]
-    snapshot[1].epsilon_consumed = 99.0
-    assert block(ledger, "a").epsilon_consumed == 0.0
-    assert snapshot[1].as_dict()["epsilon_remaining"] == 0.0  # clamped for display
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot[1].block_id = "x"  # type: ignore[misc]
+    ledger.consume(ledger.claim("alice", ["a"], 1.0, 0.0))
+    assert snapshot[1].epsilon_consumed == 0.0  # a snapshot, not a live view
+    assert block(ledger, "a").as_dict()["epsilon_remaining"] == 0.0
 
 
 def test_can_claim_changes_nothing(ledger: InMemoryLedger) -> None:
@@ -386,8 +391,9 @@ def test_threads_racing_for_one_block_never_overspend() -> None:
     assert b.epsilon_consumed <= 1.0 + 1e-12
     assert b.epsilon_consumed == pytest.approx(1.0)
     assert b.epsilon_allocated == pytest.approx(0.0, abs=1e-12)
-    assert len(led.claims()) == 100
-    assert all(c.state == "consumed" for c in led.claims())
+    states = [c.state for c in led.claims()]
+    assert states.count("consumed") == 100
+    assert set(states) == {"consumed", "refused"}
     check_invariants(led)
 
 
@@ -551,3 +557,28 @@ FloatLedgerMachine.TestCase.settings = settings(
     max_examples=80, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestFloatLedgerMachine = FloatLedgerMachine.TestCase
+
+
+class SQLiteLedgerMachine(LedgerMachine):
+    """The same exact model, on the durable SQLite store (a fresh file per example)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        from budget.ledger import Ledger
+        from budget.store import SQLiteStore
+
+        super().__init__()
+        self._dir = tempfile.TemporaryDirectory()
+        store = SQLiteStore(f"{self._dir.name}/ledger.sqlite3", synchronous="NORMAL")
+        self.ledger = Ledger(EPS_GLOBAL, DELTA_GLOBAL, store=store)
+
+    def teardown(self) -> None:
+        self.ledger.close()
+        self._dir.cleanup()
+
+
+SQLiteLedgerMachine.TestCase.settings = settings(
+    max_examples=25, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestSQLiteLedgerMachine = SQLiteLedgerMachine.TestCase

@@ -1,0 +1,256 @@
+"""The durable ledgers (SQLite, Postgres): restart, crash (SIGKILL) and multi-process races."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from budget.accounting import RenyiAccountant
+from budget.ledger import Ledger, LedgerMismatch, replay
+from budget.scheduler import SchedulerSettings
+from budget.store import PostgresStore, SQLiteStore, Store
+from chorus_py.errors import BudgetExhausted
+
+ROOT = Path(__file__).resolve().parents[2]
+EIGHTH = 0.125
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+
+
+def open_store(url: str) -> Store:
+    if url.startswith("sqlite:///"):
+        return SQLiteStore(url.removeprefix("sqlite:///"))
+    return PostgresStore(url)
+
+
+def open_ledger(url: str, **kw: object) -> Ledger:
+    return Ledger(1.0, 0.0, store=open_store(url), **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def pg_ledger_url(postgres_url: str) -> Iterator[str]:
+    """A Postgres database with empty ledger tables."""
+    with psycopg.connect(postgres_url, autocommit=True) as con:
+        for t in ("meta", "blocks", "claims", "journal"):
+            con.execute(f"DROP TABLE IF EXISTS chorus_ledger_{t}")
+    yield postgres_url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path)
+    return request.getfixturevalue("pg_ledger_url")
+
+
+def check_consistent(led: Ledger) -> None:
+    """Invariant, claims add up to the block fields, journal replays to the stored state."""
+    claims = led.claims()
+    rebuilt = replay(led.history())
+    for b in led.blocks():
+        assert math.isclose(b.global_[0], b.locked[0] + b.unlocked[0] + b.allocated[0]
+                            + b.consumed[0], abs_tol=1e-12)
+        mine = [c for c in claims if b.block_id in c.blocks]
+        for state, value in (("allocated", b.epsilon_allocated), ("consumed", b.epsilon_consumed)):
+            assert math.isclose(value, math.fsum(c.demand[0] for c in mine if c.state == state),
+                                abs_tol=1e-12), (state, b)
+        r = rebuilt[b.block_id]
+        assert (tuple(r.unlocked), tuple(r.allocated), tuple(r.consumed)) == (
+            b.unlocked, b.allocated, b.consumed)
+
+
+def worker(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.budget.ledger_worker", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def read_until(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"worker ended: {lines} {err}")
+        lines.append(line.strip())
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no {prefix} line within {timeout} s: {lines}")
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+# -- restart -------------------------------------------------------------------------------------
+def test_restart_restores_the_exact_state(store_url: str) -> None:
+    led = open_ledger(store_url, scheduler=SchedulerSettings("dpf-n", n=4))
+    led.ensure_blocks(["a", "b"])
+    consumed = led.claim("x", ["a", "b"], EIGHTH, 0.0)
+    led.consume(consumed)
+    released = led.claim("x", ["a"], EIGHTH, 0.0)
+    led.release(released)
+    held = led.claim("y", ["b"], EIGHTH, 0.0)
+    before, claims, history = led.blocks(), led.claims(), led.history()
+    led.close()
+    again = open_ledger(store_url, scheduler=SchedulerSettings("dpf-n", n=4))
+    assert again.blocks() == before
+    assert again.claims() == claims
+    assert again.history() == history
+    again.consume(held)  # the claim made before the restart settles after it
+    assert [b.epsilon_consumed for b in again.blocks()] == [EIGHTH, 2 * EIGHTH]
+    check_consistent(again)
+    again.close()
+
+
+def test_a_ledger_refuses_other_accounting_units(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    open_ledger(url).close()
+    with pytest.raises(LedgerMismatch, match="accounting = basic"):
+        Ledger(1.0, 1e-6, store=open_store(url), accountant=RenyiAccountant())
+
+
+def test_journal_cannot_be_rewritten(tmp_path: Path) -> None:
+    import sqlite3
+
+    url = sqlite_url(tmp_path)
+    led = open_ledger(url)
+    led.ensure_blocks(["a"])
+    led.close()
+    con = sqlite3.connect(url.removeprefix("sqlite:///"))
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        con.execute("DELETE FROM ledger_journal")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        con.execute("UPDATE ledger_journal SET event = 'x'")
+    con.close()
+
+
+# -- crash -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("commit_number", [6, 7], ids=["in-claim", "in-consume"])
+def test_sigkill_inside_a_commit_loses_and_doubles_nothing(tmp_path: Path,
+                                                           commit_number: int) -> None:
+    # Commits of the worker: 1 ensure_blocks, then claim (2, 4, 6, ...) and consume (3, 5, 7, ...)
+    # in turn: 6 freezes inside the 3rd claim, 7 inside its consume.
+    url = sqlite_url(tmp_path)
+    proc = worker("crash", url, str(commit_number))
+    lines = read_until(proc, "IN_COMMIT")
+    kill(proc)
+    reported = [int(x.split()[1]) for x in lines if x.startswith("CONSUMED")]
+    assert reported  # the worker got somewhere before freezing
+    led = open_ledger(url)  # recovery runs on open
+    claims = {c.claim_id: c for c in led.claims()}
+    for claim_id in reported:
+        assert claims[claim_id].state == "consumed"  # nothing lost
+    # The frozen transaction left no trace (a claim) or was settled by recovery (a consume):
+    # either way every claim is closed and charged exactly once.
+    assert all(c.state in ("consumed", "refused") for c in claims.values())
+    n = sum(c.state == "consumed" for c in claims.values())
+    assert n in (len(reported), len(reported) + 1)
+    for b in led.blocks():
+        assert b.epsilon_consumed == pytest.approx(0.01 * n)
+        assert b.epsilon_allocated == 0.0
+    check_consistent(led)
+    assert led.recover() == []  # idempotent
+
+
+def test_allocated_claim_of_a_killed_process_is_charged_once(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    proc = worker("hold", url, "allocated")
+    (line,) = read_until(proc, "ALLOCATED")
+    claim_id = int(line.split()[1])
+    kill(proc)
+    led = open_ledger(url)
+    (claim,) = led.claims()
+    assert (claim.claim_id, claim.state) == (claim_id, "consumed")
+    assert led.history()[-1]["data"]["recovered"]
+    assert [b.epsilon_consumed for b in led.blocks()] == [0.25] * 3
+    check_consistent(led)
+    led.close()
+    again = open_ledger(url)  # a second restart changes nothing
+    assert [b.epsilon_consumed for b in again.blocks()] == [0.25] * 3
+
+
+def test_waiting_claim_of_a_killed_process_is_dropped(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    mine = open_ledger(url)
+    mine.ensure_blocks(["a", "b", "c"])
+    holding = mine.claim("me", ["a"], 0.5, 0.0)
+    proc = worker("hold", url, "waiting")
+    read_until(proc, "WAITING")
+    kill(proc)
+    other = open_ledger(url)  # recovers the dead worker's claim, never this process's own
+    states = {c.analyst: c.state for c in other.claims()}
+    assert states == {"me": "allocated", "hold": "refused"}
+    mine.consume(holding)
+    check_consistent(other)
+
+
+# -- concurrency -------------------------------------------------------------------------------
+def race(url: str, tmp_path: Path, prepare: Callable[[Ledger], None]) -> tuple[int, Ledger]:
+    led = open_ledger(url)
+    prepare(led)
+    go = tmp_path / "go"
+    procs = [worker("race", url, "16", str(2.0**-7), str(go)) for _ in range(2)]
+    time.sleep(1.5)  # let both import and open the ledger
+    go.touch()
+    wins = 0
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["errors"] == []
+        wins += result["wins"]
+    return wins, led
+
+
+def test_two_processes_of_16_threads_never_overspend(store_url: str, tmp_path: Path) -> None:
+    def nearly_exhausted(led: Ledger) -> None:
+        led.ensure_blocks(["day"])
+        led.consume(led.claim("setup", ["day"], 0.875, 0.0))  # 1/8 = 16 claims of 2^-7 left
+
+    wins, led = race(store_url, tmp_path, nearly_exhausted)
+    (day,) = led.blocks()
+    assert wins == 16  # dyadic amounts: exactly the budget that was left, no more, no less
+    assert day.epsilon_consumed == 1.0 and day.epsilon_allocated == 0.0
+    assert day.state == "retired"
+    states = [c.state for c in led.claims()]
+    assert states.count("consumed") == 17 and set(states) == {"consumed", "refused"}
+    check_consistent(led)
+    with pytest.raises(BudgetExhausted, match="day"):
+        led.claim("late", ["day"], 2.0**-7, 0.0)
+
+
+def test_a_locked_ledger_is_a_clear_error_and_spends_nothing(tmp_path: Path) -> None:
+    import sqlite3
+
+    from budget.store import LedgerUnavailable
+
+    url = sqlite_url(tmp_path)
+    led = Ledger(1.0, 0.0, store=SQLiteStore(url.removeprefix("sqlite:///"),
+                                              busy_timeout_seconds=0.1))
+    led.ensure_blocks(["a"])
+    blocker = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    with pytest.raises(LedgerUnavailable, match=r"unavailable .* nothing was spent") as info:
+        led.claim("x", ["a"], 0.5, 0.0)
+    assert info.value.sqlstate == "08006"
+    blocker.execute("ROLLBACK")
+    assert led.claims() == [] and led.blocks()[0].epsilon_allocated == 0.0
