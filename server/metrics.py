@@ -1,0 +1,286 @@
+"""What the budget ledger says, as numbers: views for the REST app, the dashboard and Prometheus.
+
+The ledger is read only through its public interface: ``blocks()`` (objects with ``as_dict()``)
+and ``claims()`` (dataclasses or objects with ``as_dict()``).  Field names are looked up
+tolerantly, so the views keep working while the ledger grows: the first ledger has
+``epsilon_global / allocated / consumed / remaining``; the DPF ledger adds ``locked`` and
+``unlocked`` budget and claim states such as ``waiting`` and ``refused``.  Whatever numeric field a
+block reports is passed through unchanged in :func:`ledger_blocks`.
+
+Nothing here changes the ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Claim states, grouped the way the dashboard shows them.  Unknown states are counted on their own.
+GRANTED_STATES = frozenset({"granted", "allocated", "consumed"})
+WAITING_STATES = frozenset({"waiting", "pending", "queued"})
+REFUSED_STATES = frozenset({"refused", "rejected", "denied", "timed_out", "timeout", "expired"})
+# States that mean the budget was spent (the analyst saw an answer).
+SPENT_STATES = frozenset({"consumed"})
+
+#: At most this many blocks that no query has read yet are listed on the dashboard.
+MAX_UNTOUCHED_BLOCKS = 2000
+
+
+def _number(data: Mapping[str, Any], *names: str) -> float | None:
+    for name in names:
+        value = data.get(name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _epsilon(data: Mapping[str, Any], part: str) -> float | None:
+    return _number(data, f"epsilon_{part}", f"{part}_epsilon", part)
+
+
+def jsonable(value: Any) -> Any:
+    """Numbers stay numbers (non-finite ones become None), containers recurse, the rest str."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def block_dict(block: Any) -> dict[str, Any]:
+    """One ledger block as a JSON-ready dictionary with at least a ``block`` key."""
+    raw = block.as_dict() if hasattr(block, "as_dict") else (
+        dataclasses.asdict(block) if dataclasses.is_dataclass(block) else dict(vars(block)))
+    data = {str(k): jsonable(v) for k, v in raw.items()}
+    if "block" not in data:
+        data["block"] = str(data.get("block_id", getattr(block, "block_id", "?")))
+    data["block"] = str(data["block"])
+    return data
+
+
+def claim_dict(claim: Any) -> dict[str, Any]:
+    """One ledger claim as a JSON-ready dictionary (``analyst``, ``state``, ``epsilon``, ...)."""
+    if hasattr(claim, "as_dict"):
+        raw = claim.as_dict()
+    elif dataclasses.is_dataclass(claim):
+        raw = {f.name: getattr(claim, f.name) for f in dataclasses.fields(claim)}
+    else:
+        raw = dict(vars(claim))
+    return {str(k): jsonable(v) for k, v in raw.items()}
+
+
+def ledger_blocks(engine: Any) -> list[dict[str, Any]]:
+    """Every block the ledger knows, as reported by the ledger."""
+    return [block_dict(b) for b in engine.ledger.blocks()]
+
+
+def ledger_claims(engine: Any) -> list[dict[str, Any]]:
+    """Every claim the ledger knows, oldest first."""
+    return [claim_dict(c) for c in engine.ledger.claims()]
+
+
+def bar_view(data: Mapping[str, Any], epsilon_per_block: float) -> dict[str, Any]:
+    """The four stacked parts of one block's epsilon: consumed, allocated, unlocked, locked.
+
+    Without locking (the first ledger), everything not yet allocated or consumed is unlocked.
+    """
+    total = _epsilon(data, "global")
+    total = epsilon_per_block if total is None else total
+    consumed = _epsilon(data, "consumed") or 0.0
+    allocated = _epsilon(data, "allocated") or 0.0
+    locked = _epsilon(data, "locked")
+    unlocked = _epsilon(data, "unlocked")
+    if unlocked is None:
+        remaining = _epsilon(data, "remaining")
+        if remaining is None:
+            remaining = total - consumed - allocated - (locked or 0.0)
+        unlocked = remaining if locked is None else max(0.0, remaining - locked)
+    return {
+        "block": str(data.get("block", "?")),
+        "total": total,
+        "consumed": consumed,
+        "allocated": allocated,
+        "unlocked": max(0.0, unlocked),
+        "locked": locked or 0.0,
+        "untouched": False,
+    }
+
+
+def claim_states(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many claims are in each state, as the ledger names them."""
+    return dict(Counter(str(c.get("state", "unknown")) for c in claims))
+
+
+def claims_summary(by_state: Mapping[str, int], refused_seen: int) -> dict[str, int]:
+    """Claims granted, waiting and refused.
+
+    ``refused_seen`` counts budget refusals this process observed; a ledger that records refused
+    claims itself reports at least as many, so the larger of the two is shown.
+    """
+    granted = sum(n for s, n in by_state.items() if s in GRANTED_STATES)
+    waiting = sum(n for s, n in by_state.items() if s in WAITING_STATES)
+    refused = sum(n for s, n in by_state.items() if s in REFUSED_STATES)
+    released = by_state.get("released", 0)
+    return {"granted": granted, "waiting": waiting, "refused": max(refused, refused_seen),
+            "released": released}
+
+
+def analyst_spending(claims: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per analyst: queries answered and epsilon/delta spent (consumed claims), claims by state."""
+    out: dict[str, dict[str, Any]] = {}
+    for claim in claims:
+        name = str(claim.get("analyst", "?"))
+        entry = out.setdefault(name, {"analyst": name, "queries": 0, "epsilon": 0.0,
+                                      "delta": 0.0, "claims": {}})
+        state = str(claim.get("state", "unknown"))
+        entry["claims"][state] = entry["claims"].get(state, 0) + 1
+        if state in SPENT_STATES:
+            entry["queries"] += 1
+            entry["epsilon"] += _number(claim, "epsilon") or 0.0
+            entry["delta"] += _number(claim, "delta") or 0.0
+    return out
+
+
+def analyst_blocks(claims: Iterable[Mapping[str, Any]], analyst: str) -> list[dict[str, Any]]:
+    """Epsilon/delta one analyst spent on each block (consumed claims only), sorted by block."""
+    per: dict[str, dict[str, Any]] = {}
+    for claim in claims:
+        if claim.get("analyst") != analyst or claim.get("state") not in SPENT_STATES:
+            continue
+        blocks = claim.get("blocks") or []
+        for block in blocks if isinstance(blocks, list) else [blocks]:
+            entry = per.setdefault(str(block), {"block": str(block), "epsilon_consumed": 0.0,
+                                                "delta_consumed": 0.0, "queries": 0})
+            entry["epsilon_consumed"] += _number(claim, "epsilon") or 0.0
+            entry["delta_consumed"] += _number(claim, "delta") or 0.0
+            entry["queries"] += 1
+    return [per[k] for k in sorted(per)]
+
+
+def known_block_ids(engine: Any) -> list[str]:
+    """Block ids of every windowed private table (public metadata: when data exists)."""
+    ids: list[str] = []
+    for name, table in engine.policy.tables.items():
+        if table.public or table.block is None:
+            continue
+        try:
+            ids.extend(engine.blocks.windows(name, table.block).ids())
+        except Exception:  # the backend is down: show what the ledger knows
+            continue
+    return ids
+
+
+class BudgetHistory:
+    """A bounded, thread-safe series of (time, total epsilon consumed / allocated) points."""
+
+    def __init__(self, max_points: int = 720, min_interval_s: float = 1.0) -> None:
+        self._points: deque[dict[str, float]] = deque(maxlen=max_points)
+        self._min_interval = min_interval_s
+        self._lock = threading.Lock()
+
+    def due(self) -> bool:
+        """True when the last point is older than ``min_interval_s`` (or there is none)."""
+        with self._lock:
+            return not self._points or time.time() - self._points[-1]["t"] >= self._min_interval
+
+    def record(self, blocks: list[dict[str, Any]]) -> None:
+        """Add a point (or replace the last one when it is younger than ``min_interval_s``)."""
+        point = {
+            "t": time.time(),
+            "consumed": sum(_epsilon(b, "consumed") or 0.0 for b in blocks),
+            "allocated": sum(_epsilon(b, "allocated") or 0.0 for b in blocks),
+        }
+        with self._lock:
+            if self._points and point["t"] - self._points[-1]["t"] < self._min_interval:
+                self._points[-1] = point
+            else:
+                self._points.append(point)
+
+    def points(self) -> list[dict[str, float]]:
+        """Oldest first."""
+        with self._lock:
+            return list(self._points)
+
+
+class _LedgerCollector(Collector):
+    """Reads the ledger at scrape time: budget per block, claims per state, spending."""
+
+    def __init__(self, engine: Any, refusals: PromCounter) -> None:
+        self._engine = engine
+        self._refusals = refusals
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        blocks = ledger_blocks(self._engine)
+        claims = ledger_claims(self._engine)
+        epsilon_per_block = self._engine.policy.privacy.epsilon_per_block
+        budget = GaugeMetricFamily(
+            "chorus_block_epsilon", "Epsilon of each private block, by part "
+            "(consumed, allocated, unlocked, locked, total).", labels=["block", "part"])
+        for data in blocks:
+            bar = bar_view(data, epsilon_per_block)
+            for part in ("consumed", "allocated", "unlocked", "locked", "total"):
+                budget.add_metric([bar["block"], part], bar[part])
+        yield budget
+        states = GaugeMetricFamily("chorus_claims", "Budget claims in the ledger, by state.",
+                                   labels=["state"])
+        for state, n in sorted(claim_states(claims).items()):
+            states.add_metric([state], n)
+        yield states
+        spent = GaugeMetricFamily("chorus_analyst_epsilon_consumed",
+                                  "Epsilon spent by each analyst (sum over answered queries).",
+                                  labels=["analyst"])
+        for name, entry in sorted(analyst_spending(claims).items()):
+            spent.add_metric([name], entry["epsilon"])
+        yield spent
+
+
+class Metrics:
+    """The Prometheus metrics of one REST app (its own registry, so apps never share counters)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = PromCounter(
+            "chorus_rest_requests", "REST requests answered, by endpoint and outcome.",
+            ["endpoint", "outcome"], registry=self.registry)
+        self.refusals = PromCounter(
+            "chorus_refusals", "Queries refused, by SQLSTATE (class 53: privacy budget).",
+            ["sqlstate"], registry=self.registry)
+        self.latency = Histogram(
+            "chorus_query_duration_seconds", "Time to answer a query or explain request.",
+            ["endpoint"], registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                     10.0, 30.0))
+        self.registry.register(_LedgerCollector(engine, self.refusals))
+        self._budget_refusals = 0
+        self._lock = threading.Lock()
+
+    def refused(self, sqlstate: str) -> None:
+        """Count a refusal; budget refusals (class 53) also feed the dashboard."""
+        self.refusals.labels(sqlstate).inc()
+        if sqlstate.startswith("53"):
+            with self._lock:
+                self._budget_refusals += 1
+
+    @property
+    def budget_refusals(self) -> int:
+        """Budget refusals observed by this app."""
+        with self._lock:
+            return self._budget_refusals

@@ -1,0 +1,386 @@
+"""The asyncio shell around :class:`~server.pgwire.session.Session`: sockets, TLS, timeouts.
+
+It reads bytes, lets :class:`~server.pgwire.protocol.MessageReader` frame them, drives each
+session generator, runs the blocking work it yields in a thread pool, and writes the output.
+Here, and only here, live the things that need a clock or a socket:
+
+- TLS after an ``SSLRequest`` (when the policy gives a certificate and key), refusing bytes that
+  arrived before the handshake (they were not encrypted: CVE-2021-23214);
+- the connection limit (``53300`` beyond it), the login timeout (startup and SCRAM must finish in
+  time), the idle timeout (``57P05``) and the statement timeout (``57014``);
+- cancel requests: the running backend statement is interrupted through
+  :meth:`chorus_py.backends.Backend.interrupt`; the engine settles the budget as for any failure
+  (charged once the database started reading).
+
+A failure in one connection closes that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import secrets
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from chorus_py.errors import ChorusError
+from server.pgwire import protocol as p
+from server.pgwire.session import QueryCanceled, ServerContext, Session, Work
+
+log = logging.getLogger("chorus.pgwire")
+
+DEFAULT_LISTEN = "127.0.0.1:6432"
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of the wire server (the policy's ``[server]`` section)."""
+
+    max_connections: int = 100
+    login_timeout: float = 30.0
+    idle_timeout: float = 3600.0
+    statement_timeout: float = 300.0
+    max_message: int = p.MAX_MESSAGE
+    workers: int = 8
+
+
+class _Running:
+    """The blocking work a session is running, so a cancel request can interrupt it."""
+
+    def __init__(self) -> None:
+        self.thread: int | None = None  # the worker thread, while it runs the work
+        self.active = False  # work submitted and not finished
+        self.cancelled: str | None = None  # why it is being cancelled
+        self.wake = asyncio.Event()
+
+
+class WireServer:
+    """Serves the Postgres protocol for one engine."""
+
+    def __init__(self, context: ServerContext, limits: Limits = Limits(),
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.ctx = context
+        self.limits = limits
+        self.tls = tls
+        context.tls_available = tls is not None
+        self.executor = ThreadPoolExecutor(max_workers=limits.workers,
+                                           thread_name_prefix="chorus-pgwire")
+        self._sessions: dict[int, tuple[Session, _Running]] = {}
+        self._pids = itertools.count(secrets.randbelow(1 << 20) + 1000)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    async def start(self, host: str, port: int) -> asyncio.Server:
+        self._server = await asyncio.start_server(self._serve, host, port,
+                                                  limit=self.limits.max_message + 16)
+        return self._server
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def connections(self) -> int:
+        return len(self._sessions)
+
+    # -- one connection -------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            await self._connection(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("wire connection failed")
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        pid = next(self._pids)
+        session = Session(self.ctx, pid, secrets.randbits(31))
+        running = _Running()
+        frames = p.MessageReader(self.limits.max_message)
+        over_limit = len(self._sessions) >= self.limits.max_connections
+        self._sessions[pid] = (session, running)
+        started = time.monotonic()
+        try:
+            while not session.closed:
+                if session.authenticated:
+                    timeout = self.limits.idle_timeout
+                else:
+                    timeout = self.limits.login_timeout - (time.monotonic() - started)
+                try:
+                    data = await asyncio.wait_for(reader.read(_READ_CHUNK), max(timeout, 0.001))
+                except TimeoutError:
+                    if session.authenticated:
+                        session.output += p.error_response(
+                            "57P05", "terminating connection due to idle-session timeout",
+                            severity="FATAL")
+                    else:
+                        session.output += p.error_response(
+                            "08006", "the login did not complete in time", severity="FATAL")
+                    await self._write(writer, session)
+                    return
+                if not data:
+                    return
+                try:
+                    messages = frames.feed(data)
+                    while messages:
+                        for message in messages:
+                            if over_limit and isinstance(message, p.Startup):
+                                session.output += p.error_response(
+                                    "53300", "sorry, too many clients already",
+                                    severity="FATAL")
+                                session.closed = True
+                                break
+                            await self._drive(session, running, message)
+                            if session.closed:
+                                break
+                        if session.closed:
+                            break
+                        if session.want_tls:
+                            session.want_tls = False
+                            if frames.buffered or getattr(reader, "_buffer", b""):
+                                session.protocol_violation(
+                                    "received unencrypted data after SSL request")
+                                break
+                            # No await between the 'S' and the handshake: the client's hello
+                            # must reach the TLS layer, not the plain stream buffer.
+                            writer.write(session.take_output())
+                            assert self.tls is not None
+                            await asyncio.wait_for(writer.start_tls(self.tls),
+                                                   self.limits.login_timeout)
+                            session.tls_started()
+                        messages = frames.feed(b"") if not session.closed else []
+                except p.ProtocolViolation as err:
+                    session.protocol_violation(str(err))
+                if session.cancel_target is not None:
+                    self._cancel(*session.cancel_target)
+                    return
+                await self._write(writer, session)
+        finally:
+            self._sessions.pop(pid, None)
+            if session.output:
+                with contextlib.suppress(Exception):
+                    await self._write(writer, session)
+
+    async def _write(self, writer: asyncio.StreamWriter, session: Session) -> None:
+        data = session.take_output()
+        if data:
+            writer.write(data)
+            await asyncio.wait_for(writer.drain(), self.limits.idle_timeout)
+
+    async def _drive(self, session: Session, running: _Running,
+                     message: p.FrontendMessage) -> None:
+        gen = session.handle(message)
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                work = gen.throw(error) if error is not None else gen.send(value)
+            except StopIteration:
+                return
+            value, error = None, None
+            try:
+                value = await self._run(running, work)
+            except Exception as err:
+                error = err
+
+    # -- blocking work, timeouts and cancellation ---------------------------------------------
+    async def _run(self, running: _Running, work: Work) -> Any:
+        loop = asyncio.get_running_loop()
+        running.cancelled = None
+        running.wake.clear()
+
+        def in_thread() -> Any:
+            running.thread = threading.get_ident()
+            try:
+                if running.cancelled:
+                    raise QueryCanceled(f"canceling statement due to {running.cancelled}")
+                return work.fn()
+            finally:
+                running.thread = None
+
+        future = loop.run_in_executor(self.executor, in_thread)
+        running.active = True
+        deadline = loop.time() + self.limits.statement_timeout
+        waker = asyncio.ensure_future(running.wake.wait())
+        try:
+            while not future.done():
+                # A thread cannot be killed, only its backend statement interrupted; keep
+                # interrupting until the engine returns (the statement may not have reached the
+                # backend yet), so the engine settles the budget as for any failure.
+                timeout = 0.2 if running.cancelled else max(0.0, deadline - loop.time())
+                await asyncio.wait({future, waker}, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if future.done():
+                    break
+                if running.cancelled is None and loop.time() >= deadline:
+                    running.cancelled = "statement timeout"
+                if waker.done():
+                    running.wake.clear()
+                    waker = asyncio.ensure_future(running.wake.wait())
+                if running.cancelled:
+                    self._interrupt(running)
+        except BaseException:
+            running.cancelled = running.cancelled or "server shutdown"
+            self._interrupt(running)
+            raise
+        finally:
+            running.active = False
+            waker.cancel()
+        try:
+            return future.result()
+        except QueryCanceled:
+            raise
+        except ChorusError as err:
+            if running.cancelled is None:
+                raise
+            raise QueryCanceled(f"canceling statement due to {running.cancelled}",
+                                hint=err.hint) from None
+
+    def _interrupt(self, running: _Running) -> None:
+        thread = running.thread
+        if thread is None:
+            return
+        interrupt = getattr(self.ctx.engine.backend, "interrupt", None)
+        if interrupt is None:
+            return
+        # The Postgres cancel is a network round trip: not on the event loop's thread.
+        threading.Thread(target=_quietly, args=(interrupt, thread), daemon=True).start()
+
+    def _cancel(self, pid: int, key: int) -> None:
+        found = self._sessions.get(pid)
+        if found is None:
+            return
+        session, running = found
+        if not hmac.compare_digest(session.secret.to_bytes(4, "big", signed=True),
+                                   key.to_bytes(4, "big", signed=True)):
+            log.info("cancel request with a wrong key for pid %d ignored", pid)
+            return
+        if running.active and running.cancelled is None:
+            running.cancelled = "user request"
+            running.wake.set()
+            self._interrupt(running)
+
+
+def _quietly(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        log.debug("interrupting a backend statement failed", exc_info=True)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'host:port' (or '[v6]:port', or ':port' for all interfaces) -> (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@contextlib.contextmanager
+def running_server(server: WireServer, host: str = "127.0.0.1",
+                   port: int = 0) -> Iterator[tuple[str, int]]:
+    """Run ``server`` on its own event loop thread (tests, benchmarks, embedding)."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    address: list[tuple[str, int]] = []
+    failure: list[BaseException] = []
+
+    async def main() -> None:
+        try:
+            srv = await server.start(host, port)
+        except BaseException as err:
+            failure.append(err)
+            started.set()
+            raise
+        address.append(srv.sockets[0].getsockname()[:2])
+        started.set()
+        await srv.serve_forever()
+
+    thread = threading.Thread(target=lambda: _run_loop(loop, main()), daemon=True,
+                              name="chorus-pgwire-loop")
+    thread.start()
+    started.wait(10)
+    if failure:
+        raise failure[0]
+    try:
+        yield address[0]
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, main: Any) -> None:
+    asyncio.set_event_loop(loop)
+    task = loop.create_task(main)
+    with contextlib.suppress(BaseException):
+        loop.run_forever()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        loop.run_until_complete(task)
+    loop.close()
+
+
+def build_wire_server(engine: Any) -> WireServer:
+    """A wire server for an engine, configured by its policy's ``[server]`` section."""
+    from pathlib import Path
+
+    from server.pgwire import types as t
+    from server.pgwire.catalog import Catalog
+    from server.pgwire.scram import parse_verifier
+
+    policy = engine.policy
+    columns: dict[str, dict[str, int]] = {}
+    public = getattr(engine, "public_columns", {})
+    for name, table in policy.tables.items():
+        if table.public:
+            columns[name] = {c: t.PORTABLE_OIDS.get(ty, t.TEXT)
+                             for c, ty in public.get(name, {}).items()}
+        else:
+            columns[name] = {c: t.POLICY_OIDS[cp.type] for c, cp in table.columns.items()}
+    verifiers = {name: parse_verifier(a.password) if a.password else None
+                 for name, a in policy.analysts.items()}
+    config = getattr(policy, "server", None)
+    limits = Limits()
+    tls = None
+    if config is not None:
+        statement = config.statement_timeout_seconds or \
+            policy.backend.statement_timeout_seconds
+        limits = Limits(max_connections=config.max_connections,
+                        login_timeout=config.login_timeout_seconds,
+                        idle_timeout=config.idle_timeout_seconds,
+                        statement_timeout=statement)
+        if config.tls_cert and config.tls_key:
+            base = Path(policy.source).parent if policy.source != "<memory>" else Path(".")
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(base / config.tls_cert, base / config.tls_key)
+    context = ServerContext(engine, Catalog(columns), verifiers, columns=columns)
+    return WireServer(context, limits, tls)

@@ -1,0 +1,69 @@
+"""`chorus passwd` and `chorus serve` as real subprocesses: right after `chorus demo`, the demo
+analyst logs in with password "demo" (what `psql postgresql://demo:demo@127.0.0.1:6432/demo`
+does, on a free port here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from chorus_py.demo import generate_demo
+from server.pgwire.scram import verify_password
+
+CHORUS = Path(sys.executable).parent / "chorus"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_passwd() -> None:
+    out = subprocess.run([str(CHORUS), "passwd"], input="correct horse\n", capture_output=True,
+                         text=True, timeout=60, check=True)
+    verifier = out.stdout.strip()
+    assert verify_password(verifier, "correct horse")
+    assert "correct horse" not in out.stdout + out.stderr
+    empty = subprocess.run([str(CHORUS), "passwd"], input="\n", capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert empty.returncode == 2
+
+
+def test_serve_the_demo(tmp_path: Path) -> None:
+    policy = generate_demo(tmp_path, rows=2000)
+    port = _free_port()
+    proc = subprocess.Popen([str(CHORUS), "serve", "--policy", str(policy), "--listen",
+                             f"127.0.0.1:{port}", "--rest", f"127.0.0.1:{_free_port()}"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        url = f"postgresql://demo:demo@127.0.0.1:{port}/demo?sslmode=prefer"
+        with psycopg.connect(url, autocommit=True) as con:
+            (n,) = con.execute("SELECT COUNT(*) FROM trips").fetchone()
+            assert isinstance(n, int)
+        if shutil.which("psql"):
+            out = subprocess.run(["psql", "-X", "-c", "SELECT city, COUNT(*) FROM trips "
+                                  "GROUP BY city", url], capture_output=True, text=True,
+                                 timeout=60, check=False, env={**os.environ})
+            assert out.returncode == 0 and "(5 rows)" in out.stdout, out.stderr
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(url.replace("demo:demo", "demo:wrong"))
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert proc.returncode == 0 or proc.returncode == -15
