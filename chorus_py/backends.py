@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +70,30 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections."""
+
+    def interrupt(self, thread_id: int) -> bool:
+        """Cancel the statement thread ``thread_id`` is running in :meth:`run`, if any.
+
+        Called from another thread (a client's cancel request, a statement timeout).  The
+        statement then fails in its own thread like any backend error once it started, so the
+        engine charges its claim.  Returns False when that thread runs no statement.
+        """
+        cancel = self.__dict__.get("_running", {}).get(thread_id)
+        if cancel is None:
+            return False
+        cancel()
+        return True
+
+    @contextmanager
+    def _cancellable(self, cancel: Callable[[], object]) -> Iterator[None]:
+        """Register how to cancel the current thread's statement while the block runs."""
+        running: dict[int, Callable[[], object]] = self.__dict__.setdefault("_running", {})
+        me = threading.get_ident()
+        running[me] = cancel
+        try:
+            yield
+        finally:
+            running.pop(me, None)
 
 
 def open_backend(url: str, statement_timeout_s: float = 300.0) -> Backend:
@@ -134,9 +158,10 @@ class DuckDBBackend(Backend):
         with self._lock:
             cur = self._con.cursor()
         try:
-            cur.execute(sql)
-            rows = cur.fetchall()
-            desc = cur.description or []
+            with self._cancellable(cur.interrupt):
+                cur.execute(sql)
+                rows = cur.fetchall()
+                desc = cur.description or []
         except self._BEFORE_EXECUTION as err:
             raise StatementFailed(False, str(err)) from None
         except duckdb.Error as err:
@@ -221,7 +246,7 @@ class PostgresBackend(Backend):
             raise StatementFailed(False, str(err)) from None
         with self._connection() as con:
             try:
-                with con.cursor() as cur:
+                with con.cursor() as cur, self._cancellable(con.cancel_safe):
                     cur.execute(query, prepare=False)
                     rows = cur.fetchall() if cur.description else []
                     desc = cur.description or []

@@ -186,6 +186,228 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
     _print_report(report.to_dict(), verbose=True)
 
 
+@main.command()
+@click.option("--policy", "policy_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The policy (TOML) file.")
+@click.option("--listen", default="127.0.0.1:6432", show_default=True, metavar="HOST:PORT",
+              help="Where the Postgres wire protocol listens.")
+@click.option("--rest", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT",
+              help="Where the REST API (/v1, /openapi.json) and the budget dashboard "
+              "(/dashboard) listen; --rest '' turns them off.")
+def serve(policy_path: Path, listen: str, rest: str) -> None:
+    """Serve the Postgres wire protocol: any Postgres client can connect.
+
+    Each connection is one analyst of the policy, authenticated with SCRAM-SHA-256 against the
+    verifier in [analysts.NAME] password (see `chorus passwd`). Answers carry their privacy
+    report as a NOTICE; SET chorus.epsilon / chorus.delta choose the cost of the next queries.
+    The same engine answers REST (bearer tokens: [analysts.NAME] token_sha256) and serves the
+    data owner's budget dashboard, on --rest.
+
+    \b
+    Examples:
+      chorus serve --policy demo/policy.toml
+      psql postgresql://demo:demo@127.0.0.1:6432/demo
+      curl -H 'Authorization: Bearer demo-token' -d '{"sql": "SELECT COUNT(*) FROM trips"}' \\
+          -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/query
+    """
+    from server.pgwire.server import parse_listen
+    from server.serve import serve as run_server
+
+    try:
+        parse_listen(listen)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--listen") from None
+    if rest:
+        from server.rest import parse_listen as parse_rest
+
+        try:
+            parse_rest(rest)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--rest") from None
+    try:
+        run_server(policy_path, listen, rest or None)
+    except (PolicyError, OperationalError) as err:
+        _fail(err, status=FAILED)
+    except ChorusError as err:
+        _fail(err)
+    except OSError as err:
+        click.secho(f"error: cannot listen on {listen}: {err.strerror or err}", fg="red",
+                    err=True)
+        sys.exit(FAILED)
+
+
+@main.command()
+@click.option("--iterations", type=click.IntRange(min=4096), default=4096, show_default=True,
+              help="PBKDF2 iterations of the verifier.")
+def passwd(iterations: int) -> None:
+    """Print the SCRAM-SHA-256 verifier of a password, for [analysts.NAME] password.
+
+    The password is read from a prompt (typed twice, not echoed) or, when stdin is not a
+    terminal, from the first line of stdin. Only the verifier goes into the policy: the proxy
+    never stores or sees a password.
+
+    \b
+    Examples:
+      chorus passwd
+      printf '%s\\n' "$ANALYST_PASSWORD" | chorus passwd
+    """
+    from server.pgwire.scram import make_verifier
+
+    if sys.stdin.isatty():
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True,
+                                err=True)
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        click.secho("error: empty password", fg="red", err=True)
+        sys.exit(REFUSED)
+    click.echo(make_verifier(password, iterations=iterations))
+    click.echo("put it in the policy: [analysts.NAME] password = \"<the line above>\"",
+               err=True)
+
+
+@main.group(invoke_without_command=True)
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="The policy (TOML) file; its ledger is read.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def budget(ctx: click.Context, policy_path: Path | None, as_json: bool) -> None:
+    """Show the privacy budget ledger: per-block state, history, the scheduler simulator.
+
+    Without a subcommand, prints every block's budget (like `budget status`): global, locked,
+    unlocked, allocated and consumed epsilon, and the (epsilon, delta) guarantee left.
+
+    \b
+    Examples:
+      chorus budget --policy demo/policy.toml
+      chorus budget --policy demo/policy.toml --json
+      chorus budget --policy demo/policy.toml history --limit 20
+      chorus budget --policy demo/policy.toml analysts
+      chorus budget simulate --plot dpf.png
+    """
+    ctx.obj = {"policy": policy_path, "json": as_json}
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(budget_status)
+
+
+@budget.command("status")
+@click.pass_context
+def budget_status(ctx: click.Context) -> None:
+    """Print every block's budget (a table, or JSON with --json before the subcommand)."""
+    ledger = _ledger(ctx)
+    blocks = ledger.blocks()
+    if ctx.obj["json"]:
+        click.echo(json.dumps({"accounting": ledger.accounting,
+                               "scheduler": ledger.settings.policy,
+                               "blocks": [b.as_dict() for b in blocks]}))
+        return
+    click.echo(f"accounting: {ledger.accounting}; scheduler: {ledger.settings.policy}; "
+               f"{len(blocks)} block(s)")
+    if not blocks:
+        return
+    columns = ("block", "state", "global", "consumed", "allocated", "unlocked", "locked",
+               "epsilon left", "delta left")
+    rows = [(b.block_id, b.state, f"{b.epsilon_capacity:.4g}", f"{b.epsilon_consumed:.4g}",
+             f"{b.epsilon_allocated:.4g}", f"{b.epsilon_unlocked:.4g}",
+             f"{b.epsilon_locked:.4g}", f"{b.epsilon_left:.4g}", f"{b.delta_left:.3g}")
+            for b in blocks]
+    _print_table(columns, rows)
+    if ledger.accounting == "renyi":
+        click.echo("(Rényi: budget columns at the order with the best guarantee; "
+                   "--json shows every order)")
+
+
+@budget.command("history")
+@click.option("--since", type=click.IntRange(min=0), default=0, help="After this entry number.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
+@click.pass_context
+def budget_history(ctx: click.Context, since: int, limit: int | None) -> None:
+    """Print the ledger's journal: every change, oldest first."""
+    import datetime
+
+    rows = _ledger(ctx).history(since, limit)
+    if ctx.obj["json"]:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        at = datetime.datetime.fromtimestamp(row["at"], datetime.UTC).isoformat(
+            timespec="seconds")
+        data = row["data"]
+        what = ", ".join(data["blocks"]) if isinstance(data.get("blocks"), list) else (
+            data.get("block", {}).get("block_id") if isinstance(data.get("block"), dict)
+            else data.get("block") or data.get("reason") or "")
+        claim = f" claim {row['claim_id']}" if row["claim_id"] is not None else ""
+        click.echo(f"{row['seq']:>6} {at} {row['event']}{claim} {what}")
+
+
+@budget.command("analysts")
+@click.pass_context
+def budget_analysts(ctx: click.Context) -> None:
+    """Print each analyst's spending per block (the epsilons of their granted queries)."""
+    ledger = _ledger(ctx)
+    spending = ledger.spending()
+    if ctx.obj["json"]:
+        click.echo(json.dumps({"analysts": spending, "limits": ledger.analyst_caps}))
+        return
+    rows = [(analyst, block, f"{eps:.4g}",
+             f"{ledger.analyst_caps[analyst]:g}" if analyst in ledger.analyst_caps else "-")
+            for analyst, blocks in sorted(spending.items())
+            for block, eps in sorted(blocks.items())]
+    _print_table(("analyst", "block", "epsilon spent", "limit per block"), rows)
+
+
+@budget.command("simulate")
+@click.option("--workload", type=click.Choice(["single", "multi"]), default="single",
+              show_default=True, help="The paper's single-block or multi-block experiment.")
+@click.option("-n", "ns", type=click.IntRange(min=1), multiple=True,
+              help="N values of DPF-N and RR-N (repeat the option; default: a sweep).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Also save a PNG plot here (needs matplotlib).")
+@click.pass_context
+def budget_simulate(ctx: click.Context, workload: str, ns: tuple[int, ...], seed: int,
+                    plot_path: Path | None) -> None:
+    """Run the PrivateKube microbenchmark on the real scheduler: claims granted per policy.
+
+    \b
+    Example:
+      chorus budget simulate --workload single -n 50 -n 100 -n 200
+    """
+    from budget.simulator import Workload, plot, sweep
+
+    w = (Workload.single_block(seed=seed) if workload == "single"
+         else Workload.multi_block(seed=seed))
+    results = sweep(w, ns or (25, 50, 100, 150, 200, 300))
+    if ctx.obj["json"]:
+        click.echo(json.dumps([r.__dict__ for r in results]))
+    else:
+        _print_table(("policy", "N", "arrived", "granted", "mice", "elephants"),
+                     [(r.policy, "-" if r.n is None else str(r.n), r.arrived, r.granted,
+                       r.granted_mice, r.granted_elephants) for r in results])
+    if plot_path is not None:
+        plot(results, plot_path, f"{workload} block")
+
+
+def _ledger(ctx: click.Context) -> Any:
+    from budget.ledger import open_ledger
+    from chorus_py.policy import load_policy
+
+    as_json = ctx.obj["json"]
+    if ctx.obj["policy"] is None:
+        _fail(ChorusError("--policy is required", hint="chorus budget --policy demo/policy.toml"),
+              as_json, status=REFUSED)
+    try:
+        policy = load_policy(ctx.obj["policy"])
+        ledger = open_ledger(policy.privacy, policy.source, policy.analysts)
+    except PolicyError as err:
+        _fail(err, as_json, status=FAILED)
+    except (ValueError, OSError) as err:
+        _fail(PolicyError(f"{ctx.obj['policy']}: privacy.ledger: cannot open the budget ledger: "
+                          f"{err}"), as_json, status=FAILED)
+    ctx.call_on_close(ledger.close)
+    return ledger
+
+
 def _engine(policy_path: Path, as_json: bool = False) -> Any:
     from chorus_py.engine import Engine
 

@@ -291,11 +291,31 @@ statement_timeout_seconds = 300
 # delta_per_block is the matching budget of delta (the small chance the epsilon guarantee fails).
 epsilon_per_block = 10.0
 delta_per_block = 1e-6
-# How charges add up: "basic" (epsilons simply add). ("renyi" comes with the DPF ledger.)
+# How charges add up: "basic" (epsilons simply add) or "renyi" (Rényi-DP curves add up, so many
+# small queries cost less; needs delta_per_block > 0).
 accounting = "basic"
-# How claims are scheduled: "fcfs" grants a claim at once when every block it reads has budget.
-# (The DPF schedulers "dpf-n" and "dpf-t" come with the DPF ledger.)
-scheduler = {{ policy = "fcfs" }}
+# With "renyi": the share of delta_per_block that pays for the queries' own deltas (group keys
+# released by thresholding); the rest converts the Rényi guarantee back to (epsilon, delta).
+renyi_delta_share = 0.5
+# How queries (claims on blocks) are granted:
+#   "fcfs"  at once, when every block the query reads has budget left;
+#   "dpf-n" Dominant Private block Fairness: a new block starts locked and each query that reads
+#           it unlocks 1/n of its budget, so the first n queries each get a fair share; waiting
+#           queries are granted smallest dominant share first.  Example:
+#           scheduler = {{ policy = "dpf-n", n = 100, wait_seconds = 5 }}
+#   "dpf-t" DPF over time: every tick, each block unlocks epsilon_per_block * tick / lifetime.
+#           Example: scheduler = {{ policy = "dpf-t", lifetime = "30d", tick = "1h" }}
+# wait_seconds: how long a query that does not fit yet waits for budget (0: refuse at once); a
+# query may ask for its own wait, up to max_wait_seconds.
+scheduler = {{ policy = "fcfs", wait_seconds = 0, max_wait_seconds = 60 }}
+# The budget ledger: a SQLite file next to this policy (every charge survives restarts and is
+# journaled; `chorus budget --policy FILE` shows it), "memory" (lost on exit), or
+# "postgresql://user@host/db" for one ledger shared by several proxies.
+ledger = "sqlite:///budget.sqlite3"
+# Seconds during which an identical query (same SQL, epsilon, delta and blocks) gets the same
+# noisy answer again for free (dashboards that refresh); 0 turns this off. Within that time a
+# changed row in an old block is not reflected.
+answer_cache_seconds = 0
 # What one query costs when the analyst does not ask for a specific epsilon / delta.
 default_epsilon = 0.5
 default_delta = 1e-8
@@ -306,18 +326,23 @@ noise = "sql"            # "sql": the database adds the noise; "proxy": Python a
 # Share of a query's epsilon spent on the noisy count that decides which group keys without
 # public_values may be released (unless the query itself counts distinct riders per group).
 threshold_epsilon_share = 0.2
+# Share of a query's epsilon spent choosing its own cap of trips per rider (contribution = "auto").
+cap_epsilon_share = 0.1
 
 [tables.trips]
 # The individual being protected: adding or removing all trips of one rider changes any answer
 # by at most the noise-calibrated amount.
 privacy_unit = "rider_id"
-# Contribution bound: every query sees at most 10 randomly chosen trips per rider (a few demo
-# riders have up to 200 trips). Larger values mean more noise; smaller ones drop more data.
-max_rows_per_unit = 10
-# "per-query": the 10 trips are drawn among those that pass each query's filter (most accurate).
-# "materialized": one random sample of <= 10 trips per rider is stored in the proxy's schema and
+# Contribution bound: the most trips of one rider any query may see (demo riders have 1 to 200).
+max_rows_per_unit = 200
+# "auto": each query chooses its own cap k <= 200 from a noisy histogram of trips per rider,
+# trading dropped trips (bias) against noise, with cap_epsilon_share of its epsilon.
+# "fixed": every query uses max_rows_per_unit (a cap that is too small biases every COUNT down).
+contribution = "auto"
+# "per-query": the k trips are drawn among those that pass each query's filter (most accurate).
+# "materialized": one random ranking of each rider's trips is stored in the proxy's schema and
 # reused by every query (much faster on large tables; filtered answers keep fewer trips of heavy
-# riders). The sample is rebuilt when the table changes.
+# riders). It is rebuilt when the table changes.
 bounding = "per-query"
 # Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget.
 block = {{ column = "pickup_time", size = "1 day" }}
@@ -342,8 +367,40 @@ public = true
 [analysts.demo]
 # Each analyst is charged separately in the report. An analyst may have a lower per-query limit:
 max_epsilon_per_query = 2.0
-# (The SCRAM verifier for the wire protocol and the REST token come with the front doors.)
+# ... and a limit on their total spending on any one block (unset here: only the block's own
+# budget limits them), e.g. max_epsilon_per_block = 5.0
+# The analyst's REST bearer token, stored only as its SHA-256 (the demo token is "demo-token").
+# Make a real one with `python -c "import secrets; print(secrets.token_urlsafe(32))"`, give it
+# to the analyst and store `printf %s THE_TOKEN | sha256sum` here.
+token_sha256 = "7c43ef5ae21d43ce2743f770c68e24def1a43ee2f416d2438410c8af7af2ff2c"
+# The analyst's wire-protocol password, stored only as a SCRAM-SHA-256 verifier (the demo
+# password is "demo": `psql postgresql://demo:demo@127.0.0.1:6432/demo` after `chorus serve`).
+# Make one with `chorus passwd`; the proxy never stores or sees the password itself.
+password = "{demo_verifier}"
+
+[server]
+# SHA-256 of the data owner's token (the demo token is "demo-owner-token"). It opens the budget
+# dashboard (/dashboard), Prometheus metrics (/metrics) and every analyst's budget over REST;
+# without it they stay closed.
+owner_token_sha256 = "4debe29c288e310c69d6a70c402c670b3127466f4d4b53b870e27eaebfe86ed2"
+# Postgres wire protocol (`chorus serve`). TLS is offered when both a PEM certificate and its
+# key are given (paths relative to this file), e.g.
+#   tls_cert = "server.crt"
+#   tls_key = "server.key"
+# Connections beyond max_connections are refused; a client must log in within
+# login_timeout_seconds and is disconnected after idle_timeout_seconds without a query.
+max_connections = 100
+login_timeout_seconds = 30
+idle_timeout_seconds = 3600
+# Statements running longer are cancelled (and charged once the database started reading).
+# Unset: backend.statement_timeout_seconds.
+#   statement_timeout_seconds = 300
 """
+
+
+# SCRAM-SHA-256 verifier of the demo analyst's password "demo" (`chorus passwd`).
+_DEMO_VERIFIER = ("SCRAM-SHA-256$4096:ld6T5EzDBylR7FPnbM4SLw==$vCZ/Clp1G7Wy3wwKHmJYt3vaM/2TPMy4"
+                  "561gLb2Xb1o=:4fTptsr6G6GLpmL6sQMRS9CA9yG7PwhxGOLwJ4ZpR00=")
 
 
 def _toml_string(value: str) -> str:
@@ -355,7 +412,8 @@ def _toml_string(value: str) -> str:
 def render_policy(url: str, backend_note: str = "") -> str:
     """The demo policy text for a backend URL."""
     note = f"\n# {backend_note}" if backend_note else ""
-    return _POLICY.format(url=_toml_string(url), backend_note=note)
+    return _POLICY.format(url=_toml_string(url), backend_note=note,
+                          demo_verifier=_DEMO_VERIFIER)
 
 
 # ---------------------------------------------------------------------------------------------

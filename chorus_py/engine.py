@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -33,7 +34,9 @@ import numpy as np
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
 from analyses.validate import TOO_DEEP, parse_statement
-from budget.ledger import InMemoryLedger
+from budget.accounting import Event, events_for_plan
+from budget.answers import AnswerCache
+from budget.ledger import Claim, Ledger, open_ledger
 from chorus_py.backends import (
     Backend,
     ResultSet,
@@ -51,6 +54,7 @@ from chorus_py.errors import (
 from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
 from chorus_py.report import (
+    BlockRemaining,
     ColumnReport,
     ContributionReport,
     KeyRelease,
@@ -102,7 +106,7 @@ class Engine:
     """Answers analyst SQL with differential privacy against one backend and one ledger."""
 
     def __init__(self, policy: Policy, backend: Backend | None = None,
-                 ledger: InMemoryLedger | None = None, block_ttl_seconds: float = 60.0) -> None:
+                 ledger: Ledger | None = None, block_ttl_seconds: float = 60.0) -> None:
         self.policy = policy
         self.dialect = policy.backend.dialect
         self.backend = backend or open_backend(policy.backend.url,
@@ -115,14 +119,22 @@ class Engine:
             self.backend.close()
             raise
         self.public_columns = {t: live[t] for t, tp in policy.tables.items() if tp.public}
-        self.ledger = ledger or InMemoryLedger(policy.privacy.epsilon_per_block,
-                                               policy.privacy.delta_per_block)
+        try:
+            self.ledger = ledger or open_ledger(policy.privacy, policy.source, policy.analysts)
+        except BaseException as err:
+            self.backend.close()
+            if isinstance(err, ValueError | OSError | sqlite3.Error):
+                raise PolicyError(f"{policy.source}: privacy.ledger: cannot open the budget "
+                                  f"ledger: {err}") from None
+            raise
+        self.answers = AnswerCache(policy.privacy.answer_cache_seconds)
         self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
         self.samples = BoundedSamples(self.backend, block_ttl_seconds)
         # Steps 1-5 and 7 are pure functions of (SQL, policy, block windows, epsilon, delta):
         # cache them.  The noise is drawn when the SQL runs, and the budget is charged per call.
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
+        self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
 
     @classmethod
     def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
@@ -130,8 +142,9 @@ class Engine:
         return cls(load_policy(path), **kwargs)
 
     def close(self) -> None:
-        """Close the backend connections."""
+        """Close the backend and ledger connections."""
         self.backend.close()
+        self.ledger.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -148,11 +161,17 @@ class Engine:
         if isinstance(analysis, PublicQuery):
             return self._public_report(analyst, analysis)
         eps, dlt = self._parameters(analyst, epsilon, delta)
-        return self._prepare(analysis, analyst, eps, dlt).report
+        report = self._prepare(analysis, analyst, eps, dlt).report
+        return dataclasses.replace(report, remaining=self._remaining(report.blocks),
+                                   accounting=self.ledger.accounting)
 
     def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
-                delta: float | None = None) -> QueryResult:
-        """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads."""
+                delta: float | None = None, wait_seconds: float | None = None) -> QueryResult:
+        """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads.
+
+        A claim the scheduler cannot grant at once waits up to ``wait_seconds`` (default: the
+        policy's ``scheduler.wait_seconds``), blocking this thread, then raises BudgetExhausted.
+        """
         started = time.perf_counter()
         analyst = self._analyst(analyst)
         analysis = self._analyse(sql)
@@ -163,12 +182,11 @@ class Engine:
         eps, dlt = self._parameters(analyst, epsilon, delta)
         prepared = self._prepare(analysis, analyst, eps, dlt)
         report = prepared.report
-        claim = None
-        if prepared.reads is None or prepared.reads.ids:
-            ids = prepared.reads.ids if prepared.reads else (analysis.table,)
-            self.ledger.ensure_blocks(ids)
-            claim = self.ledger.claim(analyst, ids, report.epsilon, report.delta,
-                                      description=sql[:200])
+        answer_key = (analysis.normalized_sql, eps, dlt, report.blocks)
+        again = self.answers.get(answer_key)
+        if again is not None:
+            return self._answer_again(again, analyst)
+        claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds)
         try:
             if prepared.cap_epsilon > 0:
                 cap = self._choose_cap(prepared, claim)
@@ -188,8 +206,48 @@ class Engine:
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
-        charged = dataclasses.replace(prepared.report, charged=claim is not None)
-        return QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
+        charged = dataclasses.replace(
+            prepared.report, charged=claim is not None, accounting=self.ledger.accounting,
+            remaining=self._remaining(claim.blocks if claim is not None else ()))
+        answer = QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
+        if claim is not None:
+            self.answers.put(answer_key, answer)
+        return answer
+
+    # -- budget (steps 6 and 10) -----------------------------------------------------------
+    def _claim(self, prepared: _Prepared, table: str, analyst: str, sql: str,
+               wait_seconds: float | None) -> Claim | None:
+        """Claim the query's cost on every block it reads (None: it reads no block)."""
+        report = prepared.report
+        if prepared.reads is not None and not prepared.reads.ids:
+            return None
+        ids = prepared.reads.ids if prepared.reads is not None else (table,)
+        # The ledger records one event per mechanism.  While the row cap is still to be chosen
+        # (contribution = "auto") the final mechanisms are not known yet: charge the query's
+        # (epsilon, delta) itself, whose Rényi curve bounds that of any mechanism of that cost.
+        events = (events_for_plan(prepared.plan) if prepared.cap_epsilon == 0
+                  else (Event.epsilon_delta(report.epsilon, report.delta),))
+        self.ledger.ensure_blocks(ids)
+        try:
+            return self.ledger.claim(analyst, ids, report.epsilon, report.delta,
+                                     description=sql[:200], events=events,
+                                     wait_seconds=wait_seconds)
+        except ValueError as err:  # e.g. a negative wait time
+            raise InvalidParameter(str(err)) from None
+
+    def _answer_again(self, answer: QueryResult, analyst: str) -> QueryResult:
+        """An answer already released, served again: post-processing, no budget spent."""
+        report = dataclasses.replace(
+            answer.report, analyst=analyst, charged=False,
+            remaining=self._remaining(answer.report.blocks),
+            notes=(*answer.report.notes, "the same noisy answer as an earlier identical query "
+                   "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
+        return QueryResult(answer.columns, answer.types, list(answer.rows), report)
+
+    def _remaining(self, ids: tuple[str, ...]) -> tuple[BlockRemaining, ...]:
+        return tuple(BlockRemaining(b.block_id, "retired" if b.state == "retired" else "active",
+                                    b.epsilon_left, b.delta_left, b.epsilon_spent, b.delta_spent)
+                     for b in self.ledger.remaining(ids))
 
     # -- steps ----------------------------------------------------------------------------------
     def _analyst(self, analyst: str | None) -> str:
@@ -283,10 +341,14 @@ class Engine:
         query, plan = prepared.query, prepared.plan
         limit = query.table_policy.contribution_bound
         starts = cap_bins(limit)
-        histogram = cap_histogram(query, prepared.restriction, prepared.sample, starts)
+        key = (query.normalized_sql, prepared.restriction, prepared.sample)
+        sql = self._histograms.get(key)
+        if sql is None:  # the histogram's SQL depends only on the query: build it once
+            histogram = cap_histogram(query, prepared.restriction, prepared.sample, starts)
+            sql = dialect(histogram, self.dialect).sql(self.dialect)
+            self._histograms.put(key, sql)
         exact = np.zeros(len(starts))
-        for index, units in self._run(dialect(histogram, self.dialect).sql(self.dialect),
-                                      touched_charge=claim).rows:
+        for index, units in self._run(sql, touched_charge=claim).rows:
             exact[int(index)] = float(units)
         # The exact histogram never leaves this function: only its noisy version is used.
         noisy = DiscreteLaplace.from_sensitivity(1, prepared.cap_epsilon).sample(exact)
@@ -332,7 +394,8 @@ class Engine:
         windows = self.blocks.windows(query.table, block)
         reads = blocks_read(query, windows)
         column_type = query.table_policy.columns[block.column].type
-        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end)
+        runs = reads.runs if len(reads.runs) > 1 else ()  # non-contiguous: one window per run
+        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end, runs)
 
     def _run(self, sql: str, touched_charge: Any) -> ResultSet:
         try:

@@ -25,6 +25,7 @@ ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$")
+_IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")
 _SIZE_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 
 
@@ -53,15 +54,71 @@ class BackendConfig(_Strict):
 
 
 class SchedulerConfig(_Strict):
-    """DPF scheduler settings; read by the budget ledger (the first ledger grants at once)."""
+    """How the budget ledger grants claims (``budget.scheduler``; DESIGN.md section 7)."""
 
-    # Only first-come first-served is available until the DPF ledger lands: a policy asking for
-    # DPF is refused rather than silently scheduled differently.
-    policy: Literal["fcfs"] = "fcfs"
+    # "fcfs": a claim is granted at once when every block it reads has budget (blocks start fully
+    # unlocked).  "dpf-n": Dominant Private block Fairness, N-based (each arriving claim unlocks
+    # epsilon^G / n of every block it asks for).  "dpf-t": DPF, time-based (each block unlocks
+    # epsilon^G * tick / lifetime every tick).
+    policy: Literal["fcfs", "dpf-n", "dpf-t"] = "fcfs"
     n: int | None = Field(default=None, gt=0)
-    wait_seconds: float = Field(default=0.0, ge=0)
+    # How long a claim that does not fit yet may wait for the scheduler (0: refuse at once).
+    wait_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    # Upper limit of a per-query wait override.
+    max_wait_seconds: float = Field(default=60.0, ge=0, allow_inf_nan=False)
     lifetime: str | None = None
     tick: str | None = None
+
+    @field_validator("lifetime", "tick")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchedulerConfig:
+        if self.policy == "dpf-n" and self.n is None:
+            raise ValueError("policy 'dpf-n' needs n (claims that share a block's budget)")
+        if self.policy != "dpf-n" and self.n is not None:
+            raise ValueError("n only applies to policy 'dpf-n'")
+        if self.policy == "dpf-t":
+            if self.lifetime is None or self.tick is None:
+                raise ValueError("policy 'dpf-t' needs lifetime and tick, e.g. "
+                                 "lifetime = \"30d\", tick = \"1h\"")
+            if duration_seconds(self.tick) > duration_seconds(self.lifetime):
+                raise ValueError("tick must not be longer than lifetime")
+        elif self.lifetime is not None or self.tick is not None:
+            raise ValueError("lifetime and tick only apply to policy 'dpf-t'")
+        if self.wait_seconds > self.max_wait_seconds:
+            raise ValueError("wait_seconds must not exceed max_wait_seconds")
+        return self
+
+    @property
+    def lifetime_seconds(self) -> float | None:
+        """``lifetime`` in seconds."""
+        return None if self.lifetime is None else duration_seconds(self.lifetime)
+
+    @property
+    def tick_seconds(self) -> float | None:
+        """``tick`` in seconds."""
+        return None if self.tick is None else duration_seconds(self.tick)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+_DURATION_UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
+                   "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
+                   "d": 86400, "day": 86400, "days": 86400, "w": 604800, "week": 604800,
+                   "weeks": 604800}
+
+
+def duration_seconds(text: str) -> float:
+    """``"30d"``, ``"1h"``, ``"15 minutes"`` ... in seconds (``ValueError`` otherwise)."""
+    match = _DURATION_RE.match(text.lower())
+    if not match or match.group(2) not in _DURATION_UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"expected a positive duration such as '30d', '1h' or '15 minutes', "
+                         f"got {text!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 class PrivacyConfig(_Strict):
@@ -69,7 +126,18 @@ class PrivacyConfig(_Strict):
 
     epsilon_per_block: float = Field(gt=0, allow_inf_nan=False)
     delta_per_block: float = Field(default=0.0, ge=0, lt=1)
-    accounting: Literal["basic"] = "basic"  # "renyi" arrives with the DPF ledger
+    # "basic": epsilons (and deltas) add up; "renyi": Rényi-DP curves add up (budget.accounting).
+    accounting: Literal["basic", "renyi"] = "basic"
+    # Rényi accounting: the share of delta_per_block that pays for queries' own deltas (group-key
+    # thresholds); the rest converts Rényi DP back to (epsilon, delta)-DP.
+    renyi_delta_share: float = Field(default=0.5, ge=0, lt=1)
+    # Where the budget ledger lives: "sqlite:///file" (relative to the policy file), "memory", or
+    # "postgresql://..." (several proxies sharing one ledger).  Unset: "sqlite:///<policy file
+    # name>.budget.sqlite3" next to the policy file.
+    ledger: str | None = None
+    # Seconds an identical query (same SQL, epsilon, delta and blocks) is answered again with the
+    # same noisy answer, at no cost (budget.answers); 0 turns the cache off.
+    answer_cache_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     default_epsilon: float = Field(default=0.1, gt=0, allow_inf_nan=False)
     default_delta: float = Field(default=0.0, ge=0, lt=1)
     max_epsilon_per_query: float = Field(default=1.0, gt=0, allow_inf_nan=False)
@@ -79,6 +147,8 @@ class PrivacyConfig(_Strict):
     # Share of a query's epsilon spent on the noisy distinct-unit count that decides which
     # non-public group keys may be released (DESIGN.md section 4, "thresholded").
     threshold_epsilon_share: float = Field(default=0.2, gt=0, lt=1)
+    # Share of a query's epsilon spent choosing its row cap (tables with contribution = "auto").
+    cap_epsilon_share: float = Field(default=0.1, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _defaults_within_limits(self) -> PrivacyConfig:
@@ -88,6 +158,14 @@ class PrivacyConfig(_Strict):
             raise ValueError("default_delta must not exceed max_delta_per_query")
         if self.max_epsilon_per_query > self.epsilon_per_block:
             raise ValueError("max_epsilon_per_query must not exceed epsilon_per_block")
+        if self.accounting == "renyi" and self.delta_per_block <= 0:
+            raise ValueError("accounting = 'renyi' needs delta_per_block > 0 (Rényi DP converts "
+                             "to (epsilon, delta)-DP)")
+        if self.ledger is not None and not (
+                self.ledger == "memory"
+                or self.ledger.startswith(("sqlite:///", "postgresql://", "postgres://"))):
+            raise ValueError("ledger must be \"memory\", \"sqlite:///file\" or a "
+                             "postgresql:// URL")
         return self
 
 
@@ -121,7 +199,11 @@ class ColumnPolicy(_Strict):
 
 
 class BlockConfig(_Strict):
-    """How a table is cut into private blocks: windows of ``size`` on ``column``."""
+    """How a table is cut into private blocks.
+
+    Time windows of ``size`` ("1 hour", "1 day", "1 week") on a date/timestamp ``column`` (Event
+    and User-Time DP), or ranges of ``size`` ids ("10000 ids") of the privacy unit (User DP).
+    """
 
     column: str
     size: str = "1 day"
@@ -129,15 +211,23 @@ class BlockConfig(_Strict):
     @field_validator("size")
     @classmethod
     def _parse_size(cls, size: str) -> str:
-        if not _SIZE_RE.match(size):
-            raise ValueError("expected a window such as '1 hour', '1 day' or '1 week'")
+        if not (_SIZE_RE.match(size) or _IDS_RE.match(size)):
+            raise ValueError("expected a window such as '1 hour', '1 day' or '1 week', or a "
+                             "range of ids such as '10000 ids'")
         return size
+
+    @property
+    def ids_per_block(self) -> int | None:
+        """The width of an id-range block (User DP), or None for time windows."""
+        match = _IDS_RE.match(self.size)
+        return int(match.group(1)) if match else None
 
     @property
     def seconds(self) -> int:
         """The window length in seconds."""
         match = _SIZE_RE.match(self.size)
-        assert match is not None
+        if match is None:
+            raise ValueError(f"block size {self.size!r} is not a time window")
         return int(match.group(1)) * _SIZE_SECONDS[match.group(2)]
 
     @property
@@ -158,6 +248,10 @@ class TablePolicy(_Strict):
     # own schema, rebuilt when the table changes, and queries filter that sample (much faster on
     # large tables; filtered queries keep fewer rows of units with more than k rows).
     bounding: Literal["per-query", "materialized"] = "per-query"
+    # "auto": max_rows_per_unit is a hard limit and each query picks its own cap k below it,
+    # privately, from a noisy histogram of rows per unit (privacy.cap_epsilon_share of its
+    # epsilon); "fixed": every query uses max_rows_per_unit.
+    contribution: Literal["auto", "fixed"] = "auto"
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -181,8 +275,15 @@ class TablePolicy(_Strict):
             col = self.columns.get(self.block.column)
             if col is None:
                 raise ValueError(f"block column '{self.block.column}' is not a declared column")
-            if col.type not in ("date", "timestamp"):
-                raise ValueError("block column must be of type date or timestamp")
+            if self.block.ids_per_block is not None:
+                # User DP: all rows of a unit must fall in one block, so the blocks are ranges
+                # of the unit's own (integer) id.
+                if self.block.column != self.privacy_unit or col.type != "int":
+                    raise ValueError("id-range blocks ('N ids') must be on the privacy_unit "
+                                     "column, of type int")
+            elif col.type not in ("date", "timestamp"):
+                raise ValueError("block column must be of type date or timestamp (or the int "
+                                 "privacy_unit with size = 'N ids')")
         return self
 
     @property
@@ -191,12 +292,72 @@ class TablePolicy(_Strict):
         return self.max_rows_per_unit or 1
 
 
+def _sha256_hex(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise ValueError("expected the SHA-256 of the token as 64 hex digits, e.g. from "
+                         "`printf %s TOKEN | sha256sum`")
+    return None if value is None else value.lower()
+
+
 class AnalystPolicy(_Strict):
     """An analyst. Credentials (SCRAM verifier, REST token hash) belong to the front doors."""
 
     password: str | None = None
+    # SHA-256 (hex) of the analyst's REST bearer token; the token itself is never stored.
     token_sha256: str | None = None
     max_epsilon_per_query: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # The most this analyst may spend on any one block, in total (the sum of the epsilons of
+    # their queries that read it); unset: only the block's own budget limits them.
+    max_epsilon_per_block: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _token_hash(cls, value: str | None) -> str | None:
+        return _sha256_hex(value)
+
+    @field_validator("password")
+    @classmethod
+    def _scram_verifier(cls, value: str | None) -> str | None:
+        # Only a SCRAM-SHA-256 verifier (Postgres's format) is accepted, never a plain password.
+        if value is not None and not _SCRAM_RE.fullmatch(value):
+            raise ValueError("expected a SCRAM-SHA-256 verifier 'SCRAM-SHA-256$<iterations>:"
+                             "<salt>$<StoredKey>:<ServerKey>' from `chorus passwd`, never a "
+                             "plain password")
+        return value
+
+
+_SCRAM_RE = re.compile(r"SCRAM-SHA-256\$[1-9][0-9]*:[A-Za-z0-9+/]+={0,2}\$"
+                       r"[A-Za-z0-9+/]{43}=:[A-Za-z0-9+/]{43}=")
+
+
+class ServerConfig(_Strict):
+    """Settings of the network front doors shared by all analysts."""
+
+    # SHA-256 (hex) of the data owner's token: it opens the budget dashboard, /metrics and every
+    # analyst's budget over REST.  Without it those pages stay closed.
+    owner_token_sha256: str | None = None
+    # Wire protocol: TLS certificate and key (PEM files, relative to the policy file); without
+    # them clients that ask for TLS are told it is not available.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_connections: int = Field(default=100, gt=0)
+    # A client must finish logging in within login_timeout_seconds; an idle one is disconnected
+    # after idle_timeout_seconds; a statement running longer than statement_timeout_seconds is
+    # cancelled (default: backend.statement_timeout_seconds).
+    login_timeout_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    idle_timeout_seconds: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    statement_timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both tls_cert and tls_key, or neither")
+        return self
+
+    @field_validator("owner_token_sha256")
+    @classmethod
+    def _token_hash(cls, value: str | None) -> str | None:
+        return _sha256_hex(value)
 
 
 class Policy(_Strict):
@@ -206,6 +367,7 @@ class Policy(_Strict):
     privacy: PrivacyConfig
     tables: dict[str, TablePolicy]
     analysts: dict[str, AnalystPolicy] = Field(default_factory=dict)
+    server: ServerConfig = ServerConfig()
     source: str = "<memory>"
 
     @field_validator("tables")

@@ -55,6 +55,23 @@ class ContributionReport:
 
 
 @dataclass(frozen=True)
+class BlockRemaining:
+    """The privacy guarantee of one block the query reads, after (execute) or before (explain).
+
+    ``epsilon_spent``/``delta_spent``: everything released or granted on the block so far is
+    (epsilon_spent, delta_spent)-DP (with Rényi accounting: converted at the best order);
+    ``epsilon_left``/``delta_left``: what remains of the block's (epsilon^G, delta^G).
+    """
+
+    block: str
+    state: Literal["active", "retired"]
+    epsilon_left: float
+    delta_left: float
+    epsilon_spent: float
+    delta_spent: float
+
+
+@dataclass(frozen=True)
 class PrivacyReport:
     """What a query costs (``explain``) or cost (``execute``), and how its answer was made."""
 
@@ -74,6 +91,9 @@ class PrivacyReport:
     contribution: ContributionReport | None = None
     rewritten_sql: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Per block read: the (epsilon, delta) guarantee left ("basic" or "renyi" accounting).
+    remaining: tuple[BlockRemaining, ...] = ()
+    accounting: str = "basic"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dictionary."""

@@ -39,12 +39,13 @@ NOISY = "chorus_noisy"
 
 @dataclass(frozen=True)
 class BlockRestriction:
-    """The claimed blocks as one window [start, end) of the block column."""
+    """The claimed blocks as one window [start, end) of the block column, or one per run."""
 
     column: str
     column_type: str
-    start: datetime | date
-    end: datetime | date
+    start: datetime | date | int
+    end: datetime | date | int
+    windows: tuple[tuple[datetime | date | int, datetime | date | int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,
                 where = filt if where is None else exp.and_(where, filt)
     if restriction is not None:
         where = blocks(where, exp.column(restriction.column, table=alias), restriction.start,
-                       restriction.end, restriction.column_type)
+                       restriction.end, restriction.column_type, restriction.windows)
     source = exp.Table(this=exp.to_identifier(query.table))
     if sample is not None:
         source = exp.Table(this=exp.to_identifier(sample[1], quoted=True),

@@ -15,10 +15,13 @@ import pytest
 
 from chorus_py.demo import CITY_NAMES, generate_demo, generate_trips, render_policy
 from chorus_py.errors import InvalidParameter
+from server.pgwire.scram import verify_password
 
 ROWS = 5000
 PG_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+DEMO_VERIFIER = ("SCRAM-SHA-256$4096:ld6T5EzDBylR7FPnbM4SLw==$vCZ/Clp1G7Wy3wwKHmJYt3vaM/2TPMy4561"
+                 "gLb2Xb1o=:4fTptsr6G6GLpmL6sQMRS9CA9yG7PwhxGOLwJ4ZpR00=")
 
 EXPECTED_TYPES = {
     "trip_id": "bigint",
@@ -102,17 +105,22 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
         "epsilon_per_block": 10.0,
         "delta_per_block": 1e-6,
         "accounting": "basic",
-        "scheduler": {"policy": "fcfs"},
+        "renyi_delta_share": 0.5,
+        "scheduler": {"policy": "fcfs", "wait_seconds": 0, "max_wait_seconds": 60},
+        "ledger": "sqlite:///budget.sqlite3",
+        "answer_cache_seconds": 0,
         "default_epsilon": 0.5,
         "default_delta": 1e-8,
         "max_epsilon_per_query": 2.0,
         "max_delta_per_query": 1e-6,
         "noise": "sql",
         "threshold_epsilon_share": 0.2,
+        "cap_epsilon_share": 0.1,
     }
     trips = policy["tables"]["trips"]
     assert trips["privacy_unit"] == "rider_id"
-    assert trips["max_rows_per_unit"] == 10
+    assert trips["max_rows_per_unit"] == 200
+    assert trips["contribution"] == "auto"
     assert trips["bounding"] == "per-query"
     assert trips["block"] == {"column": "pickup_time", "size": "1 day"}
     assert trips["columns"] == {
@@ -125,7 +133,19 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
         "distance_km": {"type": "float", "lower": 0, "upper": 100},
     }
     assert policy["tables"]["cities"] == {"public": True}
-    assert policy["analysts"] == {"demo": {"max_epsilon_per_query": 2.0}}
+    assert policy["analysts"] == {"demo": {
+        "max_epsilon_per_query": 2.0,
+        # sha256("demo-token"): the demo analyst's REST token
+        "token_sha256": "7c43ef5ae21d43ce2743f770c68e24def1a43ee2f416d2438410c8af7af2ff2c",
+        # SCRAM-SHA-256 verifier of "demo": the demo analyst's wire-protocol password
+        "password": DEMO_VERIFIER,
+    }}
+    assert verify_password(policy["analysts"]["demo"]["password"], "demo")
+    assert not verify_password(policy["analysts"]["demo"]["password"], "Demo")
+    # sha256("demo-owner-token"): the data owner's token (dashboard, metrics)
+    assert policy["server"] == {
+        "owner_token_sha256": "4debe29c288e310c69d6a70c402c670b3127466f4d4b53b870e27eaebfe86ed2",
+        "max_connections": 100, "login_timeout_seconds": 30, "idle_timeout_seconds": 3600}
     return policy
 
 
