@@ -337,8 +337,9 @@ class Ledger:
             over = self._over_cap(rec, have)
             if never or over:
                 # Refused on arrival: it could never fit, so it unlocks nothing either.
-                what = "exhausted (retired)" if retired else "left"
-                reason = (f"block(s) {_listed(never)} have not enough privacy budget {what} for "
+                what = ("are exhausted (retired)" if retired
+                        else "have not enough privacy budget left")
+                reason = (f"block(s) {_listed(never)} {what} for "
                           f"{self._asked(rec)}; nothing was spent") if never else (
                     f"analyst '{rec.analyst}' would exceed their limit of epsilon "
                     f"{self.analyst_caps.get(rec.analyst, 0):g} per block on block(s) "

@@ -11,10 +11,24 @@ against every other transaction on the same ledger, in this process and in any o
   (``SELECT ... FOR UPDATE``), which serialises ledger transactions of every proxy sharing the
   database the same way.
 
+SQLite and Postgres share one code path, :class:`SQLStore`, on a SQLAlchemy 2 engine: the same
+tables (Core ``Table`` objects, created under the ledger's lock), the same statements (built with
+Core and compiled once for the engine's dialect, then run on the transaction's DBAPI cursor so a
+claim costs little more than the database's own work), the same journal.  The engines differ
+only in how they lock: on SQLite a ``connect`` event sets WAL mode and turns off the sqlite3
+module's own transaction handling, and a ``begin`` event emits ``BEGIN IMMEDIATE`` (plain
+``BEGIN`` for read-only snapshots); on Postgres each transaction starts with the row lock
+(``with_for_update()``).  ``PostgresStore`` takes ``postgresql://``, ``postgres://`` or
+SQLAlchemy's ``postgresql+psycopg://`` URLs.
+
+A transaction reads only the blocks and claims it asks for and writes back only those it changed,
+so a claim's cost does not grow with the number of blocks in the ledger.
+
 Inside a transaction the ledger reads blocks and claims, changes them in memory and marks them
 with ``save_*``; the store checks every changed block's invariant and writes everything, with the
 journal rows describing the change, in the same commit.  Any exception rolls everything back.
-The journal is append-only: rows are never updated or deleted.
+The journal is append-only: rows are never updated or deleted (triggers refuse it, on SQLite
+and on Postgres).
 """
 
 from __future__ import annotations
@@ -29,11 +43,35 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import (
+    URL,
+    BigInteger,
+    Column,
+    Connection,
+    Double,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+    update,
+)
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import OperationalError as OperationalError_
+
 from budget.scheduler import BlockState, ClaimRecord
 from chorus_py.errors import OperationalError
 
-__all__ = ["LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore", "SQLiteStore",
-           "Store", "Tx"]
+__all__ = ["LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore", "SQLStore",
+           "SQLiteStore", "Store", "Tx"]
 
 SCHEMA_VERSION = "1"
 
@@ -297,188 +335,304 @@ class MemoryStore(Store):
             return [dict(r) for r in (rows if limit is None else rows[:limit])]
 
 
-# -- SQL (SQLite, Postgres) ------------------------------------------------------------------
+# -- SQL (SQLite, Postgres) through SQLAlchemy Core ----------------------------------------------
+def _tables(prefix: str) -> tuple[MetaData, Table, Table, Table, Table]:
+    """The ledger's four tables (same layout on SQLite and Postgres)."""
+    # INTEGER PRIMARY KEY on SQLite: an alias of the rowid (AUTOINCREMENT for the journal).
+    big = BigInteger().with_variant(Integer(), "sqlite")
+    md = MetaData()
+    meta = Table(f"{prefix}meta", md,
+                 Column("key", Text, primary_key=True),
+                 Column("value", Text, nullable=False))
+    blocks = Table(f"{prefix}blocks", md,
+                   Column("block_id", Text, primary_key=True),
+                   Column("state", Text, nullable=False),
+                   Column("data", Text, nullable=False))
+    claims = Table(f"{prefix}claims", md,
+                   Column("claim_id", big, primary_key=True, autoincrement=False),
+                   Column("state", Text, nullable=False),
+                   Column("analyst", Text, nullable=False),
+                   Column("owner", Text, nullable=False),
+                   Column("data", Text, nullable=False),
+                   Index(f"{prefix}claims_state", "state"))
+    journal = Table(f"{prefix}journal", md,
+                    Column("seq", big, primary_key=True, autoincrement=True),
+                    Column("at", Double, nullable=False),
+                    Column("event", Text, nullable=False),
+                    Column("claim_id", BigInteger),
+                    Column("data", Text, nullable=False),
+                    sqlite_autoincrement=True)
+    return md, meta, blocks, claims, journal
+
+
+def _block_state(block: BlockState) -> str:
+    return "retired" if block.retired else "active"
+
+
+class _Compiled:
+    """A Core statement compiled once for the store's dialect, run on the transaction's DBAPI
+    cursor (SQLAlchemy's own per-execution work would cost more than SQLite does)."""
+
+    def __init__(self, statement: Any, dialect: Any, fixed: dict[str, Any] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = compiled.string
+        self.order = tuple(compiled.positiontup or ()) if compiled.positional else None
+        # Parameters that never change: literals of the statement (the 0 of COALESCE) and
+        # ``fixed``; the others are given at each execution.
+        self.fixed = {**{k: v for k, v in compiled.params.items() if v is not None},
+                      **(fixed or {})}
+
+    def params(self, values: dict[str, Any]) -> Any:
+        if self.fixed:
+            values = {**self.fixed, **values}
+        return values if self.order is None else tuple(values[k] for k in self.order)
+
+
 class _SQLTx(Tx):
-    def __init__(self, store: _SQLStore, cur: Any, accounting: str) -> None:
+    def __init__(self, store: SQLStore, conn: Connection, accounting: str) -> None:
         super().__init__(accounting)
         self._s = store
-        self._cur = cur
+        self._conn = conn
+        # The DBAPI cursor of the connection SQLAlchemy began the transaction on.
+        self._cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
 
-    def _q(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        self._cur.execute(self._s.sql(sql), params)
-        return list(self._cur.fetchall()) if self._cur.description is not None else []
+    def _rows(self, statement: _Compiled, values: dict[str, Any] | None = None) -> list[Any]:
+        self._cur.execute(statement.sql, statement.params(values or {}))
+        return self._cur.fetchall()
 
+    # Only the blocks and claims a transaction asks for are read, and only those it changed are
+    # written back: a claim's cost does not grow with the number of blocks in the ledger.
     def _load_blocks(self, ids: list[str]) -> dict[str, BlockState]:
         out: dict[str, BlockState] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            for (data,) in self._q(f"SELECT data FROM {self._s.t}blocks WHERE block_id IN "
-                                   f"({marks})", tuple(chunk)):
+            for (data,) in self._rows(self._s.q_blocks(len(chunk)),
+                                      {f"id{i}": b for i, b in enumerate(chunk)}):
                 block = _block_from(data)
                 out[block.block_id] = block
         return out
 
     def _load_all_blocks(self) -> list[BlockState]:
-        return [_block_from(d) for (d,) in self._q(f"SELECT data FROM {self._s.t}blocks")
-                if json.loads(d)["block_id"] not in self._blocks]
+        return [_block_from(d) for i, d in self._rows(self._s.q_all_blocks)
+                if i not in self._blocks]
 
     def _load_claim(self, claim_id: int) -> ClaimRecord | None:
-        rows = self._q(f"SELECT data FROM {self._s.t}claims WHERE claim_id = ?", (claim_id,))
+        rows = self._rows(self._s.q_claim, {"id": claim_id})
         return _claim_from(rows[0][0]) if rows else None
 
     def _load_open_claims(self, waiting_only: bool = False) -> list[ClaimRecord]:
-        states = "('waiting')" if waiting_only else "('waiting', 'allocated')"
-        rows = self._q(f"SELECT claim_id, data FROM {self._s.t}claims WHERE state IN {states} "
-                       "ORDER BY claim_id")
+        rows = self._rows(self._s.q_waiting if waiting_only else self._s.q_open_claims)
         return [_claim_from(d) for i, d in rows if i not in self._claims]
 
     def _next_claim_id(self) -> int:
         # The transaction holds the ledger's write lock (BEGIN IMMEDIATE / FOR UPDATE), so no
         # other transaction can take the same id; a rolled-back id is simply reused.
         if not self._new_claims:
-            rows = self._q(f"SELECT COALESCE(MAX(claim_id), 0) FROM {self._s.t}claims")
-            self._base_id = int(rows[0][0])
+            self._base_id = int(self._rows(self._s.q_max_claim)[0][0])
         self._base_id += 1
         return self._base_id
 
+    def _write(self, statement: _Compiled, rows: list[dict[str, Any]]) -> None:
+        if len(rows) == 1:
+            self._cur.execute(statement.sql, statement.params(rows[0]))
+        else:
+            self._cur.executemany(statement.sql, [statement.params(r) for r in rows])
+
     def flush(self) -> None:
-        t = self._s.t
+        s = self._s
         changed = self.changed_blocks()
         new = [b for b in changed if b.block_id in self._new_blocks]
         old = [b for b in changed if b.block_id not in self._new_blocks]
         if new:
-            self._cur.executemany(
-                self._s.sql(f"INSERT INTO {t}blocks (block_id, state, data) VALUES (?, ?, ?)"),
-                [(b.block_id, "retired" if b.retired else "active", _block_json(b))
-                 for b in new])
+            self._write(s.insert_block, [
+                {"block_id": b.block_id, "state": _block_state(b), "data": _block_json(b)}
+                for b in new])
         if old:
-            self._cur.executemany(
-                self._s.sql(f"UPDATE {t}blocks SET state = ?, data = ? WHERE block_id = ?"),
-                [("retired" if b.retired else "active", _block_json(b), b.block_id)
-                 for b in old])
+            self._write(s.update_block, [
+                {"b_id": b.block_id, "b_state": _block_state(b), "b_data": _block_json(b)}
+                for b in old])
         if self._new_claims:
-            self._cur.executemany(
-                self._s.sql(f"INSERT INTO {t}claims (claim_id, state, analyst, owner, data) "
-                            "VALUES (?, ?, ?, ?, ?)"),
-                [(c.claim_id, c.state, c.analyst, c.owner, _claim_json(c))
-                 for c in (self._claims[i] for i in sorted(self._new_claims))])
-        old = sorted(self._dirty_claims - self._new_claims)
-        if old:
-            self._cur.executemany(
-                self._s.sql(f"UPDATE {t}claims SET state = ?, data = ? WHERE claim_id = ?"),
-                [(c.state, _claim_json(c), c.claim_id) for c in (self._claims[i] for i in old)])
+            self._write(s.insert_claim, [
+                {"claim_id": c.claim_id, "state": c.state, "analyst": c.analyst,
+                 "owner": c.owner, "data": _claim_json(c)}
+                for c in (self._claims[i] for i in sorted(self._new_claims))])
+        changed_claims = sorted(self._dirty_claims - self._new_claims)
+        if changed_claims:
+            self._write(s.update_claim, [
+                {"c_id": c.claim_id, "c_state": c.state, "c_data": _claim_json(c)}
+                for c in (self._claims[i] for i in changed_claims)])
         if self._journal:
-            self._cur.executemany(
-                self._s.sql(f"INSERT INTO {t}journal (at, event, claim_id, data) "
-                            "VALUES (?, ?, ?, ?)"),
-                [(at, event, claim_id, json.dumps(data, separators=(",", ":")))
-                 for at, event, claim_id, data in self._journal])
+            self._write(s.insert_journal, [
+                {"at": at, "event": event, "claim_id": claim_id,
+                 "data": json.dumps(data, separators=(",", ":"))}
+                for at, event, claim_id, data in self._journal])
 
 
-class _SQLStore(Store):
+class SQLStore(Store):
+    """A ledger in a SQL database through one SQLAlchemy engine (SQLite or Postgres).
+
+    Subclasses configure the engine (:class:`SQLiteStore`, :class:`PostgresStore`); reads,
+    writes, the schema and the journal are the same code for both.
+    """
+
     durable = True
-    t = "ledger_"  # table name prefix
     where = ""
-
-    def sql(self, text: str) -> str:
-        return text
-
-    def _connection(self) -> Any:
-        raise NotImplementedError
-
-    def _begin(self, cur: Any) -> None:
-        raise NotImplementedError
-
-    def _commit(self, con: Any) -> None:
-        con.commit()
-
-    def _rollback(self, con: Any) -> None:
-        con.rollback()
 
     # Hook for the crash test: called after every write of a transaction, before COMMIT.
     before_commit: Any = None
 
-    # Errors of the database driver meaning "cannot get the ledger now" (busy, unreachable).
-    _unavailable: tuple[type[BaseException], ...] = ()
+    def __init__(self, engine: Engine, prefix: str, *, row_lock: bool,
+                 schema_lock: str | None = None, extra_ddl: Iterable[str] = ()) -> None:
+        self.engine = engine
+        self.t = prefix
+        self._row_lock = row_lock
+        self._md, self.meta_t, self.blocks_t, self.claims_t, self.journal_t = _tables(prefix)
+        bc, cc = self.blocks_t.c, self.claims_t.c
+        # The statements of transactions, built with Core and compiled once for the dialect.
+        dialect = engine.dialect
+
+        def compiled(statement: Any) -> _Compiled:
+            return _Compiled(statement, dialect)
+
+        def open_claims(states: list[str]) -> _Compiled:
+            names = {f"state{i}": state for i, state in enumerate(states)}
+            return _Compiled(select(cc.claim_id, cc.data)
+                             .where(cc.state.in_([bindparam(k) for k in names]))
+                             .order_by(cc.claim_id), dialect, fixed=names)
+
+        def insert_all(table: Table, skip: tuple[str, ...] = ()) -> _Compiled:
+            return compiled(insert(table).values(
+                {c.name: bindparam(c.name) for c in table.columns if c.name not in skip}))
+
+        self._dialect = dialect
+        self._blocks_in: dict[int, _Compiled] = {}
+        self.q_all_blocks = compiled(select(bc.block_id, bc.data))
+        self.q_claim = compiled(select(cc.data).where(cc.claim_id == bindparam("id")))
+        self.q_open_claims = open_claims(["waiting", "allocated"])
+        self.q_waiting = open_claims(["waiting"])
+        self.q_max_claim = compiled(select(func.coalesce(func.max(cc.claim_id), 0)))
+        self.insert_block = insert_all(self.blocks_t)
+        self.insert_claim = insert_all(self.claims_t)
+        self.insert_journal = insert_all(self.journal_t, skip=("seq",))
+        self.update_block = compiled(
+            update(self.blocks_t).where(bc.block_id == bindparam("b_id"))
+            .values(state=bindparam("b_state"), data=bindparam("b_data")))
+        self.update_claim = compiled(
+            update(self.claims_t).where(cc.claim_id == bindparam("c_id"))
+            .values(state=bindparam("c_state"), data=bindparam("c_data")))
+        self._lock_row = (select(self.meta_t.c.value).where(self.meta_t.c.key == "lock")
+                          .with_for_update())
+        # Creating the schema happens under the ledger's lock (BEGIN IMMEDIATE on SQLite, an
+        # advisory lock on Postgres), so processes starting together agree.
+        with self.engine.connect() as conn:
+            conn.begin()
+            if schema_lock is not None:
+                conn.exec_driver_sql(schema_lock)
+            self._md.create_all(conn)
+            for ddl in extra_ddl:
+                conn.exec_driver_sql(ddl)
+            conn.commit()
+
+    def q_blocks(self, n: int) -> _Compiled:
+        """SELECT the data of ``n`` blocks (parameters id0 ... id<n-1>)."""
+        found = self._blocks_in.get(n)
+        if found is None:
+            bc = self.blocks_t.c
+            found = self._blocks_in[n] = _Compiled(
+                select(bc.data).where(bc.block_id.in_([bindparam(f"id{i}") for i in range(n)])),
+                self._dialect)
+        return found
+
+    def _unavailable(self, err: DBAPIError) -> LedgerUnavailable:
+        reason = str(err.orig if err.orig is not None else err).strip()
+        return LedgerUnavailable(
+            f"the budget ledger {self.where} is unavailable ({reason}); nothing was spent",
+            hint="retry in a moment")
 
     @contextmanager
     def transaction(self, accounting: str) -> Iterator[Tx]:
         try:
-            con = self._connection()
-            cur = con.cursor()
-            self._begin(cur)
-        except self._unavailable as err:
-            raise LedgerUnavailable(
-                f"the budget ledger {self.where} is unavailable ({str(err).strip()}); "
-                "nothing was spent", hint="retry in a moment") from None
+            conn = self.engine.connect()
+            try:
+                conn.begin()  # SQLite: BEGIN IMMEDIATE (the "begin" event of SQLiteStore)
+                if self._row_lock:
+                    # Postgres: the row lock serialises every ledger transaction of every proxy.
+                    conn.execute(self._lock_row)
+            except BaseException:
+                conn.close()
+                raise
+        except OperationalError_ as err:
+            raise self._unavailable(err) from None
         try:
-            tx = _SQLTx(self, cur, accounting)
-            yield tx
-            tx.flush()
-            if self.before_commit is not None:
-                self.before_commit()
-        except BaseException:
-            self._rollback(con)
-            raise
-        self._commit(con)
+            try:
+                tx = _SQLTx(self, conn, accounting)
+                yield tx
+                tx.flush()
+                if self.before_commit is not None:
+                    self.before_commit()
+            except BaseException:
+                with suppress(DBAPIError):
+                    conn.rollback()
+                raise
+            conn.commit()
+        finally:
+            conn.close()
 
     @contextmanager
-    def _read(self) -> Iterator[Any]:
-        con = self._connection()
-        cur = con.cursor()
-        try:
-            yield cur
-        finally:
-            self._rollback(con)
+    def _read(self) -> Iterator[Connection]:
+        """One consistent snapshot, without the write lock, rolled back at the end."""
+        with self.engine.connect() as conn:
+            conn.execution_options(ledger_write=False)
+            conn.begin()
+            try:
+                yield conn
+            finally:
+                conn.rollback()
 
     def check_meta(self, meta: dict[str, str]) -> None:
         with self.transaction("basic") as tx:
             assert isinstance(tx, _SQLTx)
-            stored = dict(tx._q(f"SELECT key, value FROM {self.t}meta"))
+            col = self.meta_t.c
+            stored = {k: v for k, v in tx._conn.execute(select(col.key, col.value))}
             _check_meta(stored, meta, self.where)
-            for key, value in meta.items():
-                if key not in stored:
-                    tx._q(f"INSERT INTO {self.t}meta (key, value) VALUES (?, ?)", (key, value))
+            missing = [{"key": k, "value": v} for k, v in meta.items() if k not in stored]
+            if missing:
+                tx._conn.execute(insert(self.meta_t), missing)
 
     def claims(self) -> list[ClaimRecord]:
-        with self._read() as cur:
-            cur.execute(self.sql(f"SELECT data FROM {self.t}claims ORDER BY claim_id"))
-            return [_claim_from(d) for (d,) in cur.fetchall()]
+        col = self.claims_t.c
+        with self._read() as conn:
+            return [_claim_from(d) for (d,) in conn.execute(
+                select(col.data).order_by(col.claim_id))]
 
     def journal(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        with self._read() as cur:
-            sql = (f"SELECT seq, at, event, claim_id, data FROM {self.t}journal WHERE seq > ? "
-                   "ORDER BY seq")
-            if limit is not None:
-                sql += f" LIMIT {int(limit)}"
-            cur.execute(self.sql(sql), (since,))
+        j = self.journal_t.c
+        query = (select(j.seq, j.at, j.event, j.claim_id, j.data).where(j.seq > since)
+                 .order_by(j.seq))
+        if limit is not None:
+            query = query.limit(int(limit))
+        with self._read() as conn:
             return [{"seq": s, "at": a, "event": e, "claim_id": c, "data": json.loads(d)}
-                    for s, a, e, c, d in cur.fetchall()]
+                    for s, a, e, c, d in conn.execute(query)]
+
+    def close(self) -> None:
+        """Close every pooled connection (the store opens new ones if used again)."""
+        self.engine.dispose()
 
 
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS ledger_blocks (
-    block_id TEXT PRIMARY KEY, state TEXT NOT NULL, data TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS ledger_claims (
-    claim_id INTEGER PRIMARY KEY, state TEXT NOT NULL, analyst TEXT NOT NULL,
-    owner TEXT NOT NULL, data TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS ledger_claims_state ON ledger_claims (state);
-CREATE TABLE IF NOT EXISTS ledger_journal (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, event TEXT NOT NULL,
-    claim_id INTEGER, data TEXT NOT NULL);
-CREATE TRIGGER IF NOT EXISTS ledger_journal_append_only_u BEFORE UPDATE ON ledger_journal
-    BEGIN SELECT RAISE(ABORT, 'the ledger journal is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS ledger_journal_append_only_d BEFORE DELETE ON ledger_journal
-    BEGIN SELECT RAISE(ABORT, 'the ledger journal is append-only'); END;
-"""
+_SQLITE_TRIGGERS = [
+    "CREATE TRIGGER IF NOT EXISTS ledger_journal_append_only_u BEFORE UPDATE ON ledger_journal "
+    "BEGIN SELECT RAISE(ABORT, 'the ledger journal is append-only'); END",
+    "CREATE TRIGGER IF NOT EXISTS ledger_journal_append_only_d BEFORE DELETE ON ledger_journal "
+    "BEGIN SELECT RAISE(ABORT, 'the ledger journal is append-only'); END",
+]
+
+# Connections kept open per store; more are opened when more threads use it at once.
+_POOL_SIZE = 16
 
 
-class SQLiteStore(_SQLStore):
+class SQLiteStore(SQLStore):
     """A SQLite file (WAL mode), shared safely by threads and processes on one machine."""
-
-    _unavailable = (sqlite3.OperationalError,)
 
     def __init__(self, path: str | Path, synchronous: str = "FULL",
                  busy_timeout_seconds: float = 60.0) -> None:
@@ -486,125 +640,79 @@ class SQLiteStore(_SQLStore):
             raise ValueError("synchronous must be FULL, NORMAL or EXTRA")
         self.path = str(path)
         self.where = f"in {self.path}"
-        self._sync = synchronous.upper()
-        self._timeout = busy_timeout_seconds
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        if self.path != ":memory:":
+        sync = synchronous.upper()
+        memory = self.path == ":memory:"
+        if not memory:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        con = self._connection()
-        # Creating the schema takes the write lock too, so processes starting together agree.
-        try:
-            con.executescript("BEGIN IMMEDIATE;" + _SQLITE_SCHEMA + "COMMIT;")
-        except BaseException:
-            if con.in_transaction:
-                con.execute("ROLLBACK")
-            raise
+        pool: dict[str, Any] = {} if memory else {"pool_size": _POOL_SIZE, "max_overflow": -1}
+        engine = create_engine(
+            URL.create("sqlite", database=self.path),
+            connect_args={"timeout": busy_timeout_seconds, "check_same_thread": False}, **pool)
 
-    def _connection(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
-            con = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
-                                  check_same_thread=False)
-            con.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
-            mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal" and self.path != ":memory:":
-                raise OSError(f"cannot put the budget ledger {self.path} in WAL mode ({mode})")
-            con.execute(f"PRAGMA synchronous = {self._sync}")
-            self._local.con = con
-            with self._all_lock:
-                self._all.append(con)
-        return con
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_con: sqlite3.Connection, _record: Any) -> None:
+            # SQLAlchemy emits BEGIN itself (below), not the sqlite3 module.
+            dbapi_con.isolation_level = None
+            cur = dbapi_con.cursor()
+            try:
+                cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
+                mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal" and not memory:
+                    raise OSError(f"cannot put the budget ledger {self.path} in WAL mode ({mode})")
+                cur.execute(f"PRAGMA synchronous = {sync}")
+            finally:
+                cur.close()
 
-    def _begin(self, cur: Any) -> None:
-        cur.execute("BEGIN IMMEDIATE")
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            # A write transaction takes SQLite's write lock before its first read, so two
+            # processes racing for the last budget run one after the other; reads only need a
+            # snapshot.
+            write = conn.get_execution_options().get("ledger_write", True)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
-    def _commit(self, con: Any) -> None:
-        con.execute("COMMIT")
-
-    def _rollback(self, con: Any) -> None:
-        if con.in_transaction:
-            con.execute("ROLLBACK")
-
-    @contextmanager
-    def _read(self) -> Iterator[Any]:
-        con = self._connection()
-        cur = con.cursor()
-        cur.execute("BEGIN")  # one consistent snapshot
-        try:
-            yield cur
-        finally:
-            self._rollback(con)
-
-    def close(self) -> None:
-        with self._all_lock:
-            for con in self._all:
-                with suppress(sqlite3.Error):
-                    con.close()
-            self._all.clear()
-        self._local = threading.local()
+        super().__init__(engine, "ledger_", row_lock=False, extra_ddl=_SQLITE_TRIGGERS)
 
 
-_PG_SCHEMA = """
-CREATE TABLE IF NOT EXISTS {t}meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS {t}blocks (
-    block_id TEXT PRIMARY KEY, state TEXT NOT NULL, data TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS {t}claims (
-    claim_id BIGSERIAL PRIMARY KEY, state TEXT NOT NULL, analyst TEXT NOT NULL,
-    owner TEXT NOT NULL, data TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS {t}claims_state ON {t}claims (state);
-CREATE TABLE IF NOT EXISTS {t}journal (
-    seq BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, event TEXT NOT NULL,
-    claim_id BIGINT, data TEXT NOT NULL);
-INSERT INTO {t}meta (key, value) VALUES ('lock', '') ON CONFLICT DO NOTHING;
-"""
+def _pg_url(url: str | URL) -> URL:
+    """A Postgres URL for SQLAlchemy's psycopg (3) driver: ``postgresql://``, ``postgres://`` and
+    ``postgresql+psycopg://`` are all accepted."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    if u.drivername != "postgresql+psycopg":
+        raise ValueError(f"the budget ledger needs a postgresql:// URL, not {u.drivername}://")
+    return u
 
 
-class PostgresStore(_SQLStore):
+def _pg_ddl(t: str) -> list[str]:
+    return [
+        f"INSERT INTO {t}meta (key, value) VALUES ('lock', '') ON CONFLICT DO NOTHING",
+        # The journal is append-only here too: UPDATE, DELETE and TRUNCATE are refused.
+        f"CREATE OR REPLACE FUNCTION {t}journal_append_only() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'the ledger journal is append-only'; END $$",
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = "
+        f"'{t}journal_append_only' AND tgrelid = '{t}journal'::regclass) THEN "
+        f"CREATE TRIGGER {t}journal_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON "
+        f"{t}journal FOR EACH STATEMENT EXECUTE FUNCTION {t}journal_append_only(); "
+        "END IF; END $$",
+    ]
+
+
+class PostgresStore(SQLStore):
     """Tables ``chorus_ledger_*`` in a Postgres database shared by several proxies."""
 
-    def __init__(self, url: str) -> None:
-        import psycopg  # a dependency already (the Postgres backend)
-
-        self._psycopg = psycopg
-        self._unavailable = (psycopg.OperationalError,)
-        self.url = url
-        self.t = "chorus_ledger_"
+    def __init__(self, url: str | URL) -> None:
+        self.url = str(url)
         self.where = "in Postgres"
-        self._local = threading.local()
-        self._all: list[Any] = []
-        self._all_lock = threading.Lock()
-        con = self._connection()
-        with con.cursor() as cur:
-            # Two proxies starting at once must not both create the tables.
-            cur.execute("SELECT pg_advisory_xact_lock(7219540601)")
-            cur.execute(_PG_SCHEMA.format(t=self.t))
-        con.commit()
-
-    def sql(self, text: str) -> str:
-        return text.replace("?", "%s")
-
-    def _connection(self) -> Any:
-        con = getattr(self._local, "con", None)
-        if con is None or con.closed:
-            con = self._psycopg.connect(self.url, autocommit=False, connect_timeout=10)
-            self._local.con = con
-            with self._all_lock:
-                self._all.append(con)
-        return con
-
-    def _begin(self, cur: Any) -> None:
-        # The row lock serialises every ledger transaction of every proxy (module docstring).
-        cur.execute(f"SELECT value FROM {self.t}meta WHERE key = 'lock' FOR UPDATE")
-
-    def close(self) -> None:
-        with self._all_lock:
-            for con in self._all:
-                with suppress(self._psycopg.Error):
-                    con.close()
-            self._all.clear()
-        self._local = threading.local()
+        t = "chorus_ledger_"
+        engine = create_engine(_pg_url(url), connect_args={"connect_timeout": 10},
+                               pool_size=_POOL_SIZE, max_overflow=-1)
+        # Two proxies starting at once must not both create the tables.
+        super().__init__(engine, t, row_lock=True,
+                         schema_lock="SELECT pg_advisory_xact_lock(7219540601)",
+                         extra_ddl=_pg_ddl(t))
 
 
 def now() -> float:

@@ -470,6 +470,9 @@ def generate_demo(
 
     policy_path = directory / "policy.toml"
     policy_path.write_text(render_policy(url, note), encoding="utf-8")
+    # New data, new budget: a ledger left by an earlier run describes data that is gone.
+    for stale in ("budget.sqlite3", "budget.sqlite3-wal", "budget.sqlite3-shm"):
+        (directory / stale).unlink(missing_ok=True)
     elapsed = time.perf_counter() - started
     report(
         f"done: {rows:,} trips of {n_riders:,} riders in {elapsed:.1f} s; policy at {policy_path}",

@@ -254,3 +254,53 @@ def test_a_locked_ledger_is_a_clear_error_and_spends_nothing(tmp_path: Path) -> 
     assert info.value.sqlstate == "08006"
     blocker.execute("ROLLBACK")
     assert led.claims() == [] and led.blocks()[0].epsilon_allocated == 0.0
+
+
+@pytest.mark.postgres
+def test_postgres_journal_is_append_only_and_sqlalchemy_urls_work(pg_ledger_url: str) -> None:
+    url = pg_ledger_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    led = Ledger(1.0, 0.0, store=PostgresStore(url))
+    led.ensure_blocks(["a"])
+    led.close()
+    with psycopg.connect(pg_ledger_url, autocommit=True) as con:
+        for sql in ("DELETE FROM chorus_ledger_journal",
+                    "UPDATE chorus_ledger_journal SET event = 'x'",
+                    "TRUNCATE chorus_ledger_journal"):
+            with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+                con.execute(sql)
+    again = open_ledger(pg_ledger_url)  # the schema (trigger included) is created only once
+    assert [r["event"] for r in again.history()] == ["block_created"]
+    again.close()
+
+
+def test_a_claim_reads_and_writes_only_its_blocks(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from budget.store import _SQLTx
+
+    led = open_ledger(sqlite_url(tmp_path))
+    led.ensure_blocks([f"d{i:02d}" for i in range(90)])
+    loaded: list[list[str]] = []
+    written: list[str] = []
+    load, changed = _SQLTx._load_blocks, _SQLTx.changed_blocks
+
+    def spy_load(self: _SQLTx, ids: list[str]) -> object:
+        loaded.append(list(ids))
+        return load(self, ids)
+
+    def spy_changed(self: _SQLTx) -> list:  # type: ignore[type-arg]
+        out = changed(self)
+        written.extend(b.block_id for b in out)
+        return out
+
+    def no_scan(self: _SQLTx) -> None:
+        raise AssertionError("a claim must not read every block")
+
+    monkeypatch.setattr(_SQLTx, "_load_blocks", spy_load)
+    monkeypatch.setattr(_SQLTx, "changed_blocks", spy_changed)
+    monkeypatch.setattr(_SQLTx, "_load_all_blocks", no_scan)
+    led.consume(led.claim("x", ["d03", "d04"], EIGHTH, 0.0))
+    assert {b for ids in loaded for b in ids} == {"d03", "d04"}
+    assert set(written) == {"d03", "d04"}
+    monkeypatch.undo()
+    check_consistent(led)
+    led.close()
