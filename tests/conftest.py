@@ -8,10 +8,12 @@ turns that into a failure.
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -172,3 +174,14 @@ def nothing_spent(engine: Engine) -> bool:
     """True when no block has any allocated or consumed budget."""
     return all(b.epsilon_allocated == 0 and b.epsilon_consumed == 0 and b.delta_consumed == 0
                for b in engine.ledger.blocks()) and not engine.ledger.claims()
+
+
+def tolerance(column: Any) -> float:
+    """How far a noisy answer may stray from the truth in a test: P(exceeded) < 1e-9.
+
+    Laplace-type noise of scale b exceeds t with probability exp(-t/b) (discrete Laplace: less),
+    so t = b ln(2e9) covers both tails; snapping rounds to a step of at most 2b (+ b), and 1 more
+    absorbs integer rounding.  Tests never depend on a 95% bound that may be 0 for tiny scales.
+    """
+    scale = float(column.scale)
+    return scale * (math.log(2e9) + 1.0) + 1.0

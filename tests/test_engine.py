@@ -14,7 +14,7 @@ import pytest
 
 from chorus_py.engine import Engine
 from chorus_py.errors import BudgetExhausted
-from tests.conftest import nothing_spent
+from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
 
@@ -37,8 +37,7 @@ def test_count_matches_truth_within_bound(wide: Engine) -> None:
     assert result.types == ("integer",)
     (noisy,) = result.rows[0]
     assert isinstance(noisy, int)
-    bound = result.report.columns[0].error_bound_95
-    assert abs(noisy - true) <= 5 * bound
+    assert abs(noisy - true) <= tolerance(result.report.columns[0])
 
 
 def test_sum_avg_variance_stddev_near_truth(wide: Engine) -> None:
@@ -49,7 +48,7 @@ def test_sum_avg_variance_stddev_near_truth(wide: Engine) -> None:
     ts, ta, tv, tsd, tvp = exact(wide, "SELECT SUM(LEAST(fare, 200)), AVG(LEAST(fare, 200)), "
                                  "VAR_SAMP(distance_km), STDDEV_SAMP(distance_km), "
                                  "VAR_POP(LEAST(fare, 200)) FROM trips")[0]
-    assert abs(s - ts) <= 5 * result.report.columns[0].error_bound_95
+    assert abs(s - ts) <= tolerance(result.report.columns[0])
     assert a == pytest.approx(float(ta), rel=0.02)
     assert v == pytest.approx(float(tv), rel=0.05)
     assert sd == pytest.approx(float(tsd), rel=0.03)
@@ -77,7 +76,7 @@ def test_contribution_bound_keeps_k_rows_per_unit(backend_url: str,
     result = engine.execute("SELECT COUNT(*) FROM trips", epsilon=100.0, **ALICE)
     riders, trips = exact(engine, "SELECT COUNT(DISTINCT rider_id), COUNT(*) FROM trips")[0]
     assert riders < trips
-    assert abs(result.rows[0][0] - riders) <= 5 * result.report.columns[0].error_bound_95
+    assert abs(result.rows[0][0] - riders) <= tolerance(result.report.columns[0])
 
 
 def test_public_group_keys_are_exactly_the_declared_values(wide: Engine) -> None:
@@ -85,9 +84,9 @@ def test_public_group_keys_are_exactly_the_declared_values(wide: Engine) -> None
                           epsilon=100.0, **ALICE)
     assert sorted(r[0] for r in result.rows) == sorted(["SF", "NYC", "LA", "CHI", "SEA"])
     truth = dict(exact(wide, "SELECT city, COUNT(*) FROM trips GROUP BY city"))
-    bound = result.report.columns[1].error_bound_95
+    bound = tolerance(result.report.columns[1])
     for city, n in result.rows:
-        assert abs(n - truth.get(city, 0)) <= 5 * bound
+        assert abs(n - truth.get(city, 0)) <= bound
     assert result.report.key_release.method == "public_values"
 
 
@@ -126,7 +125,7 @@ def test_cte_and_subquery_filters_are_answered(wide: Engine) -> None:
            "SELECT COUNT(*) FROM (SELECT * FROM long WHERE city = 'SF') AS s")
     result = wide.execute(sql, epsilon=100.0, **ALICE)
     (true,) = exact(wide, "SELECT COUNT(*) FROM trips WHERE distance_km > 10 AND city = 'SF'")[0]
-    assert abs(result.rows[0][0] - true) <= 5 * result.report.columns[0].error_bound_95
+    assert abs(result.rows[0][0] - true) <= tolerance(result.report.columns[0])
 
 
 def test_arithmetic_on_aggregates(wide: Engine) -> None:
@@ -200,7 +199,7 @@ def test_proxy_noise_mode(backend_url: str, make_engine: Callable[..., Engine]) 
     assert len(result.rows) == 5
     for city, n, f in result.rows:
         assert isinstance(n, int)
-        assert abs(n - truth[city][0]) <= 5 * result.report.columns[1].error_bound_95
+        assert abs(n - truth[city][0]) <= tolerance(result.report.columns[1])
         assert f == pytest.approx(truth[city][1], rel=0.1)
     assert "ln(" not in result.report.rewritten_sql.lower()  # no noise drawn in the database
     assert engine.ledger.blocks()[0].epsilon_consumed == 20000.0
@@ -285,7 +284,7 @@ def test_materialized_bounding_keeps_k_rows_per_unit(rides: Callable[[int], Engi
     assert worst <= 3
     (expected,) = exact(engine, "SELECT SUM(LEAST(c, 3)) FROM (SELECT COUNT(*) AS c FROM rides "
                                 "GROUP BY rider_id) AS s")[0]
-    assert abs(result.rows[0][0] - expected) <= 5 * result.report.columns[0].error_bound_95
+    assert abs(result.rows[0][0] - expected) <= tolerance(result.report.columns[0])
 
 
 def test_materialized_sample_is_rebuilt_when_the_table_changes(
