@@ -261,6 +261,8 @@ class _Reader:
                 else None
             outputs.append(OutputColumn(name, lifted, used, key, display_sql(expr)))
             self.aliases[name] = lifted
+            # qualify names unnamed outputs _col_N; ORDER BY 2 then refers to that name.
+            self.aliases.setdefault(item.alias_or_name, lifted)
         if not self.measurements:
             raise QueryRefused(
                 "the query has no aggregate: raw values are never released",

@@ -1,0 +1,58 @@
+"""The rewritten SQL itself: it re-parses in both dialects and carries every protection.
+
+Structural checks rather than golden text: the exact formatting may change with sqlglot, the
+protections may not.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from chorus_py.engine import Engine
+
+QUERIES = [
+    "SELECT COUNT(*) FROM trips",
+    "SELECT city, SUM(fare), AVG(distance_km) FROM trips WHERE fare > 10 GROUP BY city",
+    "SELECT driver_id, COUNT(DISTINCT rider_id) FROM trips GROUP BY driver_id",
+    "WITH s AS (SELECT * FROM trips WHERE city = 'SF') SELECT STDDEV(fare) FROM s",
+    "SELECT page, COUNT(*) FROM visits GROUP BY page HAVING COUNT(*) > 5 ORDER BY 2 LIMIT 2",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_rewritten_sql_reparses_and_is_protected(engine: Engine, sql: str) -> None:
+    report = engine.explain(sql, analyst="alice", epsilon=1.0, delta=1e-6)
+    text = report.rewritten_sql
+    assert text is not None
+    for dialect in ("duckdb", "postgres"):
+        tree = sqlglot.parse_one(text, dialect=dialect)
+        assert isinstance(tree, exp.Select)
+    tree = sqlglot.parse_one(text, dialect=engine.dialect)
+    # Noise is drawn once, in a MATERIALIZED CTE, and only there.
+    (cte,) = tree.args["with_"].expressions
+    assert cte.args.get("materialized") and cte.alias == "chorus_noisy"
+    assert cte.find(exp.Rand) is not None
+    outer = tree.copy()
+    outer.set("with_", None)
+    assert outer.find(exp.Rand) is None, "no random() outside the noisy CTE"
+    # Every table read is a declared table, restricted to the claimed blocks when it has them.
+    tables = {t.name for t in tree.find_all(exp.Table)} - {"chorus_noisy"}
+    assert tables <= {"trips", "visits"}
+    if "trips" in tables:
+        assert "pickup_time" in text and "2026-01-01 00:00:00" in text
+        # User-level: rows are bounded per rider before aggregation.
+        assert any(isinstance(w.this, exp.RowNumber) for w in tree.find_all(exp.Window))
+    # Every summed value is clipped (LEAST(GREATEST(...))).
+    for total in cte.find_all(exp.Sum):
+        assert total.find(exp.Least) is not None and total.find(exp.Greatest) is not None
+
+
+def test_thresholded_keys_are_gated_in_the_outer_query(engine: Engine) -> None:
+    report = engine.explain("SELECT driver_id, COUNT(*) FROM trips GROUP BY driver_id",
+                            analyst="alice", epsilon=1.0, delta=1e-6)
+    tree = sqlglot.parse_one(report.rewritten_sql, dialect=engine.dialect)
+    where = tree.args["where"].this
+    assert isinstance(where, exp.GT)
+    assert float(where.expression.name) == pytest.approx(report.key_release.threshold)
