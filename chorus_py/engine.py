@@ -354,7 +354,7 @@ class Engine:
         noisy = DiscreteLaplace.from_sensitivity(1, prepared.cap_epsilon).sample(exact)
         totals = {m.id: m.total for m in query.measurements}
         terms = [CapTerm(_cap_weight(query, mid), mechanism.epsilon, totals.get(mid, False))
-                 for mid, mechanism in _all_mechanisms(plan).items()]
+                 for mid, mechanism in plan.all_mechanisms().items()]
         groups = 1
         if query.keys and not query.thresholded:
             groups = math.prod(len(k.public_values or ()) for k in query.keys)
@@ -423,9 +423,7 @@ class Engine:
     def _run_proxy_noise(self, prepared: _Prepared, claim: Any) -> ResultSet:
         exact = self._run(prepared.sql, touched_charge=claim)
         rewritten, plan = prepared.rewritten, prepared.plan
-        mechanisms = dict(plan.mechanisms)
-        if plan.threshold is not None and plan.threshold.separate:
-            mechanisms[plan.threshold.measurement_id] = plan.threshold.mechanism
+        mechanisms = plan.all_mechanisms()
         n_keys = len(rewritten.key_ids)
         columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
             () for _ in exact.columns]
@@ -571,13 +569,6 @@ def _cap_weight(query: AggregateQuery, mid: str) -> float:
     if kind == "count_units":
         return 1.0 if query.keys else 0.0  # ungrouped: sensitivity 1 whatever the cap
     return 1.0 if kind == "count" else 2.0
-
-
-def _all_mechanisms(plan: NoisePlan) -> dict[str, Any]:
-    mechanisms = dict(plan.mechanisms)
-    if plan.threshold is not None and plan.threshold.separate:
-        mechanisms[plan.threshold.measurement_id] = plan.threshold.mechanism
-    return mechanisms
 
 
 def _portable_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

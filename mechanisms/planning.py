@@ -57,6 +57,13 @@ class NoisePlan:
     epsilon: float
     delta: float
 
+    def all_mechanisms(self) -> dict[str, Mechanism]:
+        """Every noisy column: the measurements, and the key-release count when it is separate."""
+        found = dict(self.mechanisms)
+        if self.threshold is not None and self.threshold.separate:
+            found[self.threshold.measurement_id] = self.threshold.mechanism
+        return found
+
 
 THRESHOLD_ID = "t0"
 

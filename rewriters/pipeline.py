@@ -60,7 +60,7 @@ class RewrittenQuery:
 
     def sql_with_noise(self, plan: NoisePlan) -> str:
         """One statement computing the noisy answer inside the database."""
-        noisy = noise(self.measure, self.key_ids, _mechanisms(plan), self.dialect)
+        noisy = noise(self.measure, self.key_ids, plan.all_mechanisms(), self.dialect)
         statement = self.finish.copy()
         statement.set("with_", exp.With(expressions=[
             exp.CTE(this=noisy, alias=exp.TableAlias(this=exp.to_identifier(NOISY)),
@@ -192,9 +192,3 @@ def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:
         value = exp.Mul(this=value, expression=value.copy())
     return exp.cast(exp.Sum(this=value), exp.DType.DOUBLE)
 
-
-def _mechanisms(plan: NoisePlan) -> dict[str, object]:
-    mechanisms = dict(plan.mechanisms)
-    if plan.threshold is not None and plan.threshold.separate:
-        mechanisms[THRESHOLD_ID] = plan.threshold.mechanism
-    return mechanisms

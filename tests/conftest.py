@@ -170,6 +170,37 @@ def engine(backend_url: str, make_engine: Callable[..., Engine]) -> Engine:
     return make_engine(backend_url)
 
 
+@pytest.fixture
+def scratch(backend_url: str, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    """Engines on a table a test creates: ``scratch(table, statements, policy_text)``.
+
+    Runs ``statements`` on the backend (after dropping ``table``), writes ``policy_text`` (its
+    ``{url}`` filled in) and returns an engine that re-reads block windows and stored samples on
+    every query.  The table and the proxy's schema are dropped afterwards.
+    """
+    from chorus_py.backends import open_backend
+
+    admin = open_backend(backend_url)
+    engines: list[Engine] = []
+    tables: set[str] = set()
+
+    def make(table: str, statements: list[str], policy_text: str) -> Engine:
+        tables.add(table)
+        admin.run_owned([f"DROP TABLE IF EXISTS {table}", *statements])
+        path = tmp_path / f"scratch-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(policy_text.format(url=backend_url))
+        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+    admin.run_owned([*(f"DROP TABLE IF EXISTS {t}" for t in tables),
+                     "DROP SCHEMA IF EXISTS chorus_private CASCADE"])
+    admin.close()
+
+
 def nothing_spent(engine: Engine) -> bool:
     """True when no block has any allocated or consumed budget."""
     return all(b.epsilon_allocated == 0 and b.epsilon_consumed == 0 and b.delta_consumed == 0

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chorus_py.backends import open_backend
 from chorus_py.engine import Engine
-from chorus_py.policy import load_policy
 from mechanisms.caps import CapTerm, cap_bins, choose_cap
 from tests.conftest import nothing_spent, tolerance
 
@@ -92,31 +89,16 @@ value   = {{ type = "float", lower = 0, upper = 10 }}
 
 
 @pytest.fixture
-def exact_units(backend_url: str, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+def exact_units(scratch: Callable[..., Engine], backend_url: str) -> Callable[..., Engine]:
     """Table `exact`: 400 units with exactly c rows each (c set per test)."""
-    admin = open_backend(backend_url)
-    engines: list[Engine] = []
+    double = "DOUBLE" if backend_url.startswith("duckdb") else "DOUBLE PRECISION"
 
     def make(c: int, bounding: str = "per-query") -> Engine:
-        admin.run_owned([
-            "DROP TABLE IF EXISTS exact",
-            "CREATE TABLE exact AS SELECT CAST(u AS BIGINT) AS unit_id, CAST(r AS DOUBLE "
-            f"PRECISION) AS value FROM generate_series(1, 400) AS a(u), generate_series(1, {c}) "
-            "AS b(r)".replace("DOUBLE PRECISION", "DOUBLE" if "duckdb" in backend_url
-                              else "DOUBLE PRECISION"),
-        ])
-        path = tmp_path / f"exact-{c}-{bounding}.toml"
-        path.write_text(EXACT_POLICY.format(url=backend_url, bounding=bounding))
-        engine = Engine(load_policy(path), block_ttl_seconds=0)
-        engines.append(engine)
-        return engine
+        create = (f"CREATE TABLE exact AS SELECT CAST(u AS BIGINT) AS unit_id, CAST(r AS {double}) "
+                  f"AS value FROM generate_series(1, 400) AS a(u), generate_series(1, {c}) AS b(r)")
+        return scratch("exact", [create], EXACT_POLICY.replace("{bounding}", bounding))
 
-    yield make
-    for engine in engines:
-        engine.close()
-    admin.run_owned(["DROP TABLE IF EXISTS exact",
-                     "DROP SCHEMA IF EXISTS chorus_private CASCADE"])
-    admin.close()
+    return make
 
 
 @pytest.mark.parametrize("c", [6, 12])
