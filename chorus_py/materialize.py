@@ -1,7 +1,7 @@
 """Bounded samples the proxy stores in its own schema (``bounding = "materialized"``).
 
 For a table with a privacy unit and cap k, the proxy keeps one random sample of at most k rows per
-unit in ``chorus_private.<table>__bounded_<fingerprint>``; queries then read that sample instead
+unit in ``chorus_private.<table>__bounded_<keyed digest>``; queries then read that sample instead
 of ranking rows per query.  Stability stays k for every query (each unit has <= k rows in the
 sample, chosen at random, independently of other units), and reusing one sample across queries
 costs no privacy.
@@ -10,13 +10,22 @@ The sample is versioned by a fingerprint of its source table and rebuilt when th
 on Postgres the ``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the
 statistics collector within about a second); on DuckDB the row count with a hash checksum of the
 unit and block columns (one scan of two columns).  The fingerprint is read at most once per TTL.
+
+The sample's name appears in the rewritten SQL that reports show to analysts, and the counters
+behind the fingerprint are exact data-derived numbers (an unkeyed hash of a small insert count
+could be inverted by brute force).  So the name carries an HMAC of the fingerprint under a
+random key kept in the proxy's own schema (``chorus_private.chorus_key``, created once): every
+proxy sharing the database computes the same names, and an analyst, who cannot read that schema,
+learns only that the data changed when the name does.
 Analysts cannot reach the schema: the analyser refuses schema-qualified and undeclared tables.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 
@@ -37,6 +46,7 @@ class BoundedSamples:
         self._ttl = ttl_seconds
         self._current: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
+        self._key: bytes | None = None  # names the samples; see the module docstring
 
     def relation(self, table: str, policy: TablePolicy) -> str:
         """The name (``chorus_private.x``) of the current sample of ``table``."""
@@ -45,11 +55,28 @@ class BoundedSamples:
             hit = self._current.get(table)
             if hit is not None and now - hit[0] < self._ttl:
                 return hit[1]
-            name = f"{table}__bounded_{self._fingerprint(table, policy)}"
+            digest = hmac.new(self._naming_key(), self._fingerprint(table, policy).encode(),
+                              hashlib.sha256).hexdigest()[:16]
+            name = f"{table}__bounded_{digest}"
             if hit is None or hit[1] != name:
                 self._build(table, policy, name)
             self._current[table] = (now, name)
             return name
+
+    def _naming_key(self) -> bytes:
+        """The shared secret key of the proxy's schema, created by the first proxy to need it."""
+        if self._key is None:
+            self._backend.run_owned([
+                f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+                f"CREATE TABLE IF NOT EXISTS {SCHEMA}.chorus_key (id INTEGER PRIMARY KEY, "
+                "k TEXT NOT NULL)",
+                # Two proxies racing here: the primary key keeps the first key only.
+                f"INSERT INTO {SCHEMA}.chorus_key VALUES (1, '{secrets.token_hex(32)}') "
+                "ON CONFLICT DO NOTHING",
+            ])
+            (key,) = self._backend.run(f"SELECT k FROM {SCHEMA}.chorus_key WHERE id = 1").rows[0]
+            self._key = bytes.fromhex(key)
+        return self._key
 
     def _fingerprint(self, table: str, policy: TablePolicy) -> str:
         assert policy.privacy_unit is not None
@@ -63,8 +90,7 @@ class BoundedSamples:
             row = self._backend.run(
                 f'SELECT COUNT(*), SUM(hash({hashed}) % 1000000007) FROM "{table}"').rows
         # The cap is part of the version: a new max_rows_per_unit needs a new sample.
-        text = f"{row}|{policy.privacy_unit}|{policy.contribution_bound}"
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}"
 
     def _build(self, table: str, policy: TablePolicy, name: str) -> None:
         assert policy.privacy_unit is not None

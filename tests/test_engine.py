@@ -248,28 +248,18 @@ fare        = {{ type = "float", lower = 0, upper = 200 }}
 
 
 @pytest.fixture
-def rides(backend_url: str, tmp_path) -> Callable[[int], Engine]:
+def rides(scratch: Callable[..., Engine]) -> Callable[[int], Engine]:
     """A fresh table `rides` (copied from trips) under a materialized-bounding policy."""
-    from chorus_py.backends import open_backend
-    from chorus_py.policy import load_policy
-
-    admin = open_backend(backend_url)
-    admin.run_owned(["DROP TABLE IF EXISTS rides",
-                     "CREATE TABLE rides AS SELECT rider_id, pickup_time, fare FROM trips"])
-    engines: list[Engine] = []
 
     def make(k: int) -> Engine:
-        path = tmp_path / f"rides-{k}.toml"
-        path.write_text(RIDES_POLICY.format(url=backend_url, k=k))
-        engine = Engine(load_policy(path), block_ttl_seconds=0)
-        engines.append(engine)
-        return engine
+        return scratch("rides", ["CREATE TABLE rides AS SELECT rider_id, pickup_time, fare "
+                                 "FROM trips"], RIDES_POLICY.replace("{k}", str(k)))
 
-    yield make
-    for engine in engines:
-        engine.close()
-    admin.run_owned(["DROP TABLE IF EXISTS rides", "DROP SCHEMA IF EXISTS chorus_private CASCADE"])
-    admin.close()
+    return make
+
+
+SAMPLES = ("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+           "'chorus_private' AND table_name LIKE 'rides__bounded%'")
 
 
 def test_materialized_bounding_keeps_k_rows_per_unit(rides: Callable[[int], Engine]) -> None:
@@ -277,8 +267,7 @@ def test_materialized_bounding_keeps_k_rows_per_unit(rides: Callable[[int], Engi
     result = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
     assert "chorus_private" in result.report.rewritten_sql
     assert "ROW_NUMBER" not in result.report.rewritten_sql  # read from the stored sample
-    (name,) = [r[0] for r in exact(engine, "SELECT table_name FROM information_schema.tables "
-                                           "WHERE table_schema = 'chorus_private'")]
+    (name,) = [r[0] for r in exact(engine, SAMPLES)]
     (worst,) = exact(engine, "SELECT MAX(c) FROM (SELECT COUNT(*) AS c FROM "
                              f'chorus_private."{name}" GROUP BY rider_id) AS s')[0]
     assert worst <= 3
@@ -304,8 +293,7 @@ def test_materialized_sample_is_rebuilt_when_the_table_changes(
             time.sleep(0.2)
     second = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
     assert second.rows[0][0] == pytest.approx(2 * first.rows[0][0], rel=0.01)
-    tables = exact(engine, "SELECT table_name FROM information_schema.tables "
-                           "WHERE table_schema = 'chorus_private'")
+    tables = exact(engine, SAMPLES)
     assert len(tables) == 1  # the stale sample was dropped
 
 
@@ -314,8 +302,7 @@ def test_analysts_cannot_read_the_private_schema(rides: Callable[[int], Engine])
 
     engine = rides(3)
     engine.execute("SELECT COUNT(*) FROM rides", epsilon=1.0)
-    (name,) = [r[0] for r in exact(engine, "SELECT table_name FROM information_schema.tables "
-                                           "WHERE table_schema = 'chorus_private'")]
+    (name,) = [r[0] for r in exact(engine, SAMPLES)]
     for sql in (f'SELECT COUNT(*) FROM chorus_private."{name}"',
                 f'SELECT * FROM chorus_private."{name}"'):
         with pytest.raises(QueryRefused):
@@ -334,3 +321,20 @@ def test_having_sees_the_released_draw(engine: Engine) -> None:
         released += [n for (n,) in rows]
     assert released, "some runs must pass the cut"
     assert all(n > true for n in released)
+
+
+def test_sample_name_reveals_no_data_derived_number(rides: Callable[[int], Engine]) -> None:
+    # The rewritten SQL shown to analysts names the stored sample; its fingerprint comes from
+    # exact counters (row counts, pg_stat insert counts).  The name is an HMAC under a key in the
+    # proxy's private schema: proxies sharing the database agree on it, and neither the
+    # fingerprint nor its unkeyed digest appears.
+    import hashlib
+
+    first, second = rides(3), rides(3)
+    sqls = [e.explain("SELECT COUNT(*) FROM rides", epsilon=1.0).rewritten_sql
+            for e in (first, second)]
+    assert sqls[0] == sqls[1]
+    fingerprint = first.samples._fingerprint("rides", first.policy.tables["rides"])
+    assert hashlib.sha256(fingerprint.encode()).hexdigest()[:12] not in sqls[0]
+    assert hashlib.sha256(fingerprint.encode()).hexdigest()[:16] not in sqls[0]
+    assert fingerprint not in sqls[0]
