@@ -169,11 +169,14 @@ class Claim:
     demand: Vec = field(default=(), compare=False)
     delta_demand: float = field(default=0.0, compare=False)
     reason: str = field(default="", compare=False)
+    # Set when the claim was consumed in the caller's own transaction: its blocks as that
+    # transaction left them (what ``Ledger.remaining`` would show), in the claim's order.
+    after: tuple[BlockBudget, ...] = field(default=(), compare=False)
 
 
-def _claim_view(rec: ClaimRecord) -> Claim:
+def _claim_view(rec: ClaimRecord, after: tuple[BlockBudget, ...] = ()) -> Claim:
     return Claim(rec.claim_id, rec.analyst, rec.blocks, rec.epsilon, rec.delta, rec.state,
-                 rec.description, rec.demand, rec.delta_demand, rec.reason)
+                 rec.description, rec.demand, rec.delta_demand, rec.reason, after)
 
 
 def _process_start(pid: int) -> str:
@@ -300,21 +303,28 @@ class Ledger:
     def claim(self, analyst: str, blocks: Sequence[str], epsilon: float, delta: float,
               description: str = "", *, events: Sequence[Event] | None = None,
               wait_seconds: float | None = None,
-              per_block: Mapping[str, Sequence[Event]] | None = None) -> Claim:
+              per_block: Mapping[str, Sequence[Event]] | None = None,
+              consume_on_grant: bool = False) -> Claim:
         """Allocate the demand on every block, all or nothing, waiting if the scheduler says so.
 
-        Returns an allocated claim or raises ``BudgetExhausted`` (nothing taken).
+        Returns an allocated claim or raises ``BudgetExhausted`` (nothing taken).  With
+        ``consume_on_grant`` the claim is consumed by the transaction that grants it (it comes
+        back *consumed*): one durable commit per query instead of two, and ``refund`` gives it
+        back if nothing reached the analyst.  Charging before the query runs is never less
+        safe than charging after it.
         """
         claim = self.submit(analyst, blocks, epsilon, delta, description, events=events,
-                            wait_seconds=wait_seconds, per_block=per_block)
-        if claim.state == "allocated":
+                            wait_seconds=wait_seconds, per_block=per_block,
+                            consume_on_grant=consume_on_grant)
+        if claim.state in ("allocated", "consumed"):
             return claim
         return self._wait(claim)
 
     def submit(self, analyst: str, blocks: Sequence[str], epsilon: float, delta: float,
                description: str = "", *, events: Sequence[Event] | None = None,
                wait_seconds: float | None = None,
-               per_block: Mapping[str, Sequence[Event]] | None = None) -> Claim:
+               per_block: Mapping[str, Sequence[Event]] | None = None,
+               consume_on_grant: bool = False) -> Claim:
         """Register a claim and run the scheduler once; never blocks.
 
         Returns the claim *allocated* or *waiting*; raises ``BudgetExhausted`` when it is refused.
@@ -324,6 +334,8 @@ class Ledger:
             raise ValueError(f"wait_seconds must be a finite number >= 0, got {wait_seconds!r}")
         wait = min(wait, self.settings.max_wait_seconds)
         rec = self._record(analyst, blocks, epsilon, delta, events, description, per_block)
+        rec.consume_on_grant = consume_on_grant
+        after: tuple[BlockBudget, ...] = ()
         with self._tx() as tx:
             now = self.clock()
             rec.arrived_at, rec.deadline, rec.owner = now, now + wait, self.owner
@@ -367,10 +379,12 @@ class Ledger:
                         f"{_listed(short or list(rec.blocks))} for {self._asked(rec)}; "
                         "nothing was spent"))
                     refused = rec
+                elif rec.state == "consumed":
+                    after = tuple(self._view(have[b]) for b in rec.blocks)
         self._notify()
         if refused is not None:
             raise BudgetExhausted(refused.reason, hint=_hint(refused, self.settings))
-        return _claim_view(rec)
+        return _claim_view(rec, after)
 
     def poll(self, claim: Claim) -> Claim:
         """Run the scheduler once and return the claim's current state (never blocks)."""
@@ -389,13 +403,52 @@ class Ledger:
         self._notify()
         return granted
 
-    def consume(self, claim: Claim) -> None:
-        """Turn an allocated claim into spent budget (before any row is released)."""
-        self._settle(claim, "consumed")
+    def consume(self, claim: Claim) -> list[BlockBudget]:
+        """Turn an allocated claim into spent budget (before any row is released).
+
+        Returns the claim's blocks as the same transaction left them, in the claim's order:
+        what ``remaining`` would show, without a second read of the ledger.
+        """
+        return self._settle(claim, "consumed")
 
     def release(self, claim: Claim) -> None:
         """Give an allocated claim back: nothing reached the analyst."""
         self._settle(claim, "released")
+        self._notify()
+
+    def refund(self, claim: Claim) -> None:
+        """Give back a claim consumed on grant (``consume_on_grant``): nothing reached the
+        analyst, e.g. the database refused the query before reading any row.
+
+        consumed -> allocated -> unlocked on every block, journaled as ``claim_refunded``; a
+        block that its consumption had retired is reopened if it has budget again.
+        """
+        with self._tx() as tx:
+            rec = tx.claim(claim.claim_id)
+            if rec is None:
+                raise KeyError(f"unknown claim {claim.claim_id}")
+            if rec.state != "consumed" or not rec.consume_on_grant:
+                raise ValueError(f"claim {claim.claim_id} is {rec.state}; only a claim "
+                                 "consumed on grant can be refunded")
+            now = self.clock()
+            have = self._load(tx, rec.blocks)
+            for b in rec.blocks:
+                block = have[b]
+                sched.unconsume(block, rec.demand_on(b), rec.delta_demand)
+                sched.release(block, rec.demand_on(b), rec.delta_demand, rec.analyst,
+                              rec.epsilon)
+                tx.save_block(block)
+            rec.state = "released"
+            tx.save_claim(rec)
+            tx.log("claim_refunded", rec.claim_id,
+                   _move_data(rec, "consumed", "unlocked", rec.granted_order), now)
+            for b in rec.blocks:
+                block = have[b]
+                if block.retired and not sched.exhausted(block):
+                    block.retired = False
+                    tx.log("block_reopened", None, {"block": b}, now)
+            self._schedule(tx, now)  # the budget given back may let waiting claims in
+        claim.state = "released"
         self._notify()
 
     # -- views --------------------------------------------------------------------------------
@@ -557,6 +610,8 @@ class Ledger:
             tx.save_claim(rec)
             tx.log("claim_granted", rec.claim_id, _move_data(rec, "unlocked", "allocated", index),
                    now)
+            if rec.consume_on_grant:
+                self._apply_settle(tx, rec, "consumed", now)
             granted.append(rec.claim_id)
             self._keys.pop(rec.claim_id, None)
             if self.on_grant is not None:
@@ -577,7 +632,7 @@ class Ledger:
         tx.save_claim(rec)
         tx.log("claim_refused", rec.claim_id, {"reason": reason}, now)
 
-    def _settle(self, claim: Claim, state: ClaimState) -> None:
+    def _settle(self, claim: Claim, state: ClaimState) -> list[BlockBudget]:
         with self._tx() as tx:
             rec = tx.claim(claim.claim_id)
             if rec is None:
@@ -587,13 +642,15 @@ class Ledger:
                                  if rec.state in ("consumed", "released") else
                                  f"claim {claim.claim_id} is {rec.state}, not allocated")
             now = self.clock()
-            self._apply_settle(tx, rec, state, now)
+            have = self._apply_settle(tx, rec, state, now)
             if state == "released":
                 self._schedule(tx, now)  # the budget given back may let waiting claims in
+            views = [self._view(have[b]) for b in rec.blocks]
         claim.state = state
+        return views
 
     def _apply_settle(self, tx: Tx, rec: ClaimRecord, state: ClaimState, now: float,
-                      recovered: bool = False) -> None:
+                      recovered: bool = False) -> dict[str, BlockState]:
         have = self._load(tx, rec.blocks)
         for b in rec.blocks:
             block = have[b]
@@ -617,6 +674,7 @@ class Ledger:
                 if not block.retired and sched.exhausted(block):
                     block.retired = True
                     tx.log("block_retired", None, {"block": b}, now)
+        return have
 
     def _wait(self, claim: Claim) -> Claim:
         # Waits in real time, whatever the ledger's clock; passes use the ledger's clock for
@@ -629,7 +687,7 @@ class Ledger:
                 with self._changed:
                     self._changed.wait(timeout=min(self.poll_seconds, left))
             self.poll(claim)
-            if claim.state == "allocated":
+            if claim.state in ("allocated", "consumed"):
                 return claim
             if claim.state == "refused":
                 raise BudgetExhausted(claim.reason,
@@ -642,7 +700,7 @@ class Ledger:
                         self._refuse(tx, rec, self.clock(),
                                      _timeout_reason(rec, self.accountant, tx))
                     claim.state, claim.reason = rec.state, rec.reason
-                if claim.state == "allocated":
+                if claim.state in ("allocated", "consumed"):
                     return claim
                 raise BudgetExhausted(claim.reason,
                                       hint="ask for a smaller epsilon, or retry later")
@@ -742,8 +800,17 @@ def replay(journal: Iterable[Mapping[str, Any]]) -> dict[str, BlockState]:
                     sched.consume(block, tuple(amount), delta)
                 else:
                     sched.release(block, tuple(amount), delta, who, eps)
+        elif event == "claim_refunded":
+            per = data.get("per_block", {})
+            for b in data["blocks"]:
+                amount, delta = tuple(per.get(b, data["amount"])), data["delta"]
+                sched.unconsume(blocks[b], amount, delta)
+                sched.release(blocks[b], amount, delta, data.get("analyst", ""),
+                              data.get("epsilon", 0.0))
         elif event == "block_retired":
             blocks[data["block"]].retired = True
+        elif event == "block_reopened":
+            blocks[data["block"]].retired = False
     return blocks
 
 

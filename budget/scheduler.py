@@ -195,6 +195,9 @@ class ClaimRecord:
     reason: str = ""
     granted_order: int | None = None
     per_block: dict[str, Vec] = field(default_factory=dict)
+    # Consumed in the transaction that grants it (one commit per query instead of two); given
+    # back with ``Ledger.refund`` when nothing reached the analyst.
+    consume_on_grant: bool = False
 
     def demand_on(self, block_id: str) -> Vec:
         """The demand vector on one block."""
@@ -255,6 +258,13 @@ def consume(block: BlockState, demand: Vec, delta: float) -> None:
     _move(block, "allocated", "consumed", demand)
     block.delta_allocated -= delta
     block.delta_consumed += delta
+
+
+def unconsume(block: BlockState, demand: Vec, delta: float) -> None:
+    """consumed -> allocated: the first half of a refund (``release`` is the second)."""
+    _move(block, "consumed", "allocated", demand)
+    block.delta_consumed -= delta
+    block.delta_allocated += delta
 
 
 def release(block: BlockState, demand: Vec, delta: float, analyst: str = "",

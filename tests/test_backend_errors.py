@@ -29,7 +29,8 @@ def test_plan_errors_do_not_touch_data(engine: Engine) -> None:
 
 def test_data_error_after_claim_is_charged_and_sanitised(engine: Engine) -> None:
     engine.ledger.ensure_blocks(["b"])
-    claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0)
+    # The engine's claims are consumed when granted, before the query runs.
+    claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0, consume_on_grant=True)
     with pytest.raises(BackendError) as info:
         engine._run(DATA_ERROR, touched_charge=claim)
     assert "secret-value-42" not in str(info.value)
@@ -37,10 +38,11 @@ def test_data_error_after_claim_is_charged_and_sanitised(engine: Engine) -> None
     assert engine.ledger.blocks()[0].epsilon_consumed == 0.5
 
 
-def test_plan_error_after_claim_is_released(engine: Engine) -> None:
+def test_plan_error_after_claim_is_refunded(engine: Engine) -> None:
     engine.ledger.ensure_blocks(["b"])
-    claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0)
+    claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0, consume_on_grant=True)
     with pytest.raises(InternalError):
         engine._run(PLAN_ERROR, touched_charge=claim)
     assert claim.state == "released"
     assert engine.ledger.blocks()[0].epsilon_consumed == 0.0
+    assert engine.ledger.history()[-1]["event"] == "claim_refunded"
