@@ -24,6 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -36,7 +37,7 @@ from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_s
 from analyses.validate import TOO_DEEP, parse_statement
 from budget.accounting import Event, events_for_plan
 from budget.answers import AnswerCache
-from budget.ledger import Claim, Ledger, open_ledger
+from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
 from chorus_py.backends import (
     Backend,
     ResultSet,
@@ -186,29 +187,22 @@ class Engine:
         again = self.answers.get(answer_key)
         if again is not None:
             return self._answer_again(again, analyst)
+        # The claim comes back consumed (charged before anything runs); _run refunds it if the
+        # database fails before reading a row.  Any other failure keeps the charge.
         claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds)
-        try:
-            if prepared.cap_epsilon > 0:
-                cap = self._choose_cap(prepared, claim)
-                prepared = self._prepare(analysis, analyst, eps, dlt, cap=cap)
-            if self.policy.privacy.noise == "sql":
-                result = self._run(prepared.sql, touched_charge=claim)
-            else:
-                result = self._run_proxy_noise(prepared, claim)
-        except BaseException:
-            # _run settled the claim when the backend failed; anything else never reached
-            # the backend, or failed after rows were read: charge to stay on the safe side.
-            if claim is not None and claim.state == "allocated":
-                self.ledger.consume(claim)
-            raise
-        if claim is not None:
-            self.ledger.consume(claim)
+        if prepared.cap_epsilon > 0:
+            cap = self._choose_cap(prepared, claim)
+            prepared = self._prepare(analysis, analyst, eps, dlt, cap=cap)
+        if self.policy.privacy.noise == "sql":
+            result = self._run(prepared.sql, touched_charge=claim)
+        else:
+            result = self._run_proxy_noise(prepared, claim)
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
         charged = dataclasses.replace(
             prepared.report, charged=claim is not None, accounting=self.ledger.accounting,
-            remaining=self._remaining(claim.blocks if claim is not None else ()))
+            remaining=self._remaining_after(claim))
         answer = QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
         if claim is not None:
             self.answers.put(answer_key, answer)
@@ -231,7 +225,7 @@ class Engine:
         try:
             return self.ledger.claim(analyst, ids, report.epsilon, report.delta,
                                      description=sql[:200], events=events,
-                                     wait_seconds=wait_seconds)
+                                     wait_seconds=wait_seconds, consume_on_grant=True)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
 
@@ -245,9 +239,13 @@ class Engine:
         return QueryResult(answer.columns, answer.types, list(answer.rows), report)
 
     def _remaining(self, ids: tuple[str, ...]) -> tuple[BlockRemaining, ...]:
-        return tuple(BlockRemaining(b.block_id, "retired" if b.state == "retired" else "active",
-                                    b.epsilon_left, b.delta_left, b.epsilon_spent, b.delta_spent)
-                     for b in self.ledger.remaining(ids))
+        return _block_remaining(self.ledger.remaining(ids))
+
+    def _remaining_after(self, claim: Claim | None) -> tuple[BlockRemaining, ...]:
+        """The blocks after a charge: as the charging transaction saw them when it was ours."""
+        if claim is None:
+            return ()
+        return _block_remaining(claim.after) if claim.after else self._remaining(claim.blocks)
 
     # -- steps ----------------------------------------------------------------------------------
     def _analyst(self, analyst: str | None) -> str:
@@ -404,11 +402,8 @@ class Engine:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
             log.debug("backend error detail: %s", err.detail)
-            if touched_charge is not None:
-                if err.touched_data:
-                    self.ledger.consume(touched_charge)
-                else:
-                    self.ledger.release(touched_charge)
+            if touched_charge is not None and not err.touched_data:
+                self.ledger.refund(touched_charge)  # consumed on grant: give it back
             if err.touched_data:
                 raise BackendError(
                     "the database failed while evaluating the query; no detail is shown "
@@ -569,6 +564,12 @@ def _cap_weight(query: AggregateQuery, mid: str) -> float:
     if kind == "count_units":
         return 1.0 if query.keys else 0.0  # ungrouped: sensitivity 1 whatever the cap
     return 1.0 if kind == "count" else 2.0
+
+
+def _block_remaining(blocks: Sequence[BlockBudget]) -> tuple[BlockRemaining, ...]:
+    return tuple(BlockRemaining(b.block_id, "retired" if b.state == "retired" else "active",
+                                b.epsilon_left, b.delta_left, b.epsilon_spent, b.delta_spent)
+                 for b in blocks)
 
 
 def _portable_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
