@@ -17,7 +17,7 @@ from tests.budget.test_scheduler import check_all, dpf_n, fields
 
 
 def sqlite_ledger(tmp_path: Path) -> Ledger:
-    return Ledger(1.0, 1e-6, store=SQLiteStore(f"sqlite:///{tmp_path / 'ledger.sqlite3'}"))
+    return Ledger(1.0, 1e-6, store=SQLiteStore(tmp_path / "ledger.sqlite3"))
 
 
 @pytest.mark.parametrize("make", [lambda p: InMemoryLedger(1.0, 1e-6), sqlite_ledger],
