@@ -197,7 +197,8 @@ class DuckDBBackend(Backend):
 
 
 class PostgresBackend(Backend):
-    """Postgres through a small pool of psycopg connections, each in read-only mode."""
+    """Postgres through a small pool of psycopg connections, each in read-only mode
+    (``default_transaction_read_only``: every statement runs in a read-only transaction)."""
 
     dialect = "postgres"
 
@@ -210,16 +211,17 @@ class PostgresBackend(Backend):
 
     def _connect(self) -> psycopg.Connection:
         try:
-            con = psycopg.connect(self._url, autocommit=False, connect_timeout=10)
+            # Autocommit: each statement is its own read-only transaction, one round trip
+            # (psycopg's BEGIN READ ONLY ... COMMIT would add two per query).
+            con = psycopg.connect(self._url, autocommit=True, connect_timeout=10)
         except psycopg.Error as err:
             raise OperationalError(
                 f"cannot connect to Postgres: {str(err).strip().splitlines()[0]}",
                 hint="check [backend] url in the policy and that the server is running",
             ) from None
-        con.read_only = True
         with con.cursor() as cur:
+            cur.execute("SET default_transaction_read_only = on")
             cur.execute(f"SET statement_timeout = {self._timeout_ms}")
-        con.commit()
         return con
 
     @contextmanager
@@ -252,9 +254,7 @@ class PostgresBackend(Backend):
                     desc = cur.description or []
                     types = tuple(_PG_TYPES.get(d.type_code, f"oid {d.type_code}")
                                   for d in desc)
-                con.commit()
             except psycopg.Error as err:
-                con.rollback() if not con.closed else None
                 raise StatementFailed(_pg_touched(err), str(err)) from None
         return ResultSet(tuple(d.name for d in desc), types, rows)
 

@@ -46,3 +46,19 @@ def test_plan_error_after_claim_is_refunded(engine: Engine) -> None:
     assert claim.state == "released"
     assert engine.ledger.blocks()[0].epsilon_consumed == 0.0
     assert engine.ledger.history()[-1]["event"] == "claim_refunded"
+
+
+def test_the_backend_connection_cannot_write(engine: Engine) -> None:
+    """Defence in depth behind the validator: the Postgres session itself is read-only.
+
+    DuckDB has no per-connection read-only mode, and the proxy writes its stored samples into
+    the same file, so there only the validator (SELECT only) stands between analysts and writes.
+    """
+    if engine.dialect != "postgres":
+        pytest.skip("DuckDB: one read-write instance per file (see the docstring)")
+    for sql in ("CREATE TABLE chorus_escape (a INTEGER)", "DELETE FROM trips"):
+        with pytest.raises(StatementFailed) as info:
+            engine.backend.run(sql)
+        assert "read-only" in info.value.detail.lower() or "read only" in \
+            info.value.detail.lower()
+    assert engine.backend.run("SELECT COUNT(*) FROM trips").rows[0][0] > 0
