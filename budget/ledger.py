@@ -251,6 +251,9 @@ class Ledger:
         self.store.check_meta(meta)
         self._known: set[str] = set()
         self._changed = threading.Condition()
+        # Claims waiting for the next group-commit transaction (``_arrive_batched``).
+        self._arrivals: list[_Arrival] = []
+        self._arrivals_cv = threading.Condition()
         if self.store.durable:
             self.recover()
 
@@ -335,56 +338,117 @@ class Ledger:
         wait = min(wait, self.settings.max_wait_seconds)
         rec = self._record(analyst, blocks, epsilon, delta, events, description, per_block)
         rec.consume_on_grant = consume_on_grant
-        after: tuple[BlockBudget, ...] = ()
-        with self._tx() as tx:
-            now = self.clock()
-            rec.arrived_at, rec.deadline, rec.owner = now, now + wait, self.owner
-            have = self._load(tx, rec.blocks)
-            self._refresh(tx, have, now)
-            retired = [b for b in rec.blocks if have[b].retired]
-            never: list[str] = retired
-            if not retired and sched.fit_order(self.accountant, rec, have, "unspent") is None:
-                never = sched.short_blocks(self.accountant, rec, have, "unspent") or list(
-                    rec.blocks)  # each block alone fits, but at no common Rényi order
-            over = self._over_cap(rec, have)
-            if never or over:
-                # Refused on arrival: it could never fit, so it unlocks nothing either.
-                what = ("are exhausted (retired)" if retired
-                        else "have not enough privacy budget left")
-                reason = (f"block(s) {_listed(never)} {what} for "
-                          f"{self._asked(rec)}; nothing was spent") if never else (
-                    f"analyst '{rec.analyst}' would exceed their limit of epsilon "
-                    f"{self.analyst_caps.get(rec.analyst, 0):g} per block on block(s) "
-                    f"{_listed(over)} with {self._asked(rec)}; nothing was spent")
-                rec.state, rec.reason = "refused", reason
-                tx.add_claim(rec)
-                tx.log("claim_refused", rec.claim_id, {"claim": _rec_dict(rec)}, now)
-                refused = rec
-            else:
-                refused = None
-                tx.add_claim(rec)
-                tx.log("claim_arrived", rec.claim_id, {"claim": _rec_dict(rec)}, now)
-                if self.settings.policy == "dpf-n":
-                    assert self.settings.n is not None
-                    moved = {b: sched.unlock_on_arrival(have[b], self.settings.n)
-                             for b in rec.blocks}
-                    for b in rec.blocks:
-                        tx.save_block(have[b])
-                    tx.log("unlock", rec.claim_id, {"blocks": moved, "arrival": True}, now)
-                self._schedule(tx, now)
-                if rec.state == "waiting" and wait <= 0:
-                    short = sched.short_blocks(self.accountant, rec, have)
-                    self._refuse(tx, rec, now, (
-                        f"not enough privacy budget available on block(s) "
-                        f"{_listed(short or list(rec.blocks))} for {self._asked(rec)}; "
-                        "nothing was spent"))
-                    refused = rec
-                elif rec.state == "consumed":
-                    after = tuple(self._view(have[b]) for b in rec.blocks)
+        arrival = self._arrive_batched(_Arrival(rec, wait))
         self._notify()
-        if refused is not None:
-            raise BudgetExhausted(refused.reason, hint=_hint(refused, self.settings))
-        return _claim_view(rec, after)
+        if arrival.refused:
+            raise BudgetExhausted(arrival.rec.reason, hint=_hint(arrival.rec, self.settings))
+        return _claim_view(arrival.rec, arrival.after)
+
+    def _arrive_batched(self, arrival: _Arrival) -> _Arrival:
+        """Run ``arrival`` in a ledger transaction, together with whatever arrived meanwhile.
+
+        Group commit: claims arriving while a transaction runs queue up, and the first of them
+        runs them all in the next transaction, in arrival order, with one commit.  Each claim
+        is decided exactly as alone (the same steps, on the state its predecessors left), so
+        batching changes how often the ledger commits, never what it decides.
+        """
+        with self._arrivals_cv:
+            self._arrivals.append(arrival)
+            while not arrival.done and self._arrivals[0] is not arrival:
+                self._arrivals_cv.wait()
+            batch = [] if arrival.done else list(self._arrivals)
+        if batch:
+            try:
+                self._arrive_all(batch)
+            finally:
+                with self._arrivals_cv:
+                    del self._arrivals[:len(batch)]
+                    for a in batch:
+                        if not a.committed and a.error is None:  # e.g. KeyboardInterrupt
+                            a.error = RuntimeError("the ledger transaction was interrupted; "
+                                                   "nothing was spent")
+                        a.done = True
+                    self._arrivals_cv.notify_all()
+        if arrival.error is not None:
+            raise arrival.error
+        return arrival
+
+    def _arrive_all(self, batch: list[_Arrival]) -> None:
+        originals = [copy.deepcopy(a.rec) for a in batch] if len(batch) > 1 else []
+        try:
+            with self._tx() as tx:
+                for a in batch:
+                    a.refused, a.after = self._arrive(tx, a.rec, a.wait)
+            for a in batch:
+                a.committed = True
+        except Exception as err:
+            if len(batch) == 1:
+                batch[0].error = err
+                return
+            # The whole transaction rolled back: run each claim alone, so that only the one
+            # that fails sees an error.
+            self._keys.clear()  # DPF keys of claim ids the rollback gave back
+            for a, original in zip(batch, originals, strict=True):
+                a.rec = original
+                try:
+                    with self._tx() as tx:
+                        a.refused, a.after = self._arrive(tx, a.rec, a.wait)
+                    a.committed = True
+                except Exception as alone:
+                    a.error = alone
+
+    def _arrive(self, tx: Tx, rec: ClaimRecord,
+                wait: float) -> tuple[bool, tuple[BlockBudget, ...]]:
+        """One claim's arrival inside ``tx``: refused, or registered and scheduled.
+
+        Returns (refused, the blocks after its charge when it was consumed on grant).
+        """
+        after: tuple[BlockBudget, ...] = ()
+        now = self.clock()
+        rec.arrived_at, rec.deadline, rec.owner = now, now + wait, self.owner
+        have = self._load(tx, rec.blocks)
+        self._refresh(tx, have, now)
+        retired = [b for b in rec.blocks if have[b].retired]
+        never: list[str] = retired
+        if not retired and sched.fit_order(self.accountant, rec, have, "unspent") is None:
+            never = sched.short_blocks(self.accountant, rec, have, "unspent") or list(
+                rec.blocks)  # each block alone fits, but at no common Rényi order
+        over = self._over_cap(rec, have)
+        if never or over:
+            # Refused on arrival: it could never fit, so it unlocks nothing either.
+            what = ("are exhausted (retired)" if retired
+                    else "have not enough privacy budget left")
+            reason = (f"block(s) {_listed(never)} {what} for "
+                      f"{self._asked(rec)}; nothing was spent") if never else (
+                f"analyst '{rec.analyst}' would exceed their limit of epsilon "
+                f"{self.analyst_caps.get(rec.analyst, 0):g} per block on block(s) "
+                f"{_listed(over)} with {self._asked(rec)}; nothing was spent")
+            rec.state, rec.reason = "refused", reason
+            tx.add_claim(rec)
+            tx.log("claim_refused", rec.claim_id, {"claim": _rec_dict(rec)}, now)
+            refused = True
+        else:
+            refused = False
+            tx.add_claim(rec)
+            tx.log("claim_arrived", rec.claim_id, {"claim": _rec_dict(rec)}, now)
+            if self.settings.policy == "dpf-n":
+                assert self.settings.n is not None
+                moved = {b: sched.unlock_on_arrival(have[b], self.settings.n)
+                         for b in rec.blocks}
+                for b in rec.blocks:
+                    tx.save_block(have[b])
+                tx.log("unlock", rec.claim_id, {"blocks": moved, "arrival": True}, now)
+            self._schedule(tx, now)
+            if rec.state == "waiting" and wait <= 0:
+                short = sched.short_blocks(self.accountant, rec, have)
+                self._refuse(tx, rec, now, (
+                    f"not enough privacy budget available on block(s) "
+                    f"{_listed(short or list(rec.blocks))} for {self._asked(rec)}; "
+                    "nothing was spent"))
+                refused = True
+            elif rec.state == "consumed":
+                after = tuple(self._view(have[b]) for b in rec.blocks)
+        return refused, after
 
     def poll(self, claim: Claim) -> Claim:
         """Run the scheduler once and return the claim's current state (never blocks)."""
@@ -764,6 +828,19 @@ def _move_data(rec: ClaimRecord, source: str, target: str, index: int | None) ->
     if rec.per_block:
         data["per_block"] = {k: list(v) for k, v in rec.per_block.items()}
     return data
+
+
+@dataclass
+class _Arrival:
+    """A claim queued for a group-commit transaction, and what became of it."""
+
+    rec: ClaimRecord
+    wait: float
+    done: bool = False
+    committed: bool = False
+    refused: bool = False
+    after: tuple[BlockBudget, ...] = ()
+    error: BaseException | None = None
 
 
 class _Rollback(Exception):

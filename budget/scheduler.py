@@ -161,7 +161,9 @@ class BlockState:
     def to_dict(self, share: bool = False) -> dict[str, Any]:
         """JSON-serialisable form; a copy unless ``share`` (to serialise it at once)."""
         if share:
-            return {k: getattr(self, k) for k in _BLOCK_FIELDS}
+            # A dataclass instance's __dict__ holds exactly its fields, in order: serialising
+            # it as is saves rebuilding a dict for every block of every claim.
+            return self.__dict__
         return {k: _copied(getattr(self, k)) for k in _BLOCK_FIELDS}
 
 

@@ -7,6 +7,8 @@ before the query runs, and refunded only when the database failed before reading
 from __future__ import annotations
 
 import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -100,4 +102,77 @@ def test_a_waiting_claim_is_consumed_when_another_pass_grants_it() -> None:
     locked, unlocked, allocated, consumed = fields(led, "a")
     assert (locked, allocated, consumed) == (0.0, pytest.approx(0.1), pytest.approx(0.8))
     assert unlocked == pytest.approx(0.1)
+    check_all(led)
+
+
+@pytest.mark.parametrize("bad", [None, 5], ids=["all-good", "one-bad"])
+def test_concurrent_claims_share_a_commit_and_a_bad_one_fails_alone(tmp_path: Path,
+                                                                    bad: int | None) -> None:
+    """Group commit: claims arriving during a transaction ride in the next one together.
+
+    The first commit is held until the 7 other threads have queued behind it: they then share
+    one commit.  With a claim naming an unknown block in the queue, it alone fails and the
+    batch it was in is replayed claim by claim.
+    """
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a", "b"])
+    commits = []
+    gate = threading.Event()
+
+    def slow_commit() -> None:
+        commits.append(1)
+        gate.wait(5)  # hold the first transaction until everyone has queued
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+    store.before_commit = slow_commit
+    results: dict[int, object] = {}
+
+    def claim(i: int) -> None:
+        try:
+            blocks = ["nope"] if i == bad else ["a", "b"]
+            results[i] = led.claim(f"analyst{i}", blocks, 0.1, 0.0, consume_on_grant=True)
+        except Exception as err:
+            results[i] = err
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while len(led._arrivals) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    store.before_commit = None
+    good = [i for i in range(8) if i != bad]
+    assert all(results[i].state == "consumed" for i in good)  # type: ignore[attr-defined]
+    spent = 0.1 * len(good)
+    assert math.isclose(fields(led, "a")[3], spent) and math.isclose(fields(led, "b")[3], spent)
+    if bad is None:
+        assert len(commits) == 2  # the first claim, then the 7 queued behind it together
+    else:
+        assert isinstance(results[bad], KeyError)
+        assert len(commits) == 1 + 6  # the batch rolled back; its 6 good claims alone
+    assert len({results[i].claim_id for i in good}) == len(good)  # type: ignore[attr-defined]
+    check_all(led)
+
+
+def test_batched_claims_decide_exactly_as_alone() -> None:
+    """The last budget goes to the earliest arrival of a batch; the next is refused."""
+    led = InMemoryLedger(1.0, 0.0)
+    led.ensure_blocks(["a"])
+    results: list[object] = []
+
+    def claim(eps: float) -> None:
+        try:
+            results.append(led.claim("alice", ["a"], eps, 0.0, consume_on_grant=True).epsilon)
+        except Exception as err:
+            results.append(type(err).__name__)
+
+    threads = [threading.Thread(target=claim, args=(0.3,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(map(str, results)) == ["0.3"] * 3 + ["BudgetExhausted"] * 3
     check_all(led)
