@@ -6,16 +6,22 @@ from sqlglot import exp
 
 
 def clipping(value: exp.Expr, lower: float, upper: float) -> exp.Expr:
-    """Return ``LEAST(GREATEST(value, lower), upper)``.
+    """Return ``CASE WHEN value IS NULL THEN NULL ELSE LEAST(GREATEST(value, lower), upper) END``.
+
+    The CASE keeps a NULL value NULL (SUM and AVG skip it) on every backend: Postgres's
+    GREATEST and LEAST ignore NULL arguments, so ``GREATEST(NULL, 0)`` is 0 there and every NULL
+    row would add ``lower`` to a SUM (DuckDB returns NULL).
 
     >>> from sqlglot import parse_one
     >>> clipping(parse_one("t.fare"), 0, 200).sql()
-    'LEAST(GREATEST(t.fare, 0), 200)'
+    'CASE WHEN t.fare IS NULL THEN NULL ELSE LEAST(GREATEST(t.fare, 0), 200) END'
     """
     if lower > upper:
         raise ValueError("lower must be <= upper")
     low = exp.Greatest(this=value.copy(), expressions=[_number(lower)])
-    return exp.Least(this=low, expressions=[_number(upper)])
+    clipped = exp.Least(this=low, expressions=[_number(upper)])
+    return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
+                                true=exp.Null())], default=clipped)
 
 
 def _number(value: float) -> exp.Expr:

@@ -6,6 +6,8 @@ protections may not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import sqlglot
 from sqlglot import exp
@@ -56,3 +58,38 @@ def test_thresholded_keys_are_gated_in_the_outer_query(engine: Engine) -> None:
     where = tree.args["where"].this
     assert isinstance(where, exp.GT)
     assert float(where.expression.name) == pytest.approx(report.key_release.threshold)
+
+
+NULLS_POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e9
+max_epsilon_per_query = 1e8
+
+[tables.readings]
+
+[tables.readings.columns]
+value = {{ type = "float", lower = 5, upper = 10 }}
+
+[analysts.alice]
+"""
+
+
+def test_null_values_stay_null_when_clipped(scratch: Callable[..., Engine],
+                                            backend_url: str) -> None:
+    """Postgres's GREATEST(NULL, 5) is 5: clipping must not turn NULL rows into the lower bound.
+
+    100 rows of 7 and 100 NULLs: SUM 700 and AVG 7 (not 1200 and 6) at a huge epsilon.
+    """
+    double = "DOUBLE" if backend_url.startswith("duckdb") else "DOUBLE PRECISION"
+    engine = scratch("readings", [
+        f"CREATE TABLE readings AS SELECT CASE WHEN i % 2 = 0 THEN CAST(7 AS {double}) END AS "
+        "value FROM generate_series(1, 200) AS g(i)"], NULLS_POLICY)
+    result = engine.execute("SELECT SUM(value), AVG(value), COUNT(value) FROM readings",
+                            epsilon=1e6, analyst="alice")
+    total, mean, count = result.rows[0]
+    assert total == pytest.approx(700, abs=1)
+    assert mean == pytest.approx(7, abs=0.01)
+    assert count == pytest.approx(100, abs=1)
