@@ -27,6 +27,7 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
 from analyses.bounds import expression_bounds
+from analyses.joins import JoinInfo, analyze_joins
 from analyses.literals import fits, literal_casts, literal_value
 from analyses.sensitivity import (
     count_sensitivity,
@@ -37,7 +38,7 @@ from analyses.sensitivity import (
 from analyses.typecheck import check_row_types
 from analyses.validate import AGGREGATES, ParsedStatement, check_row_expression
 from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
-from chorus_py.policy import NUMERIC_TYPES, Policy, TablePolicy
+from chorus_py.policy import NUMERIC_TYPES, ColumnPolicy, Policy, TablePolicy
 
 MeasurementKind = Literal["count", "count_units", "sum", "sum_squares"]
 
@@ -74,11 +75,15 @@ class Measurement:
     center: float = 0.0
     # Released as a total (COUNT, SUM), not only inside an AVG or VARIANCE: dropped rows bias it.
     total: bool = True
+    # Joins: a sum is measured in integer steps of ``grid`` (see ``_JOIN_GRID_STEPS``) and the
+    # sensitivity is ``factor`` (rows -> measured units) times 2 S*, known once epsilon is.
+    grid: float = 0.0
+    factor: float = 0.0
 
     @property
     def integral(self) -> bool:
-        """Counts are integers and get integer (discrete Laplace) noise."""
-        return self.kind in ("count", "count_units")
+        """Counts (and sums on a grid) are integers and get integer (discrete Laplace) noise."""
+        return self.kind in ("count", "count_units") or self.grid > 0
 
 
 @dataclass(frozen=True)
@@ -113,16 +118,41 @@ class AggregateQuery:
     # count of units, or COUNT(*) without a privacy unit); None means a separate one is needed.
     threshold_source: str | None
     normalized_sql: str = field(default="")
+    # A join query: its tables, equalities and elastic stability (``analyses.joins``).  Then
+    # ``table`` is the first private table and the sensitivities wait for epsilon and delta
+    # (``analyses.joins.resolve``).
+    join: JoinInfo | None = None
+    # The most distinct groups a unit's rows may reach (``rewriters.contribution.group_bound``),
+    # chosen with the cap for keys released by thresholding; None: only the row cap bounds them.
+    max_groups: int | None = None
+
+    @property
+    def groups_per_unit(self) -> int:
+        """D, the most groups one unit reaches: min(g, k) (a unit's <= k rows reach <= k groups).
+
+        The key-release threshold tau = 1 + b ln(D / delta) and the L1 sensitivity of every
+        per-group distinct-unit count (each unit adds 1 to <= D groups) use it; row counts and
+        sums keep Delta = k (d_max): <= k rows in all, however many groups they fall in.
+        """
+        return min(self.stability, self.max_groups or self.stability)
 
     @property
     def privacy_unit(self) -> str | None:
-        """The privacy unit column, or None for event-level DP."""
-        return self.table_policy.privacy_unit
+        """The privacy unit column (or the several units of a row), None for event-level DP."""
+        return self.table_policy.unit_label
 
     @property
     def auto_cap(self) -> bool:
         """True when the row cap per unit is chosen per query (``contribution = "auto"``)."""
-        return self.privacy_unit is not None and self.table_policy.contribution == "auto"
+        return (self.join is None and self.privacy_unit is not None
+                and self.table_policy.contribution == "auto")
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Every table the query reads (one, or those of a join, without repeats)."""
+        if self.join is None:
+            return (self.table,)
+        return tuple(dict.fromkeys(s.table for s in self.join.sources))
 
     def with_cap(self, k: int) -> AggregateQuery:
         """The same query over at most ``k`` rows per unit: stability and sensitivities at k."""
@@ -131,9 +161,70 @@ class AggregateQuery:
         rescaled = []
         for m in self.measurements:
             sens, why = _derive(m.kind, k, m.lower, m.upper, m.center, self.privacy_unit,
-                                self.keys)
+                                self.keys, self.max_groups)
             rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
         return dataclasses.replace(self, stability=k, measurements=tuple(rescaled))
+
+    def with_groups(self, g: int | None) -> AggregateQuery:
+        """The same query with each unit's rows kept in at most ``g`` of its groups (None: no
+        bound); the distinct-unit counts' sensitivities become min(g, k) (``groups_per_unit``)."""
+        if g is not None and (not self.thresholded or self.privacy_unit is None or g < 1):
+            raise ValueError("a groups-per-unit bound needs g >= 1 and thresholded keys of a "
+                             "table with a privacy unit")
+        bounded = dataclasses.replace(self, max_groups=g)
+        rescaled = []
+        for m in self.measurements:
+            sens, why = _derive(m.kind, self.stability, m.lower, m.upper, m.center,
+                                self.privacy_unit, self.keys, g)
+            rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
+        return dataclasses.replace(bounded, measurements=tuple(rescaled))
+
+    def with_bounds(self, bounds: dict[str, tuple[float, float]]) -> AggregateQuery:
+        """The same query with summed expressions clipped to narrower intervals.
+
+        ``bounds`` maps an argument's SQL (``m.argument.sql()``) to [l', u'] inside its
+        declared [l, u] (``mechanisms.clip_bounds``).  Sensitivities are derived again at the
+        current stability; AVG/VARIANCE measurements are re-centred on (l' + u') / 2 (a centre
+        of 0 stays 0: a symmetric interval narrows to a symmetric one), and the centre in every
+        AVG output becomes the new one, since AVG = c + noisy SUM(x - c) / noisy COUNT.
+        """
+        rescaled, centres = [], {}
+        for m in self.measurements:
+            new = bounds.get(m.argument.sql()) if m.argument is not None else None
+            if new is None or m.lower is None or m.upper is None:
+                rescaled.append(m)
+                continue
+            lo, hi = new
+            if not m.lower <= lo <= hi <= m.upper:
+                raise ValueError(f"[{lo:g}, {hi:g}] is not inside [{m.lower:g}, {m.upper:g}]")
+            center = (lo + hi) / 2 if m.center else 0.0
+            if m.center:
+                centres[m.id] = (m.center, center)
+            sens, why = _derive(m.kind, self.stability, lo, hi, center, self.privacy_unit,
+                                self.keys, self.max_groups)
+            rescaled.append(dataclasses.replace(m, lower=lo, upper=hi, center=center,
+                                                sensitivity=sens, derivation=why))
+
+        def recentre(node: exp.Expr) -> exp.Expr:
+            # The AVG shape built by _Reader._aggregate: Add(c, Div(m_sum, GREATEST(m_n, 1))).
+            if isinstance(node, exp.Add) and isinstance(node.expression, exp.Div) and \
+                    isinstance(node.expression.this, exp.Column):
+                old_new = centres.get(node.expression.this.name)
+                literal = node.this.this if isinstance(node.this, exp.Neg) else node.this
+                sign = -1.0 if isinstance(node.this, exp.Neg) else 1.0
+                if old_new is not None and isinstance(literal, exp.Literal) and \
+                        sign * float(literal.name) == old_new[0]:
+                    return exp.Add(this=exp.Literal.number(old_new[1]),
+                                   expression=node.expression.copy())
+            return node
+
+        outputs = tuple(dataclasses.replace(o, expr=o.expr.transform(recentre))
+                        for o in self.outputs)
+        having = self.having.transform(recentre) if self.having is not None else None
+        order = tuple(exp.Ordered(this=o.this.transform(recentre), desc=o.args.get("desc"),
+                                  nulls_first=o.args.get("nulls_first")) for o in self.order)
+        return dataclasses.replace(self, measurements=tuple(rescaled), outputs=outputs,
+                                   having=having, order=order)
 
 
 @dataclass(frozen=True)
@@ -152,17 +243,34 @@ def analyze_query(
     private = [t for t in parsed.tables if not policy.tables[t].public]
     if not private:
         return PublicQuery(tree=parsed.tree, tables=parsed.tables)
-    if len(private) > 1 or len(parsed.tables) > 1:
-        raise NotSupportedError(
-            f"the query reads several tables ({', '.join(parsed.tables)}); "
-            "joins are not supported yet",
-            hint="query one private table at a time",
-        )
     table_name = private[0]
     table_policy = policy.tables[table_name]
     names = _output_names(parsed.tree)
-    flat = _normalize(parsed.tree, table_name, table_policy, dialect)
-    return _Reader(flat, table_name, table_policy, names).read()
+    schema = {t: _table_schema(policy.tables[t], public_columns.get(t, {}))
+              for t in parsed.tables}
+    flat = _normalize(parsed.tree, table_name, table_policy, dialect, schema)
+    if not flat.args.get("joins"):
+        return _Reader(flat, table_name, table_policy, names).read()
+    join = analyze_joins(flat, policy)
+    columns = {s.alias: _column_policies(s.policy, public_columns.get(s.table, {}))
+               for s in join.sources}
+    return _Reader(flat, table_name, table_policy, names, join, columns).read()
+
+
+_PORTABLE = {"integer": "int", "float": "float", "text": "text", "boolean": "bool",
+             "date": "date", "timestamp": "timestamp"}
+
+
+def _column_policies(tp: TablePolicy, live: dict[str, str]) -> dict[str, ColumnPolicy]:
+    """Declared columns; for a public table, its live columns (type only: no bounds)."""
+    if not tp.public:
+        return dict(tp.columns)
+    found = {c: ColumnPolicy(type=_PORTABLE[t]) for c, t in live.items() if t in _PORTABLE}
+    return {**found, **tp.columns}
+
+
+def _table_schema(tp: TablePolicy, live: dict[str, str]) -> dict[str, str]:
+    return {c: SQL_TYPES[col.type] for c, col in _column_policies(tp, live).items()}
 
 
 def _output_names(tree: exp.Select) -> list[str]:
@@ -187,8 +295,8 @@ def _output_names(tree: exp.Select) -> list[str]:
     return names
 
 
-def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> exp.Select:
-    schema = {table: {c: SQL_TYPES[col.type] for c, col in tp.columns.items()}}
+def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
+               schema: dict[str, dict[str, str]]) -> exp.Select:
     try:
         flat = qualify(tree.copy(), schema=schema, dialect=dialect, validate_qualify_columns=True)
     except OptimizeError as err:
@@ -202,6 +310,12 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> e
     # Types on every node, for the type checks of row-level expressions.
     flat = annotate_types(flat, schema=schema, dialect=dialect)
     nested = [s for s in flat.find_all(exp.Select) if s is not flat]
+    if flat.args.get("joins") and any(s.args.get("group") or s.find(*AGGREGATES)
+                                      for s in nested):
+        raise NotSupportedError(
+            "aggregation followed by a join of the aggregate is not supported: its stability "
+            "is not bounded by the elastic rules",
+            hint="join the tables first and aggregate once, in the outermost SELECT")
     if nested or flat.args.get("with_"):
         raise NotSupportedError(
             "subqueries and CTEs may only filter or project rows of one table "
@@ -209,8 +323,8 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> e
             hint="move the aggregation to the outermost SELECT",
         )
     source = flat.args["from_"].this
-    if not isinstance(source, exp.Table) or flat.args.get("joins"):
-        raise NotSupportedError("joins are not supported yet")
+    if not isinstance(source, exp.Table):
+        raise NotSupportedError("the FROM clause must name a table")
     if flat.args.get("distinct"):
         raise QueryRefused("SELECT DISTINCT releases raw values", hint="use GROUP BY instead")
     return flat
@@ -219,11 +333,19 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> e
 class _Reader:
     """Reads the flat SELECT once, building measurements and lifted outputs."""
 
-    def __init__(self, flat: exp.Select, table: str, tp: TablePolicy, names: list[str]) -> None:
+    def __init__(self, flat: exp.Select, table: str, tp: TablePolicy, names: list[str],
+                 join: JoinInfo | None = None,
+                 columns: dict[str, dict[str, ColumnPolicy]] | None = None) -> None:
         self.flat = flat
         self.table = table
         self.tp = tp
         self.names = names
+        self.join = join
+        alias = flat.args["from_"].this.alias_or_name
+        # Column policies by table alias (one alias, or every table of a join).
+        self.columns = columns if columns is not None else {alias: dict(tp.columns)}
+        self.table_of = ({s.alias: s.table for s in join.sources} if join is not None
+                         else {alias: table})
         self.stability = tp.contribution_bound
         self.measurements: dict[tuple[str, str], Measurement] = {}
         self.keys: list[GroupKey] = []
@@ -243,7 +365,8 @@ class _Reader:
             if key.find(*AGGREGATES):
                 raise QueryRefused("aggregates are not allowed in GROUP BY")
             for col in key.find_all(exp.Column):
-                if self.tp.columns[col.name].private_id:
+                cp = self._column(col)
+                if cp is not None and cp.private_id:
                     raise QueryRefused(
                         f"cannot group by {col.name}: it identifies individuals (private_id)",
                         hint=f"filter on it, or count it with COUNT(DISTINCT {col.name})",
@@ -282,6 +405,20 @@ class _Reader:
         )
         public = all(k.public_values is not None for k in self.keys)
         thresholded = bool(self.keys) and not public
+        if thresholded and self.tp.multi_attribution:
+            # The key-release threshold assumes a group only a new unit reaches counts 1; with
+            # several units per row such a group holds up to k of its rows.
+            raise NotSupportedError(
+                "grouping by a column without public_values is not supported on a table whose "
+                "rows belong to several privacy units",
+                hint="group by columns with public_values")
+        if thresholded and self.join is not None:
+            key = next(k for k in self.keys if k.public_values is None)
+            raise NotSupportedError(
+                f"GROUP BY {display_sql(key.expr)} over a join: only columns with declared "
+                "public_values can be group keys of a join (a noisy threshold for keys of a "
+                "join is not implemented)",
+                hint="group by a column with public_values, or query without the join")
         return AggregateQuery(
             table=self.table, alias=alias, table_policy=self.tp, where=where,
             keys=tuple(self.keys), measurements=tuple(self.measurements.values()),
@@ -289,7 +426,7 @@ class _Reader:
             limit=_literal_int(flat, "limit"), offset=_literal_int(flat, "offset"),
             stability=self.stability, thresholded=thresholded,
             threshold_source=self._threshold_source() if thresholded else None,
-            normalized_sql=flat.sql(),
+            normalized_sql=flat.sql(), join=self.join,
         )
 
     def _public_values(self, key: exp.Expr) -> tuple[object, ...] | None:
@@ -298,9 +435,10 @@ class _Reader:
         The narrowing reads literals of the query only, so the released keys still depend on
         the policy and the query, never on the data.
         """
-        if not isinstance(key, exp.Column):
+        cp = self._column(key) if isinstance(key, exp.Column) else None
+        if cp is None:
             return None
-        declared = self.tp.columns[key.name].public_values
+        declared = cp.public_values
         if declared is None:
             return None
         where = self.flat.args.get("where")
@@ -399,8 +537,23 @@ class _Reader:
         return var
 
     def _count_distinct(self, distinct: exp.Distinct) -> exp.Expr:
+        if self.join is not None:
+            raise NotSupportedError(
+                "COUNT(DISTINCT ...) over a join is not supported",
+                hint="use COUNT(*), SUM or AVG over the join")
         unit = self.tp.privacy_unit
         cols = distinct.expressions
+        if self.tp.multi_attribution:
+            # Several units per row: a neighbour adds or removes <= k rows of S, each carrying
+            # one value of the column, so the distinct count (per group, in total over groups)
+            # moves by <= k: a COUNT with sensitivity s = k, not 1.
+            if len(cols) == 1 and isinstance(cols[0], exp.Column) and \
+                    cols[0].name in self.tp.unit_columns:
+                return self._measure("count", distinct)
+            raise NotSupportedError(
+                "COUNT(DISTINCT ...) is supported only for one of the privacy unit columns"
+                + (f" ({', '.join(self.tp.unit_columns)})" if self.tp.unit_columns else ""),
+                hint="COUNT(DISTINCT other_column) has no bounded sensitivity")
         if unit and len(cols) == 1 and isinstance(cols[0], exp.Column) and cols[0].name == unit:
             return self._measure("count_units", None)
         raise NotSupportedError(
@@ -413,37 +566,45 @@ class _Reader:
                  hi: float | None = None, center: float = 0.0, total: bool = True) -> exp.Expr:
         dedup = (kind, arg.sql() if arg is not None else "*", center)
         found = self.measurements.get(dedup)
-        if found is None:
+        if found is None and self.join is not None:
+            found = _join_measurement(f"m{len(self.measurements)}", kind, arg, lo, hi, center,
+                                      total)
+        elif found is None:
             mid = f"m{len(self.measurements)}"
             sens, why = self._sensitivity(kind, lo, hi, center)
             found = Measurement(mid, kind, arg, lo, hi, sens, why, center, total)
         elif total and not found.total:  # also released directly, e.g. COUNT(x) next to AVG(x)
             found = dataclasses.replace(found, total=True)
         self.measurements[dedup] = found
+        if found.grid:  # measured in integer steps of the grid: back to the value's units
+            return exp.Paren(this=exp.Mul(this=exp.column(found.id),
+                                          expression=exp.Literal.number(found.grid)))
         return exp.column(found.id)
 
     def _sensitivity(self, kind: MeasurementKind, lo: float | None, hi: float | None,
                      center: float) -> tuple[float, str]:
-        return _derive(kind, self.stability, lo, hi, center, self.tp.privacy_unit,
+        return _derive(kind, self.stability, lo, hi, center, self.tp.unit_label,
                        tuple(self.keys))
 
     def _bounds(self, arg: exp.Expr, fname: str) -> tuple[float, float]:
         missing: list[str] = []
 
         def column_bounds(col: exp.Column) -> tuple[float, float] | None:
-            cp = self.tp.columns[col.name]
-            if cp.lower is None or cp.upper is None:
-                missing.append(col.name)
+            cp = self._column(col)
+            if cp is None or cp.lower is None or cp.upper is None:
+                missing.append(col)
                 return None
             return (cp.lower, cp.upper)
 
         found = expression_bounds(arg, column_bounds)
         if found is None:
             if missing:
+                col = missing[0]
                 raise QueryRefused(
-                    f"{fname} over column '{missing[0]}' needs declared bounds",
+                    f"{fname} over column '{col.name}' needs declared bounds",
                     hint=f"the data owner must set lower and upper for "
-                    f"tables.{self.table}.columns.{missing[0]} in the policy",
+                    f"tables.{self.table_of.get(col.table, self.table)}.columns.{col.name} in "
+                    "the policy",
                 )
             raise QueryRefused(
                 f"cannot bound the value of {arg.sql()} in {fname}",
@@ -474,9 +635,17 @@ class _Reader:
             for item in (cmp.args["low"], cmp.args["high"]):
                 self._check_comparison(cmp.this, item, clause)
 
+    def _column(self, col: exp.Column) -> ColumnPolicy | None:
+        """The policy of a (qualified) column: of its table alias."""
+        table = self.columns.get(col.table)
+        if table is None and len(self.columns) == 1:
+            table = next(iter(self.columns.values()))
+        return None if table is None else table.get(col.name)
+
     def _type_of(self, node: exp.Expr) -> str | None:
-        if isinstance(node, exp.Column) and node.name in self.tp.columns:
-            return self.tp.columns[node.name].type
+        if isinstance(node, exp.Column):
+            cp = self._column(node)
+            return None if cp is None else cp.type
         return None
 
     def _check_cast(self, cast: exp.Cast, clause: str) -> None:
@@ -537,9 +706,52 @@ class _Reader:
                         hint="use ISO format, e.g. '2026-01-31' or '2026-01-31 08:00:00'")
 
 
+# A sum over a join is measured as SUM(ROUND(v / g)) with g = max|v| / _JOIN_GRID_STEPS: an
+# integer with discrete Laplace noise, whose output (a multiple of g, a constant of the query) says
+# nothing about the data-dependent scale 2 S* / epsilon.  (The snapping mechanism would round to a
+# power of two >= the scale, which would show the scale in the output.)  Each row's rounding
+# error is at most g / 2 = max|v| / 8192.
+_JOIN_GRID_STEPS = 4096
+
+
+def _join_measurement(mid: str, kind: MeasurementKind, arg: exp.Expr | None,
+                      lo: float | None, hi: float | None, center: float,
+                      total: bool) -> Measurement:
+    """A measurement over a join: its per-row factor; the sensitivity 2 S* factor comes later.
+
+    The sensitivity is infinite until ``analyses.joins.resolve`` sets it, so a join query
+    used without that step fails (no noise can be calibrated) rather than being under-noised.
+    """
+    if kind == "count":
+        return Measurement(mid, kind, arg, lo, hi, math.inf,
+                           "COUNT over a join: Delta = S(k) per changed row", center, total,
+                           factor=1.0)
+    if kind != "sum":
+        raise NotSupportedError(
+            "VARIANCE and STDDEV over a join are not supported",
+            hint="use COUNT, SUM or AVG over the join")
+    assert lo is not None and hi is not None
+    # |v - c| <= top for v clipped to [lo, hi]: a changed join row moves the sum by <= top,
+    # that is by <= _JOIN_GRID_STEPS grid steps.
+    top = max(abs(lo - center), abs(hi - center))
+    grid = top / _JOIN_GRID_STEPS
+    return Measurement(mid, kind, arg, lo, hi, math.inf,
+                       f"SUM over a join of v clipped to [{lo:g}, {hi:g}]"
+                       + (f", minus c = {center:g}" if center else "")
+                       + f": Delta = S(k) * max|v| = S(k) * {top:g}", center, total,
+                       grid=grid, factor=float(_JOIN_GRID_STEPS))
+
+
 def _derive(kind: MeasurementKind, s: int, lo: float | None, hi: float | None, center: float,
-            unit: str | None, keys: tuple[GroupKey, ...]) -> tuple[float, str]:
-    """The L1 sensitivity of one measurement over a relation of stability s, with its reason."""
+            unit: str | None, keys: tuple[GroupKey, ...],
+            max_groups: int | None = None) -> tuple[float, str]:
+    """The L1 sensitivity of one measurement over a relation of stability s, with its reason.
+
+    ``max_groups`` g (thresholded keys): each unit's rows lie in at most g groups.  It lowers
+    only COUNT(DISTINCT unit), whose vector moves by 1 in each group the unit reaches: Delta =
+    min(s, g).  Row counts and sums keep Delta = s (resp. s * max|v|): the unit's <= s rows,
+    however they are spread over its <= g groups, change the vector's L1 norm by at most that.
+    """
     stab = (f"stability {s} (at most {s} rows per {unit})" if unit
             else "stability 1 (event-level: one row per neighbour)")
     if kind == "count":
@@ -548,9 +760,13 @@ def _derive(kind: MeasurementKind, s: int, lo: float | None, hi: float | None, c
         groups = None
         if keys and all(k.public_values is not None for k in keys):
             groups = math.prod(len(k.public_values or ()) for k in keys)
+        if max_groups is not None:
+            groups = max_groups if groups is None else min(groups, max_groups)
         d = count_units_sensitivity(s, bool(keys), groups)
+        within = f" (kept in <= {max_groups} groups)" if max_groups is not None else ""
         return float(d), (
-            f"COUNT(DISTINCT unit): a unit's <= {s} rows reach at most {d} group(s): Delta = {d}"
+            f"COUNT(DISTINCT unit): a unit's <= {s} rows{within} reach at most {d} group(s): "
+            f"Delta = {d}"
         )
     assert lo is not None and hi is not None
     value = f"x clipped to [{lo:g}, {hi:g}]" + (f", minus c = {center:g}" if center else "")

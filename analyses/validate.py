@@ -159,11 +159,10 @@ def _next_to_column(interval: exp.Interval) -> bool:
 
 def _check_node(node: exp.Expr) -> None:
     if isinstance(node, _ALLOWED):
-        if isinstance(node, exp.Join):
-            raise NotSupportedError(
-                "joins are not supported yet",
-                hint="query one private table at a time (join support is planned)",
-            )
+        if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral | exp.Unnest):
+            # Other joins are analysed by analyses.joins (inner equijoins only).
+            raise NotSupportedError(f"{type(node.this).__name__.upper()} joins are not "
+                                    "supported", hint="join tables with ON a.key = b.key")
         if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
             raise QueryRefused(
                 f"table functions are not allowed ({node.sql()})",

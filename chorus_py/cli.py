@@ -22,6 +22,7 @@ from chorus_py.errors import (
     PolicyError,
     ProgrammingError,
 )
+from chorus_py.report import shown
 
 REFUSED = 2
 FAILED = 1
@@ -85,6 +86,7 @@ def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | N
       chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo
     """
     from chorus_py.demo import generate_demo
+    from chorus_py.demo_people import JOIN_QUERIES
 
     def progress(message: str, fraction: float) -> None:
         click.echo(f"[{fraction:4.0%}] {message}", err=True)
@@ -98,7 +100,7 @@ def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | N
     if no_queries:
         return
     engine = _engine(policy_path)
-    for question, sql in _DEMO_QUERIES:
+    for question, sql in [*_DEMO_QUERIES, *JOIN_QUERIES]:
         click.echo("")
         click.secho(f"-- {question}", bold=True)
         click.echo(sql)
@@ -130,6 +132,13 @@ def _query_options(func: Any) -> Any:
         click.option("--delta", type=float, default=None,
                      help="Delta (default: privacy.default_delta); needed to release "
                      "group keys without public_values."),
+        click.option("--sensitivity", type=click.Choice(["analytic", "sampled"]), default=None,
+                     help="'sampled': sensitivity sampling, an (epsilon, delta, gamma)-random "
+                     "DP answer for queries with no analytic bound (default: "
+                     "privacy.sensitivity)."),
+        click.option("--gamma", type=float, default=None,
+                     help="With --sensitivity sampled: the chance the guarantee fails over "
+                     "databases drawn from P (default: privacy.default_gamma)."),
         click.option("--json", "as_json", is_flag=True,
                      help="Print one JSON object: columns, rows, report (or error)."),
         click.argument("sql"),
@@ -141,7 +150,7 @@ def _query_options(func: Any) -> Any:
 @main.command()
 @_query_options
 def query(policy_path: Path, analyst: str | None, epsilon: float | None, delta: float | None,
-          as_json: bool, sql: str) -> None:
+          sensitivity: str | None, gamma: float | None, as_json: bool, sql: str) -> None:
     """Run one query with differential privacy and print the noisy answer.
 
     \b
@@ -149,10 +158,13 @@ def query(policy_path: Path, analyst: str | None, epsilon: float | None, delta: 
       chorus query --policy demo/policy.toml "SELECT city, COUNT(*) FROM trips GROUP BY city"
       chorus query --policy demo/policy.toml --epsilon 0.5 --json \\
           "SELECT AVG(fare) FROM trips WHERE distance_km > 10"
+      chorus query --policy policy.toml --sensitivity sampled --gamma 0.05 \\
+          "SELECT MEDIAN(seconds) FROM visits"
     """
     engine = _engine(policy_path, as_json)
     try:
-        result = engine.execute(sql, analyst=analyst, epsilon=epsilon, delta=delta)
+        result = engine.execute(sql, analyst=analyst, epsilon=epsilon, delta=delta,
+                                sensitivity=sensitivity, gamma=gamma)
     except ChorusError as err:
         _fail(err, as_json)
     if as_json:
@@ -165,7 +177,8 @@ def query(policy_path: Path, analyst: str | None, epsilon: float | None, delta: 
 @main.command()
 @_query_options
 def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
-            delta: float | None, as_json: bool, sql: str) -> None:
+            delta: float | None, sensitivity: str | None, gamma: float | None, as_json: bool,
+            sql: str) -> None:
     """Show what a query would cost and how it would be answered, without running it.
 
     Nothing is executed and no budget is charged.
@@ -176,7 +189,8 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
     """
     engine = _engine(policy_path, as_json)
     try:
-        report = engine.explain(sql, analyst=analyst, epsilon=epsilon, delta=delta)
+        report = engine.explain(sql, analyst=analyst, epsilon=epsilon, delta=delta,
+                                sensitivity=sensitivity, gamma=gamma)
     except ChorusError as err:
         _fail(err, as_json)
     if as_json:
@@ -234,6 +248,55 @@ def serve(policy_path: Path, listen: str, rest: str) -> None:
         click.secho(f"error: cannot listen on {listen}: {err.strerror or err}", fg="red",
                     err=True)
         sys.exit(FAILED)
+
+
+@main.command()
+@click.option("--policy", "policy_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The policy file.")
+@click.option("--table", required=True, help="A table whose rows belong to several units.")
+@click.option("--method", type=click.Choice(["greedy", "greedy-sparse", "sql-rank",
+                                             "greedy-balanced", "ilp"]),
+              default=None, help="How to choose S (default: the table's attribution_method; "
+              "another method is a dry run that stores nothing).")
+@click.option("--seed", type=int, default=None, help="Seed of the random order (default: "
+              "derived from the proxy's secret key and the data version).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def bound(policy_path: Path, table: str, method: str | None, seed: int | None,
+          as_json: bool) -> None:
+    """Choose the rows kept of a multi-attribution table (S) now, and describe it.
+
+    For the data owner only: |S| and the rows per unit are exact and depend on who is
+    attributed to which row, so they are never shown to analysts.
+
+    Example: chorus bound --policy demo/policy.toml --table papers --method greedy
+    """
+    from dataclasses import asdict
+
+    from chorus_py.attribution_store import summary_lines
+
+    engine = _engine(policy_path, as_json)
+    try:
+        tp = engine.policy.table(table)
+        if tp is None or not tp.multi_attribution:
+            raise PolicyError(f"{policy_path}: tables.{table}: not a table whose privacy_unit "
+                              "has several units per row",
+                              hint="set privacy_unit to a list of columns or an attribution "
+                              "table")
+        if as_json:
+            summary = engine.attribution.bound(table.lower(), tp, method, seed)
+            click.echo(json.dumps(asdict(summary)))
+            return
+        with click.progressbar(length=1000, label=f"choosing S for {table}",
+                               file=sys.stderr) as bar:
+            def tell(fraction: float) -> None:
+                bar.update(int(fraction * 1000) - bar.pos)
+            summary = engine.attribution.bound(table.lower(), tp, method, seed, tell)
+        for line in summary_lines(summary):
+            click.echo(line)
+    except ChorusError as err:
+        _fail(err, as_json)
+    finally:
+        engine.close()
 
 
 @main.command()
@@ -457,8 +520,18 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
     span = f"{blocks[0]} .. {blocks[-1]}" if len(blocks) > 1 else ", ".join(blocks) or "none"
     click.secho(f"privacy: {charged} epsilon={report['epsilon']:g} delta={report['delta']:g} "
                 f"on {len(blocks)} block(s) [{span}]; noise in {report['noise']}", fg="cyan")
+    if report.get("random_dp"):
+        r = report["random_dp"]
+        click.secho(f"  random DP: gamma={r['gamma']:g}, sampled sensitivity "
+                    f"{shown(r['sensitivity'])} (k = {r['k']} of m = {r['m']} samples, "
+                    f"rho = {r['rho']:.4g}, n = {r['n']}: {r['n_source']})", fg="yellow")
+        if verbose:
+            click.echo(f"  sampling distribution P: {r['distribution']}")
     contribution = report.get("contribution")
-    if contribution and contribution.get("cap") is not None:
+    if contribution and contribution.get("method"):
+        click.echo(f"  at most {contribution['cap']} rows per {report.get('privacy_unit')}, "
+                   f"kept by the '{contribution['method']}' method (a stored set of rows)")
+    elif contribution and contribution.get("cap") is not None:
         click.echo(f"  at most {contribution['cap']} rows per {report.get('privacy_unit')} "
                    f"(chosen for this query, limit {contribution['limit']}; "
                    f"epsilon {contribution['epsilon']:g} spent choosing it)")
@@ -472,8 +545,8 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
                       " (event-level)"))
     for col in report["columns"]:
         if col["role"] == "aggregate":
-            click.echo(f"  {col['name']}: {col['mechanism']}, scale {col['scale']:.4g}, "
-                       f"95% error within +-{col['error_bound_95']:.4g}")
+            click.echo(f"  {col['name']}: {col['mechanism']}, scale {shown(col['scale'])}, "
+                       f"95% error within +-{shown(col['error_bound_95'])}")
         elif col["role"] == "derived":
             click.echo(f"  {col['name']}: {col['note']}")
     if report.get("key_release"):
@@ -484,7 +557,16 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
         for m in report["measurements"]:
             click.echo(f"  {m['id']} = {m['aggregate']}: {m['derivation']}; "
                        f"{m['mechanism']['name']} epsilon={m['mechanism']['epsilon']:.4g} "
-                       f"scale={m['mechanism']['scale']:.4g}")
+                       f"scale={shown(m['mechanism']['scale'])}")
+        if report.get("elastic"):  # a join: S(k), the max frequencies' sources, the smooth bound
+            e = report["elastic"]
+            click.echo(f"  elastic stability S(k) = {e['stability']}")
+            for f in e["frequencies"]:
+                click.echo(f"  max frequency {f['name']}: {f['source']}"
+                           + ("" if f["value"] is None else f" = {f['value']:g}"))
+            click.echo("  smooth bound: " + ("data-dependent (not shown)" if e["data_dependent"]
+                                             else f"S(0) = {e['at_zero']:g}, peak at k = "
+                                             f"{e['peak_k']}, S* = {e['smooth_bound']:.6g}"))
         for note in report["notes"]:
             click.echo(f"  note: {note}")
         if report.get("rewritten_sql"):

@@ -272,14 +272,16 @@ class _Local:
         self.analyst = engine._analyst(analyst)  # fail at connect time on an unknown analyst
 
     def execute(self, sql: str, epsilon: float | None, delta: float | None,
-                wait_seconds: float | None) -> _Answer:
+                wait_seconds: float | None, **options: Any) -> _Answer:
         result = self.engine.execute(sql, analyst=self.analyst, epsilon=epsilon, delta=delta,
-                                     wait_seconds=wait_seconds)
+                                     wait_seconds=wait_seconds, **options)
         return _Answer(tuple(result.columns), tuple(result.types), list(result.rows),
                        result.report)
 
-    def explain(self, sql: str, epsilon: float | None, delta: float | None) -> PrivacyReport:
-        return self.engine.explain(sql, analyst=self.analyst, epsilon=epsilon, delta=delta)
+    def explain(self, sql: str, epsilon: float | None, delta: float | None,
+                **options: Any) -> PrivacyReport:
+        return self.engine.explain(sql, analyst=self.analyst, epsilon=epsilon, delta=delta,
+                                   **options)
 
     def tables(self) -> dict[str, dict[str, str]]:
         out = {n: {c: cp.type for c, cp in t.columns.items()}
@@ -351,8 +353,8 @@ class _Remote:
                                  "JSON") from None
 
     def execute(self, sql: str, epsilon: float | None, delta: float | None,
-                wait_seconds: float | None) -> _Answer:
-        body = _body(sql, epsilon, delta)
+                wait_seconds: float | None, **options: Any) -> _Answer:
+        body = _body(sql, epsilon, delta) | options
         if wait_seconds is not None:
             body["wait_seconds"] = wait_seconds
         data = self._request("POST", "/v1/query", body)
@@ -361,8 +363,9 @@ class _Remote:
                 for row in data["rows"]]
         return _Answer(tuple(data["columns"]), kinds, rows, report_from_dict(data["report"]))
 
-    def explain(self, sql: str, epsilon: float | None, delta: float | None) -> PrivacyReport:
-        data = self._request("POST", "/v1/explain", _body(sql, epsilon, delta))
+    def explain(self, sql: str, epsilon: float | None, delta: float | None,
+                **options: Any) -> PrivacyReport:
+        data = self._request("POST", "/v1/explain", _body(sql, epsilon, delta) | options)
         return report_from_dict(data["report"])
 
     def tables(self) -> dict[str, dict[str, str]]:
@@ -380,6 +383,14 @@ def _body(sql: str, epsilon: float | None, delta: float | None) -> dict[str, Any
     if delta is not None:
         body["delta"] = delta
     return body
+
+
+def _sampling(conn: Connection, sensitivity: str | None,
+              gamma: float | None) -> dict[str, Any]:
+    """The random-DP options of one query: its own, else the connection's (unset: omitted)."""
+    options = {"sensitivity": conn.sensitivity if sensitivity is None else sensitivity,
+               "gamma": conn.gamma if gamma is None else gamma}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _problem_error(status: int, response: Any) -> ChorusError:
@@ -420,11 +431,15 @@ class Connection:
     NotSupportedError = NotSupportedError
 
     def __init__(self, transport: _Local | _Remote, epsilon: float | None = None,
-                 delta: float | None = None, wait_seconds: float | None = None) -> None:
+                 delta: float | None = None, wait_seconds: float | None = None,
+                 sensitivity: str | None = None, gamma: float | None = None) -> None:
         self._transport: _Local | _Remote | None = transport
         #: Default privacy parameters of this connection's queries (None: the policy's).
         self.epsilon = epsilon
         self.delta = delta
+        #: "sampled" opts in to sensitivity sampling (random DP, with ``gamma``); None: policy.
+        self.sensitivity = sensitivity
+        self.gamma = gamma
         #: How long a query waits for budget the scheduler cannot grant at once (None: policy).
         self.wait_seconds = wait_seconds
 
@@ -530,9 +545,10 @@ class Cursor:
     # -- running queries
     def execute(self, operation: str, parameters: Mapping[str, Any] | Sequence[Any] | None = None,
                 *, epsilon: float | None = None, delta: float | None = None,
-                wait_seconds: float | None = None) -> Cursor:
-        """Run one query with DP; ``epsilon``/``delta``/``wait_seconds`` override the
-        connection's defaults."""
+                wait_seconds: float | None = None, sensitivity: str | None = None,
+                gamma: float | None = None) -> Cursor:
+        """Run one query with DP; ``epsilon``/``delta``/``wait_seconds`` (and
+        ``sensitivity``/``gamma``, random DP) override the connection's defaults."""
         transport = self._check()
         if not isinstance(operation, str):
             raise ProgrammingError("the operation must be a SQL string")
@@ -543,7 +559,8 @@ class Cursor:
         answer = transport.execute(
             sql, conn.epsilon if epsilon is None else epsilon,
             conn.delta if delta is None else delta,
-            conn.wait_seconds if wait_seconds is None else wait_seconds)
+            conn.wait_seconds if wait_seconds is None else wait_seconds,
+            **_sampling(conn, sensitivity, gamma))
         self._answer = answer
         self._position = 0
         self.privacy_report = answer.report
@@ -559,13 +576,15 @@ class Cursor:
 
     def explain(self, operation: str,
                 parameters: Mapping[str, Any] | Sequence[Any] | None = None, *,
-                epsilon: float | None = None, delta: float | None = None) -> PrivacyReport:
+                epsilon: float | None = None, delta: float | None = None,
+                sensitivity: str | None = None, gamma: float | None = None) -> PrivacyReport:
         """What ``execute`` would cost and do, without running or charging (extension)."""
         transport = self._check()
         sql = bind_parameters(operation, parameters, transport.dialect)
         return transport.explain(
             sql, self.connection.epsilon if epsilon is None else epsilon,
-            self.connection.delta if delta is None else delta)
+            self.connection.delta if delta is None else delta,
+            **_sampling(self.connection, sensitivity, gamma))
 
     def callproc(self, procname: str, parameters: Sequence[Any] = ()) -> None:
         """Refused: there are no stored procedures behind the proxy."""
@@ -640,7 +659,8 @@ def connect(dsn: str | os.PathLike[str] | None = None, *,
             policy: str | os.PathLike[str] | None = None, analyst: str | None = None,
             token: str | None = None, epsilon: float | None = None,
             delta: float | None = None, wait_seconds: float | None = None, engine: Any = None,
-            timeout: float = 300.0) -> Connection:
+            timeout: float = 300.0, sensitivity: str | None = None,
+            gamma: float | None = None) -> Connection:
     """Open a connection.
 
     - ``connect(policy="policy.toml", analyst="alice")`` (or ``connect("policy.toml", ...)``):
@@ -652,6 +672,8 @@ def connect(dsn: str | os.PathLike[str] | None = None, *,
     ``epsilon`` / ``delta`` set the default privacy parameters of every query (None: the
     policy's defaults) and ``wait_seconds`` how long a query may wait for budget the scheduler
     cannot grant at once; ``cursor.execute(..., epsilon=...)`` overrides them per query.
+    ``sensitivity="sampled"`` (with ``gamma``) opts every query in to sensitivity sampling
+    (random DP) for queries with no analytic bound.
     ``timeout`` (remote only) bounds each HTTP request.
     """
     target = os.fspath(dsn) if dsn is not None else None
@@ -663,13 +685,14 @@ def connect(dsn: str | os.PathLike[str] | None = None, *,
             raise InterfaceError("a token is needed to reach a remote proxy",
                                  hint="connect(url, token=...) or set CHORUS_TOKEN")
         return Connection(_Remote(target, token, analyst, timeout), epsilon, delta,
-                          wait_seconds)
+                          wait_seconds, sensitivity, gamma)
     if token is not None:
         raise InterfaceError("token is only used with a proxy URL (http://host:port)")
     if engine is not None:
         if target is not None or policy is not None:
             raise InterfaceError("give either an engine or a policy, not both")
-        return Connection(_Local(engine, analyst), epsilon, delta, wait_seconds)
+        return Connection(_Local(engine, analyst), epsilon, delta, wait_seconds, sensitivity,
+                          gamma)
     if target is not None and policy is not None:
         raise InterfaceError("give the policy once (as dsn or policy=)")
     policy = policy if policy is not None else target
@@ -677,4 +700,5 @@ def connect(dsn: str | os.PathLike[str] | None = None, *,
         raise InterfaceError("nothing to connect to",
                              hint="connect(policy='policy.toml', analyst=...) or "
                              "connect('http://host:8000', token=...)")
-    return Connection(_Local(_shared_engine(policy), analyst), epsilon, delta, wait_seconds)
+    return Connection(_Local(_shared_engine(policy), analyst), epsilon, delta, wait_seconds,
+                      sensitivity, gamma)

@@ -1,6 +1,7 @@
 """The demo data set behind ``chorus demo``: a synthetic ride-sharing database and its policy.
 
-:func:`generate_demo` builds two tables and writes ``DIR/policy.toml`` describing them:
+:func:`generate_demo` builds these tables (and the papers of :mod:`chorus_py.demo_papers`)
+and writes ``DIR/policy.toml`` describing them:
 
 ``trips`` (private; one row per ride, the privacy unit is the rider)
     ``trip_id BIGINT`` 1..N in pickup order, ``rider_id BIGINT``, ``driver_id BIGINT``,
@@ -8,6 +9,8 @@
     ``distance_km DOUBLE``.
 ``cities`` (public)
     ``city TEXT``, ``state TEXT``, ``population BIGINT`` for the five cities.
+``riders`` and ``drivers`` (private; one row per rider / driver of the trips)
+    derived from the trips by :mod:`chorus_py.demo_people` (consistent foreign keys).
 
 Distributions (all drawn from one ``numpy.random.Generator`` seeded with ``seed``, so a given
 ``(seed, rows)`` always yields the same rows):
@@ -47,6 +50,13 @@ from collections.abc import Callable
 import duckdb
 import numpy as np
 
+from chorus_py.demo_papers import (
+    demo_paper_count,
+    generate_papers,
+    load_papers_duckdb,
+    load_papers_postgres,
+)
+from chorus_py.demo_people import generate_people, load_people_duckdb, load_people_postgres
 from chorus_py.errors import InvalidParameter, OperationalError
 
 __all__ = ["CITIES", "DEFAULT_ROWS", "DEFAULT_SEED", "generate_demo", "generate_trips"]
@@ -326,8 +336,28 @@ noise = "sql"            # "sql": the database adds the noise; "proxy": Python a
 # Share of a query's epsilon spent on the noisy count that decides which group keys without
 # public_values may be released (unless the query itself counts distinct riders per group).
 threshold_epsilon_share = 0.2
-# Share of a query's epsilon spent choosing its own cap of trips per rider (contribution = "auto").
+# Share of a query's epsilon spent choosing its own cap of trips per rider (contribution = "auto")
+# and the clipping bounds of its sums and averages (clipping = "auto"), split equally among the
+# noisy histograms it runs; the report lists each part, and the parts add up to the epsilon charged.
 cap_epsilon_share = 0.1
+# Sensitivity sampling (random DP): a query whose sensitivity cannot be derived (a MEDIAN, a sum
+# of LN(1 + x), a column without bounds) may opt in per query (`SET chorus.sensitivity =
+# 'sampled'`, `--sensitivity sampled`); "sampled" here makes it every analyst's default. Its
+# answer is (epsilon, delta, gamma)-random DP: gamma is the chance the guarantee fails over
+# databases drawn from the table's sampling distribution P; analysts may ask for at most
+# max_gamma. sampling_m databases are drawn (more when gamma needs it). Only tables without a
+# privacy_unit can be sampled, and only when their P is named, e.g. for an event-level table:
+#   [tables.visits.sampling]
+#   rows = 100000                        # n, the size of the drawn databases (public)
+#   reference = "visits_reference"       # a public table of similar rows; or, per column:
+#   columns.seconds = {{ distribution = "lognormal", mean = 4, sd = 1 }}
+#   columns.page = {{ distribution = "choice", values = ["home", "blog"], weights = [3, 1] }}
+# (distributions: uniform lower/upper, normal and lognormal mean/sd, exponential mean, choice
+# values/weights; columns not listed are drawn uniformly from their lower/upper or public_values).
+sensitivity = "analytic"
+default_gamma = 0.05
+max_gamma = 0.05
+sampling_m = 2000
 
 [tables.trips]
 # The individual being protected: adding or removing all trips of one rider changes any answer
@@ -339,6 +369,11 @@ max_rows_per_unit = 200
 # trading dropped trips (bias) against noise, with cap_epsilon_share of its epsilon.
 # "fixed": every query uses max_rows_per_unit (a cap that is too small biases every COUNT down).
 contribution = "auto"
+# "auto": each SUM/AVG/VARIANCE/STDDEV clips values to bounds it chooses inside the declared
+# [lower, upper] from a noisy histogram of their magnitudes (most fares are far below 200, so a
+# narrower bound means less noise); "fixed": the declared bounds. Unset: "auto" when
+# contribution = "auto" on a table with a privacy_unit, else "fixed".
+clipping = "auto"
 # "per-query": the k trips are drawn among those that pass each query's filter (most accurate).
 # "materialized": one random ranking of each rider's trips is stored in the proxy's schema and
 # reused by every query (much faster on large tables; filtered answers keep fewer trips of heavy
@@ -351,7 +386,8 @@ block = {{ column = "pickup_time", size = "1 day" }}
 # Every column an analyst may use. "lower"/"upper" clip values before summing or averaging (they
 # bound how much one row can move a SUM); "public_values" lists the only group-by keys released
 # without thresholding; "private_id" marks an identifier of individuals: it may be filtered on
-# or counted with COUNT(DISTINCT ...), never grouped by or released.
+# or counted with COUNT(DISTINCT ...), never grouped by or released. For joins, "max_frequency"
+# pins an upper bound on the rows sharing one value of a column (otherwise read from the data).
 trip_id     = {{ type = "int" }}
 rider_id    = {{ type = "int", private_id = true }}
 driver_id   = {{ type = "int" }}
@@ -359,6 +395,58 @@ city        = {{ type = "text", public_values = ["SF", "NYC", "LA", "CHI", "SEA"
 pickup_time = {{ type = "timestamp" }}
 fare        = {{ type = "float", lower = 0, upper = 200 }}   # about 0.1% of fares exceed 200
 distance_km = {{ type = "float", lower = 0, upper = 100 }}
+
+[tables.riders]
+# One row per rider (every trips.rider_id has one). The same privacy unit as trips, so trips
+# JOIN riders ON rider_id is allowed: one rider's trips and row change together, and the join's
+# sensitivity follows from both limits (elastic sensitivity, see the analyst guide). A table
+# without a block is charged as one block named after it.
+privacy_unit = "rider_id"
+max_rows_per_unit = 1
+contribution = "fixed"
+
+[tables.riders.columns]
+rider_id    = {{ type = "int", private_id = true }}
+signup_date = {{ type = "date" }}
+home_city   = {{ type = "text", public_values = ["SF", "NYC", "LA", "CHI", "SEA"] }}
+membership  = {{ type = "text", public_values = ["standard", "plus"] }}
+
+[tables.drivers]
+# One row per driver, private at event level (no privacy_unit): a neighbouring database adds or
+# removes one row, i.e. one driver. It joins public tables (cities) but not trips: a join of
+# tables protected at different levels (riders there, single rows here) is refused.
+[tables.drivers.columns]
+# max_frequency: the data owner guarantees one row per driver_id (a primary key), so a join on
+# it needs no read of the data and its sensitivity can be shown.
+driver_id = {{ type = "int", private_id = true, max_frequency = 1 }}
+city      = {{ type = "text", public_values = ["SF", "NYC", "LA", "CHI", "SEA"] }}
+vehicle   = {{ type = "text", public_values = ["sedan", "suv", "ev", "van"] }}
+rating    = {{ type = "float", lower = 1, upper = 5 }}
+
+[tables.papers]
+# A paper belongs to all its authors (the co-authorship data of chorus_py/demo_papers.py): the
+# privacy unit is an attribution table of (paper, author) pairs, which analysts cannot read.
+privacy_unit = {{ table = "paper_authors", row_id = "paper_id", unit_id = "author_id" }}
+# At most 3 papers of any author reach a query. With several units per row the proxy stores one
+# set S of kept papers (every author <= 3 of them), chosen from the authorship alone, never from
+# the papers' contents; queries read S (contribution is "fixed", bounding "materialized").
+# `chorus bound --policy policy.toml --table papers` shows the data owner how many papers S keeps.
+max_rows_per_unit = 3
+# How S is chosen: "greedy" (random order, keep a paper while all its authors are below 3),
+# "greedy-sparse" (the same, papers of rarely seen authors first: close to the largest S, more
+# biased towards papers with few authors), "sql-rank" (inside the database: keep a paper ranked
+# <= 3 by every author; fewer papers), "greedy-balanced" (alternate c1 papers with <= u authors
+# and c2 with more: less bias, e.g. attribution_balance = {{ u = 3, c1 = 1, c2 = 2 }}), "ilp"
+# (the exact optimum, small tables). The other form lists unit columns of the table itself, with
+# a unique int row_id: privacy_unit = ["rider_id", "driver_id"] and row_id = "trip_id" protect
+# both people of a trip (a value names the same unit in either column).
+attribution_method = "greedy"
+
+[tables.papers.columns]
+paper_id  = {{ type = "int" }}
+field     = {{ type = "text", public_values = ["cs", "physics", "math", "bio", "econ"] }}
+year      = {{ type = "int" }}
+citations = {{ type = "float", lower = 0, upper = 500 }}
 
 [tables.cities]
 # A public table: not about individuals, readable and joinable without spending budget.
@@ -449,6 +537,8 @@ def generate_demo(
     started = time.perf_counter()
     report(f"generating {rows:,} trips (seed {seed})", 0.0)
     trips = generate_trips(rows, seed)
+    papers, paper_authors = generate_papers(demo_paper_count(rows), seed)
+    riders, drivers = generate_people(trips, len(CITY_NAMES), seed)
     n_riders = int(trips["rider_id"].max())
 
     if backend_url is None:
@@ -457,6 +547,8 @@ def generate_demo(
         con = duckdb.connect(str(db_path))
         try:
             _load_duckdb(con, trips)
+            load_papers_duckdb(con, papers, paper_authors)
+            load_people_duckdb(con, riders, drivers, CITY_NAMES)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -465,6 +557,8 @@ def generate_demo(
     else:
         report("loading into Postgres", 0.4)
         _load_postgres(backend_url, trips, report)
+        load_papers_postgres(backend_url, papers, paper_authors)
+        load_people_postgres(backend_url, riders, drivers, CITY_NAMES)
         url = backend_url
         note = "A password may also come from the environment (PGPASSWORD, ~/.pgpass)."
 

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import duckdb
 import numpy as np
@@ -38,6 +38,7 @@ from analyses.validate import TOO_DEEP, parse_statement
 from budget.accounting import Event, events_for_plan
 from budget.answers import AnswerCache
 from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
+from chorus_py.attribution_store import AttributionStore, attribution_report
 from chorus_py.backends import (
     Backend,
     ResultSet,
@@ -52,8 +53,11 @@ from chorus_py.errors import (
     PolicyError,
     QueryRefused,
 )
+from chorus_py.frequencies import FrequencyCatalog
+from chorus_py.joined import JoinTemplate, join_events, prepare_join
 from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
+from chorus_py.random_dp import RandomDP
 from chorus_py.report import (
     BlockRemaining,
     ColumnReport,
@@ -62,10 +66,12 @@ from chorus_py.report import (
     MeasurementReport,
     PrivacyReport,
     QueryResult,
+    SelectionStep,
 )
 from chorus_py.statistics import BlockCatalog
-from mechanisms import DiscreteLaplace
-from mechanisms.caps import CapTerm, cap_bins, choose_cap
+from mechanisms import DiscreteLaplace, Snapping
+from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups
+from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges
 from mechanisms.planning import (
     THRESHOLD_ID,
     NoisePlan,
@@ -75,6 +81,12 @@ from mechanisms.planning import (
 )
 from rewriters.dialect import dialect
 from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery, cap_histogram, pipeline
+from rewriters.selection import (
+    ClippedArgument,
+    clipped_arguments,
+    group_histogram,
+    value_histogram,
+)
 
 log = logging.getLogger("chorus.engine")
 
@@ -131,11 +143,19 @@ class Engine:
         self.answers = AnswerCache(policy.privacy.answer_cache_seconds)
         self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
         self.samples = BoundedSamples(self.backend, block_ttl_seconds)
+        self.random_dp = RandomDP(self)  # sensitivity sampling, opt-in per query
+        # Max frequencies of join keys (chorus_py.frequencies), re-checked at most once per TTL.
+        self.frequencies = FrequencyCatalog(self.backend, block_ttl_seconds)
+        # Tables whose rows belong to several units: queries read a stored kept set S.
+        self.attribution = AttributionStore(self.backend, self.samples.naming_key,
+                                            block_ttl_seconds)
         # Steps 1-5 and 7 are pure functions of (SQL, policy, block windows, epsilon, delta):
         # cache them.  The noise is drawn when the SQL runs, and the budget is charged per call.
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
+        # Join rewrites with their noise scales left open (chorus_py.joined.JoinTemplate).
+        self._templates: _LRU[tuple[object, ...], JoinTemplate] = _LRU(1024)
 
     @classmethod
     def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
@@ -155,9 +175,14 @@ class Engine:
 
     # -- public API ---------------------------------------------------------------------------
     def explain(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
-                delta: float | None = None) -> PrivacyReport:
+                delta: float | None = None, sensitivity: str | None = None,
+                gamma: float | None = None) -> PrivacyReport:
         """What ``execute`` would do and cost, without running or charging anything."""
         analyst = self._analyst(analyst)
+        if self.random_dp.wanted(sensitivity, gamma):
+            sampled = self.random_dp.explain(sql, analyst, epsilon, delta, gamma)
+            if sampled is not None:
+                return sampled
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
             return self._public_report(analyst, analysis)
@@ -167,14 +192,21 @@ class Engine:
                                    accounting=self.ledger.accounting)
 
     def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
-                delta: float | None = None, wait_seconds: float | None = None) -> QueryResult:
+                delta: float | None = None, wait_seconds: float | None = None,
+                sensitivity: str | None = None, gamma: float | None = None) -> QueryResult:
         """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads.
 
         A claim the scheduler cannot grant at once waits up to ``wait_seconds`` (default: the
         policy's ``scheduler.wait_seconds``), blocking this thread, then raises BudgetExhausted.
+        ``sensitivity = "sampled"`` (with ``gamma``) opts in to sensitivity sampling: random DP
+        (``chorus_py.random_dp``); default: the policy's ``privacy.sensitivity``.
         """
         started = time.perf_counter()
         analyst = self._analyst(analyst)
+        if self.random_dp.wanted(sensitivity, gamma):
+            sampled = self.random_dp.execute(sql, analyst, epsilon, delta, gamma, wait_seconds)
+            if sampled is not None:
+                return sampled
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
             result = self._run(analysis.tree.sql(self.dialect), touched_charge=None)
@@ -191,8 +223,9 @@ class Engine:
         # database fails before reading a row.  Any other failure keeps the charge.
         claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds)
         if prepared.cap_epsilon > 0:
-            cap = self._choose_cap(prepared, claim)
-            prepared = self._prepare(analysis, analyst, eps, dlt, cap=cap)
+            cap, bounds, groups = self._choose_cap(prepared, claim)
+            prepared = self._prepare(analysis, analyst, eps, dlt, cap=cap, bounds=bounds,
+                                     groups=groups)
         if self.policy.privacy.noise == "sql":
             result = self._run(prepared.sql, touched_charge=claim)
         else:
@@ -221,6 +254,8 @@ class Engine:
         # (epsilon, delta) itself, whose Rényi curve bounds that of any mechanism of that cost.
         events = (events_for_plan(prepared.plan) if prepared.cap_epsilon == 0
                   else (Event.epsilon_delta(report.epsilon, report.delta),))
+        if prepared.query.join is not None:  # smooth-bound noise: (epsilon, delta)-DP events
+            events = join_events(prepared.plan, prepared.resolved)  # type: ignore[attr-defined]
         self.ledger.ensure_blocks(ids)
         try:
             return self.ledger.claim(analyst, ids, report.epsilon, report.delta,
@@ -302,29 +337,42 @@ class Engine:
         return analysis
 
     def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float, delta: float,
-                 cap: int | None = None) -> _Prepared:
-        """Plan and rewrite; with contribution = "auto", at the limit until ``cap`` is known."""
+                 cap: int | None = None,
+                 bounds: tuple[tuple[str, float, float], ...] = (),
+                 groups: int | None = None) -> _Prepared:
+        """Plan and rewrite; with automatic caps or bounds (contribution / clipping = "auto"),
+        at the limit and the declared bounds until ``cap`` (and ``bounds``, and ``groups`` per
+        unit for thresholded keys) are chosen."""
+        if query.join is not None:
+            return prepare_join(self, query, analyst, epsilon, delta)
         reads, restriction = self._blocks(query)
         sample = None
-        if query.table_policy.bounding == "materialized":
+        if query.table_policy.multi_attribution:
+            sample = (SCHEMA, self.attribution.relation(query.table, query.table_policy))
+        elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.samples.relation(query.table, query.table_policy))
         cap_epsilon = 0.0
-        if query.auto_cap:
-            if not _cap_matters(query):
-                # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
-                query = query.with_cap(1)
-            else:
-                cap_epsilon = epsilon * self.policy.privacy.cap_epsilon_share
-                if cap is not None:
-                    query = query.with_cap(cap)
-        key = (query.normalized_sql, query.stability, cap, epsilon, delta, restriction, sample)
+        if query.auto_cap and not _cap_matters(query):
+            # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
+            query = query.with_cap(1)
+        clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
+        if (query.auto_cap and _cap_matters(query)) or clipped:
+            # One share of epsilon pays for every selection histogram (mechanisms.caps).
+            cap_epsilon = epsilon * self.policy.privacy.cap_epsilon_share
+            if cap is not None:
+                query = query.with_cap(cap).with_bounds({a: (lo, hi) for a, lo, hi in bounds})
+                if groups is not None:
+                    query = query.with_groups(groups)
+        key = (query.normalized_sql, query.stability, cap, bounds, groups, epsilon, delta,
+               restriction, sample)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare_uncached(query, epsilon - cap_epsilon, delta, reads,
                                               restriction, sample)
             report = prepared.report
-            if query.auto_cap:
-                report = self._with_contribution(report, query, cap_epsilon, cap)
+            if query.auto_cap or cap_epsilon > 0:
+                report = self._with_contribution(report, query, cap_epsilon, cap, clipped,
+                                                 bounds, groups)
             prepared = _Prepared(prepared.query, prepared.plan, reads, prepared.rewritten,
                                  prepared.sql, report, restriction, sample,
                                  cap_epsilon if cap is None else 0.0)
@@ -334,29 +382,90 @@ class Engine:
                          prepared.sql, report, prepared.restriction, prepared.sample,
                          prepared.cap_epsilon)
 
-    def _choose_cap(self, prepared: _Prepared, claim: Any) -> int:
-        """Run the noisy per-unit histogram and pick the cap (``mechanisms.caps``)."""
+    def _selection(self, query: AggregateQuery) -> tuple[bool, tuple[ClippedArgument, ...]]:
+        """(whether the cap histogram runs, the expressions whose bounds are chosen)."""
+        clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
+        # With a privacy unit the cap histogram also tells the clipping rule how many rows
+        # there are; on an event-level table the value histogram counts the rows itself.
+        rows = query.privacy_unit is not None and (
+            (query.auto_cap and _cap_matters(query)) or bool(clipped))
+        return rows, clipped
+
+    def _choose_cap(self, prepared: _Prepared, claim: Any
+                    ) -> tuple[int, tuple[tuple[str, float, float], ...], int | None]:
+        """Run the noisy histograms, pick the cap and the bounds (``mechanisms.caps``).
+
+        Each histogram has sensitivity 1 and gets an equal part of the selection epsilon, so
+        together they cost exactly ``prepared.cap_epsilon`` (basic composition).
+        """
         query, plan = prepared.query, prepared.plan
         limit = query.table_policy.contribution_bound
-        starts = cap_bins(limit)
-        key = (query.normalized_sql, prepared.restriction, prepared.sample)
-        sql = self._histograms.get(key)
-        if sql is None:  # the histogram's SQL depends only on the query: build it once
-            histogram = cap_histogram(query, prepared.restriction, prepared.sample, starts)
-            sql = dialect(histogram, self.dialect).sql(self.dialect)
-            self._histograms.put(key, sql)
-        exact = np.zeros(len(starts))
-        for index, units in self._run(sql, touched_charge=claim).rows:
-            exact[int(index)] = float(units)
-        # The exact histogram never leaves this function: only its noisy version is used.
-        noisy = DiscreteLaplace.from_sensitivity(1, prepared.cap_epsilon).sample(exact)
-        totals = {m.id: m.total for m in query.measurements}
-        terms = [CapTerm(_cap_weight(query, mid), mechanism.epsilon, totals.get(mid, False))
-                 for mid, mechanism in plan.all_mechanisms().items()]
+        with_rows, clipped = self._selection(query)
+        by_groups = _bounds_groups(query)
+        eps_h = prepared.cap_epsilon / (int(with_rows) + int(by_groups) + len(clipped))
+        per_unit = None
+        if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
+            starts = cap_bins(limit)
+            exact = self._histogram(prepared, claim, ("groups",), len(starts), lambda: (
+                group_histogram(query, prepared.restriction, prepared.sample, starts)))
+            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
+            per_unit = choose_groups(RowModel(starts, tuple(float(v) for v in noisy), limit,
+                                              eps_h))
+        columns = []
+        for arg in clipped:
+            edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
+            exact = self._histogram(prepared, claim, ("clip", arg.key), STEPS + 2, lambda e=edges,
+                                    a=arg: value_histogram(query, a.argument, a.lower, a.upper,
+                                                           e, prepared.restriction,
+                                                           prepared.sample))
+            # The exact weights never leave this function: only their noisy version is used.
+            noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
+            columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy)))
+        if with_rows:
+            starts = cap_bins(limit)
+            exact = self._histogram(prepared, claim, ("cap",), len(starts), lambda: cap_histogram(
+                query, prepared.restriction, prepared.sample, starts))
+            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
+            rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
+        else:  # event level: the units (rows) the value histograms counted
+            rows = RowModel.exact_rows(max(max(sum(max(h, 0.0) for h in c.noisy), 1.0)
+                                           for c in columns))
+        index = {arg.key: i for i, arg in enumerate(clipped)}
+        by_id = {m.id: m for m in query.measurements}
+        terms = []
+        for mid, mechanism in plan.all_mechanisms().items():
+            m = by_id.get(mid)
+            column = index.get(m.argument.sql()) if m is not None and m.argument is not None \
+                else None
+            kind = "count" if m is None or m.integral else m.kind
+            # With g bounded, the unreleased key-release count's scale is min(g, k) / eps:
+            # the cap rule leaves it out (g, not k, sets tau).
+            weight = 0.0 if per_unit is not None and mid == THRESHOLD_ID \
+                else _cap_weight(query, mid)
+            terms.append(CapTerm(weight, mechanism.epsilon,
+                                 m.total if m is not None else False, column,
+                                 "count" if kind == "count_units" else kind,
+                                 bool(m is not None and m.center)))
         groups = 1
         if query.keys and not query.thresholded:
             groups = math.prod(len(k.public_values or ()) for k in query.keys)
-        return choose_cap(starts, noisy, limit, terms, groups)
+        auto = query.auto_cap and _cap_matters(query)
+        choice = choose(rows, terms, columns, groups, None if auto else (query.stability,))
+        return choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
+                                 for i, arg in enumerate(clipped)), per_unit
+
+    def _histogram(self, prepared: _Prepared, claim: Any, what: tuple[str, ...], size: int,
+                   build: Any) -> np.ndarray:
+        """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``."""
+        key = (prepared.query.normalized_sql, prepared.restriction, prepared.sample, *what)
+        sql = self._histograms.get(key)
+        if sql is None:  # the histogram's SQL depends only on the query: build it once
+            sql = dialect(build(), self.dialect).sql(self.dialect)
+            self._histograms.put(key, sql)
+        exact = np.zeros(size)
+        for index, value in self._run(sql, touched_charge=claim).rows:
+            exact[int(index)] = float(value)
+        return exact
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,
@@ -370,7 +479,8 @@ class Engine:
                     "noisy threshold, which needs delta > 0",
                     hint="pass a small delta (e.g. 1e-8), or group by columns with public_values",
                 )
-            threshold = ThresholdRequest(query.threshold_source, query.stability)
+            # D = min(g, k) groups per unit (AggregateQuery.groups_per_unit; k without g).
+            threshold = ThresholdRequest(query.threshold_source, query.groups_per_unit)
         try:
             plan = plan_noise(requests, epsilon, delta, threshold,
                               self.policy.privacy.threshold_epsilon_share)
@@ -449,21 +559,55 @@ class Engine:
 
     # -- reports -------------------------------------------------------------------------------
     def _with_contribution(self, report: PrivacyReport, query: AggregateQuery,
-                           cap_epsilon: float, cap: int | None) -> PrivacyReport:
+                           cap_epsilon: float, cap: int | None,
+                           clipped: tuple[ClippedArgument, ...],
+                           bounds: tuple[tuple[str, float, float], ...],
+                           groups: int | None = None) -> PrivacyReport:
         limit = query.table_policy.contribution_bound
+        mode: Literal["auto", "fixed"] = "auto" if query.auto_cap else "fixed"
+        with_rows, _ = self._selection(query)
+        by_groups = _bounds_groups(query)
+        steps = []
+        parts = int(with_rows) + int(by_groups) + len(clipped)
+        eps_h = cap_epsilon / parts if parts else 0.0
+        if by_groups:
+            steps.append(SelectionStep(
+                "groups", f"groups per {query.privacy_unit} (sets the key-release threshold: "
+                "D = min(g, cap) groups per unit)", f"limit {limit}", eps_h, "discrete_laplace",
+                None if groups is None else f"{groups} groups"))
+        if with_rows:
+            unit = query.privacy_unit
+            steps.append(SelectionStep(
+                "cap", f"rows per {unit}" if mode == "auto" else
+                f"rows per {unit} (estimates the rows kept, for the clipping bounds)",
+                f"limit {limit}", eps_h, "discrete_laplace",
+                None if cap is None else f"cap {cap}" + ("" if mode == "auto" else " (fixed)")))
+        chosen_bounds = {key: (lo, hi) for key, lo, hi in bounds}
+        for arg in clipped:
+            got = chosen_bounds.get(arg.key)
+            steps.append(SelectionStep(
+                "bounds", display_sql(arg.argument), f"[{arg.lower:g}, {arg.upper:g}]", eps_h,
+                "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]"))
         if cap_epsilon == 0:
             note = ("COUNT(DISTINCT unit) needs one row per unit: cap 1, no epsilon spent on "
                     "choosing it")
             chosen: int | None = query.stability
         else:
-            chosen = cap
-            note = ("cap chosen per query from a histogram of rows per unit with discrete "
-                    f"Laplace noise (epsilon {cap_epsilon:g}); "
-                    + (f"chosen cap {cap} (a noisy, differentially private choice)"
+            chosen = cap if mode == "auto" else limit
+            what = " and ".join(
+                (["the cap"] if mode == "auto" else [])
+                + (["the groups per unit"] if by_groups else [])
+                + (["the clipping bounds of " + ", ".join(s.target for s in steps
+                                                          if s.kind == "bounds")]
+                   if clipped else []))
+            note = (f"{what} chosen per query from noisy histograms (sensitivity 1 each, "
+                    f"epsilon {eps_h:g} each, {cap_epsilon:g} in all); "
+                    + ("the choices are noisy, differentially private outputs"
                        if cap is not None else
-                       f"sensitivities above are shown at the limit {limit}; the cap is chosen "
-                       "when the query runs"))
-        contribution = ContributionReport("auto", limit, chosen, cap_epsilon, note)
+                       f"sensitivities above are shown at the limit {limit} and the declared "
+                       "bounds; the choice is made when the query runs"))
+        contribution = ContributionReport(mode, limit, chosen, cap_epsilon, note,
+                                          steps=tuple(steps))
         return dataclasses.replace(report, epsilon=report.epsilon + cap_epsilon,
                                    contribution=contribution)
 
@@ -509,12 +653,20 @@ class Engine:
             key_release = KeyRelease(
                 "threshold", t.threshold, t.measurement_id, t.delta,
                 note=f"a group is released only if its noisy count ({t.measurement_id}, "
-                f"scale {t.mechanism.scale:g}) exceeds tau = 1 + b ln(D / delta)",
+                f"scale {t.mechanism.scale:g}) exceeds tau = 1 + b ln(D / delta), D = "
+                f"{query.groups_per_unit} groups per unit"
+                + (f" (its rows kept in at most {query.max_groups} groups)"
+                   if query.max_groups is not None and query.max_groups < query.stability
+                   else f" (its <= {query.stability} rows)" if query.privacy_unit else ""),
             )
         elif query.keys:
             key_release = KeyRelease("public_values", note="every declared value, nothing else")
         notes = []
-        if query.privacy_unit is not None:
+        contribution = None
+        if query.table_policy.multi_attribution:
+            contribution = attribution_report(query.table_policy)
+            notes.append(contribution.note)
+        elif query.privacy_unit is not None:
             how = ("a stored random sample (bounding = 'materialized')"
                    if query.table_policy.bounding == "materialized"
                    else "a random choice among the rows that pass the filter")
@@ -533,7 +685,7 @@ class Engine:
             blocks=reads.ids if reads is not None else (query.table,),
             stability=query.stability, privacy_unit=query.privacy_unit,
             measurements=tuple(measurements), columns=tuple(columns), key_release=key_release,
-            rewritten_sql=sql, notes=tuple(notes),
+            rewritten_sql=sql, notes=tuple(notes), contribution=contribution,
         )
 
     def _check_types(self, live: dict[str, dict[str, str]]) -> None:
@@ -548,6 +700,12 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _bounds_groups(query: AggregateQuery) -> bool:
+    """Whether the query's rows per unit are also kept in at most g groups, g chosen with the
+    cap: automatic caps and keys released by thresholding (``mechanisms.caps.choose_groups``)."""
+    return query.auto_cap and query.thresholded and query.privacy_unit is not None
 
 
 def _cap_matters(query: AggregateQuery) -> bool:

@@ -63,6 +63,10 @@ class BoundedSamples:
             self._current[table] = (now, name)
             return name
 
+    def naming_key(self) -> bytes:
+        """The proxy's secret key; it also names ``chorus_py.attribution_store``'s kept sets."""
+        return self._naming_key()
+
     def _naming_key(self) -> bytes:
         """The shared secret key of the proxy's schema, created by the first proxy to need it."""
         if self._key is None:

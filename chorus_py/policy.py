@@ -149,9 +149,20 @@ class PrivacyConfig(_Strict):
     threshold_epsilon_share: float = Field(default=0.2, gt=0, lt=1)
     # Share of a query's epsilon spent choosing its row cap (tables with contribution = "auto").
     cap_epsilon_share: float = Field(default=0.1, gt=0, lt=1)
+    # Sensitivity sampling (random DP, DESIGN.md section 8): "analytic" (default) refuses what
+    # the analyser cannot bound; "sampled" makes sampled sensitivity the analysts' default.  The
+    # analyst's gamma (the chance the guarantee fails over databases drawn from the table's
+    # sampling distribution) is at most max_gamma; sampling_m databases are drawn (more if
+    # gamma needs it: chorus_py.random_dp).
+    sensitivity: Literal["analytic", "sampled"] = "analytic"
+    default_gamma: float = Field(default=0.05, gt=0, lt=1)
+    max_gamma: float = Field(default=0.05, gt=0, lt=1)
+    sampling_m: int = Field(default=2000, ge=1, le=200_000)
 
     @model_validator(mode="after")
     def _defaults_within_limits(self) -> PrivacyConfig:
+        if self.default_gamma > self.max_gamma:
+            raise ValueError("default_gamma must not exceed max_gamma")
         if self.default_epsilon > self.max_epsilon_per_query:
             raise ValueError("default_epsilon must not exceed max_epsilon_per_query")
         if self.default_delta > self.max_delta_per_query:
@@ -177,6 +188,10 @@ class ColumnPolicy(_Strict):
     upper: float | None = Field(default=None, allow_inf_nan=False)
     public_values: tuple[str | int | float | bool, ...] | None = None
     private_id: bool = False
+    # Joins (analyses.joins): a declared upper bound on how many rows share one value of this
+    # column.  Pinned, it is used instead of reading the max frequency from the data, and the
+    # noise scale of joins on it can be shown exactly.  The data owner guarantees it holds.
+    max_frequency: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _bounds_make_sense(self) -> ColumnPolicy:
@@ -236,11 +251,104 @@ class BlockConfig(_Strict):
         return timedelta(seconds=self.seconds)
 
 
+class SamplingColumn(_Strict):
+    """The distribution of one column in a table's sampling distribution P (random DP)."""
+
+    # uniform(lower, upper); normal(mean, sd); lognormal(mean, sd of the log); exponential(mean);
+    # choice: one of ``values`` (with ``weights``, uniform without).
+    distribution: Literal["uniform", "normal", "lognormal", "exponential", "choice"]
+    lower: float | None = Field(default=None, allow_inf_nan=False)
+    upper: float | None = Field(default=None, allow_inf_nan=False)
+    mean: float | None = Field(default=None, allow_inf_nan=False)
+    sd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    values: tuple[str | int | float | bool, ...] | None = None
+    weights: tuple[float, ...] | None = None
+
+    @model_validator(mode="after")
+    def _parameters(self) -> SamplingColumn:
+        needs = {"uniform": ("lower", "upper"), "normal": ("mean", "sd"),
+                 "lognormal": ("mean", "sd"), "exponential": ("mean",), "choice": ("values",)}
+        given = {k for k in ("lower", "upper", "mean", "sd", "values", "weights")
+                 if getattr(self, k) is not None}
+        wanted = set(needs[self.distribution]) | ({"weights"} if self.distribution == "choice"
+                                                  else set())
+        missing = set(needs[self.distribution]) - given
+        if missing or given - wanted:
+            raise ValueError(f"distribution '{self.distribution}' takes "
+                             + " and ".join(needs[self.distribution])
+                             + (" (and optional weights)" if self.distribution == "choice"
+                                else ""))
+        if self.distribution == "uniform":
+            assert self.lower is not None and self.upper is not None
+            if not self.lower < self.upper:
+                raise ValueError("lower must be < upper")
+        if self.distribution == "exponential" and not (self.mean or 0) > 0:
+            raise ValueError("the mean of an exponential must be > 0")
+        if self.values is not None and not self.values:
+            raise ValueError("values must list at least one value")
+        if self.weights is not None:
+            assert self.values is not None
+            if len(self.weights) != len(self.values) or any(
+                    not (w >= 0 and w < float("inf")) for w in self.weights) \
+                    or sum(self.weights) <= 0:
+                raise ValueError("weights: one non-negative weight per value, not all 0")
+        return self
+
+
+class SamplingConfig(_Strict):
+    """A table's sampling distribution P for sensitivity sampling (random DP, never the data).
+
+    ``reference``: a public table of the policy whose rows are drawn uniformly (P is its
+    empirical distribution); otherwise each column the query reads is drawn independently from
+    ``columns`` or, when not listed there, uniformly from its declared bounds or public_values.
+    ``rows``: n, the size of the databases drawn (public; default: the reference's row count).
+    """
+
+    reference: str | None = None
+    rows: int | None = Field(default=None, ge=2, le=10_000_000)
+    columns: dict[str, SamplingColumn] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SamplingConfig:
+        if self.reference is not None and self.columns:
+            raise ValueError("give a reference table or column distributions, not both")
+        if self.reference is None and self.rows is None:
+            raise ValueError("without a reference table, rows (n, the size of the sampled "
+                             "databases) is required")
+        return self
+
+
+class AttributionTable(_Strict):
+    """``privacy_unit`` as a table of (row id, unit id) pairs: a row belongs to many units.
+
+    E.g. ``{ table = "paper_authors", row_id = "paper_id", unit_id = "author_id" }``: the
+    table's ``row_id`` column (``row_id`` of the table policy, by default the same name) joins
+    ``paper_authors.paper_id``.
+    """
+
+    table: str
+    row_id: str
+    unit_id: str
+
+
+class BalanceConfig(_Strict):
+    """``attribution_method = "greedy-balanced"``: c1 rows with <= u units, then c2 with more."""
+
+    u: int = Field(default=2, ge=1)
+    c1: int = Field(default=1, ge=1)
+    c2: int = Field(default=1, ge=1)
+
+
+AttributionMethod = Literal["greedy", "greedy-sparse", "sql-rank", "greedy-balanced", "ilp"]
+
+
 class TablePolicy(_Strict):
     """A table: public (free to read) or private (every query pays for the blocks it reads)."""
 
     public: bool = False
-    privacy_unit: str | None = None
+    # One column; several columns (a trip: ["rider_id", "driver_id"]), or an attribution table
+    # (a paper: its authors), for rows that belong to several units (rewriters.attribution).
+    privacy_unit: str | tuple[str, ...] | AttributionTable | None = None
     max_rows_per_unit: int | None = Field(default=None, gt=0)
     block: BlockConfig | None = None
     # "per-query": every query keeps <= k random rows per unit of its own filtered rows (most
@@ -252,22 +360,54 @@ class TablePolicy(_Strict):
     # privately, from a noisy histogram of rows per unit (privacy.cap_epsilon_share of its
     # epsilon); "fixed": every query uses max_rows_per_unit.
     contribution: Literal["auto", "fixed"] = "auto"
+    # "auto": each SUM/AVG/VARIANCE/STDDEV clips its values to bounds chosen per query inside
+    # the declared [lower, upper], privately (mechanisms.clip_bounds), paid from the same
+    # cap_epsilon_share; "fixed": the declared bounds.  Unset: "auto" when the table has a
+    # privacy_unit and contribution = "auto", else "fixed".
+    clipping: Literal["auto", "fixed"] | None = None
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
+    # P for sensitivity sampling (random DP); None: sampled mode is refused on this table.
+    sampling: SamplingConfig | None = None
+    # Several units per row: a unique int column naming each row (the kept set S stores them),
+    # how S is chosen, and the balance of "greedy-balanced" (rewriters.attribution).
+    row_id: str | None = None
+    attribution_method: AttributionMethod | None = None
+    attribution_balance: BalanceConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attribution_defaults(cls, data: object) -> object:
+        # Several units per row are bounded by one stored selection S (fixed cap, materialised):
+        # those are the defaults, and other values are refused by _attribution.
+        if isinstance(data, dict) and isinstance(data.get("privacy_unit"), list | tuple | dict):
+            return {"contribution": "fixed", "bounding": "materialized", **data}
+        return data
+
+    @model_validator(mode="after")
+    def _attribution(self) -> TablePolicy:
+        check_attribution(self)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> TablePolicy:
+        if self.sampling is not None:
+            unknown = [c for c in self.sampling.columns if c not in self.columns]
+            if self.public or unknown:
+                raise ValueError("sampling applies to private tables, to declared columns ("
+                                 + ", ".join(unknown) + " not declared)" if unknown else
+                                 "a public table takes no sampling distribution")
         if self.public:
             if self.privacy_unit or self.max_rows_per_unit or self.block:
                 raise ValueError("a public table takes no privacy_unit, max_rows_per_unit or block")
             return self
         if not self.columns:
             raise ValueError("a private table must declare its columns")
-        if self.privacy_unit is not None:
+        if self.privacy_unit is not None and not self.multi_attribution:
             if self.privacy_unit not in self.columns:
                 raise ValueError(f"privacy_unit '{self.privacy_unit}' is not a declared column")
             if self.max_rows_per_unit is None:
                 raise ValueError("a table with a privacy_unit needs max_rows_per_unit")
-        elif self.max_rows_per_unit is not None:
+        elif self.privacy_unit is None and self.max_rows_per_unit is not None:
             raise ValueError("max_rows_per_unit needs a privacy_unit")
         if self.bounding == "materialized" and self.privacy_unit is None:
             raise ValueError("bounding = 'materialized' needs a privacy_unit")
@@ -290,6 +430,76 @@ class TablePolicy(_Strict):
     def contribution_bound(self) -> int:
         """Rows one privacy unit may contribute: max_rows_per_unit, or 1 for event-level DP."""
         return self.max_rows_per_unit or 1
+
+    @property
+    def multi_attribution(self) -> bool:
+        """True when a row may belong to several privacy units (a list or an attribution table)."""
+        return isinstance(self.privacy_unit, tuple | AttributionTable)
+
+    @property
+    def unit_columns(self) -> tuple[str, ...]:
+        """The columns naming the row's units (none for an attribution table)."""
+        unit = self.privacy_unit
+        return (unit,) if isinstance(unit, str) else unit if isinstance(unit, tuple) else ()
+
+    @property
+    def unit_label(self) -> str | None:
+        """The privacy unit for reports: a column name, or the several units of a row."""
+        unit = self.privacy_unit
+        if isinstance(unit, tuple):
+            return "unit of (" + ", ".join(unit) + ")"
+        if isinstance(unit, AttributionTable):
+            return f"unit of {unit.table}.{unit.unit_id}"
+        return unit
+
+    @property
+    def auto_clipping(self) -> bool:
+        """True when sums clip to bounds chosen per query (``clipping``, or its default)."""
+        if self.clipping is not None:
+            return self.clipping == "auto"
+        return self.privacy_unit is not None and self.contribution == "auto"
+
+
+def check_attribution(tp: TablePolicy) -> None:
+    """Policy rules of tables whose rows belong to several units (``ValueError`` if broken)."""
+    unit = tp.privacy_unit
+    if not tp.multi_attribution:
+        if tp.row_id is not None or tp.attribution_method is not None \
+                or tp.attribution_balance is not None:
+            raise ValueError("row_id, attribution_method and attribution_balance apply only to "
+                             "a privacy_unit with several units per row (a list of columns or "
+                             "{ table, row_id, unit_id })")
+        return
+    if tp.public:
+        raise ValueError("a public table takes no privacy_unit")
+    if tp.max_rows_per_unit is None:
+        raise ValueError("a table with a privacy_unit needs max_rows_per_unit")
+    if tp.contribution != "fixed" or tp.bounding != "materialized":
+        raise ValueError("with several units per row the proxy keeps one stored selection S of "
+                         "rows (at most max_rows_per_unit per unit), chosen once from the whole "
+                         "table: set contribution = \"fixed\" and bounding = \"materialized\" "
+                         "(the defaults for such tables), a per-query cap or sample would depend "
+                         "on other units' rows")
+    if isinstance(unit, tuple):
+        if len(set(unit)) < 2:
+            raise ValueError("a list privacy_unit names at least two different columns (use a "
+                             "string for one)")
+        missing = [c for c in unit if c not in tp.columns]
+        if missing:
+            raise ValueError(f"privacy_unit '{missing[0]}' is not a declared column")
+        types = {tp.columns[c].type for c in unit}
+        if len(types) > 1 or not types <= {"int", "text"}:
+            raise ValueError("the privacy_unit columns must share one type, int or text: a "
+                             "value names the same unit in every column")
+        if tp.row_id is None:
+            raise ValueError("a privacy_unit with several columns needs row_id = \"<a unique "
+                             "int column>\", by which the proxy stores the rows it keeps")
+    row_id = tp.row_id or (unit.row_id if isinstance(unit, AttributionTable) else None)
+    if row_id not in tp.columns or tp.columns[row_id].type != "int":
+        raise ValueError(f"row_id '{row_id}' must be a declared int column (unique per row)")
+    if tp.attribution_balance is not None and tp.attribution_method != "greedy-balanced":
+        raise ValueError("attribution_balance applies only to attribution_method = "
+                         "\"greedy-balanced\"")
 
 
 def _sha256_hex(value: str | None) -> str | None:
@@ -376,6 +586,11 @@ class Policy(_Strict):
         for name, table in tables.items():
             if name != name.lower() or any(c != c.lower() for c in table.columns):
                 raise ValueError(f"table and column names must be lower case ('{name}')")
+        for name, table in tables.items():
+            ref = table.sampling.reference if table.sampling is not None else None
+            if ref is not None and (ref not in tables or not tables[ref].public):
+                raise ValueError(f"{name}.sampling.reference: '{ref}' must be a public table "
+                                 "of the policy")
         return tables
 
     def table(self, name: str) -> TablePolicy | None:
@@ -400,6 +615,15 @@ class Policy(_Strict):
                     f"the table '{name}' has no column '{missing[0]}'",
                     hint=f"columns in the database: {', '.join(sorted(live_columns[name]))}",
                 )
+            unit = table.privacy_unit
+            if isinstance(unit, AttributionTable):
+                lacking = [c for c in (unit.row_id, unit.unit_id)
+                           if c not in live_columns.get(unit.table, {})]
+                if lacking:
+                    raise PolicyError(
+                        f"{self.source}: tables.{name}.privacy_unit: the attribution table "
+                        f"'{unit.table}' is missing or has no column '{lacking[0]}'",
+                        hint="create it with one row per (row id, unit id) pair")
 
 
 def _format_error(source: str, err: ValidationError) -> str:

@@ -12,10 +12,11 @@ class MeasurementReport:
 
     id: str
     aggregate: str
-    sensitivity: float
+    # None for a join whose sensitivity depends on the data (never shown: ElasticReport).
+    sensitivity: float | None
     derivation: str
     mechanism: dict[str, Any]
-    error_bound_95: float
+    error_bound_95: float | None
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,92 @@ class KeyRelease:
 
 
 @dataclass(frozen=True)
+class SelectionStep:
+    """One private selection step: a noisy histogram (sensitivity 1) and what it chose.
+
+    ``kind`` "cap": rows per unit, chooses the row cap; "bounds": magnitudes of a summed
+    expression, chooses its clipping interval; "groups": distinct groups per unit, chooses g,
+    the most groups a unit's rows are kept in (keys released by thresholding).  ``chosen`` is
+    None until the query runs
+    (EXPLAIN runs nothing); it is the output of a DP mechanism, nothing exact about the data.
+    """
+
+    kind: Literal["cap", "bounds", "groups"]
+    target: str
+    declared: str
+    epsilon: float
+    mechanism: str
+    chosen: str | None = None
+
+
+@dataclass(frozen=True)
 class ContributionReport:
-    """How many rows per privacy unit the query used, and what choosing that cost."""
+    """How many rows per privacy unit the query used, and what choosing that cost.
+
+    ``epsilon`` is the whole selection cost: the sum of the steps' epsilons.  The query's
+    epsilon is that plus the epsilons of its measurements (and key-release count).
+    """
 
     mode: Literal["auto", "fixed"]
     limit: int
     cap: int | None
     epsilon: float
+    note: str = ""
+    # Several units per row: how the stored kept set S was chosen (rewriters.attribution).
+    method: str | None = None
+    steps: tuple[SelectionStep, ...] = ()
+
+
+@dataclass(frozen=True)
+class FrequencyReport:
+    """A max frequency a join's stability uses, and where it comes from.
+
+    ``value`` is given for ``pinned`` (policy) and ``public`` (public table) sources only; a value
+    read from a private table (``data``) is data-dependent and never shown.
+    """
+
+    name: str
+    source: Literal["pinned", "data", "public"]
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class ElasticReport:
+    """The elastic sensitivity of a join query (``analyses.joins``, DESIGN.md section 5).
+
+    ``stability`` is S(k) over the symbolic frequencies mf_k; the numbers (S(0), the k where
+    exp(-beta k) S(k) peaks, S* and beta) are given only when no frequency is data-dependent.
+    """
+
+    stability: str
+    equalities: tuple[str, ...]
+    frequencies: tuple[FrequencyReport, ...]
+    data_dependent: bool
+    rule: str
+    at_zero: float | None = None
+    peak_k: int | None = None
+    smooth_bound: float | None = None
+    beta: float | None = None
+
+
+@dataclass(frozen=True)
+class RandomDPReport:
+    """A sampled-sensitivity answer: (epsilon, delta, gamma)-random DP (chorus_py.random_dp).
+
+    Everything here depends only on the sampling distribution P, never on the private data:
+    ``sensitivity`` is the k-th smallest of m sampled L1 differences ||f(D) - f(D')||_1 over
+    databases of n rows drawn from P (Rubinstein & Alda 2017, Theorem 15).
+    """
+
+    gamma: float
+    m: int
+    k: int
+    rho: float
+    n: int
+    n_source: str
+    sensitivity: float
+    distribution: str
+    label: str = "random differential privacy"
     note: str = ""
 
 
@@ -94,6 +174,10 @@ class PrivacyReport:
     # Per block read: the (epsilon, delta) guarantee left ("basic" or "renyi" accounting).
     remaining: tuple[BlockRemaining, ...] = ()
     accounting: str = "basic"
+    # Set when the analyst opted in to sampled sensitivity: the answer is (epsilon, delta,
+    # gamma)-random DP, not (epsilon, delta)-DP.
+    random_dp: RandomDPReport | None = None
+    elastic: ElasticReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dictionary."""
@@ -125,3 +209,30 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return str(value)
+
+
+def shown(value: float | None, spec: str = ".4g") -> str:
+    """A number for text reports; None (a data-dependent value) as 'data-dependent'."""
+    return "data-dependent (not shown)" if value is None else format(value, spec)
+
+
+def elastic_lines(report: PrivacyReport) -> list[str]:
+    """EXPLAIN lines for a join: S(k), each max frequency's source, and the numbers when they
+    are not data-dependent (S(0), the peak k, S*, beta)."""
+    e = report.elastic
+    if e is None:
+        return []
+    lines = [f"join on {', '.join(e.equalities)}", f"elastic stability S(k) = {e.stability}"]
+    for f in e.frequencies:
+        value = "" if f.value is None else f" = {f.value:g}"
+        lines.append(f"max frequency {f.name}: {f.source}{value}"
+                     + (" (read from the private table: not shown)" if f.source == "data"
+                        else ""))
+    if e.data_dependent:
+        lines.append("smooth bound: data-dependent (S(0), S* and the noise scale follow from "
+                     "max frequencies read from private data and are not shown)")
+    else:
+        lines.append(f"smooth bound: S(0) = {shown(e.at_zero, 'g')}, exp(-beta k) S(k) peaks at "
+                     f"k = {e.peak_k}, S* = {shown(e.smooth_bound)}, beta = {shown(e.beta)}")
+    lines.append(f"rule: {e.rule}")
+    return lines

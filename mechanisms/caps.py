@@ -1,4 +1,5 @@
-"""Choosing a query's row cap per privacy unit from a noisy histogram (contribution = "auto").
+"""Choosing a query's row cap per privacy unit (contribution = "auto"), jointly with the clipping
+bounds of its summed columns (clipping = "auto", ``mechanisms.clip_bounds``).
 
 The cap k trades bias against noise.  Rows a unit has beyond k are dropped, which biases every
 total (COUNT, SUM) down, while every noisy measurement's sensitivity, hence its noise, grows
@@ -7,32 +8,66 @@ back far too low at any epsilon; too large, and an AVG drowns in noise it did no
 
 The histogram.  In the database, count each unit's rows in the query's own filtered relation,
 c_u, and count units per bin of c_u.  The bins partition [1, limit]: one bin per integer up to 8,
-then bins about 19% wide (edges grow by a factor 2^(1/4)), and a bin for exactly the limit.
+then bins about 19% wide (edges grow by a factor 2^(1/4)), and a bin for exactly the limit (it
+also holds units with more rows than the limit: at any cap <= limit they count as the limit).
 Each unit falls in exactly one bin, so adding or removing a unit changes one count by 1: L1
-sensitivity 1.  Discrete Laplace noise of
-scale 1 / epsilon_sel makes the histogram epsilon_sel-DP.  k is a function of the noisy histogram
-only (post-processing), so the query as a whole costs epsilon_sel + the epsilon of its
-measurements, by basic composition.
+sensitivity 1.  Discrete Laplace noise of scale 1 / epsilon_h makes the histogram epsilon_h-DP.
+k (and the bounds) are functions of the noisy histograms only (post-processing), so the query
+costs the epsilons of its histograms plus those of its measurements, by basic composition.
 
-The rule.  From the noisy counts H_b (clamped at 0), with each unit counted at the start s_b of its
-bin (exact below 9, at most 19% low above), estimate the rows kept at cap k,
+Estimates.  Let H_b be the noisy counts, *not* clamped at 0: the estimates below are linear in
+H_b, hence unbiased (clamping each bin at 0 would add about 1 / (2 epsilon_h) phantom units to
+every empty bin, and phantom heavy units make the rule keep a needlessly large cap).  A unit of
+bin b is taken to have m_b rows, the middle of the bin [s_b, e_b] (e_b the next start minus 1;
+the limit bin: exactly the limit).  Then the rows kept at cap k, and the rows lost,
 
-    N(k) = sum_b H_b * min(s_b, k),
+    N(k) = N(limit) - R(k),    N(limit) = sum_b H_b m_b,    R(k) = sum_b H_b max(0, m_b - k),
 
-and, for a query with G groups (its public keys; 1 otherwise), the expected relative error of each
-noisy measurement m at cap k.  A measurement of epsilon_m has Laplace noise of standard deviation
-sqrt(2) * k * d_m / epsilon_m, with d_m its sensitivity per row; d_m is measured in typical values
-through the weight w_m: 1 for counts, 2 for sums (a sum's per-row bound is taken as twice a
-typical value).  Then
+with Var R(k) = sum_b max(0, m_b - k)^2 * V, V = 2a / (1 - a)^2, a = exp(-epsilon_h), the
+variance of discrete Laplace noise of sensitivity 1 (about 2 / epsilon_h^2 for small
+epsilon_h).  The rule charges the loss at its upper estimate L(k) = max(0, R(k)) + Z sd R(k),
+Z = 1: the rows above a small cap are invisible in the answer (pure bias), while a too large
+cap shows up as noise, so a cap is lowered only when the histogram shows clearly that few rows
+lie above it.  (With the plug-in estimate alone, Z = 0, every empty bin above k adds noise of
+the histogram's scale, which exceeds what lowering the cap saves whenever epsilon_h is smaller
+than the measurements' epsilon: the cap would move at random and drop real rows.  The price of
+Z = 1 is that at a small selection share a total keeps a cap near the limit, i.e. the error of
+the limit plus the selection's share.)  Candidates: every bin start, every bin end, the limit.
 
-    total m (a COUNT or SUM released as such):
-        e_m(k) = [ (N(limit) - N(k)) / G + w_m sqrt(2) k / epsilon_m ] / (N(limit) / G)
-    ratio m (only inside AVG / VARIANCE, whose value barely moves when rows are dropped):
-        e_m(k) = w_m sqrt(2) k / epsilon_m / (N(k) / G)
+The rule.  For a query with G groups (its public keys; 1 otherwise) let n_k = N(k) / G and
+n = N(limit) / G, the rows per group.  A measurement m of epsilon_m at cap k has Laplace-type
+noise of standard deviation sqrt(2) k d_m / epsilon_m, d_m its per-row bound.  Its expected
+relative error is taken as
 
-and k minimises E(k) = sum_m e_m(k) over the bin starts and the limit (the smallest on ties).
-On data where every unit has exactly c rows and c is a bin start, a total's error falls until
-k = c and rises after it, so the rule picks c when the histogram noise is small.
+    COUNT released as a total:  e = L(k) / (G n) + sqrt(2) k / epsilon_m / n
+    COUNT inside AVG/VARIANCE:  e = sqrt(2) k / epsilon_m / n_k
+    SUM released as a total:    e = L(k) / (G n) + L(B) + sqrt(2) k d_m(B) / epsilon_m / (n mu)
+    SUM inside AVG/VARIANCE:    e = L(B) + sqrt(2) k d_m(B) / epsilon_m / (n_k mu)
+                                    + cv(B) sqrt(max(0, 1 / n_k - 1 / n))
+    SUM of squares (VARIANCE):  e = sqrt(2) k d_m(B) / epsilon_m / (n_k nu(B))
+                                    + (nu(M) - nu(B)) / nu(M)
+                                    + sqrt(kappa(B) - 1) sqrt(max(0, 1 / n_k - 1 / n))
+
+with mu, nu(B) and L(B) = loss(B) at its upper estimate from the column's histogram
+(``mechanisms.clip_bounds``) and d_m(B) the per-row bound at the magnitude bound B.  A column
+whose bounds are fixed has no histogram: its sums use d_m / mu = w_m = 2 (a per-row bound
+taken as twice a typical value), loss 0 and cv 1.
+The subsampling term cv sqrt(1/n_k - 1/n) is the relative standard deviation of a mean over n_k
+rows drawn at random without replacement from n (finite-population correction), cv = the
+coefficient of variation sqrt(nu(B)) / mu(B): an average over a small cap sees few rows of each
+unit, and its answer moves with the rows drawn even without noise.  A variance over those rows
+moves the same way, with sqrt(kappa - 1) in place of cv (the relative variance of a sample
+variance is (kappa - 1) / n, kappa the kurtosis of the clipped values).  The spread term
+(nu(M) - nu(B)) / nu(M) is the variance's clipping bias: a VARIANCE of values clipped at B
+estimates nu(B), and clipping the tail removes spread much faster than it moves the mean
+(without it, the rule narrowed the bounds of STDDEV(fare) to half the declared ones and lost
+up to 7x the accuracy of a fixed cap).
+
+k minimises E(k) = sum_m e_m(k), where for each clipped column the bound B minimises the part of
+E(k) that depends on it (its measurements' terms) among its candidates; the smallest k and the
+widest B win ties.  On data where every unit has exactly c rows (c a bin start and end, c <= 8)
+a total's error falls until k = c and rises after it, so the rule picks c when the histogram
+noise is small.
 """
 
 from __future__ import annotations
@@ -40,17 +75,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+from mechanisms.clip_bounds import ClipColumn, SumKind, Z
 
 
 @dataclass(frozen=True)
 class CapTerm:
-    """One noisy measurement as the rule sees it."""
+    """One noisy measurement as the rule sees it.
 
-    weight: float     # w_m: 1 for counts, 2 for sums, 0 when the noise does not grow with k
+    ``column`` is the index (in the rule's ``columns``) of the clipped expression it sums when
+    that expression's bound is chosen too; then ``weight`` is unused and ``kind``/``centred``
+    say how its per-row bound follows from the interval.
+    """
+
+    weight: float     # w_m: 1 for counts, 2 for sums with fixed bounds, 0 when k does not matter
     epsilon: float    # its epsilon
     total: bool       # released as a total (its bias counts) or only inside a ratio
+    column: int | None = None
+    kind: Literal["count", "sum", "sum_squares"] = "count"
+    centred: bool = False
 
 
 def cap_bins(limit: int) -> tuple[int, ...]:
@@ -73,32 +119,214 @@ def cap_bins(limit: int) -> tuple[int, ...]:
     return tuple(starts)
 
 
-def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
-               terms: Sequence[CapTerm], groups: int = 1) -> int:
-    """The cap minimising E(k) (see the module docstring); never above ``limit``.
+def discrete_laplace_variance(epsilon: float) -> float:
+    """Var X = 2a / (1 - a)^2, a = exp(-epsilon), for discrete Laplace noise of sensitivity 1.
 
-    100 units with 8 rows, one count (total): k = 8 loses nothing and costs the least noise.
+    About 2 / epsilon^2 for small epsilon, far less for large epsilon (the noise is then 0
+    almost always), which lets a generous histogram show clearly that a bin is empty.
 
-    >>> choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [CapTerm(1.0, 1.0, True)])
-    8
+    >>> round(discrete_laplace_variance(0.1), 1), round(discrete_laplace_variance(20.0), 12)
+    (199.8, 4.122e-09)
     """
-    if len(starts) != len(noisy_counts):
-        raise ValueError("one count per bin")
+    if not epsilon > 0:
+        raise ValueError("epsilon must be positive")
+    return 2.0 * math.exp(-epsilon) / math.expm1(-epsilon) ** 2
+
+
+@dataclass(frozen=True)
+class RowModel:
+    """Rows per unit from the noisy cap histogram (see the module docstring).
+
+    ``epsilon`` is the histogram's epsilon_h (0: the counts are exact, no uncertainty).
+    """
+
+    starts: tuple[int, ...]
+    noisy: tuple[float, ...]
+    limit: int
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        if len(self.starts) != len(self.noisy):
+            raise ValueError("one count per bin")
+        if any(s > self.limit for s in self.starts):
+            raise ValueError("bins start at most at the limit")
+
+    @classmethod
+    def exact_rows(cls, rows: float) -> RowModel:
+        """One row per unit and ``rows`` units (event-level tables: cap 1, nothing lost)."""
+        return cls((1,), (float(rows),), 1, 0.0)
+
+    def _means(self) -> np.ndarray:
+        ends = [*(s - 1 for s in self.starts[1:]), self.limit]
+        return np.array([(s + e) / 2 for s, e in zip(self.starts, ends, strict=True)])
+
+    def candidates(self) -> list[int]:
+        """Bin starts, bin ends and the limit, ascending."""
+        ends = [s - 1 for s in self.starts[1:]]
+        return sorted({*self.starts, *ends, self.limit} - {0})
+
+    def all_rows(self) -> float:
+        """N(limit), at least 1."""
+        return max(float(np.dot(np.asarray(self.noisy), self._means())), 1.0)
+
+    def lost(self, k: int) -> float:
+        """L(k) = max(0, R(k)) + Z sd R(k): rows lost above cap k, at their upper estimate."""
+        above = np.maximum(self._means() - k, 0.0)
+        found = max(float(np.dot(np.asarray(self.noisy), above)), 0.0)
+        if self.epsilon > 0:
+            found += Z * math.sqrt(discrete_laplace_variance(self.epsilon)
+                                   * float(np.sum(above * above)))
+        return found
+
+    def kept(self, k: int) -> float:
+        """N(k) = N(limit) - R(k) (unbiased, without the Z term), at least 1."""
+        above = np.maximum(self._means() - k, 0.0)
+        return max(self.all_rows() - float(np.dot(np.asarray(self.noisy), above)), 1.0)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen cap, the magnitude bound of every clipped column, and E at that choice."""
+
+    cap: int
+    bounds: tuple[float, ...]
+    error: float
+
+
+def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColumn] = (),
+           groups: int = 1, caps: Sequence[int] | None = None) -> Choice:
+    """Minimise E(k) jointly over the cap and the columns' bounds (module docstring).
+
+    ``caps`` restricts the candidate caps (a fixed cap: just that one); every candidate above
+    ``rows.limit`` is dropped, so the result never exceeds it.
+    """
     if any(not t.epsilon > 0 for t in terms):
         raise ValueError("epsilons must be positive")
-    counts = np.maximum(np.asarray(noisy_counts, dtype=float), 0.0)
-    lower = np.asarray(starts, dtype=float)
+    if any(t.column is not None and not 0 <= t.column < len(columns) for t in terms):
+        raise ValueError("a term names a column that was not given")
     groups = max(groups, 1)
-    n_all = max(float(np.sum(counts * np.minimum(lower, limit))), 1.0) / groups
-    best_k, best_error = 1, math.inf
-    for k in sorted({*starts, limit}):
-        if k > limit:
-            continue
-        n_k = max(float(np.sum(counts * np.minimum(lower, k))), 1.0) / groups
+    wanted = rows.candidates() if caps is None else sorted(set(caps))
+    candidates = [k for k in wanted if 1 <= k <= rows.limit]
+    if not candidates:
+        raise ValueError("no candidate cap within the limit")
+    n_all = rows.all_rows() / groups
+    best: Choice | None = None
+    for k in candidates:
+        n_k = rows.kept(k) / groups
+        bias = min(rows.lost(k) / groups / n_all, 1.0)
+        # Rows per group a mean over cap k leaves out, as a relative standard deviation / cv.
+        subsample = math.sqrt(max(0.0, 1.0 / n_k - 1.0 / n_all))
         error = 0.0
         for term in terms:
-            noise = term.weight * math.sqrt(2) * k / term.epsilon
-            error += (n_all - n_k + noise) / n_all if term.total else noise / n_k
-        if error < best_error:
-            best_k, best_error = k, error
-    return best_k
+            if term.column is not None:
+                error += bias if term.total else 0.0
+                continue
+            noise = term.weight * math.sqrt(2.0) * k / term.epsilon
+            if term.total:
+                error += bias + noise / n_all
+            else:
+                error += noise / n_k
+                if term.kind == "sum":
+                    error += subsample  # cv = 1 without a histogram of the values
+        bounds = []
+        for index, column in enumerate(columns):
+            mine = [t for t in terms if t.column == index]
+            found, found_error = column.magnitude, math.inf
+            for bound in column.candidates():
+                part = _column_error(column, bound, mine, k, n_k, n_all, subsample)
+                if part < found_error:
+                    found, found_error = bound, part
+            bounds.append(found)
+            error += found_error if mine else 0.0
+        if best is None or error < best.error:
+            best = Choice(k, tuple(bounds), error)
+    assert best is not None
+    return best
+
+
+def _column_error(column: ClipColumn, bound: float, terms: Sequence[CapTerm], k: int,
+                  n_k: float, n_all: float, subsample: float) -> float:
+    """The terms of E(k) that depend on one column's bound B (module docstring)."""
+    mu = column.mean()
+    error = 0.0
+    for term in terms:
+        kind: SumKind = "sum_squares" if term.kind == "sum_squares" else "sum"
+        d = column.per_row(bound, kind, term.centred)
+        noise = math.sqrt(2.0) * k * d / term.epsilon
+        if term.kind == "sum_squares":
+            # Noise relative to the spread, the spread clipping at B removes, and the rows a
+            # cap k leaves out: a variance over n_k of n rows drawn at random has relative sd
+            # sqrt((kappa - 1) (1 / n_k - 1 / n)) (kappa the kurtosis; finite population).
+            error += (noise / (n_k * column.spread(bound)) + column.spread_loss(bound)
+                      + math.sqrt(max(column.kurtosis(bound) - 1.0, 0.0)) * subsample)
+        elif term.total:
+            error += column.loss_upper(bound) + noise / (n_all * mu)
+        else:
+            clipped = column.mean(bound)
+            cv = math.sqrt(column.spread(bound)) / clipped
+            error += column.loss_upper(bound) + noise / (n_k * mu) + cv * subsample
+    return error
+
+
+def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
+               terms: Sequence[CapTerm], groups: int = 1, epsilon: float = 0.0) -> int:
+    """The cap minimising E(k) for a query without clipped columns; never above ``limit``.
+
+    ``epsilon`` is the histogram's (0: treat the counts as exact).  100 units with 8 rows, one
+    count (total): k = 8 loses nothing and costs the least noise.
+
+    >>> choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 8, [CapTerm(1.0, 1.0, True)])
+    8
+    """
+    rows = RowModel(tuple(starts), tuple(float(c) for c in noisy_counts), limit, epsilon)
+    return choose(rows, terms, (), groups).cap
+
+
+#: The share of units allowed to lose some of their groups to the groups-per-unit bound g.
+GROUP_QUANTILE = 0.01
+
+
+def choose_groups(units: RowModel, alpha: float = GROUP_QUANTILE) -> int:
+    """The groups-per-unit bound g for keys released by thresholding (``mechanisms.thresholding``).
+
+    ``units`` is the noisy histogram of G_u, each unit's number of distinct groups in the
+    query's filtered rows, over the bins of ``cap_bins`` (sensitivity 1: a unit is in one bin).
+
+    Why a bound.  Without it a unit's k rows may reach k groups, so the key-release count has
+    D = k and tau = 1 + (D / epsilon_t) ln(D / delta) grows with the cap: at k = 200 a query
+    whose groups hold tens of thousands of units releases none of them.  Keeping each unit's
+    rows in g of its groups gives D = min(g, k) and leaves the row cap k free to keep the rows
+    within them (``rewriters.contribution.group_bound``).
+
+    The rule.  tau grows about linearly in g, while a unit with G_u <= g loses nothing, so g is
+    the smallest candidate (bin start or end, as for the cap) that leaves all groups to all but
+    a share alpha of the units, with the count of units above g at its upper estimate:
+
+        A(g) = sum_{b: m_b > g} H_b + Z sqrt(V |{b: m_b > g}|) <= alpha U,   U = sum_b H_b,
+
+    m_b the bin's middle, V the histogram noise's variance (``discrete_laplace_variance``); if
+    no candidate passes, g = the limit (no bound beyond the row cap).  This is a DP quantile of
+    the per-unit contributions, the choice Amin et al. ("Bounding user contributions: a
+    bias-variance trade-off in differential privacy", ICML 2019) show balances dropped
+    contributions against noise; the quantile alpha = 1% keeps the distinct-unit counts of
+    every group within about 1% of their unbounded values.  g is post-processing of the noisy
+    histogram.
+
+    1000 units with 17 to 19 groups each (the bin [17, 19], m = 18), exact counts: g = 19, the
+    bin's end (g = 17, the start, leaves them all above it).
+
+    >>> choose_groups(RowModel(cap_bins(200), (0,) * 11 + (1000,) + (0,) * 15, 200, 0.0))
+    19
+    """
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
+    h = np.asarray(units.noisy, dtype=float)
+    middles = units._means()
+    total = max(float(h.sum()), 1.0)
+    variance = discrete_laplace_variance(units.epsilon) if units.epsilon > 0 else 0.0
+    for g in units.candidates():
+        above = middles > g
+        found = float(h[above].sum()) + Z * math.sqrt(variance * int(above.sum()))
+        if found <= alpha * total:
+            return g
+    return units.limit

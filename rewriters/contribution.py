@@ -8,10 +8,16 @@ DuckDB refuses a volatile expression inside a window's ORDER BY.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlglot import exp
 
 RAND = "__chorus_rand"
 RANK = "__chorus_rank"
+GROUP_RAND = "__chorus_grand"
+GROUP_SCORE = "__chorus_gscore"
+GROUP_RANK = "__chorus_grank"
+GROUP_KEY = "__chorus_gk"
 
 
 def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
@@ -40,6 +46,56 @@ def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
         .from_(ranked.subquery("b"))
         .where(exp.column(RANK, table="b") <= exp.Literal.number(k))
     )
+
+
+def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -> exp.Select:
+    """Wrap ``rows`` so each ``unit`` keeps its rows in at most ``g`` of its groups.
+
+    The groups are the distinct values of ``keys`` (expressions over the rows' table alias).
+    Every row draws a random number; a (unit, group) pair scores the smallest draw of its rows
+    (a MIN window), and the unit's groups are ranked by (score, key values) with DENSE_RANK, so
+    the rows of one group share a rank and two groups never do (the keys break ties between
+    equal draws).  Rows of a group ranked above g are dropped: the unit's g groups are a random
+    choice among its own, independent of every other unit and of the row contents.  After it,
+    adding or removing a unit changes rows in at most g groups; applied before the row cap
+    (``contribution``), the unit keeps at most k rows within those g groups.
+
+    >>> from sqlglot import parse_one
+    >>> print(group_bound(parse_one("SELECT t.* FROM trips AS t"), "rider_id",
+    ...                   [parse_one("t.city")], 2).sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT * FROM (SELECT s.*, DENSE_RANK() OVER (PARTITION BY s.rider_id ORDER BY
+    s.__chorus_gscore, s.__chorus_gk0) AS __chorus_grank FROM (SELECT r.*,
+    MIN(r.__chorus_grand) OVER (PARTITION BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore
+    FROM (SELECT t.*, t.city AS __chorus_gk0, RANDOM() AS __chorus_grand FROM trips AS t) AS r)
+    AS s) AS gb WHERE gb.__chorus_grank <= 2
+    """
+    if g < 1:
+        raise ValueError("g must be >= 1")
+    if not keys:
+        raise ValueError("a groups-per-unit bound needs group keys")
+    names = [f"{GROUP_KEY}{i}" for i in range(len(keys))]
+    randomised = rows.copy().select(
+        *[exp.alias_(key.copy(), name) for key, name in zip(keys, names, strict=True)],
+        exp.alias_(exp.Rand(), GROUP_RAND))
+    scored = exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
+        exp.alias_(exp.Window(
+            this=exp.Min(this=exp.column(GROUP_RAND, table="r")),
+            partition_by=[exp.column(unit, table="r"), *[exp.column(n, table="r") for n in names]],
+        ), GROUP_SCORE),
+    ).from_(randomised.subquery("r"))
+    ranked = exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier("s")),
+        exp.alias_(exp.Window(
+            this=exp.func("DENSE_RANK"),
+            partition_by=[exp.column(unit, table="s")],
+            order=exp.Order(expressions=[exp.Ordered(this=exp.column(GROUP_SCORE, table="s")),
+                                         *[exp.Ordered(this=exp.column(n, table="s"))
+                                           for n in names]]),
+        ), GROUP_RANK),
+    ).from_(scored.subquery("s"))
+    return (exp.select("*").from_(ranked.subquery("gb"))
+            .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g)))
 
 
 def sample_table(table: str, unit: str, k: int) -> exp.Select:

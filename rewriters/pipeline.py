@@ -18,7 +18,7 @@ and runs *finish* on the noisy rows in an in-memory DuckDB.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -28,9 +28,10 @@ from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import blocks
 from rewriters.clipping import clipping
-from rewriters.contribution import RANK, contribution
+from rewriters.contribution import RANK, contribution, group_bound
 from rewriters.dialect import dialect
 from rewriters.groups import complete_groups, public_filter, public_grid
+from rewriters.joins import join_rows
 from rewriters.noise import noise
 from rewriters.safety import safety
 
@@ -66,29 +67,46 @@ class RewrittenQuery:
             exp.CTE(this=noisy, alias=exp.TableAlias(this=exp.to_identifier(NOISY)),
                     materialized=True)
         ]))
-        return dialect(statement, self.dialect).sql(self.dialect)
+        # dialect() returns a fresh tree: the generator may mutate it, no second copy.
+        return dialect(statement, self.dialect).sql(self.dialect, copy=False)
 
     def measure_sql(self) -> str:
         """The exact measurements alone (proxy noise mode), for the backend."""
-        return dialect(self.measure, self.dialect).sql(self.dialect)
+        return dialect(self.measure, self.dialect).sql(self.dialect, copy=False)
 
 
 def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,
-             dialect: str, sample: tuple[str, str] | None = None) -> RewrittenQuery:
+             dialect: str, sample: tuple[str, str] | None = None,
+             restrictions: Mapping[str, BlockRestriction] | None = None,
+             samples: Mapping[str, tuple[str, str]] | None = None) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
     reads it instead of bounding contributions itself.  The cap is ``query.stability``.
+    A join query (``query.join``) reads each table through ``rewriters.joins``, restricted to the
+    claimed blocks in ``restrictions`` (by table alias), or from the stored samples in ``samples``.
     """
     tp = query.table_policy
     alias = query.alias
 
-    # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.
-    rows = filtered_rows(query, restriction, sample)
+    # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.  (A join
+    #    builds the rows of each of its tables in rewriters.joins instead: steps 1-2 skipped.)
+    rows = filtered_rows(query, restriction, sample) if query.join is None else None
 
     # 2. Contribution bounding: at most k rows per unit (user-level DP), unless the rows come
     #    from a stored sample, which already keeps the rows of rank <= k.
-    if tp.privacy_unit is not None and sample is None:
+    if tp.multi_attribution and sample is None:  # only the stored kept set S bounds them
+        raise ValueError("a table whose rows belong to several units is read from its S")
+    if rows is not None and query.max_groups is not None \
+            and query.max_groups < query.stability:
+        # Thresholded keys: each unit's rows in at most g of its groups, so the key release
+        # needs D = min(g, k) groups per unit (``AggregateQuery.groups_per_unit``).  (g >= k
+        # would change nothing: k rows reach at most k groups.)  Before the row cap, so the k
+        # rows are drawn within the g groups; on a stored sample, among the k rows it keeps.
+        assert tp.privacy_unit is not None
+        rows = group_bound(rows, tp.privacy_unit, [safety(k.expr) for k in query.keys],
+                           query.max_groups)
+    if rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 
     # 3. Exact measurements per group, with clipping.
@@ -102,9 +120,13 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
                 if unit else exp.Count(this=exp.Star()))
         columns.append(exp.alias_(gate, THRESHOLD_ID))
         measure_ids.append(THRESHOLD_ID)
-    measure = exp.select(*columns).from_(rows.subquery(alias))
+    if query.join is not None:
+        measure = join_rows(query, restrictions or {}, samples).select(*columns, copy=False)
+    else:
+        assert rows is not None
+        measure = exp.select(*columns).from_(rows.subquery(alias))
     if query.keys:
-        measure = measure.group_by(*[safety(k.expr) for k in query.keys])
+        measure = measure.group_by(*[safety(k.expr) for k in query.keys], copy=False)
     key_ids = [k.id for k in query.keys]
     if query.keys and not query.thresholded:
         grid = public_grid([(k.id, k.public_values or ()) for k in query.keys])
@@ -188,6 +210,9 @@ def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:
     value = clipping(safety(m.argument), m.lower, m.upper)
     if m.center:
         value = exp.Paren(this=exp.Sub(this=value, expression=exp.Literal.number(m.center)))
+    if m.grid:  # joins: an integer number of grid steps per row (analyses.query._JOIN_GRID_STEPS)
+        steps = exp.Round(this=exp.Div(this=value, expression=exp.Literal.number(m.grid)))
+        return exp.cast(exp.Sum(this=exp.cast(steps, exp.DType.BIGINT)), exp.DType.BIGINT)
     if m.kind == "sum_squares":
         value = exp.Mul(this=value, expression=value.copy())
     return exp.cast(exp.Sum(this=value), exp.DType.DOUBLE)

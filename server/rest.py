@@ -108,6 +108,16 @@ class QueryRequest(_Model):
         default=None, ge=0, allow_inf_nan=False,
         description="Query only: how long to wait for budget the scheduler cannot grant at once "
         "(default: the policy's scheduler.wait_seconds, at most its max_wait_seconds).")
+    sensitivity: Literal["analytic", "sampled"] | None = Field(
+        default=None,
+        description="'sampled' opts in to sensitivity sampling: an (epsilon, delta, gamma)-random"
+        " DP answer for queries with no analytic bound (a median, SUM(LN(1 + x)), a column "
+        "without bounds); default: the policy's privacy.sensitivity.")
+    gamma: float | None = Field(
+        default=None, gt=0, lt=1, allow_inf_nan=False,
+        description="With sensitivity 'sampled': the probability the guarantee may fail over "
+        "databases drawn from the table's sampling distribution (default: the policy's "
+        "default_gamma, at most its max_gamma).")
 
 
 class _ReportPart(BaseModel):
@@ -157,6 +167,23 @@ class ContributionModel(_ReportPart):
     cap: int | None = None
     epsilon: float
     note: str = ""
+    method: str | None = Field(default=None, description="rows of several units: how the "
+                               "stored kept set was chosen (greedy, sql-rank, ...)")
+
+
+class RandomDPModel(_ReportPart):
+    """A sampled-sensitivity answer: (epsilon, delta, gamma)-random DP, and how it was sampled."""
+
+    gamma: float
+    m: int
+    k: int
+    rho: float
+    n: int
+    n_source: str
+    sensitivity: float
+    distribution: str
+    label: str
+    note: str = ""
 
 
 class PrivacyReportModel(_ReportPart):
@@ -178,6 +205,7 @@ class PrivacyReportModel(_ReportPart):
     contribution: ContributionModel | None = None
     rewritten_sql: str | None = None
     notes: list[str] = []
+    random_dp: RandomDPModel | None = None
 
 
 class QueryResponse(_Model):
@@ -379,7 +407,8 @@ def _validation_sqlstate(errors: list[dict[str, Any]]) -> str:
     malformed request (08P01, a protocol violation).
     """
     fields = {tuple(e["loc"][:2]) for e in errors}
-    if fields and fields <= {("body", "epsilon"), ("body", "delta"), ("body", "wait_seconds")}:
+    if fields and fields <= {("body", "epsilon"), ("body", "delta"), ("body", "wait_seconds"),
+                             ("body", "sensitivity"), ("body", "gamma")}:
         return "22023"
     if fields == {("body", "sql")} and all(e["type"] == "string_too_long" for e in errors):
         return "54000"
@@ -660,7 +689,8 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
         """Answer one SQL query with differential privacy, charging its blocks."""
         def run() -> Any:
             answer = engine.execute(body.sql, analyst=who.analyst, epsilon=body.epsilon,
-                                    delta=body.delta, wait_seconds=body.wait_seconds)
+                                    delta=body.delta, wait_seconds=body.wait_seconds,
+                                    sensitivity=body.sensitivity, gamma=body.gamma)
             if history.due():  # the dashboard's "budget over time", at most once a second
                 history.record(budget_views.ledger_blocks(engine))
             return answer
@@ -676,7 +706,8 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
     async def explain(body: QueryRequest, who: Analyst) -> Any:
         """What a query would cost and how it would be answered; nothing runs or is charged."""
         report = await _answer("explain", lambda: engine.explain(
-            body.sql, analyst=who.analyst, epsilon=body.epsilon, delta=body.delta))
+            body.sql, analyst=who.analyst, epsilon=body.epsilon, delta=body.delta,
+            sensitivity=body.sensitivity, gamma=body.gamma))
         return {"report": budget_views.jsonable(report.to_dict())}
 
     @app.get("/v1/info", response_model=InfoResponse, tags=["metadata"],
@@ -774,7 +805,7 @@ def _info(engine: Any, who: Principal) -> dict[str, Any]:
     for name, table in policy.tables.items():
         tables[name] = {
             "public": table.public,
-            "privacy_unit": table.privacy_unit,
+            "privacy_unit": table.unit_label,
             "max_rows_per_unit": table.max_rows_per_unit,
             "block_column": table.block.column if table.block else None,
             "block_size": table.block.size if table.block else None,

@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chorus_py.engine import Engine
-from mechanisms.caps import CapTerm, cap_bins, choose_cap
+from mechanisms.caps import (
+    CapTerm,
+    RowModel,
+    cap_bins,
+    choose,
+    choose_cap,
+    discrete_laplace_variance,
+)
 from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
@@ -29,26 +36,49 @@ def test_bins_partition_one_to_the_limit() -> None:
 
 
 def test_rule_by_hand() -> None:
-    # Bins start at 1, 2, 4, 8; 100 units with >= 8 rows, nothing else: N(k) = 100 min(8, k),
-    # N(limit 10) = 800.  One count released as a total, w = 1, epsilon = 1/sqrt(2) so that its
-    # noise is 2k rows.  e(k) = (800 - N(k) + 2k) / 800:
-    #   k=1: (700 + 2) / 800; k=2: (600 + 4); k=4: (400 + 8); k=8: (0 + 16); k=10: (0 + 20).
+    # Bins start at 1, 2, 4, 8 with limit 8: the bins are {1}, {2, 3}, {4..7}, {8}, with
+    # m_b = 1, 2.5, 5.5, 8.  100 units with 8 rows, exact counts (epsilon_h = 0: no Z term):
+    # N(k) = 100 min(8, k), N(8) = 800.  One count released as a total, epsilon = 1/sqrt(2) so
+    # that its noise is 2k rows: e(k) = (800 - N(k) + 2k) / 800, smallest at k = 8 (16 / 800).
     count = CapTerm(1.0, 1 / math.sqrt(2), True)
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [count]) == 8
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 8, [count]) == 8
+    rows = RowModel((1, 2, 4, 8), (0, 0, 0, 100), 8, 0.0)
+    assert rows.candidates() == [1, 2, 3, 4, 7, 8]
+    assert rows.all_rows() == 800 and rows.kept(4) == 400 and rows.lost(7) == 100
     # Noise of 200k rows (epsilon = 1/(100 sqrt(2))): k=1 costs 700 + 200 = 900 < 1600 at k=8.
     loud = CapTerm(1.0, 1 / (100 * math.sqrt(2)), True)
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [loud]) == 1
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 8, [loud]) == 1
     # Only inside a ratio, the count's error is its noise over N(k): 2k / (100 min(8, k)) is
-    # 0.02 for every k <= 8 and 0.025 at 10: the smallest minimiser, k = 1.
+    # 0.02 for every k <= 8: the smallest minimiser, k = 1.
     ratio = CapTerm(1.0, 1 / math.sqrt(2), False)
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [ratio]) == 1
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 8, [ratio]) == 1
     # Grouped over G = 100 groups the loss per group shrinks the same way as the rows per group,
     # but the noise does not: with noise 2k per group, e(1) = (7 + 2) / 8 < e(8) = 16 / 8.
-    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 10, [count], groups=100) == 1
-    # Negative noisy counts count as zero (then N is taken as 1 row).
-    assert choose_cap((1, 2, 4, 8), [-50, -3, 0, 0], 10, [count]) == 1
+    assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 8, [count], groups=100) == 1
+    # Units in the bin {4..7} count as m = 5.5 rows: k = 7 keeps them all.
+    assert choose_cap((1, 2, 4, 8), [0, 0, 100, 0], 8, [count]) == 7
+    # Negative noisy counts are kept as they are (unbiased), the row totals floored at 1.
+    assert choose_cap((1, 2, 4, 8), [-50, -3, 0, 0], 8, [count]) == 1
     with pytest.raises(ValueError):
         choose_cap((1,), [1.0], 1, [CapTerm(1.0, 0.0, True)])
+
+
+def test_histogram_noise_keeps_the_cap_up() -> None:
+    # 100 units with 4..7 rows (m = 5.5), none at 8; one count total with epsilon 1 (noise
+    # sqrt(2) k).  Exact: R(7) = 0, so k = 7.  With a histogram of epsilon_h = 0.1 the empty
+    # bin {8} could hide units: L(7) = Z sd R(7) = sqrt(V) * (8 - 7), V = 2a/(1-a)^2 with
+    # a = exp(-0.1): about 14.1 rows, more than the sqrt(2) (8 - 7) = 1.4 rows of noise k = 8
+    # adds: the rule keeps k = 8.
+    count = CapTerm(1.0, 1.0, True)
+    exact = RowModel((1, 2, 4, 8), (0, 0, 100, 0), 8, 0.0)
+    assert choose(exact, [count]).cap == 7
+    noisy = RowModel((1, 2, 4, 8), (0, 0, 100, 0), 8, 0.1)
+    a = math.exp(-0.1)
+    assert discrete_laplace_variance(0.1) == pytest.approx(2 * a / (1 - a) ** 2)
+    assert noisy.lost(7) == pytest.approx(math.sqrt(2 * a / (1 - a) ** 2))
+    assert choose(noisy, [count]).cap == 8
+    # A fixed cap is taken as given (only the clipping bounds are chosen then).
+    assert choose(noisy, [count], caps=(4,)).cap == 4
 
 
 @settings(max_examples=300, deadline=None)
@@ -58,10 +88,15 @@ def test_chosen_cap_never_exceeds_the_limit(limit: int, data: st.DataObject) -> 
     counts = data.draw(st.lists(st.floats(-1e6, 1e6), min_size=len(starts),
                                 max_size=len(starts)))
     terms = [CapTerm(data.draw(st.floats(0.0, 2.0)), data.draw(st.floats(1e-3, 1e3)),
-                     data.draw(st.booleans())) for _ in range(data.draw(st.integers(1, 4)))]
-    k = choose_cap(starts, counts, limit, terms, data.draw(st.integers(1, 50)))
-    assert 1 <= k <= limit
-    assert k in {*starts, limit}
+                     data.draw(st.booleans()), kind=data.draw(st.sampled_from(["count", "sum"])))
+             for _ in range(data.draw(st.integers(1, 4)))]
+    rows = RowModel(starts, tuple(counts), limit,
+                    data.draw(st.just(0.0) | st.floats(1e-6, 10.0)))
+    caps = data.draw(st.none() | st.lists(st.integers(1, 1000), min_size=1)
+                     .filter(lambda c: min(c) <= limit))
+    choice = choose(rows, terms, (), data.draw(st.integers(1, 50)), caps)
+    assert 1 <= choice.cap <= limit
+    assert choice.cap in (rows.candidates() if caps is None else caps)
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -101,10 +136,11 @@ def exact_units(scratch: Callable[..., Engine], backend_url: str) -> Callable[..
     return make
 
 
-@pytest.mark.parametrize("c", [6, 12])
+@pytest.mark.parametrize("c", [6, 13, 50])
 def test_cap_equals_the_rows_every_unit_has(exact_units: Callable[..., Engine], c: int) -> None:
-    # Every unit has exactly c rows (c is a bin start).  At eps 50 (25 on the histogram, noise
-    # scale 0.04) E(k) is minimal at k = c: fewer drops rows, more only adds noise.
+    # Every unit has exactly c rows (c is a bin end: 6 alone in its bin, 13 ends [12, 13], 50 is
+    # the limit).  At eps 50 (25 on the histogram, noise scale 0.04, variance ~3e-11) E(k) is
+    # minimal at k = c: fewer drops rows, more only adds noise.
     engine = exact_units(c)
     result = engine.execute("SELECT COUNT(*) FROM exact", epsilon=50.0, **ALICE)
     contribution = result.report.contribution
@@ -113,11 +149,11 @@ def test_cap_equals_the_rows_every_unit_has(exact_units: Callable[..., Engine], 
 
 
 def test_materialized_sample_honours_the_chosen_cap(exact_units: Callable[..., Engine]) -> None:
-    engine = exact_units(12, bounding="materialized")
+    engine = exact_units(13, bounding="materialized")
     result = engine.execute("SELECT COUNT(*) FROM exact", epsilon=50.0, **ALICE)
-    assert result.report.contribution.cap == 12
-    assert "__chorus_rank <= 12" in result.report.rewritten_sql
-    assert result.rows[0][0] == pytest.approx(4800, abs=tolerance(result.report.columns[0]))
+    assert result.report.contribution.cap == 13
+    assert "__chorus_rank <= 13" in result.report.rewritten_sql
+    assert result.rows[0][0] == pytest.approx(5200, abs=tolerance(result.report.columns[0]))
 
 
 def test_epsilon_adds_up_to_the_charge(exact_units: Callable[..., Engine]) -> None:

@@ -30,7 +30,7 @@ import sqlglot
 from sqlglot import exp
 
 from chorus_py.errors import ChorusError, QuerySyntaxError
-from chorus_py.report import PrivacyReport, QueryResult
+from chorus_py.report import PrivacyReport, QueryResult, elastic_lines, shown
 from server.pgwire import protocol as p
 from server.pgwire import types as t
 from server.pgwire.catalog import (
@@ -168,6 +168,12 @@ class Session:
         self.settings: dict[str, str] = {}
         self.epsilon: float | None = None
         self.delta: float | None = None
+        # SET chorus.sensitivity = 'sampled' / chorus.gamma: random DP (chorus_py.random_dp).
+        self.sensitivity: str | None = None
+        self.gamma: float | None = None
+        # SET chorus.wait_seconds: how long a query waits for budget the scheduler cannot grant
+        # at once (None: the policy's scheduler.wait_seconds).
+        self.wait_seconds: float | None = None
         self.status = "I"  # transaction status: I idle, T in a block, E failed block
         self._state = "startup"  # startup -> sasl_initial -> sasl_final -> ready
         self._scram: ScramExchange | None = None
@@ -610,7 +616,8 @@ class Session:
                 return result.columns, result.rows, f"SELECT {len(result.rows)}", b""
             sql = self._engine_sql(prepared, portal.params)
             answer: QueryResult = yield Work(lambda: self.ctx.engine.execute(
-                sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta))
+                sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
+                sensitivity=self.sensitivity, gamma=self.gamma, wait_seconds=self.wait_seconds))
             fields = tuple(Column(n, t.PORTABLE_OIDS.get(ty, t.TEXT))
                            for n, ty in zip(answer.columns, answer.types, strict=True))
             if portal.fields is not None or prepared.fields is not None:
@@ -660,7 +667,8 @@ class Session:
             fake = dataclasses.replace(prepared, statement=inner)
             sql = self._engine_sql(fake, params)
         report: PrivacyReport = yield Work(lambda: self.ctx.engine.explain(
-            sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta))
+            sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
+            sensitivity=self.sensitivity, gamma=self.gamma))
         if st.explain_format == "json":
             rows = [(json.dumps(report.to_dict(), default=str),)]
         else:
@@ -682,7 +690,8 @@ class Session:
             if st.name == "all":
                 keep = {k: self.settings[k] for k in ("session_authorization",)}
                 self.settings = _defaults(self.user) | keep
-                self.epsilon = self.delta = None
+                self.epsilon = self.delta = self.gamma = self.sensitivity = None
+                self.wait_seconds = None
             else:
                 self._reset_setting(st.name)
             return None, [], st.tag or "RESET", b""
@@ -716,7 +725,8 @@ class Session:
                 self._prepared.clear()
                 self._portals.clear()
                 self.settings = _defaults(self.user)
-                self.epsilon = self.delta = None
+                self.epsilon = self.delta = self.gamma = self.sensitivity = None
+                self.wait_seconds = None
             return None, [], st.tag, b""
         if kind == "deallocate":
             if st.name.upper() == "ALL":
@@ -739,9 +749,30 @@ class Session:
                 raise WireError("22023", f"chorus.delta must be in [0, 1), got {value}")
             self.delta = delta
             return
+        if name == "chorus.sensitivity":
+            if value.lower() not in ("analytic", "sampled"):
+                raise WireError("22023", "chorus.sensitivity must be 'analytic' or 'sampled', "
+                                f"got {value}")
+            self.sensitivity = value.lower()
+            return
+        if name == "chorus.wait_seconds":
+            wait = _number(value, name)
+            limit = self.ctx.engine.policy.privacy.scheduler.max_wait_seconds
+            if not 0 <= wait <= limit:
+                raise WireError("22023", f"chorus.wait_seconds must be in [0, {_g(limit)}] "
+                                f"(the policy's scheduler.max_wait_seconds), got {value}")
+            self.wait_seconds = wait
+            return
+        if name == "chorus.gamma":
+            gamma = _number(value, name)
+            if not 0 < gamma < 1:
+                raise WireError("22023", f"chorus.gamma must be in (0, 1), got {value}")
+            self.gamma = gamma
+            return
         if name.startswith("chorus."):
             raise WireError("42704", f'unrecognized configuration parameter "{name}"',
-                            hint="the proxy's settings are chorus.epsilon and chorus.delta")
+                            hint="the proxy's settings are chorus.epsilon, chorus.delta, "
+                            "chorus.sensitivity, chorus.gamma and chorus.wait_seconds")
         if name in _READ_ONLY_SETTINGS:
             raise WireError("55P02", f'parameter "{name}" cannot be changed')
         if name == "client_encoding" and value.lower() not in _UTF8:
@@ -765,6 +796,12 @@ class Session:
             self.epsilon = None
         elif name == "chorus.delta":
             self.delta = None
+        elif name == "chorus.sensitivity":
+            self.sensitivity = None
+        elif name == "chorus.gamma":
+            self.gamma = None
+        elif name == "chorus.wait_seconds":
+            self.wait_seconds = None
         elif name in _READ_ONLY_SETTINGS:
             raise WireError("55P02", f'parameter "{name}" cannot be changed')
         else:
@@ -784,6 +821,14 @@ class Session:
         if name == "chorus.delta":
             value = self.delta if self.delta is not None else privacy.default_delta
             return [(_g(value),)]
+        if name == "chorus.sensitivity":
+            return [(self.sensitivity or privacy.sensitivity,)]
+        if name == "chorus.gamma":
+            return [(_g(self.gamma if self.gamma is not None else privacy.default_gamma),)]
+        if name == "chorus.wait_seconds":
+            wait = self.wait_seconds
+            return [(_g(wait if wait is not None
+                        else self.ctx.engine.policy.privacy.scheduler.wait_seconds),)]
         if name == "chorus.analyst":
             return [(self.user,)]
         if name == "chorus.budget":
@@ -793,7 +838,13 @@ class Session:
             rows += [("chorus.delta", self._show_rows("chorus.delta")[0][0],
                       "delta of each query (SET chorus.delta = ...)"),
                      ("chorus.epsilon", self._show_rows("chorus.epsilon")[0][0],
-                      "epsilon of each query (SET chorus.epsilon = ...)")]
+                      "epsilon of each query (SET chorus.epsilon = ...)"),
+                     ("chorus.gamma", self._show_rows("chorus.gamma")[0][0],
+                      "gamma of sampled-sensitivity queries (SET chorus.gamma = ...)"),
+                     ("chorus.sensitivity", self._show_rows("chorus.sensitivity")[0][0],
+                      "'analytic' or 'sampled' (random DP) (SET chorus.sensitivity = ...)"),
+                     ("chorus.wait_seconds", self._show_rows("chorus.wait_seconds")[0][0],
+                      "seconds a query waits for budget (SET chorus.wait_seconds = ...)")]
             return rows
         if name in self.settings:
             return [(self.settings[name],)]
@@ -999,6 +1050,9 @@ def _report_notice(report: PrivacyReport) -> bytes:
                          f"within +-{col.error_bound_95:.4g}")
         elif col.role == "derived":
             lines.append(f"{col.name}: {col.note}")
+    if report.random_dp is not None:
+        lines.append(f"random DP with gamma={report.random_dp.gamma:g}: sensitivity sampled "
+                     f"({shown(report.random_dp.sensitivity)}), not proven")
     if report.key_release is not None and report.key_release.method == "threshold":
         lines.append(f"group keys released when their noisy count exceeds "
                      f"{report.key_release.threshold:.1f}")
@@ -1020,14 +1074,14 @@ def explain_lines(report: PrivacyReport) -> list[str]:
             f" (at most {report.stability} rows per {unit})" if unit else " (event level)"))
     for m in report.measurements:
         mech = m.mechanism
-        lines.append(f"measurement {m.id} = {m.aggregate}: sensitivity {m.sensitivity:g} "
+        lines.append(f"measurement {m.id} = {m.aggregate}: sensitivity {shown(m.sensitivity)} "
                      f"({m.derivation}); {mech.get('name')} epsilon={mech.get('epsilon', 0):.4g}"
-                     f" scale={mech.get('scale', 0):.4g}; 95% error within "
-                     f"+-{m.error_bound_95:.4g}")
+                     f" scale={shown(mech.get('scale', 0))}; 95% error within "
+                     f"+-{shown(m.error_bound_95)}")
     for col in report.columns:
         if col.role == "aggregate":
-            lines.append(f"column {col.name}: {col.mechanism}, scale {col.scale:.4g}, 95% error "
-                         f"within +-{col.error_bound_95:.4g}")
+            lines.append(f"column {col.name}: {col.mechanism}, scale {shown(col.scale)}, 95% "
+                         f"error within +-{shown(col.error_bound_95)}")
         elif col.role == "derived":
             lines.append(f"column {col.name}: {col.note}")
         else:
@@ -1037,6 +1091,13 @@ def explain_lines(report: PrivacyReport) -> list[str]:
         lines.append(f"group keys: {kr.method}" + (
             f", released when the noisy count exceeds {kr.threshold:.1f}"
             if kr.threshold is not None else "") + (f"; {kr.note}" if kr.note else ""))
+    lines += elastic_lines(report)
+    if report.random_dp is not None:
+        r = report.random_dp
+        lines.append(f"random DP: (epsilon, delta, gamma) = ({report.epsilon:g}, "
+                     f"{report.delta:g}, {r.gamma:g}); sampled sensitivity {shown(r.sensitivity)}"
+                     f" = the k = {r.k}-th of m = {r.m} samples, rho = {r.rho:.4g}, n = {r.n} "
+                     f"({r.n_source}); P: {r.distribution}")
     lines += [f"note: {n}" for n in report.notes]
     if report.rewritten_sql:
         lines.append(f"rewritten SQL: {report.rewritten_sql}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -187,3 +188,43 @@ def test_budget_exhausted(duckdb_data: str, write_policy: Callable[..., Path]) -
         assert info.value.sqlstate == "53400"
         assert con.execute("SELECT COUNT(*) FROM trips WHERE pickup_time >= '2026-03-01'"
                            ).fetchone()[0] is not None
+
+
+def test_wait_seconds_setting_reaches_the_scheduler(duckdb_data: str,
+                                                    write_policy: Callable[..., Path]) -> None:
+    """SET chorus.wait_seconds: a claim that does not fit yet waits that long, then is refused.
+
+    DPF-N with n = 4: each arrival unlocks a quarter of a block's budget (2.5 of 10), so a
+    query asking for epsilon 8 cannot be granted after one or two arrivals; with no wait it is
+    refused at once, with chorus.wait_seconds = 1.5 after about 1.5 s, naming the wait.
+    """
+    policy = write_policy(duckdb_data, epsilon_per_block=10.0, max_epsilon=8.0)
+    policy.write_text(policy.read_text().replace(
+        'noise = "sql"', 'noise = "sql"\nscheduler = { policy = "dpf-n", n = 4, '
+        'wait_seconds = 0, max_wait_seconds = 2 }'))
+    with start_wire(policy) as wire, psycopg.connect(wire.url(), autocommit=True) as con:
+        sql = "SELECT COUNT(*) FROM trips WHERE pickup_time < '2026-01-02'"
+        assert con.execute("SHOW chorus.wait_seconds").fetchone() == ("0",)
+        con.execute("SET chorus.epsilon = 8")
+        started = time.monotonic()
+        with pytest.raises(psycopg.Error) as info:
+            con.execute(sql)
+        assert info.value.sqlstate == "53400" and time.monotonic() - started < 1.4
+        assert "wait time" not in str(info.value)
+        con.execute("SET chorus.wait_seconds = 1.5")
+        assert con.execute("SHOW chorus.wait_seconds").fetchone() == ("1.5",)
+        started = time.monotonic()
+        with pytest.raises(psycopg.Error) as info:
+            con.execute(sql)
+        assert info.value.sqlstate == "53400" and time.monotonic() - started >= 1.5
+        assert "wait time of 1.5 s" in str(info.value)
+        for bad in ("-1", "3", "'soon'"):  # negative, above max_wait_seconds, not a number
+            with pytest.raises(psycopg.Error) as info:
+                con.execute(f"SET chorus.wait_seconds = {bad}")
+            assert info.value.sqlstate == "22023", bad
+        con.execute("RESET chorus.wait_seconds")
+        assert con.execute("SHOW chorus.wait_seconds").fetchone() == ("0",)
+        # Both claims were refused (and recorded as such): nothing was allocated or spent.
+        assert all(b.epsilon_allocated == 0 == b.epsilon_consumed
+                   for b in wire.engine.ledger.blocks())
+        assert {c.state for c in wire.engine.ledger.claims()} == {"refused"}

@@ -1,0 +1,354 @@
+"""Reading the join tree of a flat (normalised) SELECT: which tables, which equijoins, and the
+elastic stability S(k) of the joined relation (DESIGN.md section 5, ``analyses.elastic``).
+
+Supported: inner equijoins ``JOIN ... ON a = b`` (several joins, AND-ed equalities), comma joins
+with the equality in WHERE, and the same inside CTEs or subqueries that only filter or project
+(they were merged away by the normaliser).  Inner joins commute, so the tables are joined in a
+left-deep order chosen greedily: start from the first table of FROM, repeatedly add a table that
+some equality connects to the tables joined so far.
+
+The elastic rules, for relations r1 (joined so far) and r2 (the next table) and an equality
+a = b, a of r1 and b of r2:
+
+- no table (or privacy unit) shared: S(k) = max(mf_k(a, r1) * S_r2(k), mf_k(b, r2) * S_r1(k));
+- shared (a self-join, or two tables of the same privacy unit, which change together):
+  S(k) = mf_k(a, r1) * S_r2(k) + mf_k(b, r2) * S_r1(k) + S_r1(k) * S_r2(k);
+- after the join, mf_k of a column of r1 is multiplied by mf_k(b, r2), of r2 by mf_k(a, r1);
+- several equalities between r1 and r2: every one gives a valid bound, so the smallest (pointwise
+  min) is used, for S and for the frequencies.
+
+Base relations:
+
+- a private table at event level: S = 1, mf_k(c) = mf(c) + k;
+- a private table with a privacy unit and at most c rows per unit after contribution bounding:
+  one neighbour adds or removes one unit, i.e. at most c rows, so S = c and
+  mf_k(col) = mf(col) + c k (mf of the raw table bounds that of the bounded one: bounding only
+  drops rows); the unit column itself has at most c rows per value after bounding, at any
+  distance: mf_k = c;
+- a public table: S = 0, mf_k = mf (its rows never change).
+
+User-level DP across joins (the rule implemented): two private tables may be joined only when
+both are at event level (each neighbour changes one row of one table), or both have the same
+privacy unit column (a neighbour changes up to c rows of each, and the shared-table rule above
+bounds the change of the join); a table with a privacy unit joined to an event-level private
+table, or to a table of another privacy unit, is refused, since one neighbour notion does not
+bound the other.  Joins of any private table to public tables are always allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from sqlglot import exp
+
+from analyses.elastic import (
+    Const,
+    Freq,
+    SmoothBound,
+    Term,
+    maximum,
+    minimum,
+    mul,
+    smooth_bound,
+    smoothing_beta,
+)
+from analyses.elastic import add as add_terms
+from chorus_py.errors import NotSupportedError, QueryRefused
+from chorus_py.policy import Policy, TablePolicy
+
+if TYPE_CHECKING:
+    from analyses.query import AggregateQuery
+
+FrequencySource = Literal["pinned", "data", "public"]
+
+
+@dataclass(frozen=True)
+class JoinSource:
+    """One table occurrence of the join: alias, table, its policy, and its cap c (0: public)."""
+
+    alias: str
+    table: str
+    policy: TablePolicy
+    cap: int
+
+    @property
+    def public(self) -> bool:
+        """A public table: free, never changes between neighbours."""
+        return self.policy.public
+
+    @property
+    def origin(self) -> str:
+        """What a neighbour changes: the table (event level) or its privacy unit (user level)."""
+        unit = self.policy.privacy_unit
+        return f"unit:{unit}" if unit else f"table:{self.table}"
+
+
+@dataclass(frozen=True)
+class FrequencyMetric:
+    """A max frequency the stability needs: mf(column) of a table, and where its value comes
+    from (``pinned`` in the policy, read from the ``data`` of a private table, or from a
+    ``public`` table, whose data is public)."""
+
+    name: str
+    table: str
+    column: str
+    source: FrequencySource
+    pinned: float | None = None
+
+
+@dataclass(frozen=True)
+class JoinInfo:
+    """The join part of an analysed query: sources, equalities and the stability S(k)."""
+
+    tree: exp.Select
+    sources: tuple[JoinSource, ...]
+    equalities: tuple[str, ...]
+    stability: Term
+    metrics: tuple[FrequencyMetric, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def private_sources(self) -> tuple[JoinSource, ...]:
+        """The occurrences of private tables."""
+        return tuple(s for s in self.sources if not s.public)
+
+    @property
+    def data_dependent(self) -> bool:
+        """True when some max frequency is read from private data (then S* must stay hidden)."""
+        return any(m.source == "data" for m in self.metrics)
+
+
+@dataclass
+class _Relation:
+    aliases: set[str]
+    stability: Term
+    origins: set[str]
+    # mf_k(column, relation) = base mf_k(column) * multiplier[alias of the column]
+    multiplier: dict[str, Term]
+
+
+def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    if node is None:
+        return []
+    node = node.unnest()
+    if isinstance(node, exp.And):
+        return [c.unnest() for c in node.flatten()]
+    return [node]
+
+
+def _aliases(node: exp.Expr) -> set[str]:
+    return {c.table for c in node.find_all(exp.Column)}
+
+
+def _equality(node: exp.Expr) -> tuple[exp.Column, exp.Column] | None:
+    """(a, b) for ``a = b`` between columns of two different tables; None for a filter.
+
+    Raises when a comparison connects two tables through anything but two plain columns."""
+    if isinstance(node, exp.EQ):
+        left, right = node.this.unnest(), node.expression.unnest()
+        la, ra = _aliases(left), _aliases(right)
+        if len(la | ra) < 2:
+            return None
+        if isinstance(left, exp.Column) and isinstance(right, exp.Column) and la != ra:
+            return left, right
+        raise NotSupportedError(
+            f"join keys must be plain columns, not expressions ({_show(node)}): a computed key "
+            "has no known max frequency",
+            hint="join on columns, e.g. ON a.customer_id = b.customer_id; compute values in "
+            "the SELECT list instead")
+    if len(_aliases(node)) > 1 and isinstance(node, exp.Or):
+        raise NotSupportedError(
+            f"OR in a join condition is not supported ({_show(node)})",
+            hint="join with AND-ed equalities; an OR between tables is not an equijoin")
+    return None
+
+
+def _show(node: exp.Expr) -> str:
+    plain = node.copy()
+    for ident in plain.find_all(exp.Identifier):
+        ident.set("quoted", False)
+    return plain.sql()
+
+
+def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:
+    """The join tree of a normalised SELECT over several table occurrences (pure)."""
+    sources: dict[str, JoinSource] = {}
+    first = flat.args["from_"].this
+    items = [first] + [j.this for j in flat.args.get("joins") or []]
+    for join in flat.args.get("joins") or []:
+        side, kind = join.args.get("side"), (join.args.get("kind") or "").upper()
+        if side:
+            raise NotSupportedError(
+                f"{side.upper()} OUTER JOIN is not supported: the rows it pads with NULLs have "
+                "no bounded sensitivity in this proxy",
+                hint="use an inner JOIN, or count the two tables separately")
+        if kind and kind not in ("INNER",):
+            raise NotSupportedError(
+                f"{kind} JOIN is not supported (only inner equijoins)",
+                hint="use JOIN ... ON a = b")
+        if join.args.get("using"):
+            raise NotSupportedError("JOIN ... USING was not resolved; write ON a = b")
+        on = join.args.get("on")
+        if on is not None and any(isinstance(n, exp.Or) for n in on.find_all(exp.Or)):
+            raise NotSupportedError(
+                f"OR in a join condition is not supported ({_show(on)})",
+                hint="join with AND-ed equalities, and move other conditions to WHERE")
+    for item in items:
+        if not isinstance(item, exp.Table):
+            raise NotSupportedError(
+                "a join may only read tables, or subqueries and CTEs that only filter or "
+                "project one table", hint="move the aggregation to the outermost SELECT")
+        name = item.name
+        tp = policy.tables[name]
+        cap = 0 if tp.public else tp.contribution_bound
+        sources[item.alias_or_name] = JoinSource(item.alias_or_name, name, tp, cap)
+    _check_origins(list(sources.values()))
+
+    conditions = _conjuncts(flat.args["where"].this if flat.args.get("where") else None)
+    for join in flat.args.get("joins") or []:
+        on_parts = _conjuncts(join.args.get("on"))
+        target = join.this.alias_or_name
+        if on_parts and not any(
+                (eq := _equality(c)) is not None and target in (eq[0].table, eq[1].table)
+                for c in on_parts):
+            raise NotSupportedError(
+                f"non-equijoin: the join condition {_show(join.args['on'])} has no equality "
+                f"between two columns of {target} and the tables before it",
+                hint="join with ON a.key = b.key")
+        conditions += on_parts
+    equalities = [eq for c in conditions if (eq := _equality(c)) is not None]
+
+    metrics: dict[str, FrequencyMetric] = {}
+
+    def base_mf(col: exp.Column) -> Term:
+        src = sources[col.table]
+        unit = src.policy.privacy_unit
+        if unit is not None and col.name == unit:
+            return Const(float(src.cap))  # <= c rows per unit value after bounding, any k
+        name = f"{src.table}.{col.name}"
+        if src.public:
+            metrics.setdefault(name, FrequencyMetric(name, src.table, col.name, "public"))
+            return Freq(name, 0.0)
+        cp = src.policy.columns[col.name]
+        pinned = cp.max_frequency
+        metrics.setdefault(name, FrequencyMetric(
+            name, src.table, col.name, "pinned" if pinned is not None else "data",
+            float(pinned) if pinned is not None else None))
+        return Freq(name, float(src.cap))
+
+    def base(alias: str) -> _Relation:
+        src = sources[alias]
+        return _Relation({alias}, Const(float(src.cap)),
+                         set() if src.public else {src.origin}, {alias: Const(1.0)})
+
+    def mf_in(rel: _Relation, col: exp.Column) -> Term:
+        return mul(base_mf(col), rel.multiplier[col.table])
+
+    order = list(sources)
+    rel = base(order[0])
+    pending = order[1:]
+    used: list[str] = []
+    while pending:
+        nxt = next((a for a in pending if any(
+            {x.table, y.table} & {a} and ({x.table, y.table} - {a}) <= rel.aliases
+            for x, y in equalities)), None)
+        if nxt is None:
+            raise NotSupportedError(
+                f"non-equijoin: {sources[pending[0]].table} is joined without an equality "
+                "between its columns and the other tables (a cross join)",
+                hint="join with ON a.key = b.key, or WHERE a.key = b.key for comma joins")
+        other = base(nxt)
+        shared = bool(rel.origins & other.origins)
+        candidates: list[Term] = []
+        left_factor: list[Term] = []
+        right_factor: list[Term] = []
+        for x, y in equalities:
+            if {x.table, y.table} & {nxt} and ({x.table, y.table} - {nxt}) <= rel.aliases:
+                a, b = (x, y) if y.table == nxt else (y, x)
+                mf_a, mf_b = mf_in(rel, a), mf_in(other, b)
+                if shared:
+                    s = add_terms(mul(mf_a, other.stability), mul(mf_b, rel.stability),
+                                  mul(rel.stability, other.stability))
+                else:
+                    s = maximum(mul(mf_a, other.stability), mul(mf_b, rel.stability))
+                candidates.append(s)
+                left_factor.append(mf_b)
+                right_factor.append(mf_a)
+                used.append(f"{_show(a)} = {_show(b)}")
+        stability = minimum(*candidates)
+        grow_left, grow_right = minimum(*left_factor), minimum(*right_factor)
+        multiplier = {al: mul(t, grow_left) for al, t in rel.multiplier.items()}
+        multiplier[nxt] = mul(other.multiplier[nxt], grow_right)
+        rel = _Relation(rel.aliases | {nxt}, stability, rel.origins | other.origins, multiplier)
+        pending.remove(nxt)
+    notes = []
+    for src in sources.values():
+        if src.policy.privacy_unit and src.policy.contribution == "auto":
+            notes.append(f"{src.table}: contribution = 'auto' is not chosen per query in a "
+                         f"join; the limit of {src.cap} rows per {src.policy.privacy_unit} is "
+                         "used")
+    return JoinInfo(flat, tuple(sources.values()), tuple(used), rel.stability,
+                    tuple(metrics.values()), tuple(notes))
+
+
+def _check_origins(sources: list[JoinSource]) -> None:
+    """Which private tables may be joined (the user-level rule in the module docstring)."""
+    private = [s for s in sources if not s.public]
+    for s in private:
+        if s.policy.multi_attribution:
+            raise NotSupportedError(
+                f"joins of {s.table}, a table with several privacy units per row, are not "
+                "supported", hint="query it alone")
+    units = {s.policy.privacy_unit for s in private}
+    if len(units) > 1:
+        names = ", ".join(sorted(f"{s.table} ({s.policy.privacy_unit or 'event level'})"
+                                 for s in private))
+        raise QueryRefused(
+            f"cannot join private tables protected at different levels: {names}",
+            hint="a join of private tables needs the same privacy unit on both (or event level "
+            "on both); join a table with a privacy unit to public tables only")
+
+
+@dataclass(frozen=True)
+class ResolvedJoin:
+    """The smooth bound of a join query for one (epsilon, delta): per measurement
+    epsilon_i = epsilon / n and delta_i = delta / n (basic composition of the n measurements)."""
+
+    bound: SmoothBound
+    epsilon_each: float
+    delta_each: float
+
+
+def resolve(query: AggregateQuery, epsilon: float, delta: float,
+            mf: Mapping[str, float]) -> tuple[AggregateQuery, ResolvedJoin]:
+    """Set the sensitivity of every measurement of a join query to 2 S* times its factor.
+
+    Smooth sensitivity (Nissim, Raskhodnikova, Smith 2007; Johnson et al. 2018, Theorem 3): noise
+    of scale 2 S* / epsilon_i with S* the beta-smooth bound, beta = epsilon_i / (2 ln(2 /
+    delta_i)), is (epsilon_i, delta_i)-DP.  The mechanisms are calibrated as scale =
+    sensitivity / epsilon_i, so the sensitivity handed to them is 2 S* (times the per-row factor:
+    1 for COUNT, the grid steps per value for SUM); their scale is then exactly 2 S* / epsilon_i.
+    Counts and grid sums are integers and get discrete Laplace noise: for integer shifts its
+    sliding property is Laplace's (ratio exp(shift / b)), and its dilation property holds with
+    the same constant, since the normaliser tanh(1 / 2b) satisfies tanh(x) / tanh(x') <= x / x'
+    for x >= x' > 0 (tanh is concave), so the (epsilon, delta) proof carries over.
+    """
+    from chorus_py.errors import InvalidParameter
+
+    join = query.join
+    assert join is not None
+    if not delta > 0:
+        raise InvalidParameter(
+            "a query that joins private data needs delta > 0: its noise is calibrated to the "
+            "smooth bound of its elastic sensitivity, which is (epsilon, delta)-DP",
+            hint="pass a small delta, e.g. 1e-8")
+    n = len(query.measurements)
+    eps_i, delta_i = epsilon / n, delta / n
+    bound = smooth_bound(join.stability, mf, smoothing_beta(eps_i, delta_i))
+    measurements = tuple(dataclasses.replace(m, sensitivity=2.0 * bound.value * m.factor)
+                         for m in query.measurements)
+    resolved = ResolvedJoin(bound, eps_i, delta_i)
+    return dataclasses.replace(query, measurements=measurements), resolved

@@ -1,0 +1,296 @@
+"""The engine's steps for a join query: blocks of every private table, max frequencies, the
+smooth bound, the noise plan, the rewrite and a report that never shows data-dependent numbers.
+
+What analysts may see (DESIGN.md section 5): the stability expression S(k) over symbolic
+frequencies, the source of each frequency, the rule applied.  When every frequency is pinned in
+the policy (or read from a public table) the numbers S(0), the peak k, S* and the scale are
+functions of public inputs and are shown too.  When one is read from a private table, S(k), S*,
+the scales, the error bounds and the rewritten SQL (whose noise literals are 2 S* / epsilon) are
+data-dependent: reports and EXPLAIN say so and show none of them; the rewritten SQL is shown only
+in proxy noise mode, where it holds no scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import secrets
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from analyses.blocks import BlocksRead, interval_set, read_windows
+from analyses.joins import JoinInfo, ResolvedJoin, resolve
+from analyses.query import AggregateQuery
+from budget.accounting import Event
+from chorus_py.errors import InvalidParameter
+from chorus_py.materialize import SCHEMA
+from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
+from chorus_py.statistics import BlockCatalog
+from mechanisms import DiscreteLaplace, Mechanism
+from mechanisms.planning import NoisePlan
+from rewriters.pipeline import BlockRestriction, RewrittenQuery, pipeline
+
+if TYPE_CHECKING:
+    from chorus_py.engine import Engine, _Prepared
+
+RULE = ("S(k) from the elastic rules: private table S = 1 (c with c rows per unit), "
+        "mf_k = mf + k (+ c k); public table S = 0, mf_k = mf; join without a shared table: "
+        "max(mf_k(a) S_r2, mf_k(b) S_r1); shared: mf_k(a) S_r2 + mf_k(b) S_r1 + S_r1 S_r2; "
+        "several equalities: the smallest.  S* = max_k exp(-beta k) S(k), beta = epsilon_i / "
+        "(2 ln(2 / delta_i)) per measurement; noise scale 2 S* / epsilon_i (times max|v| for SUM)")
+
+
+def join_blocks(catalog: BlockCatalog, query: AggregateQuery
+                ) -> tuple[BlocksRead, dict[str, BlockRestriction]]:
+    """The blocks of every private table occurrence (charged together) and each one's window.
+
+    Each occurrence's blocks come from the filters that read that occurrence alone (WHERE and ON
+    conjuncts); dropping the others only widens the interval, so the charge stays conservative.
+    A private table without blocks is charged as one block named after the table.
+    """
+    join = query.join
+    assert join is not None
+    conds = _conjuncts(join)
+    ids: dict[str, None] = {}
+    restrictions: dict[str, BlockRestriction] = {}
+    for src in join.private_sources:
+        block = src.policy.block
+        if block is None:
+            ids[src.table] = None
+            continue
+        own = [c for c in conds if {col.table for col in c.find_all(exp.Column)} == {src.alias}]
+        where = exp.and_(*own) if own else None
+        column_type = src.policy.columns[block.column].type
+        reads = read_windows(interval_set(where, block.column, column_type),
+                             catalog.windows(src.table, block))
+        ids.update(dict.fromkeys(reads.ids))
+        runs = reads.runs if len(reads.runs) > 1 else ()
+        restrictions[src.alias] = BlockRestriction(block.column, column_type, reads.start,
+                                                   reads.end, runs)
+    # start/end are not used for a join: each table has its own window in ``restrictions``.
+    return BlocksRead(tuple(ids), 0, 0), restrictions
+
+
+def _conjuncts(join: JoinInfo) -> list[exp.Expr]:
+    tree = join.tree
+    found: list[exp.Expr] = []
+    parts = [tree.args["where"].this] if tree.args.get("where") else []
+    parts += [j.args["on"] for j in tree.args.get("joins") or [] if j.args.get("on")]
+    for part in parts:
+        part = part.unnest()
+        found += [c.unnest() for c in part.flatten()] if isinstance(part, exp.And) else [part]
+    return found
+
+
+def join_events(plan: NoisePlan, resolved: ResolvedJoin) -> tuple[Event, ...]:
+    """Ledger events: each measurement is (epsilon_i, delta_i)-DP by the smooth bound, not a pure
+    Laplace mechanism, so it is charged by that guarantee (no Rényi curve of pure Laplace)."""
+    return tuple(Event.epsilon_delta(resolved.epsilon_each, resolved.delta_each)
+                 for _ in plan.mechanisms)
+
+
+def join_plan(query: AggregateQuery, resolved: ResolvedJoin, epsilon: float,
+              delta: float) -> NoisePlan:
+    """Discrete Laplace noise of scale b = sensitivity / epsilon_i = 2 S* factor / epsilon_i on
+    every measurement (all are integers: counts, and sums in grid steps).
+
+    ``DiscreteLaplace.from_sensitivity`` wants an integer sensitivity and 2 S* is not one, so the
+    mechanism is built from its scale: as an object it reads "sensitivity 1 at epsilon 1 / b",
+    which is exactly the distribution of scale b.  Its guarantee here is the smooth bound's
+    (epsilon_i, delta_i), which is what the ledger is charged (``join_events``).  Each
+    measurement costs (epsilon / n, delta / n): the query costs (epsilon, delta).
+    """
+    mechanisms: dict[str, Mechanism] = {}
+    for m in query.measurements:
+        assert m.integral, "every join measurement is an integer"
+        mechanisms[m.id] = discrete_laplace_of_scale(m.sensitivity / resolved.epsilon_each)
+    return NoisePlan(mechanisms, None, epsilon, delta)
+
+
+def discrete_laplace_of_scale(scale: float) -> DiscreteLaplace:
+    """Discrete Laplace noise of exactly ``scale``, as "sensitivity 1 at epsilon 1 / scale".
+
+    In floating point 1 / (1 / b) exceeds b for about 6% of the b's, and the mechanism refuses a
+    scale below sensitivity / epsilon; the epsilon is then raised by one ulp at a time until it
+    does not.  The scale (all that the noise depends on) is never changed, and that epsilon is
+    descriptive only: join queries are charged by the smooth bound's guarantee (``join_events``).
+    """
+    epsilon = 1.0 / scale
+    while 1.0 / epsilon > scale:
+        epsilon = math.nextafter(epsilon, math.inf)
+    return DiscreteLaplace(sensitivity=1.0, epsilon=epsilon, scale=scale)
+
+
+class JoinTemplate:
+    """The rewrite of a join query and its SQL text with the noise scales left as holes.
+
+    Why this is exact: for a join the rewrite (``rewriters.pipeline``) reads the noise plan only
+    for a key-release threshold, which joins never have, and the measurements' sensitivities not
+    at all; the plan enters the SQL only through ``RewrittenQuery.sql_with_noise``, where every
+    measurement is discrete Laplace whose rendering holds its scale b as the one literal
+    ``CAST('<repr(b)>' AS DOUBLE)`` (``mechanisms.base.float_literal``), twice.  So the text is
+    rendered once with a distinct random *placeholder scale* per measurement, and each query
+    substitutes the quoted ``'<repr(placeholder)>'`` by ``'<repr(b)>'``: the same characters
+    a full rendering prints.  The placeholders are drawn from os.urandom, so an analyst cannot
+    plant one in the query; the template is kept only when each occurs exactly as often as in
+    one rendering of the mechanism alone (otherwise every call renders in full).  In proxy noise
+    mode the SQL is the exact measure query, with no scale at all.
+    """
+
+    def __init__(self, rewritten: RewrittenQuery, text: str | None,
+                 holes: dict[str, str] | None) -> None:
+        self.rewritten = rewritten
+        self._text = text
+        self._holes = holes  # measurement id -> quoted placeholder literal
+        self.renders = 0  # full SQL renderings after the first (for tests)
+
+    @classmethod
+    def build(cls, rewritten: RewrittenQuery, with_noise: bool) -> JoinTemplate:
+        """Render the SQL once (with placeholder scales when the database adds the noise)."""
+        if not with_noise:
+            return cls(rewritten, rewritten.measure_sql(), None)
+        draws = secrets.SystemRandom()
+        scales = {mid: float(f"{draws.uniform(1e6, 1e7):.6f}") for mid in rewritten.measure_ids}
+        plan = NoisePlan({mid: discrete_laplace_of_scale(b) for mid, b in scales.items()},
+                         None, 1.0, 0.0)
+        text = rewritten.sql_with_noise(plan)
+        holes = {mid: f"'{b!r}'" for mid, b in scales.items()}
+        expected = _scale_literals(rewritten.dialect)
+        if len(set(holes.values())) != len(holes) or expected == 0 or any(
+                text.count(h) != expected for h in holes.values()):
+            return cls(rewritten, None, None)
+        return cls(rewritten, text, holes)
+
+    def sql(self, plan: NoisePlan) -> str:
+        """The statement for ``plan`` (its mechanisms discrete Laplace, one per measurement)."""
+        if self._holes is None:
+            if self._text is not None:  # proxy noise: the measure query, no noise in SQL
+                return self._text
+            self.renders += 1
+            return self.rewritten.sql_with_noise(plan)
+        text = self._text
+        assert text is not None
+        mechanisms = plan.all_mechanisms()
+        for mid, hole in self._holes.items():
+            mechanism = mechanisms[mid]
+            assert isinstance(mechanism, DiscreteLaplace)
+            text = text.replace(hole, f"'{float(mechanism.scale)!r}'")
+        return text
+
+
+@functools.cache
+def _scale_literals(dialect: str) -> int:
+    """How often one discrete Laplace rendering quotes its scale (the same for every scale)."""
+    probe = 1234567.25
+    alone = exp.select(discrete_laplace_of_scale(probe).render_sql(exp.column("m"), dialect))
+    return alone.sql(dialect).count(f"'{probe!r}'")
+
+
+def prepare_join(engine: Engine, query: AggregateQuery, analyst: str, epsilon: float,
+                 delta: float) -> _Prepared:
+    """Steps 3-5 and 7 for a join query (pure given the cached metrics; nothing charged)."""
+    from chorus_py.engine import _Prepared
+
+    join = query.join
+    assert join is not None
+    reads, restrictions = join_blocks(engine.blocks, query)
+    mf = engine.frequencies.values(join.metrics)
+    # bounding = "materialized": read the table's stored bounded sample (its current name, which
+    # changes when the table does), as a one-table query would.
+    samples = {s.alias: (SCHEMA, engine.samples.relation(s.table, s.policy))
+               for s in join.private_sources
+               if s.policy.privacy_unit and s.policy.bounding == "materialized"}
+    key = ("join", query.normalized_sql, epsilon, delta, tuple(sorted(restrictions.items())),
+           tuple(sorted(mf.items())), engine.policy.privacy.noise, tuple(sorted(samples.items())))
+    prepared = engine._prepared.get(key)
+    if prepared is None:
+        try:
+            resolved_query, resolved = resolve(query, epsilon, delta, mf)
+        except ValueError as err:  # depends on the query's shape and epsilon only
+            raise InvalidParameter(str(err), hint="ask for a larger epsilon") from None
+        try:
+            plan = join_plan(resolved_query, resolved, epsilon, delta)
+        except ValueError:
+            # The message would quote the scale, which may be data-dependent: say nothing of it.
+            raise InvalidParameter(
+                f"cannot calibrate noise for this join at epsilon={epsilon:g}: the noise would "
+                "be too large to render", hint="ask for a larger epsilon") from None
+        noise = engine.policy.privacy.noise
+        # The rewrite and its SQL text do not depend on epsilon, delta or the metrics, only the
+        # noise scales in it do: kept apart, a new epsilon or refreshed metrics cost a string
+        # substitution instead of a rewrite (``JoinTemplate``).
+        template_key = ("join-template", query.normalized_sql, key[4], noise, engine.dialect,
+                        key[7])
+        template = engine._templates.get(template_key)
+        if template is None:
+            template = JoinTemplate.build(
+                pipeline(resolved_query, plan, None, engine.dialect, None, restrictions,
+                         samples),
+                noise == "sql")
+            engine._templates.put(template_key, template)
+        rewritten = template.rewritten
+        sql = template.sql(plan)
+        report = engine._report(resolved_query, plan, "", reads, sql)
+        report = join_report(report, resolved_query, resolved, mf, noise)
+        prepared = _Prepared(resolved_query, plan, reads, rewritten, sql, report, None, None, 0.0)
+        prepared.resolved = resolved  # type: ignore[attr-defined]
+        engine._prepared.put(key, prepared)
+    report = dataclasses.replace(prepared.report, analyst=analyst)
+    out = _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
+                    prepared.sql, report, None, None, 0.0)
+    out.resolved = prepared.resolved  # type: ignore[attr-defined]
+    return out
+
+
+def join_report(report: PrivacyReport, query: AggregateQuery, resolved: ResolvedJoin,
+                mf: dict[str, float], noise: str) -> PrivacyReport:
+    """The report of a join query, with every data-dependent number removed."""
+    join = query.join
+    assert join is not None
+    hidden = join.data_dependent
+    frequencies = tuple(
+        FrequencyReport(m.name, m.source, None if m.source == "data" else mf[m.name])
+        for m in join.metrics)
+    bound = resolved.bound
+    elastic = ElasticReport(
+        stability=join.stability.text(), equalities=join.equalities, frequencies=frequencies,
+        data_dependent=hidden, rule=RULE,
+        at_zero=None if hidden else bound.at_zero, peak_k=None if hidden else bound.peak_k,
+        smooth_bound=None if hidden else bound.value, beta=bound.beta)
+    notes = [n for n in report.notes if not n.startswith(("at most ", "noise added by the "
+                                                          "database"))]
+    if noise == "sql":
+        notes.append("noise added by the database (random()): discrete Laplace on counts and on "
+                     "sums measured in integer grid steps")
+    notes += list(join.notes)
+    for src in join.private_sources:
+        if src.policy.privacy_unit:
+            how = ("by a stored random sample (bounding = 'materialized')"
+                   if src.policy.bounding == "materialized" else
+                   "chosen at random among the rows that pass its filters")
+            notes.append(f"{src.table} ({src.alias}): at most {src.cap} rows per "
+                         f"{src.policy.privacy_unit}, {how}")
+    # The mechanism as the analyst should read it: discrete Laplace at (epsilon_i, delta_i) of
+    # scale 2 S* factor / epsilon_i (the scale only when it is not data-dependent).
+    measurements = tuple(dataclasses.replace(m, mechanism={
+        "name": m.mechanism.get("name"), "epsilon": resolved.epsilon_each,
+        "delta": resolved.delta_each, "scale": None if hidden else m.mechanism.get("scale"),
+        "smooth_bound": None if hidden else bound.value}) for m in report.measurements)
+    columns = report.columns
+    sql = report.rewritten_sql
+    if hidden:
+        notes.append("the noise scale is data-dependent (it follows the max frequencies read "
+                     "from private tables): the sensitivity, scale and error bounds are not "
+                     "shown" + ("" if noise == "proxy" else ", nor the rewritten SQL, whose "
+                                "noise literals would show them"))
+        measurements = tuple(dataclasses.replace(m, sensitivity=None, error_bound_95=None)
+                             for m in measurements)
+        columns = tuple(dataclasses.replace(c, scale=None, error_bound_95=None)
+                        for c in columns)
+        if noise != "proxy":
+            sql = None
+    return dataclasses.replace(
+        report, tables=query.tables, stability=None, measurements=measurements,
+        columns=columns, rewritten_sql=sql, notes=tuple(notes), elastic=elastic)

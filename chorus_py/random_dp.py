@@ -1,0 +1,499 @@
+"""Sensitivity sampling and Sample-Then-Respond (random DP, DESIGN.md section 8).
+
+Rubinstein & Aldà, "Pain-Free Random Differential Privacy with Sensitivity Sampling" (ICML
+2017), Algorithms 1 and 2 with Theorem 15 (``mechanisms.sampling``):
+
+1. SensitivitySampler: draw m databases of n + 1 rows from the policy's sampling distribution P
+   (declared column distributions, or rows of a public reference table), never from the private
+   data.  D_i is rows 1..n of database i; D'_i is D_i with its row n replaced by row n + 1.  All
+   2m databases are evaluated in **one** query on an in-memory DuckDB holding only the samples
+   (``GROUP BY sample_id, side``), and G_i = ||f(D_i) - f(D'_i)||_1 over every output column and
+   every declared group.  The sensitivity is the k-th smallest G_i.
+2. Respond: the true answer f(D) is computed on the real backend, and the proxy adds noise
+   calibrated to that sensitivity (``mechanisms.planning``: the snapping mechanism for real
+   outputs, discrete Laplace for COUNT outputs, at ceil(sensitivity)), epsilon split equally over
+   the output columns as in analytic mode.
+
+Cost: exactly the query's epsilon (delta 0: both mechanisms are pure DP), charged through the
+engine's ordinary claim; refusals happen before the claim and cost nothing.
+
+**n** is public: ``[tables.T.sampling] rows`` when the owner declares it, otherwise the row count
+of the public reference table.  It is never read from the private table, so EXPLAIN can compute
+and show the sampled sensitivity free of charge; it is cached per (query, P, n, m, k).
+
+Neighbours: one row replaced (event-level tables only; ``analyses.sampling`` refuses tables with
+a privacy unit).  Sensitivity 0 (f never changed on the samples) is refused rather than released
+without noise: it nearly always means P does not describe the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+from collections import OrderedDict
+from decimal import Decimal
+from itertools import product
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import numpy as np
+from sqlglot import exp
+
+from analyses.blocks import BlocksRead, interval_set, read_windows
+from analyses.sampling import SampledQuery, analyze_sampled, wants_sampling
+from budget.accounting import events_for_plan
+from budget.ledger import Claim
+from chorus_py.errors import InvalidParameter, QueryRefused
+from chorus_py.policy import SamplingColumn, TablePolicy
+from chorus_py.report import (
+    ColumnReport,
+    KeyRelease,
+    MeasurementReport,
+    PrivacyReport,
+    QueryResult,
+    RandomDPReport,
+)
+from mechanisms.planning import NoisePlan, NoiseRequest, plan_noise
+from mechanisms.sampling import SamplerParameters, order_statistic, sampler_parameters
+from rewriters.blocks import blocks as restrict_blocks
+
+if TYPE_CHECKING:
+    from chorus_py.engine import Engine
+
+SAMPLES = "chorus_samples"
+# m (n + 1) rows are drawn per sampled sensitivity: ~ 1 s per 2-5 million on this machine.
+MAX_SAMPLED_ROWS = 50_000_000
+_DRAWS = "chorus_draws"
+_REFERENCE = "chorus_reference"
+_DUCK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN",
+               "date": "DATE", "timestamp": "TIMESTAMP"}
+
+
+def sampled_differences(query: SampledQuery, table_policy: TablePolicy, n: int, m: int,
+                        reference: list[tuple[Any, ...]] | None = None,
+                        seed: float | None = None) -> np.ndarray:
+    """The m sampled L1 differences G_i = ||f(D_i) - f(D'_i)||_1 (SensitivitySampler).
+
+    ``reference`` holds the rows (in ``query.columns`` order) of the public reference table
+    when P is its empirical distribution; otherwise P comes from the declared column domains.
+    ``seed`` (in [-1, 1]) makes the draws reproducible (benchmarks and tests).
+    """
+    con = duckdb.connect(":memory:")
+    try:
+        if seed is not None:
+            con.execute(f"SELECT setseed({float(seed)!r})")
+        _draw(con, query, table_policy, n, m, reference)
+        # D = rows 0..n-1 (side 0); D' = rows 0..n-2 and row n (side 1): row n-1 swapped out.
+        con.execute(
+            f"CREATE VIEW {SAMPLES} AS "
+            f"SELECT * EXCLUDE (row_idx), 0 AS side FROM {_DRAWS} WHERE row_idx < {n} "
+            f"UNION ALL "
+            f"SELECT * EXCLUDE (row_idx), 1 AS side FROM {_DRAWS} WHERE row_idx <> {n - 1}")
+        sql = query.sql("duckdb", SAMPLES, group_first=("sample_id", "side"))
+        rows = con.execute(sql).fetchall()
+    finally:
+        con.close()
+    outputs = len(query.measured)
+    index = _group_index(query)
+    # values[sample, side, group, output]; a group absent from a database has f = 0 there.
+    values = np.zeros((m, 2, max(len(index), 1), outputs))
+    offset = 2 + len(query.keys)
+    for row in rows:
+        group = index.get(tuple(_key(v) for v in row[2:offset]), 0) if query.keys else 0
+        values[int(row[0]), int(row[1]), group] = [_number(v) for v in row[offset:]]
+    return np.abs(values[:, 0] - values[:, 1]).reshape(m, -1).sum(axis=1)
+
+
+def _group_index(query: SampledQuery) -> dict[tuple[Any, ...], int]:
+    combos = product(*(values for _, values in query.keys)) if query.keys else iter(())
+    return {tuple(_key(v) for v in combo): i for i, combo in enumerate(combos)}
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float | Decimal):
+        return float(value)
+    return str(value)
+
+
+def _number(value: Any) -> float:
+    x = 0.0 if value is None else float(value)
+    if not math.isfinite(x):  # cannot happen with the guards of analyses.sampling
+        raise QueryRefused("the query produced a non-finite value on a sampled database")
+    return x
+
+
+def _draw(con: duckdb.DuckDBPyConnection, query: SampledQuery, tp: TablePolicy, n: int, m: int,
+          reference: list[tuple[Any, ...]] | None) -> None:
+    """``chorus_draws(sample_id, row_idx, <columns>)``: m databases of n + 1 rows from P."""
+    cols = list(query.columns)
+    if reference is not None:
+        types = [_DUCK_TYPES[tp.columns[c].type] for c in cols]
+        con.execute(f"CREATE TABLE {_REFERENCE} (rid BIGINT, "
+                    + ", ".join(f'"{c}" {t}' for c, t in zip(cols, types, strict=True)) + ")")
+        con.executemany(f"INSERT INTO {_REFERENCE} VALUES ({', '.join('?' * (len(cols) + 1))})",
+                        [(i, *row) for i, row in enumerate(reference)])
+        picked = ", ".join(f'r."{c}"' for c in cols)
+        con.execute(
+            f"CREATE TABLE {_DRAWS} AS SELECT d.sample_id, d.row_idx, {picked} FROM ("
+            f"SELECT s.range AS sample_id, i.range AS row_idx, "
+            f"CAST(FLOOR(random() * {len(reference)}) AS BIGINT) AS pick "
+            f"FROM range({m}) s, range({n + 1}) i) d JOIN {_REFERENCE} r ON r.rid = d.pick")
+        return
+    # Each column independently; draws that need two uniforms (normal) or a shared one
+    # (weighted choice) read u1/u2 columns of their own.
+    uniforms = []
+    exprs = []
+    for i, c in enumerate(cols):
+        spec = tp.sampling.columns.get(c) if tp.sampling is not None else None
+        expr, used = _column_draw(c, tp, spec, f"u{i}a", f"u{i}b")
+        uniforms += used
+        exprs.append(f'{expr} AS "{c}"')
+    inner = ", ".join(["s.range AS sample_id", "i.range AS row_idx",
+                       *(f"random() AS {u}" for u in uniforms)])
+    con.execute(f"CREATE TABLE {_DRAWS} AS SELECT sample_id, row_idx, {', '.join(exprs)} "
+                f"FROM (SELECT {inner} FROM range({m}) s, range({n + 1}) i)")
+
+
+def _column_draw(column: str, tp: TablePolicy, spec: SamplingColumn | None, ua: str,
+                 ub: str) -> tuple[str, list[str]]:
+    """A DuckDB expression drawing one value of ``column`` from P, and the uniforms it reads."""
+    cp = tp.columns[column]
+    if spec is None:  # the declared domain: bounds or public values, uniformly
+        if cp.public_values is not None:
+            spec = SamplingColumn(distribution="choice", values=cp.public_values)
+        elif cp.lower is not None and cp.upper is not None and cp.lower < cp.upper:
+            spec = SamplingColumn(distribution="uniform", lower=cp.lower, upper=cp.upper)
+        else:
+            raise QueryRefused(
+                f"the sampling distribution P of this table says nothing about column "
+                f"'{column}'", hint=f"the data owner can declare tables.<table>.sampling.columns"
+                f".{column}, or bounds / public_values for it")
+    typ = _DUCK_TYPES[cp.type]
+    d = spec.distribution
+    if d == "choice":
+        assert spec.values is not None
+        values = list(spec.values)
+        weights = list(spec.weights) if spec.weights is not None else [1.0] * len(values)
+        total = sum(weights)
+        arms, acc = [], 0.0
+        for v, w in zip(values[:-1], weights[:-1], strict=True):
+            acc += w / total
+            arms.append(f"WHEN {ua} < {acc!r} THEN {_sql_value(v)}")
+        expr = f"CASE {' '.join(arms)} ELSE {_sql_value(values[-1])} END" if arms else \
+            _sql_value(values[0])
+        return f"CAST({expr} AS {typ})", [ua]
+    if cp.type not in ("int", "float"):
+        raise QueryRefused(f"distribution '{d}' needs a numeric column, and '{column}' is "
+                           f"{cp.type}", hint="use distribution = \"choice\" with values")
+    if d == "uniform":
+        lo, hi = spec.lower, spec.upper
+        assert lo is not None and hi is not None
+        expr = (f"FLOOR({lo!r} + ({hi!r} - {lo!r} + 1) * {ua})" if cp.type == "int"
+                else f"({lo!r} + ({hi!r} - {lo!r}) * {ua})")
+        return f"CAST({expr} AS {typ})", [ua]
+    if d == "exponential":
+        assert spec.mean is not None
+        expr = f"(-{spec.mean!r} * LN(1 - {ua}))"
+        used = [ua]
+    else:  # normal / lognormal, by Box-Muller: sqrt(-2 ln(1 - u1)) cos(2 pi u2)
+        assert spec.mean is not None and spec.sd is not None
+        expr = (f"({spec.mean!r} + {spec.sd!r} * SQRT(-2 * LN(1 - {ua})) * "
+                f"COS(2 * PI() * {ub}))")
+        if d == "lognormal":
+            expr = f"EXP({expr})"
+        used = [ua, ub]
+    if cp.type == "int":
+        expr = f"ROUND({expr})"
+    return f"CAST({expr} AS {typ})", used
+
+
+def _sql_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Calibration:
+    params: SamplerParameters
+    n: int
+    n_source: str
+    sensitivity: float
+    distribution: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClaimRequest:
+    """A prepared sampled query: its report (the cost), the blocks it reads, its noise."""
+
+    report: PrivacyReport
+    reads: BlocksRead | None
+    plan: NoisePlan
+
+
+class RandomDP:
+    """The engine's sampled-sensitivity path (opt-in per query)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._sensitivities: OrderedDict[tuple[Any, ...], float] = OrderedDict()
+
+    # -- opting in ----------------------------------------------------------------------------
+    def wanted(self, sensitivity: str | None, gamma: float | None) -> bool:
+        """Whether this query asked (or the policy defaults) to sample its sensitivity."""
+        mode = sensitivity if sensitivity is not None else self.engine.policy.privacy.sensitivity
+        if mode not in ("analytic", "sampled"):
+            raise InvalidParameter(f"sensitivity must be 'analytic' or 'sampled', got {mode!r}")
+        if mode == "analytic" and gamma is not None:
+            raise InvalidParameter("gamma applies only to sampled sensitivity",
+                                   hint="also set sensitivity = 'sampled'")
+        return mode == "sampled"
+
+    def _gamma(self, gamma: float | None) -> float:
+        privacy = self.engine.policy.privacy
+        g = privacy.default_gamma if gamma is None else gamma
+        if isinstance(g, bool) or not isinstance(g, int | float) or not math.isfinite(g) \
+                or not 0 < g < 1:
+            raise InvalidParameter(f"gamma must be a number in (0, 1), got {g!r}")
+        if g > privacy.max_gamma:
+            raise InvalidParameter(f"gamma {g:g} is above the policy maximum "
+                                   f"{privacy.max_gamma:g}",
+                                   hint=f"ask for gamma <= {privacy.max_gamma:g}")
+        return float(g)
+
+    # -- the two entry points -------------------------------------------------------------------
+    def explain(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
+                gamma: float | None) -> PrivacyReport | None:
+        """The report ``execute`` would give, computing (and caching) the sensitivity, free."""
+        prepared = self._prepare(sql, analyst, epsilon, delta, gamma)
+        if prepared is None:
+            return None
+        report = prepared[0].report
+        return dataclasses.replace(report, remaining=self.engine._remaining(report.blocks),
+                                   accounting=self.engine.ledger.accounting)
+
+    def execute(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
+                gamma: float | None, wait_seconds: float | None) -> QueryResult | None:
+        """Sample-Then-Respond; None when the query reads only public tables."""
+        prepared = self._prepare(sql, analyst, epsilon, delta, gamma)
+        if prepared is None:
+            return None
+        request, query, backend_sql = prepared
+        engine = self.engine
+        claim = self._claim(request, query.table, analyst, sql, wait_seconds)
+        try:
+            # _run refunds the claim when the database failed before reading a row.
+            exact = engine._run(backend_sql, touched_charge=claim)
+            rows = self._respond(query, request.plan, exact.rows)
+        finally:
+            if claim is not None and claim.state == "allocated":  # rows were read: charged
+                engine.ledger.consume(claim)
+        report = dataclasses.replace(
+            request.report, charged=claim is not None, accounting=engine.ledger.accounting,
+            remaining=engine._remaining(claim.blocks if claim is not None else ()))
+        types = tuple("text" if o.key is not None else ("integer" if o.integral else "float")
+                      for o in query.outputs)
+        return QueryResult(tuple(o.name for o in query.outputs), types, rows, report)
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _claim(self, request: _ClaimRequest, table: str, analyst: str, sql: str,
+               wait_seconds: float | None) -> Claim | None:
+        """The engine's claim flow: all or nothing on every block read, consumed on grant,
+        one ledger event per mechanism (None: the query reads no block)."""
+        reads = request.reads
+        if reads is not None and not reads.ids:
+            return None
+        ids = reads.ids if reads is not None else (table,)
+        ledger = self.engine.ledger
+        ledger.ensure_blocks(ids)
+        try:
+            return ledger.claim(analyst, ids, request.report.epsilon, request.report.delta,
+                                description=sql[:200], events=events_for_plan(request.plan),
+                                wait_seconds=wait_seconds, consume_on_grant=True)
+        except ValueError as err:  # e.g. a negative wait time
+            raise InvalidParameter(str(err)) from None
+
+    def _prepare(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
+                 gamma: float | None) -> tuple[_ClaimRequest, SampledQuery, str] | None:
+        engine = self.engine
+        if not wants_sampling(sql, engine.dialect, engine.policy):
+            return None
+        eps, _ = engine._parameters(analyst, epsilon, delta)
+        g = self._gamma(gamma)
+        query = analyze_sampled(sql, engine.policy, engine.dialect)
+        calibration = self._calibrate(query, g)
+        reads, where = self._blocks(query)
+        backend_sql = query.sql(engine.dialect, f'"{query.table}"', where=where)
+        requests = [NoiseRequest(f"o{i}", math.ceil(calibration.sensitivity) if o.integral
+                                 else calibration.sensitivity, o.integral)
+                    for i, o in enumerate(query.measured)]
+        try:
+            plan = plan_noise(requests, eps, 0.0)
+        except ValueError as err:
+            raise InvalidParameter(f"cannot calibrate noise for epsilon={eps:g}: {err}",
+                                   hint="ask for a larger epsilon") from None
+        report = self._report(query, plan, calibration, analyst, reads, backend_sql)
+        return _ClaimRequest(report, reads, plan), query, backend_sql
+
+    def _calibrate(self, query: SampledQuery, gamma: float) -> _Calibration:
+        privacy = self.engine.policy.privacy
+        sampling = query.table_policy.sampling
+        assert sampling is not None
+        minimal = sampler_parameters(gamma)
+        params = sampler_parameters(gamma, max(privacy.sampling_m, minimal.m))
+        reference = None
+        if sampling.reference is not None:
+            reference = self._reference(sampling.reference, query)
+            n = sampling.rows if sampling.rows is not None else len(reference)
+            n_source = ("declared in the policy (sampling.rows)" if sampling.rows is not None
+                        else f"the row count of the public reference table '{sampling.reference}'")
+            distribution = f"rows of the public table '{sampling.reference}', drawn uniformly"
+        else:
+            assert sampling.rows is not None
+            n, n_source = sampling.rows, "declared in the policy (sampling.rows)"
+            distribution = "; ".join(
+                f"{c}: {_describe_column(query.table_policy, c)}" for c in query.columns)
+        if n < 2:
+            raise QueryRefused(f"the sampled databases would hold n = {n} rows; at least 2 are "
+                               "needed", hint="the reference table needs at least 2 rows")
+        if params.m * (n + 1) > MAX_SAMPLED_ROWS:
+            raise QueryRefused(
+                f"sampling would draw m (n + 1) = {params.m} x {n + 1} rows, more than the "
+                f"{MAX_SAMPLED_ROWS:,} the proxy evaluates per query",
+                hint="ask for a larger gamma (fewer samples), or the data owner can lower "
+                "privacy.sampling_m or the table's sampling.rows")
+        key = (query.normalized_sql, json.dumps(sampling.model_dump(), sort_keys=True,
+                                                default=str), n, params.m, params.k)
+        with self._lock:
+            sens = self._sensitivities.get(key)
+        if sens is None:
+            diffs = sampled_differences(query, query.table_policy, n, params.m, reference)
+            sens = order_statistic(diffs, params.k)
+            with self._lock:
+                self._sensitivities[key] = sens
+                if len(self._sensitivities) > 1024:
+                    self._sensitivities.popitem(last=False)
+        if not sens > 0:
+            raise QueryRefused(
+                "the sampled sensitivity is 0: on the databases drawn from P the answer never "
+                "changed when one row was replaced, so P does not describe this query's data",
+                hint="the data owner should widen the sampling distribution P, or use analytic "
+                "sensitivity")
+        return _Calibration(params, n, n_source, sens, distribution)
+
+    def _reference(self, table: str, query: SampledQuery) -> list[tuple[Any, ...]]:
+        live = self.engine.public_columns.get(table, {})
+        missing = [c for c in query.columns if c not in live]
+        if missing:
+            raise QueryRefused(
+                f"the reference table '{table}' has no column '{missing[0]}'",
+                hint="the reference table needs every column the query reads")
+        cols = ", ".join(f'"{c}"' for c in query.columns)
+        rows = self.engine._run(f'SELECT {cols} FROM "{table}"', touched_charge=None).rows
+        if len(rows) < 1:
+            raise QueryRefused(f"the reference table '{table}' is empty")
+        return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in rows]
+
+    def _blocks(self, query: SampledQuery) -> tuple[BlocksRead | None, Any]:
+        block = query.table_policy.block
+        if block is None:
+            return None, None
+        windows = self.engine.blocks.windows(query.table, block)
+        column_type = query.table_policy.columns[block.column].type
+        reads = read_windows(interval_set(query.raw_where, block.column, column_type), windows)
+        runs = reads.runs if len(reads.runs) > 1 else ()
+        where = restrict_blocks(query.where, exp.column(block.column), reads.start, reads.end,
+                                column_type, runs)
+        return reads, where
+
+    def _respond(self, query: SampledQuery, plan: NoisePlan,
+                 rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """f(D) plus noise; every declared group is released (a missing group has f = 0)."""
+        index = _group_index(query)
+        groups = max(len(index), 1)
+        exact = np.zeros((groups, len(query.measured)))
+        nkeys = len(query.keys)
+        for row in rows:
+            group = index.get(tuple(_key(v) for v in row[:nkeys]), None) if nkeys else 0
+            if group is not None:
+                exact[group] = [_number(v) for v in row[nkeys:]]
+        noisy = np.empty_like(exact)
+        for i in range(len(query.measured)):
+            noisy[:, i] = plan.mechanisms[f"o{i}"].sample(exact[:, i])
+        combos = list(product(*(v for _, v in query.keys))) if query.keys else [()]
+        result = []
+        for g, combo in enumerate(combos):
+            keys = dict(zip((c for c, _ in query.keys), combo, strict=True))
+            values = iter(noisy[g])
+            row = []
+            for out in query.outputs:
+                if out.key is not None:
+                    row.append(keys[out.key])
+                else:
+                    v = next(values)
+                    row.append(int(v) if out.integral else float(v))
+            result.append(tuple(row))
+        return result
+
+    def _report(self, query: SampledQuery, plan: NoisePlan, cal: _Calibration, analyst: str,
+                reads: BlocksRead | None, sql: str) -> PrivacyReport:
+        p = cal.params
+        how = (f"the {p.k}-th smallest of m = {p.m} sampled ||f(D) - f(D')||_1 over databases "
+               f"of n = {cal.n} rows from P (rho = {p.rho:.4g}; Rubinstein & Alda 2017, "
+               "Theorem 15)")
+        measurements, columns = [], []
+        i = 0
+        for out in query.outputs:
+            if out.key is not None:
+                columns.append(ColumnReport(out.name, "group_key", out.source, ()))
+                continue
+            mid = f"o{i}"
+            i += 1
+            mech = plan.mechanisms[mid]
+            measurements.append(MeasurementReport(mid, out.source, float(mech.sensitivity),
+                                                  "sampled: " + how, mech.describe(),
+                                                  mech.error_bound(0.95)))
+            columns.append(ColumnReport(out.name, "aggregate", out.source, (mid,),
+                                        mech.name, mech.scale, mech.error_bound(0.95)))
+        rdp = RandomDPReport(
+            gamma=p.gamma, m=p.m, k=p.k, rho=p.rho, n=cal.n, n_source=cal.n_source,
+            sensitivity=cal.sensitivity, distribution=cal.distribution,
+            note=f"(epsilon, delta, gamma)-random DP: with probability >= 1 - {p.gamma:g} over "
+            "databases drawn from P the answer is (epsilon, delta)-DP; neighbours differ in one "
+            "row")
+        notes = (
+            f"random differential privacy with gamma = {p.gamma:g}: the sensitivity was "
+            "sampled, not proven",
+            f"epsilon split equally over {len(plan.mechanisms)} output column(s), each "
+            "calibrated to the sampled L1 sensitivity of all outputs and groups",
+            "noise added by the proxy from os.urandom",
+        )
+        return PrivacyReport(
+            analyst=analyst, verdict="allowed", charged=False, epsilon=plan.epsilon,
+            delta=plan.delta, noise="proxy", tables=(query.table,),
+            blocks=reads.ids if reads is not None else (query.table,), stability=1,
+            measurements=tuple(measurements), columns=tuple(columns),
+            key_release=KeyRelease("public_values", note="every declared value, nothing else")
+            if query.keys else None,
+            rewritten_sql=sql, notes=notes, random_dp=rdp)
+
+
+def _describe_column(tp: TablePolicy, column: str) -> str:
+    spec = tp.sampling.columns.get(column) if tp.sampling is not None else None
+    if spec is not None:
+        params = {k: v for k, v in spec.model_dump().items()
+                  if v is not None and k != "distribution"}
+        return f"{spec.distribution}({', '.join(f'{k}={v}' for k, v in params.items())})"
+    cp = tp.columns[column]
+    if cp.public_values is not None:
+        return f"uniform over the declared values {list(cp.public_values)}"
+    if cp.lower is None or cp.upper is None:
+        return "no declared domain"
+    return f"uniform over the declared bounds [{cp.lower:g}, {cp.upper:g}]"

@@ -1,0 +1,190 @@
+"""Choosing a summed column's clipping bounds per query from a noisy histogram (clipping = "auto").
+
+A SUM, AVG, VARIANCE or STDDEV clips every row's value x into the declared [l, u]; the noise of
+the measurement is proportional to the per-row bound (max(|l|, |u|) for a sum, (u - l) / 2 for
+a sum centred on the middle of the interval, its square for a sum of squares).  Declared bounds
+must hold for every query and are wide; most queries' values are far inside them.  Clipping to a
+narrower [l', u'] inside [l, u] removes noise and adds bias (the part of every value beyond the
+new bound is lost).  This module estimates both from a noisy histogram and picks the bound.
+
+Why clip each row (and not each unit's total).  Clipping each unit's sum instead would need a
+different measurement for every aggregate (AVG and VARIANCE divide by per-row counts); per-row
+clipping keeps every measurement, its SQL and its sensitivity formula (``analyses.sensitivity``)
+as they are, only with [l', u'] in place of [l, u], and combines with the row cap k chosen by
+``mechanisms.caps``: the pair (k, [l', u']) is chosen jointly there.
+
+The histogram.  Let M = max(|l|, |u|).  Magnitudes |clip(x, l, u)| fall into bins: bin 0 holds
+exactly M (values that reach the declared bound, often many), bin j = 1..J holds
+[M 2^(-j/2), M 2^(-(j-1)/2)) (each bin about 41% wide, J = 24 reaches M / 4096), and bin J + 1
+holds [0, M 2^(-J/2)).  Rows with a NULL value are left out (SUM ignores them).  Each row of a
+privacy unit with c_u non-NULL rows in the query's filtered relation adds weight 1 / c_u to its
+bin, so every unit adds weight exactly 1 in total, spread over the bins (event-level tables: one
+row is one unit, weight 1).  Adding or removing one unit changes the histogram by a vector of
+L1 norm 1: sensitivity 1, whatever the number of rows per unit.  (Counting rows instead would
+have sensitivity = the rows a unit may have.)  The weights are fractions, so the noise is the
+snapping mechanism of sensitivity 1 and epsilon_h: epsilon_h-DP.  The histogram describes the
+values of the average unit; the rule uses it as the distribution of the rows the query keeps
+(each unit keeps min(c_u, k) rows drawn at random among its own, so that holds when heavy and
+light units have similar values; if not, only accuracy suffers, never privacy).
+
+The bound.  From the noisy weights H_j (not clamped) with representative magnitudes a_0 = M,
+a_j = the middle of bin j, let p_j = H_j / sum H and, for a candidate magnitude bound B,
+
+    mu      = sum_j p_j a_j                       (mean magnitude at the declared bounds)
+    mu(B)   = sum_j p_j min(a_j, B)               (mean magnitude clipped at B)
+    loss(B) = (mu - mu(B)) / mu                   (relative clipping bias of a sum or a mean)
+    nu(B)   = sum_j p_j min(a_j, B)^2 - mu(B)^2   (spread, the scale of a centred sum of squares)
+
+The clipping interval at B is [l', u'] = [max(l, -B), min(u, B)] (B ranges over the bin edges
+M 2^(-j/2), j = 0..J; an empty interval is not a candidate).  The per-row sensitivity of each
+measurement at B follows from [l', u'] exactly as in ``analyses.query._derive``.  Like the
+rows lost above a cap (``mechanisms.caps``), the bias is charged at its upper estimate
+loss(B) + Z sd loss(B), with sd loss(B) = sqrt(V sum_j max(0, a_j - B)^2) / (W mu), V the
+snapping mechanism's variance bound and W = sum_j H_j: the bound narrows only where the
+histogram shows clearly that little mass lies beyond it.  How the
+relative error of each measurement combines loss(B) with its noise at the cap k is derived in
+``mechanisms.caps``; the bound is a function of the noisy histogram only (post-processing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from mechanisms.snapping import Snapping
+
+#: Standard deviations of histogram noise added to an estimated bias (see ``mechanisms.caps``).
+Z = 1.0
+
+#: Number of geometric bins below the declared magnitude bound (edges M 2^(-j/2), j <= J).
+STEPS = 24
+
+SumKind = Literal["sum", "sum_squares"]
+
+
+def magnitude_edges(magnitude: float) -> tuple[float, ...]:
+    """The bin edges M 2^(-j/2), j = 0..STEPS, largest first (also the candidate bounds).
+
+    >>> [round(e, 3) for e in magnitude_edges(200.0)[:4]]
+    [200.0, 141.421, 100.0, 70.711]
+    """
+    if not magnitude > 0 or not math.isfinite(magnitude):
+        raise ValueError("the declared bound must be positive and finite")
+    return tuple(magnitude * 2.0 ** (-j / 2) for j in range(STEPS + 1))
+
+
+def representatives(magnitude: float) -> tuple[float, ...]:
+    """a_j for bins 0..STEPS + 1: M, then the middle of each bin (see the module docstring)."""
+    edges = magnitude_edges(magnitude)
+    middles = [(edges[j] + edges[j - 1]) / 2 for j in range(1, STEPS + 1)]
+    return (magnitude, *middles, edges[-1] / 2)
+
+
+@dataclass(frozen=True)
+class ClipColumn:
+    """A summed expression whose bound is chosen: its declared [l, u] and noisy histogram."""
+
+    lower: float
+    upper: float
+    noisy: tuple[float, ...]   # H_0 .. H_{STEPS + 1}, from the snapping mechanism
+    epsilon: float = 0.0       # the histogram's epsilon_h (0: exact counts, no uncertainty)
+
+    def __post_init__(self) -> None:
+        if not self.lower <= self.upper:
+            raise ValueError("lower must be <= upper")
+        if len(self.noisy) != STEPS + 2:
+            raise ValueError(f"expected {STEPS + 2} histogram bins")
+
+    @property
+    def magnitude(self) -> float:
+        """M = max(|l|, |u|)."""
+        return max(abs(self.lower), abs(self.upper))
+
+    def candidates(self) -> list[float]:
+        """Magnitude bounds B with a non-empty interval [max(l, -B), min(u, B)], largest first."""
+        return [b for b in magnitude_edges(self.magnitude)
+                if max(self.lower, -b) <= min(self.upper, b)]
+
+    def interval(self, bound: float) -> tuple[float, float]:
+        """[l', u'] = [max(l, -B), min(u, B)]; the declared interval itself at B = M."""
+        if bound >= self.magnitude:
+            return (self.lower, self.upper)
+        return (max(self.lower, -bound), min(self.upper, bound))
+
+    def _weights(self) -> tuple[np.ndarray, np.ndarray]:
+        # Not clamped at 0 (as in mechanisms.caps): estimates linear in H_j stay unbiased, where
+        # clamping would turn the noise of every empty bin near M into phantom clipping loss.
+        h = np.asarray(self.noisy, dtype=float)
+        total = float(h.sum())
+        a = np.asarray(representatives(self.magnitude))
+        if total < 1.0:
+            # Nothing measurable: assume every value sits at the declared bound (the rule then
+            # sees no bias in clipping there and keeps [l, u] unless noise alone argues).
+            h = np.zeros_like(h)
+            h[0], total = 1.0, 1.0
+        return h / total, a
+
+    def mean(self, bound: float | None = None) -> float:
+        """mu(B) (mu at B = None), never below a tiny positive floor."""
+        p, a = self._weights()
+        if bound is not None:
+            a = np.minimum(a, bound)
+        return max(float(np.sum(p * a)), self.magnitude * 1e-9)
+
+    def loss(self, bound: float) -> float:
+        """loss(B) = (mu - mu(B)) / mu, in [0, 1]."""
+        full = self.mean()
+        return min(max((full - self.mean(bound)) / full, 0.0), 1.0)
+
+    def loss_upper(self, bound: float) -> float:
+        """loss(B) + Z sd loss(B): the clipping bias at its upper estimate (module docstring)."""
+        found = self.loss(bound)
+        if self.epsilon > 0:
+            weight = max(float(np.sum(self.noisy)), 1.0)
+            beyond = np.maximum(np.asarray(representatives(self.magnitude)) - bound, 0.0)
+            variance = Snapping.from_sensitivity(1.0, self.epsilon).variance()
+            found += Z * math.sqrt(variance * float(np.sum(beyond * beyond))) / (
+                weight * self.mean())
+        return min(found, 1.0)
+
+    def spread(self, bound: float) -> float:
+        """nu(B), floored at a tiny positive value."""
+        p, a = self._weights()
+        clipped = np.minimum(a, bound)
+        mu = float(np.sum(p * clipped))
+        return max(float(np.sum(p * clipped * clipped)) - mu * mu,
+                   (self.magnitude * 1e-6) ** 2)
+
+    def spread_loss(self, bound: float) -> float:
+        """(nu(M) - nu(B)) / nu(M) in [0, 1]: the share of the spread clipping at B removes.
+
+        A VARIANCE (or STDDEV) of values clipped at B estimates nu(B), not nu(M): clipping the
+        tail shrinks the spread far more than the mean (a value beyond B loses its distance to
+        the mean squared), so the rule charges this bias to the sum of squares.
+        """
+        full = self.spread(self.magnitude)
+        return min(max((full - self.spread(bound)) / full, 0.0), 1.0)
+
+    def kurtosis(self, bound: float) -> float:
+        """kappa(B) = E[(x - mu(B))^4] / nu(B)^2 of the clipped magnitudes, at least 1.
+
+        The relative variance of a variance estimated from n rows is about (kappa - 1) / n
+        (for a normal distribution, kappa = 3: 2 / n).
+        """
+        p, a = self._weights()
+        clipped = np.minimum(a, bound)
+        mu = float(np.sum(p * clipped))
+        fourth = float(np.sum(p * (clipped - mu) ** 4))
+        return max(fourth / self.spread(bound) ** 2, 1.0)
+
+    def per_row(self, bound: float, kind: SumKind, centred: bool) -> float:
+        """The per-row bound d of a measurement over [l', u'] (its sensitivity is k d)."""
+        lo, hi = self.interval(bound)
+        if centred:
+            half = (hi - lo) / 2
+            return half * half if kind == "sum_squares" else half
+        big = max(abs(lo), abs(hi))
+        return big * big if kind == "sum_squares" else big

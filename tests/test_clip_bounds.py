@@ -1,0 +1,262 @@
+"""Automatic clipping bounds (clipping = "auto"): the histogram's math, the rule, end to end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chorus_py.engine import Engine
+from chorus_py.policy import TablePolicy
+from mechanisms.caps import CapTerm, RowModel, choose
+from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges, representatives
+from tests.conftest import nothing_spent, tolerance
+
+ALICE = {"analyst": "alice"}
+
+
+# -- the histogram and the rule ----------------------------------------------------------------
+def test_edges_and_representatives() -> None:
+    edges = magnitude_edges(8.0)
+    assert len(edges) == STEPS + 1
+    assert edges[:3] == (8.0, pytest.approx(8 / math.sqrt(2)), pytest.approx(4.0))
+    assert edges[-1] == pytest.approx(8 * 2 ** -12)
+    a = representatives(8.0)
+    assert len(a) == STEPS + 2
+    assert a[0] == 8.0                                     # exactly the declared bound
+    assert a[2] == pytest.approx((4 + 8 / math.sqrt(2)) / 2)  # middle of [4, 5.657)
+    assert a[-1] == pytest.approx(8 * 2 ** -13)            # middle of [0, 8 / 4096)
+    with pytest.raises(ValueError):
+        magnitude_edges(0.0)
+
+
+def test_column_statistics_by_hand() -> None:
+    # Half the weight at the bound 8, half in the lowest bin (a = 8 / 8192): mu = 4.00048828125.
+    h = [0.0] * (STEPS + 2)
+    h[0], h[-1] = 50.0, 50.0
+    col = ClipColumn(0.0, 8.0, tuple(h))
+    low = 8 / 8192
+    assert col.mean() == pytest.approx((8 + low) / 2)
+    # Clipped at 4: mu(4) = (4 + low) / 2, loss = (mu - mu(4)) / mu = 2 / mu.
+    assert col.mean(4.0) == pytest.approx((4 + low) / 2)
+    assert col.loss(4.0) == pytest.approx(2 / ((8 + low) / 2))
+    assert col.loss(8.0) == 0.0
+    # nu(B) = E[min(a, B)^2] - mu(B)^2 = (16 + low^2) / 2 - ((4 + low) / 2)^2 at B = 4.
+    assert col.spread(4.0) == pytest.approx((16 + low * low) / 2 - ((4 + low) / 2) ** 2)
+    # The upper estimate adds Z sqrt(V sum_j max(0, a_j - B)^2) / (W mu); V = Snapping variance.
+    noisy = ClipColumn(0.0, 8.0, tuple(h), epsilon=1.0)
+    from mechanisms import Snapping
+
+    v = Snapping.from_sensitivity(1.0, 1.0).variance()
+    beyond = [max(0.0, x - 4.0) for x in representatives(8.0)]
+    expected = col.loss(4.0) + math.sqrt(v * sum(b * b for b in beyond)) / (100 * col.mean())
+    assert noisy.loss_upper(4.0) == pytest.approx(expected)
+
+
+def test_variance_terms_by_hand() -> None:
+    # Half the weight at 8, half in the lowest bin (a_low = 8 / 8192), as above.
+    h = [0.0] * (STEPS + 2)
+    h[0], h[-1] = 50.0, 50.0
+    col = ClipColumn(0.0, 8.0, tuple(h))
+    low = 8 / 8192
+    # Two equal masses d apart: nu = d^2 / 4, E[(x - mu)^4] = d^4 / 16, kappa = 1.
+    # At M = 8: d = 8 - low; at B = 4: d = 4 - low.  Spread loss = 1 - (4 - low)^2 / (8 - low)^2.
+    assert col.spread(8.0) == pytest.approx((8 - low) ** 2 / 4)
+    assert col.spread_loss(4.0) == pytest.approx(1 - (4 - low) ** 2 / (8 - low) ** 2)
+    assert col.spread_loss(8.0) == 0.0
+    assert col.kurtosis(8.0) == pytest.approx(1.0)
+    # A 90/10 split: kappa = (1 - 3pq) / (pq) with p = 0.9, q = 0.1 -> 0.73 / 0.09 = 8.11.
+    h[0], h[-1] = 10.0, 90.0
+    assert ClipColumn(0.0, 8.0, tuple(h)).kurtosis(8.0) == pytest.approx(0.73 / 0.09, rel=1e-6)
+
+
+def test_variance_keeps_the_tail_that_makes_its_spread() -> None:
+    # 900 units with values in the lowest bin (~0), 100 at the bound 8: the spread lies in the
+    # tail.  A VARIANCE (sum of squares inside a ratio) with epsilon 1: the noise at B = 8 is
+    # sqrt(2) * 16 / (1000 * nu(8)) ~ 0.004 (centred: ((8 - 0) / 2)^2 = 16 per row); clipping at
+    # 4 removes 1 - 4^2 / 8^2 = 75% of the spread, which the spread term charges: B stays 8.
+    h = [0.0] * (STEPS + 2)
+    h[0], h[-1] = 100.0, 900.0
+    col = ClipColumn(0.0, 8.0, tuple(h))
+    squares = CapTerm(0.0, 1.0, False, column=0, kind="sum_squares", centred=True)
+    assert choose(RowModel.exact_rows(1000), [squares], [col]).bounds == (8.0,)
+    assert col.spread_loss(4.0) == pytest.approx(0.75, abs=1e-3)
+
+
+def test_intervals_and_per_row_bounds() -> None:
+    col = ClipColumn(-3.0, 10.0, (1.0,) * (STEPS + 2))
+    assert col.interval(10.0) == (-3.0, 10.0)
+    assert col.interval(5.0) == (-3.0, 5.0)
+    assert col.interval(2.0) == (-2.0, 2.0)
+    assert col.per_row(5.0, "sum", centred=False) == 5.0            # max(|l'|, |u'|)
+    assert col.per_row(5.0, "sum", centred=True) == 4.0             # (5 - (-3)) / 2
+    assert col.per_row(5.0, "sum_squares", centred=True) == 16.0
+    # A positive lower bound: no candidate below it (the interval would be empty).
+    positive = ClipColumn(2.0, 8.0, (1.0,) * (STEPS + 2))
+    assert min(positive.candidates()) >= 2.0
+    assert positive.interval(4.0) == (2.0, 4.0)
+
+
+def test_rule_narrows_to_where_the_values_are() -> None:
+    # 1000 units, one row each (exact rows), values all in the bin [2, 2.83) of M = 8; a SUM
+    # released as a total with epsilon 1.  Exact histogram (epsilon_h = 0): no loss at
+    # B = 2.83, noise sqrt(2) * 2.83 vs sqrt(2) * 8 at the declared bound: B = 2.83.
+    h = [0.0] * (STEPS + 2)
+    h[4] = 1000.0  # bin 4 = [8 * 2^-2, 8 * 2^-1.5) = [2, 2.83)
+    col = ClipColumn(0.0, 8.0, tuple(h))
+    total = CapTerm(0.0, 1.0, True, column=0, kind="sum")
+    choice = choose(RowModel.exact_rows(1000), [total], [col])
+    assert choice.bounds == (pytest.approx(8 * 2 ** -1.5),)
+    # At a tiny epsilon the noise dominates any clipping loss: the bound falls further.
+    tiny = CapTerm(0.0, 1e-4, True, column=0, kind="sum")
+    assert choose(RowModel.exact_rows(1000), [tiny], [col]).bounds[0] < 2.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(lower=st.floats(-1e4, 1e4), width=st.floats(1e-3, 1e4), data=st.data())
+def test_chosen_bounds_stay_inside_the_declared_ones(lower: float, width: float,
+                                                     data: st.DataObject) -> None:
+    upper = lower + width
+    noisy = data.draw(st.lists(st.floats(-1e5, 1e5), min_size=STEPS + 2, max_size=STEPS + 2))
+    col = ClipColumn(lower, upper, tuple(noisy), data.draw(st.just(0.0) | st.floats(1e-3, 10)))
+    terms = [CapTerm(0.0, data.draw(st.floats(1e-3, 1e3)), data.draw(st.booleans()), column=0,
+                     kind=data.draw(st.sampled_from(["sum", "sum_squares"])),
+                     centred=data.draw(st.booleans()))]
+    rows = RowModel((1, 2, 4), tuple(data.draw(st.lists(st.floats(-1e4, 1e4), min_size=3,
+                                                        max_size=3))), 5, 0.5)
+    choice = choose(rows, terms, [col])
+    lo, hi = col.interval(choice.bounds[0])
+    assert lower <= lo <= hi <= upper
+    assert 1 <= choice.cap <= 5
+
+
+# -- end to end ----------------------------------------------------------------------------------
+# A generous selection share: the bound's bias is charged at its upper estimate (Z = 1), so the
+# rule narrows to the data only when the histogram's epsilon is large against the measurements'
+# (see mechanisms.caps); with 0.9 of epsilon 200 the best bound is chosen with high probability.
+POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+max_epsilon_per_query = 1e5
+default_delta = 1e-8
+cap_epsilon_share = 0.9
+
+[tables.vals]
+privacy_unit = "unit_id"
+max_rows_per_unit = 50
+contribution = "CONTRIBUTION"
+
+[tables.vals.columns]
+unit_id = {{ type = "int" }}
+value   = {{ type = "float", lower = 0, upper = 1024 }}
+
+[tables.ev]
+clipping = "auto"
+
+[tables.ev.columns]
+value   = {{ type = "float", lower = -1024, upper = 1024 }}
+
+[analysts.alice]
+"""
+
+
+@pytest.fixture
+def values(scratch: Callable[..., Engine], backend_url: str) -> Callable[..., Engine]:
+    """`vals`: 400 units with 6 rows of value 1.4 each; `ev`: 2000 rows of -1.4."""
+    double = "DOUBLE" if backend_url.startswith("duckdb") else "DOUBLE PRECISION"
+
+    def make(contribution: str = "auto") -> Engine:
+        create = [
+            f"CREATE TABLE vals AS SELECT CAST(u AS BIGINT) AS unit_id, CAST(1.4 AS {double}) "
+            "AS value FROM generate_series(1, 400) AS a(u), generate_series(1, 6) AS b(r)",
+            "DROP TABLE IF EXISTS ev",
+            f"CREATE TABLE ev AS SELECT CAST(-1.4 AS {double}) AS value "
+            "FROM generate_series(1, 2000) AS a(i)",
+        ]
+        policy = POLICY.replace("CONTRIBUTION", contribution)
+        return scratch("vals", create, policy)
+
+    return make
+
+
+# 1.4 lies in [1, 1.41421) = [1024 * 2^-10, 1024 * 2^-9.5): its smallest lossless bound.
+BEST = 1024 * 2 ** -9.5
+
+
+def test_sum_and_avg_use_the_bound_where_the_values_are(values: Callable[..., Engine]) -> None:
+    engine = values()
+    result = engine.execute("SELECT SUM(value), AVG(value) FROM vals", epsilon=200.0, **ALICE)
+    report = result.report
+    steps = report.contribution.steps
+    assert [s.kind for s in steps] == ["cap", "bounds"]
+    assert steps[1].declared == "[0, 1024]" and steps[1].chosen == f"[0, {BEST:g}]"
+    assert report.contribution.cap == 6
+    total, mean = result.rows[0]
+    sum_m = next(m for m in report.measurements if m.aggregate.startswith("SUM(vals.value)"))
+    # SUM clipped to [0, 1.41421] over the chosen cap: Delta = k * 1.41421.
+    assert sum_m.sensitivity == pytest.approx(report.contribution.cap * BEST)
+    assert total == pytest.approx(400 * 6 * 1.4, abs=tolerance(report.columns[0]))
+    # AVG is re-centred on the chosen interval (c = 0.7), so it lands on 1.4, not near 512.
+    assert mean == pytest.approx(1.4, abs=0.01)
+    centred = next(m for m in report.measurements if "- 0.707" in m.aggregate)
+    assert centred.sensitivity == pytest.approx(report.contribution.cap * BEST / 2)
+
+
+def test_epsilon_parts_add_up_to_the_charge(values: Callable[..., Engine]) -> None:
+    engine = values()
+    result = engine.execute("SELECT COUNT(*), STDDEV(value) FROM vals", epsilon=3.0, **ALICE)
+    report = result.report
+    parts = [s.epsilon for s in report.contribution.steps]
+    assert len(parts) == 2 and parts[0] == pytest.approx(parts[1])
+    assert sum(parts) == pytest.approx(report.contribution.epsilon)
+    assert report.contribution.epsilon == pytest.approx(2.7)  # cap_epsilon_share = 0.9
+    spent = sum(parts) + sum(m.mechanism["epsilon"] for m in report.measurements)
+    assert spent == pytest.approx(3.0, rel=1e-12)
+    assert report.epsilon == 3.0
+    (block,) = engine.ledger.blocks()
+    assert block.epsilon_consumed == pytest.approx(3.0)
+
+
+def test_explain_lists_the_steps_without_running_them(values: Callable[..., Engine]) -> None:
+    engine = values()
+    report = engine.explain("SELECT AVG(value) FROM vals", epsilon=1.0, **ALICE)
+    steps = report.contribution.steps
+    assert [(s.kind, s.chosen) for s in steps] == [("cap", None), ("bounds", None)]
+    assert [s.target for s in steps] == ["rows per unit_id", "vals.value"]
+    assert sum(s.epsilon for s in steps) == pytest.approx(0.9)
+    assert "clipping bounds of vals.value" in report.contribution.note
+    # Shown at the limit and the declared bounds: centred SUM, Delta = 50 * 512.
+    assert max(m.sensitivity for m in report.measurements) == 50 * 512
+    assert nothing_spent(engine)
+
+
+def test_fixed_cap_with_automatic_bounds(values: Callable[..., Engine]) -> None:
+    engine = values(contribution="fixed")
+    assert engine.policy.tables["vals"].auto_clipping is False  # the default follows
+    engine.policy.tables["vals"] = TablePolicy.model_validate(
+        {**engine.policy.tables["vals"].model_dump(), "clipping": "auto"})
+    result = engine.execute("SELECT SUM(value) FROM vals", epsilon=200.0, **ALICE)
+    contribution = result.report.contribution
+    assert contribution.mode == "fixed" and contribution.cap == 50
+    assert [s.chosen for s in contribution.steps] == ["cap 50 (fixed)", f"[0, {BEST:g}]"]
+    assert result.report.measurements[0].sensitivity == pytest.approx(50 * BEST)
+
+
+def test_event_level_table_with_automatic_bounds(values: Callable[..., Engine]) -> None:
+    engine = values()
+    result = engine.execute("SELECT SUM(value) FROM ev", epsilon=200.0, **ALICE)
+    contribution = result.report.contribution
+    # No privacy unit: no cap histogram; a symmetric interval narrows symmetrically (to
+    # [-1.41421, 1.41421] about 9 times in 10: one histogram at epsilon 180 against one SUM
+    # at 20; the answer is right whichever lossless bound is chosen).
+    assert [s.kind for s in contribution.steps] == ["bounds"]
+    lo, hi = (float(v) for v in contribution.steps[0].chosen.strip("[]").split(", "))
+    assert lo == -hi and BEST * 0.999 <= hi < 1024
+    assert contribution.epsilon == pytest.approx(180.0)
+    assert result.rows[0][0] == pytest.approx(-2800, abs=tolerance(result.report.columns[0]))

@@ -1,0 +1,223 @@
+"""Groups per unit for keys released by thresholding: the bound g, its sensitivities, its rule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from chorus_py.engine import Engine
+from mechanisms.caps import RowModel, cap_bins, choose_groups, discrete_laplace_variance
+from mechanisms.planning import NoiseRequest, ThresholdRequest, plan_noise
+from mechanisms.thresholding import key_release_threshold
+from rewriters.contribution import contribution, group_bound
+from rewriters.dialect import dialect
+from rewriters.pipeline import filtered_rows
+from tests.conftest import nothing_spent
+
+ALICE = {"analyst": "alice"}
+DELTA = 1e-6
+
+
+# -- the rule ------------------------------------------------------------------------------------
+def test_rule_by_hand() -> None:
+    # Limit 8: bins {1}, {2, 3}, {4..7}, {8}, m_b = 1, 2.5, 5.5, 8; candidates 1, 2, 3, 4, 7, 8.
+    starts = (1, 2, 4, 8)
+    # 990 units with 2-3 groups, 10 with 4-7: A(3) = 10 <= 1% of 1000 -> g = 3 (exact counts).
+    assert choose_groups(RowModel(starts, (0, 990, 10, 0), 8, 0.0)) == 3
+    # 20 units above 3 are 2% > 1%: g = 7 leaves none above (m = 5.5 <= 7).
+    assert choose_groups(RowModel(starts, (0, 980, 20, 0), 8, 0.0)) == 7
+    # A larger alpha tolerates them.
+    assert choose_groups(RowModel(starts, (0, 980, 20, 0), 8, 0.0), alpha=0.05) == 3
+    # Noise: at epsilon_h = 0.5, V = 2a / (1 - a)^2 (a = e^-0.5) = 7.92; at g = 3 two bins lie
+    # above: A(3) = 10 + sqrt(2 V) = 13.98 > 10 -> not 3; at g = 7 one bin: 0 + sqrt(V) = 2.81.
+    v = discrete_laplace_variance(0.5)
+    assert v == pytest.approx(2 * math.exp(-0.5) / (1 - math.exp(-0.5)) ** 2)
+    assert 10 + math.sqrt(2 * v) > 10 >= math.sqrt(v)
+    assert choose_groups(RowModel(starts, (0, 990, 10, 0), 8, 0.5)) == 7
+    # So noisy that no candidate passes: g = the limit (no bound beyond the cap).
+    assert choose_groups(RowModel(starts, (0, 5, 5, 0), 8, 0.01)) == 8
+    with pytest.raises(ValueError):
+        choose_groups(RowModel(starts, (0, 1, 0, 0), 8, 0.0), alpha=0.0)
+
+
+def test_rule_on_hours_of_the_day() -> None:
+    # The 1M-trip demo's distinct pickup hours per rider (exact, in the bins of cap_bins(200)):
+    # 0.71% of riders have more than 20 hours, 0.08% more than 23: g = 23 (bin [20, 23], m =
+    # 21.5, is the last one above 20; 23 is its end).
+    counts = [15855, 15533, 13553, 11443, 9472, 7787, 6391, 10066, 6898, 4726, 4482, 2277,
+              1147, 90] + [0] * 13
+    assert choose_groups(RowModel(cap_bins(200), tuple(map(float, counts)), 200, 0.0)) == 23
+
+
+# -- sensitivities and the threshold -----------------------------------------------------------
+def test_threshold_at_d_groups_by_hand() -> None:
+    # Separate key-release count, epsilon 1, share 0.2: eps_t = 0.2, D = 4: b = 20,
+    # tau = 1 + 20 ln(4 / 1e-6) = 1 + 20 * 15.2018 = 305.04.
+    plan = plan_noise([NoiseRequest("m0", 12.0, True)], 1.0, DELTA, ThresholdRequest(None, 4))
+    assert plan.threshold is not None
+    assert plan.threshold.mechanism.scale == pytest.approx(20.0)
+    assert plan.threshold.threshold == pytest.approx(1 + 20 * math.log(4e6))
+    assert plan.threshold.threshold == pytest.approx(305.036, abs=1e-3)
+    assert key_release_threshold(20.0, 4, DELTA) == plan.threshold.threshold
+
+
+POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+delta_per_block = 1e-3
+max_epsilon_per_query = 1e5
+max_delta_per_query = 1e-4
+default_delta = 1e-6
+cap_epsilon_share = 0.5
+
+[tables.spread]
+privacy_unit = "unit_id"
+max_rows_per_unit = 50
+contribution = "auto"
+
+[tables.spread.columns]
+unit_id = {{ type = "int" }}
+grp     = {{ type = "int" }}
+value   = {{ type = "float", lower = 0, upper = 10 }}
+kind    = {{ type = "text", public_values = ["a", "b"] }}
+
+[analysts.alice]
+"""
+
+
+@pytest.fixture
+def spread(scratch: Callable[..., Engine], backend_url: str) -> Callable[..., Engine]:
+    """Table `spread`: 300 units, each with ``rows`` rows in each of ``groups`` groups (grp)."""
+    double = "DOUBLE" if backend_url.startswith("duckdb") else "DOUBLE PRECISION"
+
+    def make(groups: int, rows: int, null_group: bool = False) -> Engine:
+        grp = "CASE WHEN g = 1 THEN NULL ELSE g END" if null_group else "g"
+        create = (f"CREATE TABLE spread AS SELECT CAST(u AS BIGINT) AS unit_id, "
+                  f"CAST({grp} AS BIGINT) AS grp, CAST(r AS {double}) AS value, "
+                  "CASE WHEN r % 2 = 0 THEN 'a' ELSE 'b' END AS kind "
+                  f"FROM generate_series(1, 300) AS a(u), generate_series(1, {groups}) AS b(g), "
+                  f"generate_series(1, {rows}) AS c(r)")
+        return scratch("spread", [create], POLICY)
+
+    return make
+
+
+SQL = ("SELECT grp, COUNT(*) AS n, COUNT(DISTINCT unit_id) AS units, SUM(value) AS s "
+       "FROM spread GROUP BY grp")
+
+
+def test_sensitivities_under_both_bounds(spread: Callable[..., Engine]) -> None:
+    engine = spread(4, 3)
+    query = engine._analyse(SQL)
+    bounded = query.with_cap(12).with_groups(4)
+    sens = {m.kind: m.sensitivity for m in bounded.measurements}
+    # <= 12 rows in <= 4 groups: COUNT vector L1 <= 12, distinct-unit counts +1 in <= 4 groups,
+    # SUM(value in [0, 10]) <= 12 * 10.
+    assert sens == {"count": 12, "count_units": 4, "sum": 120}
+    assert bounded.groups_per_unit == 4
+    # g above the cap changes nothing: D = min(g, k) = k.
+    wide = query.with_cap(3).with_groups(20)
+    assert {m.kind: m.sensitivity for m in wide.measurements}["count_units"] == 3
+    assert wide.groups_per_unit == 3
+    # Re-deriving at another cap keeps g.
+    assert {m.kind: m.sensitivity for m in bounded.with_cap(8).measurements}["count_units"] == 4
+    # Public keys: no thresholding, no g.
+    with pytest.raises(ValueError):
+        engine._analyse("SELECT kind, COUNT(*) FROM spread GROUP BY kind").with_groups(2)
+
+
+@pytest.mark.parametrize("null_group", [False, True])
+def test_rows_kept_in_at_most_g_groups(spread: Callable[..., Engine], backend_url: str,
+                                       null_group: bool) -> None:
+    # Every unit has 6 groups (one of them NULL: a group of its own) with 2 rows each.  Kept in
+    # g = 2 groups and k = 3 rows: exactly 2 groups and 3 rows per unit, the groups drawn at
+    # random (15 possible pairs; 300 units show many of them).
+    engine = spread(6, 2, null_group)
+    query = engine._analyse(SQL)
+    rows = filtered_rows(query, None, None)
+    kept = contribution(group_bound(rows, "unit_id", [k.expr for k in query.keys], 2),
+                        "unit_id", 3)
+    flavour = "duckdb" if backend_url.startswith("duckdb") else "postgres"
+    inner = dialect(kept, flavour).sql(flavour)
+    per_unit = engine.backend.run(
+        f"SELECT k.unit_id, COUNT(DISTINCT COALESCE(k.grp, -1)), COUNT(*), "
+        f"MIN(COALESCE(k.grp, -1)) * 100 + MAX(COALESCE(k.grp, -1)) FROM ({inner}) AS k "
+        "GROUP BY k.unit_id").rows
+    assert len(per_unit) == 300
+    assert {(g, n) for _, g, n, _ in per_unit} == {(2, 3)}
+    assert len({pair for *_, pair in per_unit}) >= 8
+
+
+def test_engine_chooses_g_and_releases_the_groups(spread: Callable[..., Engine]) -> None:
+    # 300 units, each with 3 rows in each of 4 groups.  At epsilon 40 (20 on three histograms:
+    # groups, rows, values; noise variance ~1e-5) g = 4: no unit has more, fewer leaves every
+    # unit above it.
+    engine = spread(4, 3)
+    result = engine.execute(SQL, epsilon=40.0, delta=DELTA, **ALICE)
+    report = result.report
+    contribution_report = report.contribution
+    assert contribution_report is not None
+    steps = {s.kind: s for s in contribution_report.steps}
+    assert steps["groups"].chosen == "4 groups"
+    k = contribution_report.cap
+    assert k is not None and k >= 4
+    sens = {m.aggregate: m.sensitivity for m in report.measurements}
+    assert sens["COUNT(*)"] == k and sens["COUNT(DISTINCT unit_id)"] == 4
+    # SUM(value) clipped to the chosen [l', u'] inside [0, 10]: Delta = k * max(|l'|, |u'|).
+    low, high = (float(v) for v in steps["bounds"].chosen.strip("[]").split(", "))
+    assert 0 <= low <= high <= 10
+    assert sens["SUM(spread.value)"] == pytest.approx(k * max(abs(low), abs(high)), rel=1e-5)
+    # The distinct-unit count (sensitivity D = 4) gates the keys: tau = 1 + b ln(4 / delta).
+    gate = next(m for m in report.measurements if m.aggregate == "COUNT(DISTINCT unit_id)")
+    b = gate.mechanism["scale"]
+    assert b == pytest.approx(4 / gate.mechanism["epsilon"])
+    assert report.key_release.threshold == pytest.approx(1 + b * math.log(4 / DELTA))
+    assert "D = 4 groups per unit" in report.key_release.note
+    # Every group is released with all its 300 units (far above tau ~ 10).
+    assert sorted(row[0] for row in result.rows) == [1, 2, 3, 4]
+    assert all(abs(row[2] - 300) < 5 for row in result.rows)
+    # The selection parts add up to what was charged.
+    spent = contribution_report.epsilon + sum(m.mechanism["epsilon"]
+                                              for m in report.measurements)
+    assert spent == pytest.approx(40.0, rel=1e-12)
+    assert sum(s.epsilon for s in contribution_report.steps) == pytest.approx(20.0)
+
+
+def test_explain_lists_the_groups_step_without_running_it(spread: Callable[..., Engine]) -> None:
+    engine = spread(4, 3)
+    report = engine.explain("SELECT grp, COUNT(*) FROM spread GROUP BY grp", epsilon=1.0,
+                            delta=DELTA, **ALICE)
+    steps = {s.kind: s for s in report.contribution.steps}
+    assert steps["groups"].chosen is None and steps["groups"].epsilon == pytest.approx(0.25)
+    # Shown at the limit: D = 50, the separate count gets 20% of the 0.5 left: b = 50 / 0.1.
+    assert report.key_release.threshold == pytest.approx(1 + 500 * math.log(50 / DELTA))
+    assert nothing_spent(engine)
+    # Public keys need no groups step.
+    public = engine.explain("SELECT kind, COUNT(*) FROM spread GROUP BY kind", epsilon=1.0,
+                            **ALICE)
+    assert "groups" not in {s.kind for s in public.contribution.steps}
+
+
+def test_demo_busiest_hours_are_released(backend_url: str,
+                                         make_engine: Callable[..., Engine]) -> None:
+    # The demo's busiest-hours query at the cap limit 200: with D = k = 200 the threshold hides
+    # every hour of the small test data; with g chosen (<= 24 hours a rider can reach) the three
+    # busiest hours come back, with their true counts.
+    engine = make_engine(backend_url, k=200, contribution="auto", epsilon_per_block=1e6,
+                         max_epsilon=1e5)
+    sql = ("SELECT EXTRACT(hour FROM pickup_time) AS hour, COUNT(*) AS trips FROM trips "
+           "GROUP BY 1 ORDER BY trips DESC LIMIT 3")
+    truth = dict(engine.backend.run(
+        "SELECT EXTRACT(hour FROM pickup_time), COUNT(*) FROM trips GROUP BY 1").rows)
+    result = engine.execute(sql, epsilon=200.0, **ALICE)
+    steps = {s.kind: s.chosen for s in result.report.contribution.steps}
+    g = int(steps["groups"].split()[0])
+    assert g <= 24
+    assert len(result.rows) == 3
+    top = sorted(truth.values(), reverse=True)[:3]
+    assert [row[1] for row in result.rows] == pytest.approx(top, abs=0.05 * top[0])
