@@ -290,8 +290,12 @@ def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:
             notes.append(f"{src.table}: contribution = 'auto' is not chosen per query in a "
                          f"join; the limit of {src.cap} rows per {src.policy.privacy_unit} is "
                          "used")
+    # Only the frequencies left in S(k) matter: one multiplied by a public table's stability 0
+    # folded away (drivers JOIN cities ON city: S = mf(cities.city) * 1, whatever
+    # mf(drivers.city) is), and neither needs reading nor makes the scale data-dependent.
+    needed = {leaf.name for leaf in rel.stability.leaves()}
     return JoinInfo(flat, tuple(sources.values()), tuple(used), rel.stability,
-                    tuple(metrics.values()), tuple(notes))
+                    tuple(m for m in metrics.values() if m.name in needed), tuple(notes))
 
 
 def _check_origins(sources: list[JoinSource]) -> None:

@@ -118,8 +118,11 @@ def test_join_to_public_table() -> None:
     assert s_at(sql, mf, 0, 50) == [2, 2]
     query = analyse(sql)
     assert query.join is not None
+    # mf(orders.shop_id) was multiplied by the public table's stability 0: it is neither read
+    # nor does it make the scale data-dependent.
     sources = {m.name: m.source for m in query.join.metrics}
-    assert sources == {"orders.shop_id": "data", "shops.shop_id": "public"}
+    assert sources == {"shops.shop_id": "public"}
+    assert not query.join.data_dependent
 
 
 def test_compound_key_smallest_wins() -> None:
