@@ -33,7 +33,6 @@ and on Postgres).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -43,6 +42,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     URL,
     BigInteger,
@@ -85,11 +85,11 @@ class LedgerMismatch(ValueError):
 
 
 def _block_from(data: str) -> BlockState:
-    return BlockState(**json.loads(data))
+    return BlockState(**orjson.loads(data))
 
 
 def _claim_from(data: str) -> ClaimRecord:
-    d = json.loads(data)
+    d = orjson.loads(data)
     d["blocks"] = tuple(d["blocks"])
     d["demand"] = tuple(d["demand"])
     d["events"] = tuple(d["events"])
@@ -102,11 +102,16 @@ _CLAIM_FIELDS = tuple(f.name for f in fields(ClaimRecord))
 
 def _claim_json(claim: ClaimRecord) -> str:
     # dataclasses.asdict deep-copies every event: too slow for one claim per transaction.
-    return json.dumps({f: getattr(claim, f) for f in _CLAIM_FIELDS}, separators=(",", ":"))
+    return _dumps({f: getattr(claim, f) for f in _CLAIM_FIELDS})
 
 
 def _block_json(block: BlockState) -> str:
-    return json.dumps(block.to_dict(share=True), separators=(",", ":"))
+    return _dumps(block.to_dict(share=True))
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON text; numpy scalars (a mechanism's epsilon, say) are written as numbers."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 class Tx:
@@ -464,7 +469,7 @@ class _SQLTx(Tx):
         if self._journal:
             self._write(s.insert_journal, [
                 {"at": at, "event": event, "claim_id": claim_id,
-                 "data": json.dumps(data, separators=(",", ":"))}
+                 "data": _dumps(data)}
                 for at, event, claim_id, data in self._journal])
 
 
@@ -631,7 +636,7 @@ class SQLStore(Store):
         if limit is not None:
             query = query.limit(int(limit))
         with self._read() as conn:
-            return [{"seq": s, "at": a, "event": e, "claim_id": c, "data": json.loads(d)}
+            return [{"seq": s, "at": a, "event": e, "claim_id": c, "data": orjson.loads(d)}
                     for s, a, e, c, d in conn.execute(query)]
 
     def close(self) -> None:
