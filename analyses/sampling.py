@@ -1,7 +1,9 @@
 """Which queries sensitivity sampling (random DP, DESIGN.md section 8) answers, and the query
 ``f`` it evaluates, both on the private table and on databases drawn from the policy's P.
 
-Accepted: one SELECT over one private, event-level table (no privacy unit), an optional WHERE,
+Accepted: one SELECT over one private table (event-level, or one privacy unit column per row:
+``chorus_py.random_dp`` bounds contributions and samples unit-level neighbours; rows of several
+units and queries that read the unit column are refused), an optional WHERE,
 an optional GROUP BY over columns with declared ``public_values``, and outputs that are group
 keys or expressions over aggregates: COUNT, SUM, AVG, VARIANCE/STDDEV, MEDIAN,
 PERCENTILE_CONT / QUANTILE_CONT, PERCENTILE_DISC / QUANTILE_DISC, over row expressions that may
@@ -96,18 +98,38 @@ class SampledQuery:
         """The outputs that get noise (not the group keys)."""
         return tuple(o for o in self.outputs if o.key is None)
 
-    def sql(self, dialect: str, source: str, where: exp.Expr | None = None,
-            group_first: tuple[str, ...] = ()) -> str:
-        """``SELECT group_first, keys, measured outputs FROM source WHERE ... GROUP BY ...``.
+    @property
+    def unit(self) -> str | None:
+        """The table's privacy unit column (None: event-level)."""
+        unit = self.table_policy.privacy_unit
+        return unit if isinstance(unit, str) else None
 
-        ``where`` replaces the query's own guarded WHERE (the engine adds block restrictions);
-        rows whose keys are outside the declared values are left out.
-        """
+    @property
+    def rows_per_unit(self) -> int:
+        """k: the rows one unit keeps after contribution bounding (1 when event-level), which
+        are the rows neighbouring databases differ in."""
+        return self.table_policy.contribution_bound
+
+    def condition(self, where: exp.Expr | None = None) -> exp.Expr | None:
+        """The rows f reads: ``where`` (default: the query's guarded WHERE) and the group keys
+        among their declared values."""
         cond = self.where if where is None else where
         for col, values in self.keys:
             inside = exp.In(this=exp.column(col),
                             expressions=[_literal(v) for v in values])
             cond = inside if cond is None else exp.and_(exp.Paren(this=cond.copy()), inside)
+        return cond
+
+    def sql(self, dialect: str, source: str | exp.Expr, where: exp.Expr | None = None,
+            group_first: tuple[str, ...] = (), filtered: bool = False) -> str:
+        """``SELECT group_first, keys, measured outputs FROM source WHERE ... GROUP BY ...``.
+
+        ``where`` replaces the query's own guarded WHERE (the engine adds block restrictions);
+        rows whose keys are outside the declared values are left out.  ``filtered``: the
+        ``source`` rows already passed ``condition()`` (a contribution-bounded subquery), no
+        WHERE is added.
+        """
+        cond = None if filtered else self.condition(where)
         select = exp.Select()
         for name in group_first:
             select = select.select(exp.column(name), copy=False)
@@ -147,11 +169,13 @@ def analyze_sampled(sql: str, policy: Policy, dialect: str) -> SampledQuery:
                                 hint="query one private table, without joins")
     table = private[0]
     tp = policy.tables[table]
-    if tp.privacy_unit is not None:
+    if tp.multi_attribution:
         raise NotSupportedError(
-            f"sampled sensitivity is not available for '{table}': it has a privacy unit "
-            f"('{tp.privacy_unit}'), and sampling swaps one row, not all the rows of one unit",
-            hint="use analytic sensitivity (declare bounds), or query an event-level table")
+            f"sampled sensitivity is not available for '{table}': its rows belong to several "
+            f"privacy units ({tp.unit_label}), and the sampler models one unit as a run of at "
+            "most max_rows_per_unit rows of its own, which rows shared between units are not",
+            hint="use analytic sensitivity (declare bounds), or query a table with one privacy "
+            "unit per row")
     if tp.sampling is None:
         raise QueryRefused(
             f"the policy names no sampling distribution P for table '{table}'",
@@ -244,6 +268,14 @@ class _Builder:
     def _read(self, column: str) -> None:
         if self.tp.columns[column].private_id:
             raise QueryRefused(f"column {column} identifies individuals (private_id)")
+        if column == self.tp.privacy_unit:
+            # The sampled databases draw every row i.i.d. from P, units being runs of rows: a
+            # unit's rows share no unit value there, so f could not see a unit's rows together.
+            raise QueryRefused(
+                f"sampled sensitivity cannot read the privacy unit column {column}: the "
+                "sampled databases draw each row independently, so they do not model the "
+                "rows one unit shares", hint="leave the privacy unit out of the query, or use "
+                "analytic sensitivity")
         if column not in self.columns:
             self.columns.append(column)
 

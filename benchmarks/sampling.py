@@ -10,6 +10,12 @@
    [0, 600], the sampled sensitivity against m, next to the analytic global sensitivity (600)
    and the analytic high-probability sensitivity 600 (1 - sqrt(gamma)) it approaches
    (G = 600 |U1 - U2| has P(G <= t) = 1 - (1 - t / 600)^2).  Median of --repeat draws.
+3. A table with a privacy unit, k = 2 rows per unit: neighbours differ in one unit's 2 rows
+   (chorus_py.random_dp), so the analytic sensitivity of the clipped SUM is k * 600 = 1,200.
+   With x uniform, G = 600 |IH(4) - 2| (IH: Irwin-Hall), P(G > 600 t) = (2 - t)^4 / 12 on
+   [1, 2], whose level-q quantile is 600 (2 - (12 (1 - q))^(1/4)); with x in {0, 600} the
+   sampled value is the analytic 1,200 (|X - Y| = 2 for X, Y ~ Binomial(2, 1/2) has probability
+   1/8 > gamma).  Also the sampling time with k = 10 rows per unit (n + k rows per database).
 
 Writes the "sampling" section of benchmarks/RESULTS.md and benchmarks/sampling.png.
 """
@@ -41,6 +47,21 @@ POLICY = parse_policy({
             "x": {"distribution": "uniform", "lower": 0, "upper": 600}}},
     }},
 })
+UNITS = 2
+
+
+def unit_policy(k: int, distribution: dict[str, object]) -> object:
+    """The table t with a privacy unit and k rows per unit, x drawn from ``distribution``."""
+    return parse_policy({
+        "backend": {"url": "duckdb:///:memory:"}, "privacy": {"epsilon_per_block": 10.0},
+        "tables": {"t": {
+            "privacy_unit": "uid", "max_rows_per_unit": k,
+            "columns": {"uid": {"type": "int", "private_id": True}, "x": {"type": "float"}},
+            "sampling": {"rows": 1000, "columns": {"x": distribution}},
+        }},
+    })
+
+
 QUERIES = [
     ("clipped SUM", "SELECT SUM(LEAST(GREATEST(x, 0), 600)) FROM t"),
     ("MEDIAN", "SELECT MEDIAN(x) FROM t"),
@@ -62,7 +83,37 @@ def timing(repeat: int) -> list[tuple[str, int, float]]:
                 order_statistic(sampled_differences(query, tp, 1000, m), params.k)
                 times.append(time.perf_counter() - start)
             rows.append((label, m, statistics.median(times)))
+    policy = unit_policy(10, {"distribution": "uniform", "lower": 0, "upper": 600})
+    query = analyze_sampled(QUERIES[0][1], policy, "duckdb")
+    params = sampler_parameters(GAMMA, 2000)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        order_statistic(sampled_differences(query, policy.tables["t"], 1000, params.m, swap=10),
+                        params.k)
+        times.append(time.perf_counter() - start)
+    rows.append(("clipped SUM, 10 rows per unit", params.m, statistics.median(times)))
     return rows
+
+
+def unit_convergence(repeat: int) -> list[tuple[int, int, float, float, float]]:
+    """(m, k, median sampled, level-k/m quantile, median sampled with x in {0, 600}) for the
+    clipped SUM with UNITS rows per unit (n = 100)."""
+    uniform = unit_policy(UNITS, {"distribution": "uniform", "lower": 0, "upper": 600})
+    extremes = unit_policy(UNITS, {"distribution": "choice", "values": [0, 600]})
+    out = []
+    for m in (2000, 5000, 20000, 50000):
+        params = sampler_parameters(GAMMA, m)
+        found = []
+        for policy in (uniform, extremes):
+            query = analyze_sampled(QUERIES[0][1], policy, "duckdb")
+            found.append(statistics.median(
+                order_statistic(sampled_differences(query, policy.tables["t"], 100, m,
+                                                    swap=UNITS), params.k)
+                for _ in range(repeat)))
+        level = params.k / params.m
+        out.append((m, params.k, found[0], 600 * (2 - (12 * (1 - level)) ** 0.25), found[1]))
+    return out
 
 
 def convergence(repeat: int) -> list[tuple[int, int, float]]:
@@ -108,6 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     times = timing(args.repeat)
     points = convergence(args.repeat)
+    units = unit_convergence(args.repeat)
     plot(points, ROOT / "benchmarks" / "sampling.png")
     hp = 600 * (1 - math.sqrt(GAMMA))
     lines = [
@@ -133,6 +185,19 @@ def main() -> None:
         *(f"| {m:,} | {k:,} | {s:.1f} | {s / hp:.3f} | {s / 600:.3f} |" for m, k, s in points),
         "",
         "![sampled vs analytic sensitivity](sampling.png)",
+        "",
+        f"A table with a privacy unit, k = {UNITS} rows per unit: neighbours differ in one "
+        f"unit's {UNITS} rows, replaced by {UNITS} fresh draws. The analytic sensitivity of the "
+        f"clipped SUM is k * 600 = {UNITS * 600:,}. With x uniform the sampled value tracks the "
+        "level-k/m quantile of G = 600 |IH(4) - 2| (Irwin-Hall), 600 (2 - (12 (1 - k/m))^(1/4)), "
+        f"which tends to {600 * (2 - (12 * GAMMA) ** 0.25):.1f} at 1 - gamma: a unit's rows "
+        "drawn i.i.d. rarely all sit at the bound. With x in {0, 600} (P with mass on the "
+        f"extremes) it is the analytic {UNITS * 600:,}. Median over runs.",
+        "",
+        "| m | k | sampled (uniform x) | quantile | sampled (x in {0, 600}) | analytic |",
+        "|---:|---:|---:|---:|---:|---:|",
+        *(f"| {m:,} | {k:,} | {s:,.1f} | {q:,.1f} | {e:,.1f} | {UNITS * 600:,} |"
+          for m, k, s, q, e in units),
     ]
     write_section("sampling", "\n".join(lines))
     print("\n".join(lines))

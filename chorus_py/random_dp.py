@@ -5,7 +5,8 @@ Rubinstein & Aldà, "Pain-Free Random Differential Privacy with Sensitivity Samp
 
 1. SensitivitySampler: draw m databases of n + 1 rows from the policy's sampling distribution P
    (declared column distributions, or rows of a public reference table), never from the private
-   data.  D_i is rows 1..n of database i; D'_i is D_i with its row n replaced by row n + 1.  All
+   data.  D_i is rows 1..n of database i; D'_i is D_i with its row n replaced by row n + 1 (with
+   a privacy unit: n + k rows, the last k of D_i replaced; see Neighbours below).  All
    2m databases are evaluated in **one** query on an in-memory DuckDB holding only the samples
    (``GROUP BY sample_id, side``), and G_i = ||f(D_i) - f(D'_i)||_1 over every output column and
    every declared group.  The sensitivity is the k-th smallest G_i.
@@ -19,11 +20,44 @@ engine's ordinary claim; refusals happen before the claim and cost nothing.
 
 **n** is public: ``[tables.T.sampling] rows`` when the owner declares it, otherwise the row count
 of the public reference table.  It is never read from the private table, so EXPLAIN can compute
-and show the sampled sensitivity free of charge; it is cached per (query, P, n, m, k).
+and show the sampled sensitivity free of charge; it is cached per (query, P, n, m, k, rows per
+unit, block restriction).
 
-Neighbours: one row replaced (event-level tables only; ``analyses.sampling`` refuses tables with
-a privacy unit).  Sensitivity 0 (f never changed on the samples) is refused rather than released
-without noise: it nearly always means P does not describe the data.
+**Neighbours, event level**: one row replaced, as in the paper (D' = D with row n swapped).
+
+**Neighbours, one privacy unit per row** (user-level DP; k here is rows per unit, not Theorem 15's
+order index). The real query runs over the contribution-bounded relation: each unit keeps at most k
+= ``max_rows_per_unit`` random rows (``rewriters.contribution`` over the filtered rows, or the
+stored sample of bounding = "materialized"; contribution = "auto" uses that limit, no cap is chosen
+per query). The choice of a unit's rows depends only on that unit's rows and on randomness of its
+own, so two databases that differ in one unit's data give bounded relations that differ in at most
+k rows, all of that unit: after bounding, a unit plays the part the row plays in the paper. The
+sampler therefore draws the *bounded* relation: n rows i.i.d. from P, units being runs of k rows,
+and D' = D with its last k rows (one unit) replaced by k fresh draws (another unit); for k = 1 this
+is exactly the paper's swap. Why Theorem 15 still holds: its proof uses only that G_1, ..., G_m are
+i.i.d. copies of G = ||f(D) - f(D')||_1 for the distribution of pairs (D, D') in the definition of
+random DP (uniform convergence of their empirical CDF, DKW). Changing that pair distribution to "k
+rows replaced" changes what the guarantee is about, not the proof: with probability >= 1 - gamma
+over (D, D') drawn that way, the release is (epsilon, delta)-indistinguishable on them. Limits (the
+first is said in every report's random_dp note): (1) the k rows of one unit are drawn i.i.d. from
+P, while a real unit's rows are often alike (one rider's fares): when a unit's rows move f together
+(a SUM of k large values) the real difference can reach k times a row's, which i.i.d. draws make
+rare, so the sampled value is a quantile of P's model, below the analytic k * max(|l|, |u|) of a
+clipped SUM (it equals it only when P puts enough mass on the extremes); (2) every unit is modelled
+with exactly k rows and the relation with n rows (n / k units), not with the real numbers of units
+and rows per unit; (3) a unit is replaced, not added or removed (n is public, as in the paper); (4)
+f never reads the unit column (``analyses.sampling`` refuses it: the samples give a unit's rows no
+common value), and rows of several units (a list or an attribution table) are refused.
+
+**Blocks.**  The query is charged on the blocks its WHERE reaches (``analyses.blocks``) and the
+database reads only their rows (``rewriters.blocks``).  f on the samples is that restricted f
+when the query reads the block column (P draws it, and rows P draws outside the claimed windows
+are left out as on the data); a query that does not read it reads every block and P's rows are
+taken as rows of the table's blocks.  A query whose WHERE reaches no block reads no row: its
+answer is a constant of the query, released without sampling or noise, charging nothing.
+
+Sensitivity 0 (f never changed on the samples) is refused rather than released without noise:
+it nearly always means P does not describe the data.
 """
 
 from __future__ import annotations
@@ -46,6 +80,7 @@ from analyses.sampling import SampledQuery, analyze_sampled, wants_sampling
 from budget.accounting import events_for_plan
 from budget.ledger import Claim
 from chorus_py.errors import InvalidParameter, QueryRefused
+from chorus_py.materialize import SCHEMA
 from chorus_py.policy import SamplingColumn, TablePolicy
 from chorus_py.report import (
     ColumnReport,
@@ -58,6 +93,7 @@ from chorus_py.report import (
 from mechanisms.planning import NoisePlan, NoiseRequest, plan_noise
 from mechanisms.sampling import SamplerParameters, order_statistic, sampler_parameters
 from rewriters.blocks import blocks as restrict_blocks
+from rewriters.contribution import contribution
 
 if TYPE_CHECKING:
     from chorus_py.engine import Engine
@@ -73,25 +109,33 @@ _DUCK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "B
 
 def sampled_differences(query: SampledQuery, table_policy: TablePolicy, n: int, m: int,
                         reference: list[tuple[Any, ...]] | None = None,
-                        seed: float | None = None) -> np.ndarray:
+                        seed: float | None = None, swap: int = 1,
+                        where: exp.Expr | None = None) -> np.ndarray:
     """The m sampled L1 differences G_i = ||f(D_i) - f(D'_i)||_1 (SensitivitySampler).
 
     ``reference`` holds the rows (in ``query.columns`` order) of the public reference table
     when P is its empirical distribution; otherwise P comes from the declared column domains.
     ``seed`` (in [-1, 1]) makes the draws reproducible (benchmarks and tests).
+    ``swap`` is how many rows neighbours differ in: 1 (event level), or k, one unit's rows
+    after contribution bounding (see the module doc).  ``where`` replaces the query's WHERE
+    (the block restriction the real query runs with).
     """
+    if not 1 <= swap < n:
+        raise ValueError(f"need 1 <= swap < n, got swap = {swap}, n = {n}")
     con = duckdb.connect(":memory:")
     try:
         if seed is not None:
             con.execute(f"SELECT setseed({float(seed)!r})")
-        _draw(con, query, table_policy, n, m, reference)
-        # D = rows 0..n-1 (side 0); D' = rows 0..n-2 and row n (side 1): row n-1 swapped out.
+        _draw(con, query, table_policy, n + swap, m, reference)
+        # D = rows 0..n-1 (side 0); D' = rows 0..n-swap-1 and rows n..n+swap-1 (side 1): the
+        # last `swap` rows of D (one unit) replaced by `swap` fresh draws (another unit).
         con.execute(
             f"CREATE VIEW {SAMPLES} AS "
             f"SELECT * EXCLUDE (row_idx), 0 AS side FROM {_DRAWS} WHERE row_idx < {n} "
             f"UNION ALL "
-            f"SELECT * EXCLUDE (row_idx), 1 AS side FROM {_DRAWS} WHERE row_idx <> {n - 1}")
-        sql = query.sql("duckdb", SAMPLES, group_first=("sample_id", "side"))
+            f"SELECT * EXCLUDE (row_idx), 1 AS side FROM {_DRAWS} "
+            f"WHERE row_idx < {n - swap} OR row_idx >= {n}")
+        sql = query.sql("duckdb", SAMPLES, where=where, group_first=("sample_id", "side"))
         rows = con.execute(sql).fetchall()
     finally:
         con.close()
@@ -126,9 +170,9 @@ def _number(value: Any) -> float:
     return x
 
 
-def _draw(con: duckdb.DuckDBPyConnection, query: SampledQuery, tp: TablePolicy, n: int, m: int,
-          reference: list[tuple[Any, ...]] | None) -> None:
-    """``chorus_draws(sample_id, row_idx, <columns>)``: m databases of n + 1 rows from P."""
+def _draw(con: duckdb.DuckDBPyConnection, query: SampledQuery, tp: TablePolicy, rows: int,
+          m: int, reference: list[tuple[Any, ...]] | None) -> None:
+    """``chorus_draws(sample_id, row_idx, <columns>)``: m databases of ``rows`` rows from P."""
     cols = list(query.columns)
     if reference is not None:
         types = [_DUCK_TYPES[tp.columns[c].type] for c in cols]
@@ -141,7 +185,7 @@ def _draw(con: duckdb.DuckDBPyConnection, query: SampledQuery, tp: TablePolicy, 
             f"CREATE TABLE {_DRAWS} AS SELECT d.sample_id, d.row_idx, {picked} FROM ("
             f"SELECT s.range AS sample_id, i.range AS row_idx, "
             f"CAST(FLOOR(random() * {len(reference)}) AS BIGINT) AS pick "
-            f"FROM range({m}) s, range({n + 1}) i) d JOIN {_REFERENCE} r ON r.rid = d.pick")
+            f"FROM range({m}) s, range({rows}) i) d JOIN {_REFERENCE} r ON r.rid = d.pick")
         return
     # Each column independently; draws that need two uniforms (normal) or a shared one
     # (weighted choice) read u1/u2 columns of their own.
@@ -155,7 +199,7 @@ def _draw(con: duckdb.DuckDBPyConnection, query: SampledQuery, tp: TablePolicy, 
     inner = ", ".join(["s.range AS sample_id", "i.range AS row_idx",
                        *(f"random() AS {u}" for u in uniforms)])
     con.execute(f"CREATE TABLE {_DRAWS} AS SELECT sample_id, row_idx, {', '.join(exprs)} "
-                f"FROM (SELECT {inner} FROM range({m}) s, range({n + 1}) i)")
+                f"FROM (SELECT {inner} FROM range({m}) s, range({rows}) i)")
 
 
 def _column_draw(column: str, tp: TablePolicy, spec: SamplingColumn | None, ua: str,
@@ -230,11 +274,12 @@ class _Calibration:
 
 @dataclasses.dataclass(frozen=True)
 class _ClaimRequest:
-    """A prepared sampled query: its report (the cost), the blocks it reads, its noise."""
+    """A prepared sampled query: its report (the cost), the blocks it reads, its noise (None:
+    it reads no block, its answer depends on no row and is released as it is, free)."""
 
     report: PrivacyReport
     reads: BlocksRead | None
-    plan: NoisePlan
+    plan: NoisePlan | None
 
 
 class RandomDP:
@@ -328,9 +373,17 @@ class RandomDP:
         eps, _ = engine._parameters(analyst, epsilon, delta)
         g = self._gamma(gamma)
         query = analyze_sampled(sql, engine.policy, engine.dialect)
-        calibration = self._calibrate(query, g)
         reads, where = self._blocks(query)
-        backend_sql = query.sql(engine.dialect, f'"{query.table}"', where=where)
+        backend_sql = self._backend_sql(query, where)
+        if reads is not None and not reads.ids:
+            return _ClaimRequest(self._unread_report(query, analyst, backend_sql), reads,
+                                 None), query, backend_sql
+        # f on the samples is f as the database runs it: with the block restriction, when the
+        # query reads the block column (P draws it).  A query that does not read it reads every
+        # block, and P's rows are taken as rows of the table's blocks.
+        block = query.table_policy.block
+        sample_where = where if block is not None and block.column in query.columns else None
+        calibration = self._calibrate(query, g, sample_where)
         requests = [NoiseRequest(f"o{i}", math.ceil(calibration.sensitivity) if o.integral
                                  else calibration.sensitivity, o.integral)
                     for i, o in enumerate(query.measured)]
@@ -342,7 +395,30 @@ class RandomDP:
         report = self._report(query, plan, calibration, analyst, reads, backend_sql)
         return _ClaimRequest(report, reads, plan), query, backend_sql
 
-    def _calibrate(self, query: SampledQuery, gamma: float) -> _Calibration:
+    def _backend_sql(self, query: SampledQuery, where: exp.Expr | None) -> str:
+        """f over the private table: its rows restricted to the claimed blocks and, with a
+        privacy unit, bounded to at most k rows per unit (the relation neighbours differ in
+        k rows of; ``rewriters.contribution``, or the stored sample of bounding =
+        "materialized", which keeps k random rows per unit of the whole table)."""
+        dialect, tp = self.engine.dialect, query.table_policy
+        table = exp.to_table(f'"{query.table}"')
+        if query.unit is None:
+            return query.sql(dialect, table, where=where)
+        if tp.bounding == "materialized":
+            name = self.engine.samples.relation(query.table, tp)
+            stored = exp.Table(this=exp.to_identifier(name, quoted=True),
+                               db=exp.to_identifier(SCHEMA))
+            return query.sql(dialect, stored, where=where)
+        # Per query: the filtered rows first, then k random rows of each unit among them.
+        rows = exp.select("*").from_(table)
+        cond = query.condition(where)
+        if cond is not None:
+            rows = rows.where(cond)
+        bounded = contribution(rows, query.unit, query.rows_per_unit)
+        return query.sql(dialect, bounded.subquery("chorus_rows"), filtered=True)
+
+    def _calibrate(self, query: SampledQuery, gamma: float,
+                   where: exp.Expr | None) -> _Calibration:
         privacy = self.engine.policy.privacy
         sampling = query.table_policy.sampling
         assert sampling is not None
@@ -360,21 +436,26 @@ class RandomDP:
             n, n_source = sampling.rows, "declared in the policy (sampling.rows)"
             distribution = "; ".join(
                 f"{c}: {_describe_column(query.table_policy, c)}" for c in query.columns)
-        if n < 2:
-            raise QueryRefused(f"the sampled databases would hold n = {n} rows; at least 2 are "
-                               "needed", hint="the reference table needs at least 2 rows")
-        if params.m * (n + 1) > MAX_SAMPLED_ROWS:
+        swap = query.rows_per_unit
+        if n <= swap:
             raise QueryRefused(
-                f"sampling would draw m (n + 1) = {params.m} x {n + 1} rows, more than the "
+                f"the sampled databases would hold n = {n} rows, not more than the {swap} "
+                "row(s) neighbours differ in", hint=f"the data owner can declare "
+                f"[tables.{query.table}.sampling] rows > {swap} (or a larger reference table)")
+        if params.m * (n + swap) > MAX_SAMPLED_ROWS:
+            raise QueryRefused(
+                f"sampling would draw m (n + k) = {params.m} x {n + swap} rows, more than the "
                 f"{MAX_SAMPLED_ROWS:,} the proxy evaluates per query",
                 hint="ask for a larger gamma (fewer samples), or the data owner can lower "
                 "privacy.sampling_m or the table's sampling.rows")
         key = (query.normalized_sql, json.dumps(sampling.model_dump(), sort_keys=True,
-                                                default=str), n, params.m, params.k)
+                                                default=str), n, params.m, params.k, swap,
+               where.sql() if where is not None else None)
         with self._lock:
             sens = self._sensitivities.get(key)
         if sens is None:
-            diffs = sampled_differences(query, query.table_policy, n, params.m, reference)
+            diffs = sampled_differences(query, query.table_policy, n, params.m, reference,
+                                        swap=swap, where=where)
             sens = order_statistic(diffs, params.k)
             with self._lock:
                 self._sensitivities[key] = sens
@@ -383,7 +464,8 @@ class RandomDP:
         if not sens > 0:
             raise QueryRefused(
                 "the sampled sensitivity is 0: on the databases drawn from P the answer never "
-                "changed when one row was replaced, so P does not describe this query's data",
+                "changed when one row (one unit's rows) was replaced, so P does not describe "
+                "this query's data",
                 hint="the data owner should widen the sampling distribution P, or use analytic "
                 "sensitivity")
         return _Calibration(params, n, n_source, sens, distribution)
@@ -413,9 +495,10 @@ class RandomDP:
                                 column_type, runs)
         return reads, where
 
-    def _respond(self, query: SampledQuery, plan: NoisePlan,
+    def _respond(self, query: SampledQuery, plan: NoisePlan | None,
                  rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """f(D) plus noise; every declared group is released (a missing group has f = 0)."""
+        """f(D) plus noise (none without a plan: f read no row); every declared group is
+        released (a missing group has f = 0)."""
         index = _group_index(query)
         groups = max(len(index), 1)
         exact = np.zeros((groups, len(query.measured)))
@@ -424,9 +507,11 @@ class RandomDP:
             group = index.get(tuple(_key(v) for v in row[:nkeys]), None) if nkeys else 0
             if group is not None:
                 exact[group] = [_number(v) for v in row[nkeys:]]
-        noisy = np.empty_like(exact)
-        for i in range(len(query.measured)):
-            noisy[:, i] = plan.mechanisms[f"o{i}"].sample(exact[:, i])
+        noisy = exact
+        if plan is not None:
+            noisy = np.empty_like(exact)
+            for i in range(len(query.measured)):
+                noisy[:, i] = plan.mechanisms[f"o{i}"].sample(exact[:, i])
         combos = list(product(*(v for _, v in query.keys))) if query.keys else [()]
         result = []
         for g, combo in enumerate(combos):
@@ -462,27 +547,67 @@ class RandomDP:
                                                   mech.error_bound(0.95)))
             columns.append(ColumnReport(out.name, "aggregate", out.source, (mid,),
                                         mech.name, mech.scale, mech.error_bound(0.95)))
+        k = query.rows_per_unit
+        neighbours = ("one row" if query.unit is None else
+                      f"the rows of one {query.unit} (at most {k} after contribution bounding; "
+                      f"sampled as {k} rows drawn i.i.d. from P, replaced by {k} fresh draws: "
+                      "a real unit whose rows are alike can move the answer more)")
         rdp = RandomDPReport(
             gamma=p.gamma, m=p.m, k=p.k, rho=p.rho, n=cal.n, n_source=cal.n_source,
             sensitivity=cal.sensitivity, distribution=cal.distribution,
             note=f"(epsilon, delta, gamma)-random DP: with probability >= 1 - {p.gamma:g} over "
-            "databases drawn from P the answer is (epsilon, delta)-DP; neighbours differ in one "
-            "row")
-        notes = (
+            f"databases drawn from P the answer is (epsilon, delta)-DP; neighbours differ in "
+            f"{neighbours}")
+        notes = [
             f"random differential privacy with gamma = {p.gamma:g}: the sensitivity was "
             "sampled, not proven",
             f"epsilon split equally over {len(plan.mechanisms)} output column(s), each "
             "calibrated to the sampled L1 sensitivity of all outputs and groups",
             "noise added by the proxy from os.urandom",
-        )
+        ]
+        if query.unit is not None:
+            notes.insert(1, _bounding_note(query))
         return PrivacyReport(
             analyst=analyst, verdict="allowed", charged=False, epsilon=plan.epsilon,
             delta=plan.delta, noise="proxy", tables=(query.table,),
-            blocks=reads.ids if reads is not None else (query.table,), stability=1,
-            measurements=tuple(measurements), columns=tuple(columns),
+            blocks=reads.ids if reads is not None else (query.table,), stability=k,
+            privacy_unit=query.unit, measurements=tuple(measurements), columns=tuple(columns),
             key_release=KeyRelease("public_values", note="every declared value, nothing else")
             if query.keys else None,
-            rewritten_sql=sql, notes=notes, random_dp=rdp)
+            rewritten_sql=sql, notes=tuple(notes), random_dp=rdp)
+
+    def _unread_report(self, query: SampledQuery, analyst: str, sql: str) -> PrivacyReport:
+        """A query whose WHERE reaches no block: it reads no row (the rewritten SQL keeps it
+        inside the empty set of blocks), so its answer is a constant of the query, released
+        without sampling or noise, charging nothing."""
+        block = query.table_policy.block
+        assert block is not None
+        columns = tuple(
+            ColumnReport(o.name, "group_key", o.source, ()) if o.key is not None else
+            ColumnReport(o.name, "constant", o.source, (),
+                         note="the value of the aggregate over no row")
+            for o in query.outputs)
+        note = (f"the query reads no block of '{query.table}' (its WHERE reaches no window of "
+                f"{block.column} that holds data): the answer depends on no row, so it is "
+                "released without sampling or noise and charges nothing")
+        return PrivacyReport(
+            analyst=analyst, verdict="allowed", charged=False, epsilon=0.0, delta=0.0,
+            noise="none", tables=(query.table,), blocks=(), stability=query.rows_per_unit,
+            privacy_unit=query.unit, columns=columns,
+            key_release=KeyRelease("public_values", note="every declared value, nothing else")
+            if query.keys else None, rewritten_sql=sql, notes=(note,))
+
+
+def _bounding_note(query: SampledQuery) -> str:
+    tp = query.table_policy
+    how = ("a stored random sample of the whole table (bounding = 'materialized')"
+           if tp.bounding == "materialized"
+           else "a random choice among the rows that pass the filter")
+    note = f"at most {query.rows_per_unit} rows per {query.unit}, by {how}"
+    if tp.contribution == "auto":
+        note += ("; sampled mode uses the policy's limit max_rows_per_unit (no cap is chosen "
+                 "per query)")
+    return note
 
 
 def _describe_column(tp: TablePolicy, column: str) -> str:

@@ -1098,6 +1098,8 @@ def explain_lines(report: PrivacyReport) -> list[str]:
                      f"{report.delta:g}, {r.gamma:g}); sampled sensitivity {shown(r.sensitivity)}"
                      f" = the k = {r.k}-th of m = {r.m} samples, rho = {r.rho:.4g}, n = {r.n} "
                      f"({r.n_source}); P: {r.distribution}")
+        if r.note:
+            lines.append(f"random DP: {r.note}")
     lines += [f"note: {n}" for n in report.notes]
     if report.rewritten_sql:
         lines.append(f"rewritten SQL: {report.rewritten_sql}")
