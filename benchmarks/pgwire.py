@@ -58,8 +58,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# (name, bounding, contribution): the demo policy's default (most accurate) first, then the
-# cheaper configurations a busy deployment would pick.
+# (name, bounding, contribution and clipping): the demo policy's default (most accurate) first,
+# then the cheaper configurations a busy deployment would pick.
 CONFIGS = [
     ("per-query, auto cap", "per-query", "auto"),
     ("materialized, auto cap", "materialized", "auto"),
@@ -73,6 +73,8 @@ def _policy(directory: Path, name: str, bounding: str, contribution: str) -> Pat
     text = re.sub(r"(?m)^epsilon_per_block = .*$", "epsilon_per_block = 1e12", text)
     text = re.sub(r'(?m)^bounding = ".*"$', f'bounding = "{bounding}"', text)
     text = re.sub(r'(?m)^contribution = ".*"$', f'contribution = "{contribution}"', text)
+    # Clipping bounds are chosen per query with the cap ("auto"), or the declared ones are used.
+    text = re.sub(r'(?m)^clipping = ".*"$', f'clipping = "{contribution}"', text)
     path = directory / f"policy-{re.sub(r'[^a-z]+', '-', name)}.toml"
     path.write_text(text)
     return path
