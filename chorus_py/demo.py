@@ -345,8 +345,9 @@ cap_epsilon_share = 0.1
 # 'sampled'`, `--sensitivity sampled`); "sampled" here makes it every analyst's default. Its
 # answer is (epsilon, delta, gamma)-random DP: gamma is the chance the guarantee fails over
 # databases drawn from the table's sampling distribution P; analysts may ask for at most
-# max_gamma. sampling_m databases are drawn (more when gamma needs it). Only tables without a
-# privacy_unit can be sampled, and only when their P is named, e.g. for an event-level table:
+# max_gamma. sampling_m databases are drawn (more when gamma needs it). A table can be sampled
+# when its P is named (with one privacy_unit column: neighbours differ in one unit's
+# max_rows_per_unit rows; rows of several units are refused), e.g. for an event-level table:
 #   [tables.visits.sampling]
 #   rows = 100000                        # n, the size of the drawn databases (public)
 #   reference = "visits_reference"       # a public table of similar rows; or, per column:
@@ -366,7 +367,9 @@ privacy_unit = "rider_id"
 # Contribution bound: the most trips of one rider any query may see (demo riders have 1 to 200).
 max_rows_per_unit = 200
 # "auto": each query chooses its own cap k <= 200 from a noisy histogram of trips per rider,
-# trading dropped trips (bias) against noise, with cap_epsilon_share of its epsilon.
+# trading dropped trips (bias) against noise, with cap_epsilon_share of its epsilon. A GROUP BY
+# on keys without public_values also keeps each rider's trips in at most g groups (g from a
+# noisy histogram of groups per rider), so its key-release threshold grows with g, not k.
 # "fixed": every query uses max_rows_per_unit (a cap that is too small biases every COUNT down).
 contribution = "auto"
 # "auto": each SUM/AVG/VARIANCE/STDDEV clips values to bounds it chooses inside the declared

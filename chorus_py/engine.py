@@ -409,8 +409,10 @@ class Engine:
             exact = self._histogram(prepared, claim, ("groups",), len(starts), lambda: (
                 group_histogram(query, prepared.restriction, prepared.sample, starts)))
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
+            gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
+            assert gate is not None
             per_unit = choose_groups(RowModel(starts, tuple(float(v) for v in noisy), limit,
-                                              eps_h))
+                                              eps_h), gate.mechanism.epsilon, gate.delta)
         columns = []
         for arg in clipped:
             edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
@@ -420,7 +422,8 @@ class Engine:
                                                            prepared.sample))
             # The exact weights never leave this function: only their noisy version is used.
             noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
-            columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy)))
+            columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy),
+                                      eps_h))  # its epsilon: biases at their upper estimates
         if with_rows:
             starts = cap_bins(limit)
             exact = self._histogram(prepared, claim, ("cap",), len(starts), lambda: cap_histogram(

@@ -63,6 +63,12 @@ estimates nu(B), and clipping the tail removes spread much faster than it moves 
 (without it, the rule narrowed the bounds of STDDEV(fare) to half the declared ones and lost
 up to 7x the accuracy of a fixed cap).
 
+Groups per unit.  A query whose group keys are released by thresholding also bounds the
+distinct groups per unit, g, from a third histogram (distinct groups per unit, same bins,
+sensitivity 1), chosen first and on its own by ``choose_groups`` (a DP quantile, derived
+there).  The key-release threshold then depends on g, not k, so the cap rule leaves the
+key-release count out (its weight is 0) and trades rows against the measurements' noise alone.
+
 k minimises E(k) = sum_m e_m(k), where for each clipped column the bound B minimises the part of
 E(k) that depends on it (its measurements' terms) among its candidates; the smallest k and the
 widest B win ties.  On data where every unit has exactly c rows (c a bin start and end, c <= 8)
@@ -80,6 +86,7 @@ from typing import Literal
 import numpy as np
 
 from mechanisms.clip_bounds import ClipColumn, SumKind, Z
+from mechanisms.thresholding import key_release_threshold
 
 
 @dataclass(frozen=True)
@@ -286,11 +293,13 @@ def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
 GROUP_QUANTILE = 0.01
 
 
-def choose_groups(units: RowModel, alpha: float = GROUP_QUANTILE) -> int:
+def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: float = 0.0,
+                  alpha: float = GROUP_QUANTILE) -> int:
     """The groups-per-unit bound g for keys released by thresholding (``mechanisms.thresholding``).
 
     ``units`` is the noisy histogram of G_u, each unit's number of distinct groups in the
     query's filtered rows, over the bins of ``cap_bins`` (sensitivity 1: a unit is in one bin).
+    ``gate_epsilon`` and ``delta`` are those of the key-release count (None: the quantile alone).
 
     Why a bound.  Without it a unit's k rows may reach k groups, so the key-release count has
     D = k and tau = 1 + (D / epsilon_t) ln(D / delta) grows with the cap: at k = 200 a query
@@ -298,25 +307,42 @@ def choose_groups(units: RowModel, alpha: float = GROUP_QUANTILE) -> int:
     rows in g of its groups gives D = min(g, k) and leaves the row cap k free to keep the rows
     within them (``rewriters.contribution.group_bound``).
 
-    The rule.  tau grows about linearly in g, while a unit with G_u <= g loses nothing, so g is
-    the smallest candidate (bin start or end, as for the cap) that leaves all groups to all but
-    a share alpha of the units, with the count of units above g at its upper estimate:
+    The quantile.  A unit with G_u <= g loses nothing, so g never needs to exceed g_q, the
+    smallest candidate (bin start or end, as for the cap) that leaves all groups to all but a
+    share alpha of the units, with the count of units above g at its upper estimate:
 
         A(g) = sum_{b: m_b > g} H_b + Z sqrt(V |{b: m_b > g}|) <= alpha U,   U = sum_b H_b,
 
     m_b the bin's middle, V the histogram noise's variance (``discrete_laplace_variance``); if
-    no candidate passes, g = the limit (no bound beyond the row cap).  This is a DP quantile of
-    the per-unit contributions, the choice Amin et al. ("Bounding user contributions: a
-    bias-variance trade-off in differential privacy", ICML 2019) show balances dropped
-    contributions against noise; the quantile alpha = 1% keeps the distinct-unit counts of
-    every group within about 1% of their unbounded values.  g is post-processing of the noisy
-    histogram.
+    no candidate passes, g_q = the limit.  This is a DP quantile of the per-unit contributions
+    (Amin et al., "Bounding user contributions: a bias-variance trade-off in differential
+    privacy", ICML 2019); alpha = 1% keeps every group's distinct-unit count within about 1%.
 
-    1000 units with 17 to 19 groups each (the bin [17, 19], m = 18), exact counts: g = 19, the
-    bin's end (g = 17, the start, leaves them all above it).
+    The suppression term.  At a small epsilon_t, tau(g_q) can exceed the groups' sizes: then a
+    smaller g loses some (unit, group) pairs but releases more groups.  Among candidates
+    g <= g_q, g minimises
 
-    >>> choose_groups(RowModel(cap_bins(200), (0,) * 11 + (1000,) + (0,) * 15, 200, 0.0))
-    19
+        E(g) = L(g) / P + S(g),   S(g) = 1 - (1 + r) exp(-r),   r = tau(g) / n(g),
+
+    where P = sum_b H_b m_b is the (unit, group) pairs, L(g) the pairs beyond g at their upper
+    estimate (``RowModel.lost`` over this histogram), n(g) = (P - R(g)) / g_q the mean distinct
+    units per group (g_q estimates the number of groups: for keys such as the hour of the day,
+    units that reach many groups reach all of them; for finer keys it overestimates n, and g
+    stays near g_q, where nothing could be released anyway), and S(g) the share of pairs in
+    groups below tau when group sizes are exponential with mean n (the maximum-entropy law for
+    a known mean): the integral of x exp(-x / n) / n^2 over [0, tau].  Both terms are shares of
+    the distinct-unit counts lost.  Ties go to the larger g.  g is post-processing of the noisy
+    histogram (epsilon_t and delta are public).
+
+    1000 units with 17 to 19 groups each (the bin [17, 19], m = 18), exact counts: g_q = 19, the
+    bin's end (g = 17, the start, leaves them all above it); at epsilon_t = 1 and delta 1e-8,
+    tau(19) = 1 + 19 ln(19e8) = 406.9 against n = 1000 * 18 / 19 = 947.4 units per group:
+    r = 0.430, E(19) = S = 0.070, while g = 17 drops a pair of every unit (L / P = 1 / 18 =
+    0.056) for S(17) = 0.063 (tau 362.3, n = 17000 / 19): E(17) = 0.118, so g = 19.
+
+    >>> one_bin = RowModel(cap_bins(200), (0,) * 11 + (1000,) + (0,) * 15, 200, 0.0)
+    >>> choose_groups(one_bin), choose_groups(one_bin, 1.0, 1e-8)
+    (19, 19)
     """
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
@@ -324,9 +350,24 @@ def choose_groups(units: RowModel, alpha: float = GROUP_QUANTILE) -> int:
     middles = units._means()
     total = max(float(h.sum()), 1.0)
     variance = discrete_laplace_variance(units.epsilon) if units.epsilon > 0 else 0.0
-    for g in units.candidates():
+    candidates = units.candidates()
+    quantile = units.limit
+    for g in candidates:
         above = middles > g
         found = float(h[above].sum()) + Z * math.sqrt(variance * int(above.sum()))
         if found <= alpha * total:
-            return g
-    return units.limit
+            quantile = g
+            break
+    if gate_epsilon is None:
+        return quantile
+    if not gate_epsilon > 0 or not 0 < delta < 1:
+        raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
+    pairs = units.all_rows()
+    best, best_error = quantile, math.inf
+    for g in reversed([c for c in candidates if c <= quantile]):
+        per_group = units.kept(g) / quantile
+        r = key_release_threshold(g / gate_epsilon, g, delta) / per_group
+        error = min(units.lost(g) / pairs, 1.0) + 1.0 - (1.0 + r) * math.exp(-r)
+        if error < best_error:
+            best, best_error = g, error
+    return best

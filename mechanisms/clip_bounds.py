@@ -48,9 +48,11 @@ relative error of each measurement combines loss(B) with its noise at the cap k 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -65,6 +67,9 @@ STEPS = 24
 SumKind = Literal["sum", "sum_squares"]
 
 
+# The rule evaluates every (cap, bound) pair: the pure helpers below are cached, so choosing
+# costs microseconds per candidate instead of rebuilding the same tuples thousands of times.
+@functools.lru_cache(maxsize=256)
 def magnitude_edges(magnitude: float) -> tuple[float, ...]:
     """The bin edges M 2^(-j/2), j = 0..STEPS, largest first (also the candidate bounds).
 
@@ -76,11 +81,28 @@ def magnitude_edges(magnitude: float) -> tuple[float, ...]:
     return tuple(magnitude * 2.0 ** (-j / 2) for j in range(STEPS + 1))
 
 
+@functools.lru_cache(maxsize=256)
 def representatives(magnitude: float) -> tuple[float, ...]:
     """a_j for bins 0..STEPS + 1: M, then the middle of each bin (see the module docstring)."""
     edges = magnitude_edges(magnitude)
     middles = [(edges[j] + edges[j - 1]) / 2 for j in range(1, STEPS + 1)]
     return (magnitude, *middles, edges[-1] / 2)
+
+
+_F = TypeVar("_F", bound=Callable[..., float])
+
+
+def _per_bound(method: _F) -> _F:
+    """Remember a ClipColumn statistic per bound: the rule asks for it once per candidate cap."""
+    @functools.wraps(method)
+    def remembered(self: ClipColumn, bound: float | None = None) -> float:
+        key = (method.__name__, bound)
+        memo = self._memo
+        if key not in memo:
+            memo[key] = method(self, bound)
+        return memo[key]
+
+    return remembered  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -98,7 +120,7 @@ class ClipColumn:
         if len(self.noisy) != STEPS + 2:
             raise ValueError(f"expected {STEPS + 2} histogram bins")
 
-    @property
+    @functools.cached_property
     def magnitude(self) -> float:
         """M = max(|l|, |u|)."""
         return max(abs(self.lower), abs(self.upper))
@@ -115,6 +137,19 @@ class ClipColumn:
         return (max(self.lower, -bound), min(self.upper, bound))
 
     def _weights(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._normalised
+
+    @functools.cached_property
+    def _memo(self) -> dict[tuple[str, float | None], float]:
+        return {}
+
+    @functools.cached_property
+    def _histogram_variance(self) -> float:
+        """The variance of one bin's noise (the snapping mechanism at epsilon_h)."""
+        return Snapping.from_sensitivity(1.0, self.epsilon).variance()
+
+    @functools.cached_property
+    def _normalised(self) -> tuple[np.ndarray, np.ndarray]:
         # Not clamped at 0 (as in mechanisms.caps): estimates linear in H_j stay unbiased, where
         # clamping would turn the noise of every empty bin near M into phantom clipping loss.
         h = np.asarray(self.noisy, dtype=float)
@@ -127,6 +162,7 @@ class ClipColumn:
             h[0], total = 1.0, 1.0
         return h / total, a
 
+    @_per_bound
     def mean(self, bound: float | None = None) -> float:
         """mu(B) (mu at B = None), never below a tiny positive floor."""
         p, a = self._weights()
@@ -134,22 +170,25 @@ class ClipColumn:
             a = np.minimum(a, bound)
         return max(float(np.sum(p * a)), self.magnitude * 1e-9)
 
+    @_per_bound
     def loss(self, bound: float) -> float:
         """loss(B) = (mu - mu(B)) / mu, in [0, 1]."""
         full = self.mean()
         return min(max((full - self.mean(bound)) / full, 0.0), 1.0)
 
+    @_per_bound
     def loss_upper(self, bound: float) -> float:
         """loss(B) + Z sd loss(B): the clipping bias at its upper estimate (module docstring)."""
         found = self.loss(bound)
         if self.epsilon > 0:
             weight = max(float(np.sum(self.noisy)), 1.0)
             beyond = np.maximum(np.asarray(representatives(self.magnitude)) - bound, 0.0)
-            variance = Snapping.from_sensitivity(1.0, self.epsilon).variance()
+            variance = self._histogram_variance
             found += Z * math.sqrt(variance * float(np.sum(beyond * beyond))) / (
                 weight * self.mean())
         return min(found, 1.0)
 
+    @_per_bound
     def spread(self, bound: float) -> float:
         """nu(B), floored at a tiny positive value."""
         p, a = self._weights()
@@ -158,16 +197,32 @@ class ClipColumn:
         return max(float(np.sum(p * clipped * clipped)) - mu * mu,
                    (self.magnitude * 1e-6) ** 2)
 
+    @_per_bound
     def spread_loss(self, bound: float) -> float:
-        """(nu(M) - nu(B)) / nu(M) in [0, 1]: the share of the spread clipping at B removes.
+        """(nu(M) - nu(B) + Z sd) / nu(M) in [0, 1]: the share of the spread clipping at B
+        removes, at its upper estimate.
 
         A VARIANCE (or STDDEV) of values clipped at B estimates nu(B), not nu(M): clipping the
         tail shrinks the spread far more than the mean (a value beyond B loses its distance to
-        the mean squared), so the rule charges this bias to the sum of squares.
+        the mean squared), so the rule charges this bias to the sum of squares.  As for the
+        mean's loss, the histogram noise is added: nu(M) - nu(B) = sum_j p_j (a_j^2 -
+        min(a_j, B)^2) - (mu^2 - mu(B)^2), whose sd is at most sqrt(V sum_j max(0, a_j^2 -
+        B^2)^2) / W (dropping the mu terms, which only subtract: a_j^2 - B^2 >= 2 mu (a_j - B)
+        when a_j + B >= 2 mu).  Values near the declared bound weigh a_j^2: a few noisy units
+        there are worth much spread, so a tail is cut only when the histogram clearly shows it
+        empty.
         """
         full = self.spread(self.magnitude)
-        return min(max((full - self.spread(bound)) / full, 0.0), 1.0)
+        found = (full - self.spread(bound)) / full
+        if self.epsilon > 0:
+            weight = max(float(np.sum(self.noisy)), 1.0)
+            a = np.asarray(representatives(self.magnitude))
+            beyond = np.maximum(a * a - bound * bound, 0.0)
+            variance = self._histogram_variance
+            found += Z * math.sqrt(variance * float(np.sum(beyond * beyond))) / (weight * full)
+        return min(max(found, 0.0), 1.0)
 
+    @_per_bound
     def kurtosis(self, bound: float) -> float:
         """kappa(B) = E[(x - mu(B))^4] / nu(B)^2 of the clipped magnitudes, at least 1.
 
@@ -182,6 +237,12 @@ class ClipColumn:
 
     def per_row(self, bound: float, kind: SumKind, centred: bool) -> float:
         """The per-row bound d of a measurement over [l', u'] (its sensitivity is k d)."""
+        key = (f"per_row {kind} {centred}", bound)
+        if key not in self._memo:
+            self._memo[key] = self._per_row(bound, kind, centred)
+        return self._memo[key]
+
+    def _per_row(self, bound: float, kind: SumKind, centred: bool) -> float:
         lo, hi = self.interval(bound)
         if centred:
             half = (hi - lo) / 2

@@ -51,6 +51,46 @@ def test_rule_on_hours_of_the_day() -> None:
     assert choose_groups(RowModel(cap_bins(200), tuple(map(float, counts)), 200, 0.0)) == 23
 
 
+def test_suppression_term_by_hand() -> None:
+    # The 1000 units of the doctest (bin [17, 19], m = 18) at epsilon_t = 1, delta = 1e-8:
+    # g = 19: tau = 1 + 19 ln(19 / 1e-8) = 406.9, n = 18000 / 19 = 947.4, r = 0.4295,
+    # S = 1 - (1 + r) e^-r = 0.0696, nothing lost.  g = 17: tau = 362.3, n = 17000 / 19,
+    # S = 0.0629, plus L / P = 1000 / 18000: 0.118.  The rule keeps 19.
+    one_bin = RowModel(cap_bins(200), (0,) * 11 + (1000,) + (0,) * 15, 200, 0.0)
+    tau19 = key_release_threshold(19.0, 19, 1e-8)
+    assert tau19 == pytest.approx(1 + 19 * math.log(19e8))
+    r = tau19 / (18000 / 19)
+    assert 1 - (1 + r) * math.exp(-r) == pytest.approx(0.0696, abs=1e-4)
+    assert choose_groups(one_bin, 1.0, 1e-8) == 19
+    # At epsilon_t = 0.05 tau(19) = 8119 hides nearly every group (r = 8.6, S ~ 0.998): a
+    # smaller g drops pairs but releases groups.  By hand, g = 8 (bin-start candidate, ends:
+    # all units keep 8 of 18): L / P = 10 / 18 = 0.556, tau(8) = 1 + 160 ln(8e8) = 3281,
+    # n = 8000 / 19 = 421: r = 7.78, S = 0.997: worse.  Every candidate's S stays near 1, so
+    # the pairs lost decide: g = 19 again.
+    assert choose_groups(one_bin, 0.05, 1e-8) == 19
+
+
+def test_suppression_moves_g_down_on_hours_at_a_small_epsilon() -> None:
+    # The demo's hours (test above): g_q = 23.  At epsilon_t = 0.09 (the demo's default 0.5),
+    # tau(23) = 5510 against n = 22,800 riders per hour: S = 2.5%, and g stays near g_q.  At
+    # epsilon_t = 0.018 (epsilon 0.1), tau(23) = 27,545 > n: S(23) = 34%, and a g near 13
+    # (tau 15,200, S ~ 14%, ~4% of pairs lost) releases most hours.
+    counts = [15855, 15533, 13553, 11443, 9472, 7787, 6391, 10066, 6898, 4726, 4482, 2277,
+              1147, 90] + [0] * 13
+    hours = RowModel(cap_bins(200), tuple(map(float, counts)), 200, 0.0)
+    assert 20 <= choose_groups(hours, 0.09, 1e-8) <= 23
+    small = choose_groups(hours, 0.018, 1e-8)
+    assert 10 <= small <= 16
+    # The minimum by an independent computation of E(g) over the candidates g <= g_q.
+    pairs = hours.all_rows()
+
+    def e(g: int) -> float:
+        r = key_release_threshold(g / 0.018, g, 1e-8) / (hours.kept(g) / 23)
+        return hours.lost(g) / pairs + 1 - (1 + r) * math.exp(-r)
+
+    assert small == min((c for c in hours.candidates() if c <= 23), key=lambda c: (e(c), -c))
+
+
 # -- sensitivities and the threshold -----------------------------------------------------------
 def test_threshold_at_d_groups_by_hand() -> None:
     # Separate key-release count, epsilon 1, share 0.2: eps_t = 0.2, D = 4: b = 20,
@@ -79,6 +119,7 @@ cap_epsilon_share = 0.5
 privacy_unit = "unit_id"
 max_rows_per_unit = 50
 contribution = "auto"
+bounding = "BOUNDING"
 
 [tables.spread.columns]
 unit_id = {{ type = "int" }}
@@ -95,14 +136,15 @@ def spread(scratch: Callable[..., Engine], backend_url: str) -> Callable[..., En
     """Table `spread`: 300 units, each with ``rows`` rows in each of ``groups`` groups (grp)."""
     double = "DOUBLE" if backend_url.startswith("duckdb") else "DOUBLE PRECISION"
 
-    def make(groups: int, rows: int, null_group: bool = False) -> Engine:
+    def make(groups: int, rows: int, null_group: bool = False,
+             bounding: str = "per-query") -> Engine:
         grp = "CASE WHEN g = 1 THEN NULL ELSE g END" if null_group else "g"
         create = (f"CREATE TABLE spread AS SELECT CAST(u AS BIGINT) AS unit_id, "
                   f"CAST({grp} AS BIGINT) AS grp, CAST(r AS {double}) AS value, "
                   "CASE WHEN r % 2 = 0 THEN 'a' ELSE 'b' END AS kind "
                   f"FROM generate_series(1, 300) AS a(u), generate_series(1, {groups}) AS b(g), "
                   f"generate_series(1, {rows}) AS c(r)")
-        return scratch("spread", [create], POLICY)
+        return scratch("spread", [create], POLICY.replace("BOUNDING", bounding))
 
     return make
 
@@ -153,11 +195,13 @@ def test_rows_kept_in_at_most_g_groups(spread: Callable[..., Engine], backend_ur
     assert len({pair for *_, pair in per_unit}) >= 8
 
 
-def test_engine_chooses_g_and_releases_the_groups(spread: Callable[..., Engine]) -> None:
+@pytest.mark.parametrize("bounding", ["per-query", "materialized"])
+def test_engine_chooses_g_and_releases_the_groups(spread: Callable[..., Engine],
+                                                  bounding: str) -> None:
     # 300 units, each with 3 rows in each of 4 groups.  At epsilon 40 (20 on three histograms:
     # groups, rows, values; noise variance ~1e-5) g = 4: no unit has more, fewer leaves every
-    # unit above it.
-    engine = spread(4, 3)
+    # unit above it.  A stored sample (materialized) is read the same way, g applied on top.
+    engine = spread(4, 3, bounding=bounding)
     result = engine.execute(SQL, epsilon=40.0, delta=DELTA, **ALICE)
     report = result.report
     contribution_report = report.contribution
@@ -178,6 +222,7 @@ def test_engine_chooses_g_and_releases_the_groups(spread: Callable[..., Engine])
     assert b == pytest.approx(4 / gate.mechanism["epsilon"])
     assert report.key_release.threshold == pytest.approx(1 + b * math.log(4 / DELTA))
     assert "D = 4 groups per unit" in report.key_release.note
+    assert "__chorus_grank <= 4" in report.rewritten_sql  # the rows kept in 4 groups per unit
     # Every group is released with all its 300 units (far above tau ~ 10).
     assert sorted(row[0] for row in result.rows) == [1, 2, 3, 4]
     assert all(abs(row[2] - 300) < 5 for row in result.rows)
