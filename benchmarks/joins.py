@@ -64,7 +64,8 @@ def main(rows: int = 1_000_000) -> str:
         policy = generate_demo(Path(tmp), rows=rows)
         generation = time.perf_counter() - started
         engine = Engine.from_policy(policy)
-        lines = [f"Demo data: {rows:,} trips (generated with riders, drivers and cities in "
+        lines = ["## Joins: analyse + rewrite time, max-frequency metrics", "",
+                 f"Demo data: {rows:,} trips (generated with riders, drivers and cities in "
                  f"{generation:.1f} s), DuckDB, the demo policy.", "",
                  "| metric | time to read (ms) |", "|---|---|"]
         for table, column in (("trips", "city"), ("trips", "driver_id"),

@@ -163,7 +163,7 @@ def main() -> None:
     plot(points, ROOT / "benchmarks" / "sampling.png")
     hp = 600 * (1 - math.sqrt(GAMMA))
     lines = [
-        "## sampling",
+        "## Sensitivity sampling: time to sample, convergence to the analytic sensitivity",
         "",
         f"`python -m benchmarks.sampling --repeat {args.repeat}` (2-core machine). "
         "Time to sample the sensitivity: m databases of n + 1 = 1,001 rows drawn from P in an "
