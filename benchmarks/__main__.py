@@ -1,0 +1,54 @@
+"""Run every benchmark, one after the other; each writes its section of benchmarks/RESULTS.md.
+
+    python -m benchmarks                 # all of them (about half an hour on 2 cores)
+    python -m benchmarks joins sampling  # only these
+
+Each benchmark is its own process (its own interpreter, as the proxy runs in production) with its
+default arguments; run one directly for its options (``python -m benchmarks.pgwire --help``).
+Postgres must be up for ``run``, ``pgwire`` and ``rest`` (``CHORUS_TEST_PG``, default
+``postgresql://postgres@127.0.0.1:5432/test``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: name -> what it measures (the order they run in).
+BENCHMARKS = {
+    "run": "engine: analyse + rewrite latency, DP / raw query time",
+    "accuracy": "automatic caps and clipping bounds against fixed ones",
+    "pgwire": "wire protocol: latency and throughput against raw Postgres",
+    "rest": "REST front door: queries per second and latency",
+    "ledger": "budget ledger: claims per second, DPF simulations",
+    "joins": "joins: analyse + rewrite time, max-frequency metrics",
+    "attribution": "multi-attribution bounding: speed, distance from optimal",
+    "sampling": "sensitivity sampling: time, convergence",
+}
+
+
+def main(argv: list[str]) -> int:
+    """Run the named benchmarks (all by default); the exit code of the first that fails."""
+    unknown = [name for name in argv if name not in BENCHMARKS]
+    if unknown or any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        for name, what in BENCHMARKS.items():
+            print(f"  {name:12s} {what}")
+        return 2 if unknown else 0
+    for i, name in enumerate(argv or list(BENCHMARKS), 1):
+        print(f"[{i}/{len(argv or BENCHMARKS)}] {name}: {BENCHMARKS[name]}", flush=True)
+        started = time.monotonic()
+        code = subprocess.call([sys.executable, "-m", f"benchmarks.{name}"], cwd=ROOT)
+        print(f"[{name}] {'done' if code == 0 else f'failed ({code})'} in "
+              f"{time.monotonic() - started:.0f} s", flush=True)
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
