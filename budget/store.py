@@ -33,6 +33,7 @@ and on Postgres).
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import threading
 import time
@@ -386,11 +387,17 @@ class _Compiled:
         # ``fixed``; the others are given at each execution.
         self.fixed = {**{k: v for k, v in compiled.params.items() if v is not None},
                       **(fixed or {})}
+        # Positional dialects (SQLite): one C-level lookup builds a row's tuple (a claim
+        # writes one row per block it charges).
+        self._pick = operator.itemgetter(*self.order) if self.order else None
 
     def params(self, values: dict[str, Any]) -> Any:
         if self.fixed:
             values = {**self.fixed, **values}
-        return values if self.order is None else tuple(values[k] for k in self.order)
+        if self._pick is None:
+            return values if self.order is None else ()
+        picked = self._pick(values)
+        return picked if len(self.order or ()) > 1 else (picked,)
 
 
 class _SQLTx(Tx):
