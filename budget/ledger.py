@@ -231,6 +231,7 @@ class Ledger:
         self.delta_per_block = float(delta_per_block)
         self.store = store or MemoryStore()
         self.accountant = accountant or BasicAccountant()
+        self._orders = tuple(getattr(self.accountant, "orders", ()))  # for the block views
         self.settings = scheduler or SchedulerSettings()
         self.clock = clock
         self.poll_seconds = poll_seconds
@@ -782,14 +783,16 @@ class Ledger:
             self._changed.notify_all()
 
     def _view(self, b: BlockState) -> BlockBudget:
-        used = tuple(a + c for a, c in zip(b.allocated, b.consumed, strict=True))
-        eps, dlt, index = self.accountant.guarantee(
-            used, b.delta_allocated + b.delta_consumed, b.epsilon_global, b.delta_global)
-        if self.accounting == "basic":
-            index = 0
+        if self.accounting == "basic":  # the common case, without the general path's lists
+            eps, dlt, index = b.allocated[0] + b.consumed[0], \
+                b.delta_allocated + b.delta_consumed, 0
+        else:
+            used = tuple(a + c for a, c in zip(b.allocated, b.consumed, strict=True))
+            eps, dlt, index = self.accountant.guarantee(
+                used, b.delta_allocated + b.delta_consumed, b.epsilon_global, b.delta_global)
         return BlockBudget(
             b.block_id, "retired" if b.retired else "active", self.accounting,
-            tuple(getattr(self.accountant, "orders", ())), b.epsilon_global, b.delta_global,
+            self._orders, b.epsilon_global, b.delta_global,
             tuple(b.global_), tuple(b.locked), tuple(b.unlocked), tuple(b.allocated),
             tuple(b.consumed), b.delta_pool, b.delta_allocated, b.delta_consumed, b.arrivals,
             eps, dlt, index, dict(b.by_analyst))
