@@ -54,7 +54,7 @@ from chorus_py.errors import (
     QueryRefused,
 )
 from chorus_py.frequencies import FrequencyCatalog
-from chorus_py.joined import JoinTemplate, join_events, prepare_join
+from chorus_py.joined import join_events, prepare_join
 from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
 from chorus_py.random_dp import RandomDP
@@ -69,6 +69,7 @@ from chorus_py.report import (
     SelectionStep,
 )
 from chorus_py.statistics import BlockCatalog
+from chorus_py.templates import one_table_sql
 from mechanisms import DiscreteLaplace, Snapping
 from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups
 from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges
@@ -100,13 +101,13 @@ class _Prepared:
     """Everything decided before the claim (steps 1-5 and 7): pure, nothing charged."""
 
     def __init__(self, query: AggregateQuery, plan: NoisePlan, reads: BlocksRead | None,
-                 rewritten: RewrittenQuery, sql: str, report: PrivacyReport,
+                 rewritten: RewrittenQuery | None, sql: str, report: PrivacyReport,
                  restriction: BlockRestriction | None, sample: tuple[str, str] | None,
                  cap_epsilon: float) -> None:
         self.query = query
         self.plan = plan
         self.reads = reads
-        self.rewritten = rewritten
+        self.rewritten = rewritten  # None for a single-table query with database noise
         self.sql = sql
         self.report = report
         self.restriction = restriction
@@ -154,8 +155,9 @@ class Engine:
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
-        # Join rewrites with their noise scales left open (chorus_py.joined.JoinTemplate).
-        self._templates: _LRU[tuple[object, ...], JoinTemplate] = _LRU(1024)
+        # Rewrites with their noise scales (and caps, bounds) left open: join queries
+        # (chorus_py.joined.JoinTemplate) and single-table ones (chorus_py.templates).
+        self._templates: _LRU[tuple[object, ...], Any] = _LRU(1024)
 
     @classmethod
     def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
@@ -492,9 +494,18 @@ class Engine:
                 f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
                 hint="ask for a larger epsilon",
             ) from None
-        rewritten = pipeline(query, plan, restriction, self.dialect, sample)
-        sql = rewritten.sql_with_noise(plan) if self.policy.privacy.noise == "sql" else \
-            rewritten.measure_sql()
+        rewritten: RewrittenQuery | None = None
+        if self.policy.privacy.noise == "sql":
+            # Only the noise scales, caps and bounds change between calls of one query shape:
+            # filled into its text template (chorus_py.templates); the tree is not kept, only
+            # proxy noise reads it.
+            sql = one_table_sql(
+                self._templates, (query.normalized_sql, restriction, sample, self.dialect),
+                query, plan, self.dialect, sample is not None,
+                lambda q, p: pipeline(q, p, restriction, self.dialect, sample).sql_with_noise(p))
+        else:
+            rewritten = pipeline(query, plan, restriction, self.dialect, sample)
+            sql = rewritten.measure_sql()
         report = self._report(query, plan, "", reads, sql)
         return _Prepared(query, plan, reads, rewritten, sql, report, restriction, sample, 0.0)
 
@@ -531,6 +542,7 @@ class Engine:
     def _run_proxy_noise(self, prepared: _Prepared, claim: Any) -> ResultSet:
         exact = self._run(prepared.sql, touched_charge=claim)
         rewritten, plan = prepared.rewritten, prepared.plan
+        assert rewritten is not None  # proxy noise always keeps the rewrite
         mechanisms = plan.all_mechanisms()
         n_keys = len(rewritten.key_ids)
         columns = list(zip(*exact.rows, strict=True)) if exact.rows else [

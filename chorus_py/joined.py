@@ -28,6 +28,7 @@ from chorus_py.errors import InvalidParameter
 from chorus_py.materialize import SCHEMA
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statistics import BlockCatalog
+from chorus_py.templates import TextTemplate
 from mechanisms import DiscreteLaplace, Mechanism
 from mechanisms.planning import NoisePlan
 from rewriters.pipeline import BlockRestriction, RewrittenQuery, pipeline
@@ -139,7 +140,7 @@ class JoinTemplate:
     mode the SQL is the exact measure query, with no scale at all.
     """
 
-    def __init__(self, rewritten: RewrittenQuery, text: str | None,
+    def __init__(self, rewritten: RewrittenQuery, text: str | TextTemplate | None,
                  holes: dict[str, str] | None) -> None:
         self.rewritten = rewritten
         self._text = text
@@ -158,26 +159,27 @@ class JoinTemplate:
         text = rewritten.sql_with_noise(plan)
         holes = {mid: f"'{b!r}'" for mid, b in scales.items()}
         expected = _scale_literals(rewritten.dialect)
+        cut = TextTemplate(text, holes.values())
         if len(set(holes.values())) != len(holes) or expected == 0 or any(
-                text.count(h) != expected for h in holes.values()):
+                cut.count(h) != expected for h in holes.values()):
             return cls(rewritten, None, None)
-        return cls(rewritten, text, holes)
+        return cls(rewritten, cut, holes)
 
     def sql(self, plan: NoisePlan) -> str:
         """The statement for ``plan`` (its mechanisms discrete Laplace, one per measurement)."""
         if self._holes is None:
-            if self._text is not None:  # proxy noise: the measure query, no noise in SQL
+            if isinstance(self._text, str):  # proxy noise: the measure query, no noise in SQL
                 return self._text
             self.renders += 1
             return self.rewritten.sql_with_noise(plan)
-        text = self._text
-        assert text is not None
+        assert isinstance(self._text, TextTemplate)
         mechanisms = plan.all_mechanisms()
+        texts = {}
         for mid, hole in self._holes.items():
             mechanism = mechanisms[mid]
             assert isinstance(mechanism, DiscreteLaplace)
-            text = text.replace(hole, f"'{float(mechanism.scale)!r}'")
-        return text
+            texts[hole] = f"'{float(mechanism.scale)!r}'"
+        return self._text.fill(texts)
 
 
 @functools.cache
