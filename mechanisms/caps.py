@@ -79,7 +79,7 @@ noise is small.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -217,6 +217,9 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     if not candidates:
         raise ValueError("no candidate cap within the limit")
     n_all = rows.all_rows() / groups
+    # Every statistic of a bound is independent of the cap: tabulate them once per column.
+    tables = [(column, [t for t in terms if t.column == index], _BoundTable(column))
+              for index, column in enumerate(columns)]
     best: Choice | None = None
     for k in candidates:
         n_k = rows.kept(k) / groups
@@ -236,13 +239,12 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
                 if term.kind == "sum":
                     error += subsample  # cv = 1 without a histogram of the values
         bounds = []
-        for index, column in enumerate(columns):
-            mine = [t for t in terms if t.column == index]
-            found, found_error = column.magnitude, math.inf
-            for bound in column.candidates():
-                part = _column_error(column, bound, mine, k, n_k, n_all, subsample)
-                if part < found_error:
-                    found, found_error = bound, part
+        for column, mine, table in tables:
+            part = table.errors(mine, k, n_k, n_all, subsample)
+            # The first (largest) bound of least error, as a scan with a strict "<" would find.
+            at = int(np.argmin(part))
+            found, found_error = ((float(table.bounds[at]), float(part[at]))
+                                  if part[at] < math.inf else (column.magnitude, math.inf))
             bounds.append(found)
             error += found_error if mine else 0.0
         if best is None or error < best.error:
@@ -251,28 +253,54 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     return best
 
 
-def _column_error(column: ClipColumn, bound: float, terms: Sequence[CapTerm], k: int,
-                  n_k: float, n_all: float, subsample: float) -> float:
-    """The terms of E(k) that depend on one column's bound B (module docstring)."""
-    mu = column.mean()
-    error = 0.0
-    for term in terms:
-        kind: SumKind = "sum_squares" if term.kind == "sum_squares" else "sum"
-        d = column.per_row(bound, kind, term.centred)
-        noise = math.sqrt(2.0) * k * d / term.epsilon
-        if term.kind == "sum_squares":
-            # Noise relative to the spread, the spread clipping at B removes, and the rows a
-            # cap k leaves out: a variance over n_k of n rows drawn at random has relative sd
-            # sqrt((kappa - 1) (1 / n_k - 1 / n)) (kappa the kurtosis; finite population).
-            error += (noise / (n_k * column.spread(bound)) + column.spread_loss(bound)
-                      + math.sqrt(max(column.kurtosis(bound) - 1.0, 0.0)) * subsample)
-        elif term.total:
-            error += column.loss_upper(bound) + noise / (n_all * mu)
-        else:
-            clipped = column.mean(bound)
-            cv = math.sqrt(column.spread(bound)) / clipped
-            error += column.loss_upper(bound) + noise / (n_k * mu) + cv * subsample
-    return error
+class _BoundTable:
+    """A column's candidate bounds B and the statistics the rule needs at each, as arrays.
+
+    ``errors`` evaluates the terms of E(k) that depend on B (module docstring) at every B at
+    once, with the same operations in the same order as one bound at a time.
+    """
+
+    def __init__(self, column: ClipColumn) -> None:
+        self.column = column
+        self.bounds = np.asarray(column.candidates(), dtype=float)
+        values = self.bounds.tolist()
+
+        def table(stat: Callable[[float], float]) -> np.ndarray:
+            return np.asarray([stat(b) for b in values], dtype=float)
+
+        self.spread = table(column.spread)
+        self.spread_loss = table(column.spread_loss)
+        self.kurtosis_term = table(lambda b: math.sqrt(max(column.kurtosis(b) - 1.0, 0.0)))
+        self.loss_upper = table(column.loss_upper)
+        self.cv = table(lambda b: math.sqrt(column.spread(b)) / column.mean(b))
+        self._per_row: dict[tuple[str, bool], np.ndarray] = {}
+
+    def per_row(self, kind: SumKind, centred: bool) -> np.ndarray:
+        found = self._per_row.get((kind, centred))
+        if found is None:
+            found = self._per_row[(kind, centred)] = np.asarray(
+                [self.column.per_row(b, kind, centred) for b in self.bounds.tolist()])
+        return found
+
+    def errors(self, terms: Sequence[CapTerm], k: int, n_k: float, n_all: float,
+               subsample: float) -> np.ndarray:
+        mu = self.column.mean()
+        error = np.zeros(len(self.bounds))
+        for term in terms:
+            kind: SumKind = "sum_squares" if term.kind == "sum_squares" else "sum"
+            noise = math.sqrt(2.0) * k * self.per_row(kind, term.centred) / term.epsilon
+            if term.kind == "sum_squares":
+                # Noise relative to the spread, the spread clipping at B removes, and the rows
+                # a cap k leaves out: a variance over n_k of n rows drawn at random has
+                # relative sd sqrt((kappa - 1) (1 / n_k - 1 / n)) (kappa the kurtosis; finite
+                # population).
+                error += (noise / (n_k * self.spread) + self.spread_loss
+                          + self.kurtosis_term * subsample)
+            elif term.total:
+                error += self.loss_upper + noise / (n_all * mu)
+            else:
+                error += self.loss_upper + noise / (n_k * mu) + self.cv * subsample
+        return error
 
 
 def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
