@@ -332,17 +332,14 @@ class RandomDP:
             return None
         request, query, backend_sql = prepared
         engine = self.engine
+        # The claim comes back consumed (charged before the query runs); _run refunds it when
+        # the database failed before reading a row.
         claim = self._claim(request, query.table, analyst, sql, wait_seconds)
-        try:
-            # _run refunds the claim when the database failed before reading a row.
-            exact = engine._run(backend_sql, touched_charge=claim)
-            rows = self._respond(query, request.plan, exact.rows)
-        finally:
-            if claim is not None and claim.state == "allocated":  # rows were read: charged
-                engine.ledger.consume(claim)
+        exact = engine._run(backend_sql, touched_charge=claim)
+        rows = self._respond(query, request.plan, exact.rows)
         report = dataclasses.replace(
             request.report, charged=claim is not None, accounting=engine.ledger.accounting,
-            remaining=engine._remaining(claim.blocks if claim is not None else ()))
+            remaining=engine._remaining_after(claim))
         types = tuple("text" if o.key is not None else ("integer" if o.integral else "float")
                       for o in query.outputs)
         return QueryResult(tuple(o.name for o in query.outputs), types, rows, report)
