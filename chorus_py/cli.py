@@ -535,6 +535,11 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
         click.echo(f"  at most {contribution['cap']} rows per {report.get('privacy_unit')} "
                    f"(chosen for this query, limit {contribution['limit']}; "
                    f"epsilon {contribution['epsilon']:g} spent choosing it)")
+        # The other private choices (clipping bounds, groups per unit): DP outputs, shown.
+        for step in contribution.get("steps") or ():
+            if step["kind"] != "cap" and step.get("chosen") is not None:
+                click.echo(f"  {step['target']}: {step['chosen']} (chosen for this query, "
+                           f"declared {step['declared']})")
     elif contribution:
         click.echo(f"  rows per {report.get('privacy_unit')}: chosen when the query runs "
                    f"(limit {contribution['limit']}, epsilon {contribution['epsilon']:g})")

@@ -232,6 +232,10 @@ def _check_demo_output(out: str, policy_path: Path) -> None:
     for question in DEMO_QUESTIONS:
         assert f"-- {question}" in out
     assert out.count("privacy: charged epsilon=") >= 4
+    # Private choices other than the cap are shown too (DP outputs): the busiest-hours query's
+    # groups per rider, and the chosen clipping interval of the fares.
+    assert "groups per rider_id (sets the key-release threshold" in out
+    assert "trips.fare: [" in out
     assert "Budget left per block" in out
     assert f"Try: chorus query --policy {policy_path}" in out
 
