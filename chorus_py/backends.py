@@ -158,10 +158,17 @@ class DuckDBBackend(Backend):
         with self._lock:
             cur = self._con.cursor()
         try:
-            with self._cancellable(cur.interrupt):
-                cur.execute(sql)
-                rows = cur.fetchall()
-                desc = cur.description or []
+            # A read-only transaction: DuckDB has no read-only connection to a file the proxy
+            # also writes its stored samples to, so each statement gets one (defence in depth
+            # behind the validator, as default_transaction_read_only on Postgres).
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+            try:
+                with self._cancellable(cur.interrupt):
+                    cur.execute(sql)
+                    rows = cur.fetchall()
+                    desc = cur.description or []
+            finally:
+                cur.execute("ROLLBACK")  # nothing to keep: it read only
         except self._BEFORE_EXECUTION as err:
             raise StatementFailed(False, str(err)) from None
         except duckdb.Error as err:

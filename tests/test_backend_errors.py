@@ -49,13 +49,8 @@ def test_plan_error_after_claim_is_refunded(engine: Engine) -> None:
 
 
 def test_the_backend_connection_cannot_write(engine: Engine) -> None:
-    """Defence in depth behind the validator: the Postgres session itself is read-only.
-
-    DuckDB has no per-connection read-only mode, and the proxy writes its stored samples into
-    the same file, so there only the validator (SELECT only) stands between analysts and writes.
-    """
-    if engine.dialect != "postgres":
-        pytest.skip("DuckDB: one read-write instance per file (see the docstring)")
+    """Defence in depth behind the validator: every statement runs in a read-only transaction
+    (Postgres: default_transaction_read_only; DuckDB: BEGIN TRANSACTION READ ONLY)."""
     for sql in ("CREATE TABLE chorus_escape (a INTEGER)", "DELETE FROM trips"):
         with pytest.raises(StatementFailed) as info:
             engine.backend.run(sql)
