@@ -86,13 +86,29 @@ class Backend(ABC):
 
     @contextmanager
     def _cancellable(self, cancel: Callable[[], object]) -> Iterator[None]:
-        """Register how to cancel the current thread's statement while the block runs."""
+        """Register how to cancel the current thread's statement while the block runs.
+
+        A cancel that arrives once the statement is over is dropped: sent late, it would cancel
+        whatever that connection runs next (a Postgres cancel request targets the backend
+        process, not a statement), e.g. the next query of another analyst.  The lock makes
+        "still running?" and "send the cancel" one step against the statement's end.
+        """
         running: dict[int, Callable[[], object]] = self.__dict__.setdefault("_running", {})
         me = threading.get_ident()
-        running[me] = cancel
+        lock = threading.Lock()
+        live = True
+
+        def guarded() -> None:
+            with lock:
+                if live:
+                    cancel()
+
+        running[me] = guarded
         try:
             yield
         finally:
+            with lock:
+                live = False
             running.pop(me, None)
 
 

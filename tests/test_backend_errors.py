@@ -57,3 +57,20 @@ def test_the_backend_connection_cannot_write(engine: Engine) -> None:
         assert "read-only" in info.value.detail.lower() or "read only" in \
             info.value.detail.lower()
     assert engine.backend.run("SELECT COUNT(*) FROM trips").rows[0][0] > 0
+
+
+def test_a_cancel_after_the_statement_ended_is_dropped(engine: Engine) -> None:
+    """A late cancel must not reach the connection's next statement (another query's)."""
+    import threading
+
+    sent: list[str] = []
+    me = threading.get_ident()
+    with engine.backend._cancellable(lambda: sent.append("during")):
+        assert engine.backend.interrupt(me)
+    late = engine.backend.__dict__["_running"].get(me)
+    assert late is None and not engine.backend.interrupt(me)
+    # A cancel looked up while the statement ran but sent after it ended: dropped.
+    with engine.backend._cancellable(lambda: sent.append("late")):
+        looked_up = engine.backend.__dict__["_running"][me]
+    looked_up()
+    assert sent == ["during"]
