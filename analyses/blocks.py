@@ -69,6 +69,11 @@ class BlocksRead:
     end: Point
     runs: tuple[tuple[Point, Point], ...] = ()
 
+    @property
+    def separate_runs(self) -> tuple[tuple[Point, Point], ...]:
+        """The runs when they are not contiguous (one window each), else () (start..end)."""
+        return self.runs if len(self.runs) > 1 else ()
+
 
 def blocks_read(query: AggregateQuery, windows: BlockWindows) -> BlocksRead:
     """The windows of ``windows`` that the query's WHERE clause can reach.

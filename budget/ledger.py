@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -375,7 +375,9 @@ class Ledger:
         return arrival
 
     def _arrive_all(self, batch: list[_Arrival]) -> None:
-        originals = [copy.deepcopy(a.rec) for a in batch] if len(batch) > 1 else []
+        # Arriving sets only scalar fields of a record (id, state, times, owner, reason, order):
+        # a shallow copy keeps what a replay after a rolled-back batch starts from.
+        originals = [replace(a.rec) for a in batch] if len(batch) > 1 else []
         try:
             with self._tx() as tx:
                 for a in batch:

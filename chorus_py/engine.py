@@ -516,8 +516,8 @@ class Engine:
         windows = self.blocks.windows(query.table, block)
         reads = blocks_read(query, windows)
         column_type = query.table_policy.columns[block.column].type
-        runs = reads.runs if len(reads.runs) > 1 else ()  # non-contiguous: one window per run
-        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end, runs)
+        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
+                                       reads.separate_runs)
 
     def _run(self, sql: str, touched_charge: Any) -> ResultSet:
         try:

@@ -67,9 +67,8 @@ def join_blocks(catalog: BlockCatalog, query: AggregateQuery
         reads = read_windows(interval_set(where, block.column, column_type),
                              catalog.windows(src.table, block))
         ids.update(dict.fromkeys(reads.ids))
-        runs = reads.runs if len(reads.runs) > 1 else ()
         restrictions[src.alias] = BlockRestriction(block.column, column_type, reads.start,
-                                                   reads.end, runs)
+                                                   reads.end, reads.separate_runs)
     # start/end are not used for a join: each table has its own window in ``restrictions``.
     return BlocksRead(tuple(ids), 0, 0), restrictions
 

@@ -487,9 +487,8 @@ class RandomDP:
         windows = self.engine.blocks.windows(query.table, block)
         column_type = query.table_policy.columns[block.column].type
         reads = read_windows(interval_set(query.raw_where, block.column, column_type), windows)
-        runs = reads.runs if len(reads.runs) > 1 else ()
         where = restrict_blocks(query.where, exp.column(block.column), reads.start, reads.end,
-                                column_type, runs)
+                                column_type, reads.separate_runs)
         return reads, where
 
     def _respond(self, query: SampledQuery, plan: NoisePlan | None,

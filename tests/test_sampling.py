@@ -28,6 +28,15 @@ from chorus_py.random_dp import sampled_differences
 from mechanisms.sampling import order_statistic, sampler_parameters
 from tests.conftest import nothing_spent, tolerance
 
+# The start of every scratch policy here: a memory ledger with room for every test's queries.
+SCRATCH_HEAD = """
+[backend]
+url = "{url}"
+[privacy]
+epsilon_per_block = 100
+ledger = "memory"
+max_epsilon_per_query = 10
+"""
 P_VISITS = """
 [tables.visits.sampling]
 rows = 1000
@@ -78,13 +87,7 @@ def test_grouped_ratio_and_count(scratch: Callable[..., Engine]) -> None:
         "INSERT INTO rdp_pages SELECT CASE WHEN i % 10 < 5 THEN 'home' WHEN i % 10 < 8 THEN "
         "'about' ELSE 'blog' END, CAST(i % 700 AS DOUBLE PRECISION) "
         "FROM generate_series(1, 1000) AS s(i)",
-    ], """
-[backend]
-url = "{url}"
-[privacy]
-epsilon_per_block = 100
-ledger = "memory"
-max_epsilon_per_query = 10
+    ], SCRATCH_HEAD + """
 [tables.rdp_pages.columns]
 page = {{ type = "text", public_values = ["home", "about", "blog", "shop"] }}
 seconds = {{ type = "float" }}
@@ -159,13 +162,7 @@ def test_edge_values_never_raise(scratch: Callable[..., Engine]) -> None:
         "CREATE TABLE rdp_edge (x DOUBLE PRECISION)",
         "INSERT INTO rdp_edge VALUES (-1), (0), (1e300), (-1e300), (1e-300), ('NaN'), "
         "('Infinity'), ('-Infinity'), (NULL), (2)",
-    ], """
-[backend]
-url = "{url}"
-[privacy]
-epsilon_per_block = 100
-ledger = "memory"
-max_epsilon_per_query = 10
+    ], SCRATCH_HEAD + """
 [tables.rdp_edge.columns]
 x = {{ type = "float" }}
 [tables.rdp_edge.sampling]
@@ -233,13 +230,7 @@ def test_reference_table_as_p(scratch: Callable[..., Engine], backend_url: str) 
         "CREATE TABLE visits_ref (seconds DOUBLE PRECISION, page TEXT)",
         "INSERT INTO visits_ref VALUES (10, 'home'), (200, 'about'), (650, 'blog'), "
         "(333, 'home'), (90, 'home')",
-    ], """
-[backend]
-url = "{url}"
-[privacy]
-epsilon_per_block = 100
-ledger = "memory"
-max_epsilon_per_query = 10
+    ], SCRATCH_HEAD + """
 [tables.visits.columns]
 visit_id = {{ type = "int" }}
 page = {{ type = "text" }}
