@@ -22,7 +22,11 @@ module's own transaction handling, and a ``begin`` event emits ``BEGIN IMMEDIATE
 SQLAlchemy's ``postgresql+psycopg://`` URLs.
 
 A transaction reads only the blocks and claims it asks for and writes back only those it changed,
-so a claim's cost does not grow with the number of blocks in the ledger.
+so a claim's cost does not grow with the number of blocks in the ledger.  A SQL store also keeps
+the blocks as its last commit left them (:class:`_BlockCache`): while the journal's last row is
+the one that commit wrote, no transaction of any process has changed anything since, and the
+next transaction starts from those blocks instead of reading and parsing them again (a query over
+a quarter of daily blocks charges about 90 of them).
 
 Inside a transaction the ledger reads blocks and claims, changes them in memory and marks them
 with ``save_*``; the store checks every changed block's invariant and writes everything, with the
@@ -400,6 +404,43 @@ class _Compiled:
         return picked if len(self.order or ()) > 1 else (picked,)
 
 
+class _BlockCache:
+    """Blocks as this store's last commit left them, valid while the journal has not moved.
+
+    Every transaction that changes a block also appends to the journal (in the same commit), so
+    the journal's last ``seq`` names the ledger's state: when it is still the one our last
+    commit left, the blocks we hold are exactly the stored ones.  Used only under the ledger's
+    write lock (one transaction at a time), so it needs no lock of its own.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, BlockState] = {}
+        self.seq: int | None = None  # the journal's last seq when ``blocks`` were current
+
+    def start(self, seq: int) -> dict[str, BlockState]:
+        """The cached blocks a transaction may use, given the journal's last seq now."""
+        if seq != self.seq:
+            self.blocks.clear()  # someone else committed: read everything afresh
+            self.seq = seq
+        return self.blocks
+
+    def committed(self, tx: _SQLTx, seq: int) -> None:
+        """``tx`` committed and the journal now ends at ``seq``: its blocks are current."""
+        if seq == self.seq and tx._dirty_blocks:
+            # Blocks changed without a journal row: never expected, but then the journal
+            # cannot tell us (or another process) about it, so trust nothing cached.
+            self.blocks.clear()
+            self.seq = None
+            return
+        self.blocks.update(tx._blocks)
+        self.seq = seq
+
+    def abandoned(self, tx: _SQLTx) -> None:
+        """``tx`` rolled back: the blocks it handed out may have been changed in memory."""
+        for block_id in tx._blocks:
+            self.blocks.pop(block_id, None)
+
+
 class _SQLTx(Tx):
     def __init__(self, store: SQLStore, conn: Connection, accounting: str) -> None:
         super().__init__(accounting)
@@ -407,6 +448,11 @@ class _SQLTx(Tx):
         self._conn = conn
         # The DBAPI cursor of the connection SQLAlchemy began the transaction on.
         self._cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        self._cached = store._cache.start(self.last_seq())
+
+    def last_seq(self) -> int:
+        """The journal's last seq (0 when empty), as this transaction sees it."""
+        return int(self._rows(self._s.q_last_seq)[0][0])
 
     def _rows(self, statement: _Compiled, values: dict[str, Any] | None = None) -> list[Any]:
         self._cur.execute(statement.sql, statement.params(values or {}))
@@ -415,7 +461,12 @@ class _SQLTx(Tx):
     # Only the blocks and claims a transaction asks for are read, and only those it changed are
     # written back: a claim's cost does not grow with the number of blocks in the ledger.
     def _load_blocks(self, ids: list[str]) -> dict[str, BlockState]:
-        out: dict[str, BlockState] = {}
+        cached = self._cached
+        out = {i: cached[i] for i in ids if i in cached}
+        if len(out) < len(ids):
+            ids = [i for i in ids if i not in out]
+        else:
+            return out
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
             for (data,) in self._rows(self._s.q_blocks(len(chunk)),
@@ -534,6 +585,8 @@ class SQLStore(Store):
         self.q_open_claims = open_claims(["waiting", "allocated"])
         self.q_waiting = open_claims(["waiting"])
         self.q_max_claim = compiled(select(func.coalesce(func.max(cc.claim_id), 0)))
+        self.q_last_seq = compiled(select(func.coalesce(func.max(self.journal_t.c.seq), 0)))
+        self._cache = _BlockCache()
         self.insert_block = insert_all(self.blocks_t)
         self.insert_claim = insert_all(self.claims_t)
         self.insert_journal = insert_all(self.journal_t, skip=("seq",))
@@ -594,18 +647,23 @@ class SQLStore(Store):
                 raise
         except OperationalError_ as err:
             raise self._unavailable(err) from None
+        tx: _SQLTx | None = None
         try:
             try:
                 tx = _SQLTx(self, conn, accounting)
                 yield tx
                 tx.flush()
+                seq = tx.last_seq() if tx._journal else None
                 if self.before_commit is not None:
                     self.before_commit()
+                conn.commit()
             except BaseException:
+                if tx is not None:
+                    self._cache.abandoned(tx)
                 with suppress(DBAPIError):
                     conn.rollback()
                 raise
-            conn.commit()
+            self._cache.committed(tx, self._cache.seq if seq is None else seq)
         finally:
             conn.close()
 

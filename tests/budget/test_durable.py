@@ -304,3 +304,47 @@ def test_a_claim_reads_and_writes_only_its_blocks(tmp_path: Path,
     monkeypatch.undo()
     check_consistent(led)
     led.close()
+
+
+# -- the blocks a store keeps between its transactions --------------------------------------------
+def test_cached_blocks_see_every_other_ledgers_commit(store_url: str) -> None:
+    """Two ledgers on one database (two proxies): each one's cached blocks are dropped as soon
+    as the other commits, so neither can grant what the other already spent."""
+    a, b = open_ledger(store_url), open_ledger(store_url)
+    a.ensure_blocks(["d1", "d2"])
+    for _ in range(3):  # 3 x 1/8 through a: a's cache holds the blocks after each commit
+        a.claim("x", ["d1", "d2"], EIGHTH, 0.0, consume_on_grant=True)
+    for _ in range(4):  # 4 x 1/8 through b, which a has not seen
+        b.claim("x", ["d1", "d2"], EIGHTH, 0.0, consume_on_grant=True)
+    last = a.claim("x", ["d1"], EIGHTH, 0.0, consume_on_grant=True)  # 8/8 in all on d1
+    assert [round(x.epsilon_spent, 9) for x in last.after] == [1.0]
+    with pytest.raises(BudgetExhausted):
+        a.claim("x", ["d1"], EIGHTH, 0.0, consume_on_grant=True)
+    with pytest.raises(BudgetExhausted):
+        b.claim("x", ["d1", "d2"], EIGHTH, 0.0, consume_on_grant=True)
+    assert [round(x.epsilon_spent, 9) for x in b.blocks(["d1", "d2"])] == [1.0, 0.875]
+    check_consistent(a)
+    a.close()
+    b.close()
+
+
+def test_a_rolled_back_transaction_leaves_no_trace_in_cached_blocks(tmp_path: Path) -> None:
+    led = open_ledger(sqlite_url(tmp_path))
+    led.ensure_blocks(["d1"])
+    led.claim("x", ["d1"], EIGHTH, 0.0, consume_on_grant=True)  # d1 is now cached
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+
+    def fail() -> None:
+        raise OSError("disk full")
+
+    store.before_commit = fail  # the transaction's writes are made, then rolled back
+    with pytest.raises(OSError):
+        led.claim("x", ["d1"], EIGHTH, 0.0, consume_on_grant=True)
+    store.before_commit = None
+    # The failed claim changed d1 in memory before rolling back: that copy must be gone.
+    after = led.claim("x", ["d1"], EIGHTH, 0.0, consume_on_grant=True)
+    assert [round(x.epsilon_spent, 9) for x in after.after] == [0.25]
+    assert [round(x.epsilon_spent, 9) for x in led.blocks(["d1"])] == [0.25]
+    check_consistent(led)
+    led.close()
