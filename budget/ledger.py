@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,15 @@ class BlockBudget:
     delta_spent: float
     index: int
     by_analyst: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *values: Any) -> BlockBudget:
+        """``BlockBudget(*values)``, several times faster: a frozen dataclass's ``__init__``
+        sets each of its 19 fields through ``object.__setattr__``, and a claim views every
+        block it charges (about 90 for a quarter of daily blocks)."""
+        view = object.__new__(cls)
+        view.__dict__.update(zip(_BUDGET_FIELDS, values, strict=True))
+        return view
 
     @property
     def epsilon_capacity(self) -> float:
@@ -172,6 +181,9 @@ class Claim:
     # Set when the claim was consumed in the caller's own transaction: its blocks as that
     # transaction left them (what ``Ledger.remaining`` would show), in the claim's order.
     after: tuple[BlockBudget, ...] = field(default=(), compare=False)
+
+
+_BUDGET_FIELDS = tuple(f.name for f in fields(BlockBudget))
 
 
 def _claim_view(rec: ClaimRecord, after: tuple[BlockBudget, ...] = ()) -> Claim:
@@ -792,7 +804,7 @@ class Ledger:
             used = tuple(a + c for a, c in zip(b.allocated, b.consumed, strict=True))
             eps, dlt, index = self.accountant.guarantee(
                 used, b.delta_allocated + b.delta_consumed, b.epsilon_global, b.delta_global)
-        return BlockBudget(
+        return BlockBudget.of(
             b.block_id, "retired" if b.retired else "active", self.accounting,
             self._orders, b.epsilon_global, b.delta_global,
             tuple(b.global_), tuple(b.locked), tuple(b.unlocked), tuple(b.allocated),

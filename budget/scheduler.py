@@ -209,6 +209,11 @@ class ClaimRecord:
 # -- transitions ------------------------------------------------------------------------------
 def _move(block: BlockState, source: str, target: str, amount: Sequence[float]) -> None:
     src, dst = getattr(block, source), getattr(block, target)
+    if len(amount) == 1:  # basic accounting, the common case: a claim moves this per block
+        x = amount[0]
+        src[0] -= x
+        dst[0] += x
+        return
     for i, x in enumerate(amount):
         src[i] -= x
         dst[i] += x
@@ -280,6 +285,9 @@ def release(block: BlockState, demand: Vec, delta: float, analyst: str = "",
 
 def exhausted(block: BlockState) -> bool:
     """True when nothing is left to spend at any order (the block is retired)."""
+    if len(block.global_) == 1:  # basic accounting: the same test without the generator
+        g = block.global_[0]
+        return g - block.consumed[0] <= SLACK * max(1.0, g)
     return all(g - c <= SLACK * max(1.0, g) for g, c in
                zip(block.global_, block.consumed, strict=True))
 

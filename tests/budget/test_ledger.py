@@ -582,3 +582,14 @@ SQLiteLedgerMachine.TestCase.settings = settings(
     max_examples=25, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestSQLiteLedgerMachine = SQLiteLedgerMachine.TestCase
+
+
+def test_block_budget_of_equals_the_dataclass_constructor() -> None:
+    values = ("d1", "active", "basic", (), 1.0, 1e-6, (1.0,), (0.0,), (0.5,), (0.25,),
+              (0.25,), 1e-6, 0.0, 0.0, 3, 0.5, 0.0, 0, {"a": 0.5})
+    fast, slow = BlockBudget.of(*values), BlockBudget(*values)
+    assert fast == slow and fast.epsilon_left == slow.epsilon_left == 0.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.state = "retired"  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        BlockBudget.of(*values[:-1])  # every field, or none
