@@ -681,16 +681,22 @@ class Ledger:
             index = sched.fit_order(self.accountant, rec, have)
             if index is None or self._over_cap(rec, have):
                 continue
+            # Consumed on grant: each block moves unlocked -> allocated -> consumed in one pass
+            # (the same two steps, in the same order, as granting then consuming, so replaying
+            # the journal's two events gives exactly these numbers).
+            consume = rec.consume_on_grant
             for b in rec.blocks:
-                sched.allocate(have[b], rec.demand_on(b), rec.delta_demand, rec.analyst,
-                               rec.epsilon)
-                tx.save_block(have[b])
+                block, demand = have[b], rec.demand_on(b)
+                sched.allocate(block, demand, rec.delta_demand, rec.analyst, rec.epsilon)
+                if consume:
+                    sched.consume(block, demand, rec.delta_demand)
+                tx.save_block(block)
             rec.state, rec.granted_order = "allocated", index
             tx.save_claim(rec)
             tx.log("claim_granted", rec.claim_id, _move_data(rec, "unlocked", "allocated", index),
                    now)
-            if rec.consume_on_grant:
-                self._apply_settle(tx, rec, "consumed", now)
+            if consume:
+                self._settled(tx, rec, "consumed", have, now)
             granted.append(rec.claim_id)
             self._keys.pop(rec.claim_id, None)
             if self.on_grant is not None:
@@ -739,6 +745,13 @@ class Ledger:
                 sched.release(block, rec.demand_on(b), rec.delta_demand, rec.analyst,
                               rec.epsilon)
             tx.save_block(block)
+        self._settled(tx, rec, state, have, now, recovered)
+        return have
+
+    def _settled(self, tx: Tx, rec: ClaimRecord, state: ClaimState,
+                 have: Mapping[str, BlockState], now: float, recovered: bool = False) -> None:
+        """Record a settlement whose blocks have moved: the claim's state, the journal, and
+        the blocks it used up (retired)."""
         rec.state = state
         tx.save_claim(rec)
         target = "consumed" if state == "consumed" else "unlocked"
@@ -753,7 +766,6 @@ class Ledger:
                 if not block.retired and sched.exhausted(block):
                     block.retired = True
                     tx.log("block_retired", None, {"block": b}, now)
-        return have
 
     def _wait(self, claim: Claim) -> Claim:
         # Waits in real time, whatever the ledger's clock; passes use the ledger's clock for
@@ -797,7 +809,8 @@ class Ledger:
             self._changed.notify_all()
 
     def _view(self, b: BlockState) -> BlockBudget:
-        if self.accounting == "basic":  # the common case, without the general path's lists
+        accounting = self.accountant.name
+        if accounting == "basic":  # the common case, without the general path's lists
             eps, dlt, index = b.allocated[0] + b.consumed[0], \
                 b.delta_allocated + b.delta_consumed, 0
         else:
@@ -805,7 +818,7 @@ class Ledger:
             eps, dlt, index = self.accountant.guarantee(
                 used, b.delta_allocated + b.delta_consumed, b.epsilon_global, b.delta_global)
         return BlockBudget.of(
-            b.block_id, "retired" if b.retired else "active", self.accounting,
+            b.block_id, "retired" if b.retired else "active", accounting,
             self._orders, b.epsilon_global, b.delta_global,
             tuple(b.global_), tuple(b.locked), tuple(b.unlocked), tuple(b.allocated),
             tuple(b.consumed), b.delta_pool, b.delta_allocated, b.delta_consumed, b.arrivals,

@@ -127,8 +127,9 @@ class BlockState:
             # The common case, written out: one order, every field >= 0, the sum is global.
             g = self.global_[0]
             lk, u, a, c = self.locked[0], self.unlocked[0], self.allocated[0], self.consumed[0]
-            tol = SLACK * max(1.0, g)
-            if abs(g - (lk + u + a + c)) > _SUM_TOL * max(1.0, g):
+            scale = g if g > 1.0 else 1.0
+            tol = SLACK * scale
+            if abs(g - (lk + u + a + c)) > _SUM_TOL * scale:
                 raise InvariantError(f"block {self.block_id}: global != locked + unlocked + "
                                      f"allocated + consumed: {self}")
             if min(lk, u, a, c) < -tol:
@@ -303,14 +304,17 @@ def fit_order(accountant: Accountant, claim: ClaimRecord, blocks: dict[str, Bloc
     if not accountant.orders:
         # Basic accounting, the common case: the same test as the general path, without lists.
         unlocked = available == "unlocked"
+        per, dd, d0 = claim.per_block, claim.delta_demand, claim.demand[0]
         for b in claim.blocks:
             block = blocks[b]
-            d = claim.per_block[b][0] if b in claim.per_block else claim.demand[0]
+            d = per[b][0] if per and b in per else d0
             g = block.global_[0]
             room = block.unlocked[0] if unlocked else g - block.consumed[0]
             if d > room + SLACK * g:
                 return None
-            if claim.delta_demand > block.delta_free + SLACK * max(block.delta_pool, 1e-300):
+            pool = block.delta_pool
+            if dd > pool - block.delta_allocated - block.delta_consumed + SLACK * (
+                    pool if pool > 1e-300 else 1e-300):
                 return None
         return 0
     demands, avail, globals_ = [], [], []
