@@ -340,6 +340,10 @@ threshold_epsilon_share = 0.2
 # and the clipping bounds of its sums and averages (clipping = "auto"), split equally among the
 # noisy histograms it runs; the report lists each part, and the parts add up to the epsilon charged.
 cap_epsilon_share = 0.1
+# Seconds during which those choices are reused by identical queries (same SQL, epsilon, delta
+# and blocks; dashboards that refresh): they are noisy outputs already paid for, so the next run
+# spends all of its epsilon on the answer and runs no histogram. 0: choose again every time.
+choice_reuse_seconds = 600
 # Sensitivity sampling (random DP): a query whose sensitivity cannot be derived (a MEDIAN, a sum
 # of LN(1 + x), a column without bounds) may opt in per query (`SET chorus.sensitivity =
 # 'sampled'`, `--sensitivity sampled`); "sampled" here makes it every analyst's default. Its

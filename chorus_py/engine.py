@@ -142,6 +142,9 @@ class Engine:
                                   f"ledger: {err}") from None
             raise
         self.answers = AnswerCache(policy.privacy.answer_cache_seconds)
+        # Caps, clipping bounds and groups per unit chosen by an identical query's noisy
+        # selection: reused for privacy.choice_reuse_seconds (post-processing, no budget).
+        self.choices = AnswerCache(policy.privacy.choice_reuse_seconds)
         self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
         self.samples = BoundedSamples(self.backend, block_ttl_seconds)
         self.random_dp = RandomDP(self)  # sensitivity sampling, opt-in per query
@@ -189,7 +192,7 @@ class Engine:
         if isinstance(analysis, PublicQuery):
             return self._public_report(analyst, analysis)
         eps, dlt = self._parameters(analyst, epsilon, delta)
-        report = self._prepare(analysis, analyst, eps, dlt).report
+        report = self._prepare_reusing(analysis, analyst, eps, dlt)[0].report
         return dataclasses.replace(report, remaining=self._remaining(report.blocks),
                                    accounting=self.ledger.accounting)
 
@@ -215,7 +218,7 @@ class Engine:
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
-        prepared = self._prepare(analysis, analyst, eps, dlt)
+        prepared, choice_key = self._prepare_reusing(analysis, analyst, eps, dlt)
         report = prepared.report
         answer_key = (analysis.normalized_sql, eps, dlt, report.blocks)
         again = self.answers.get(answer_key)
@@ -225,9 +228,9 @@ class Engine:
         # database fails before reading a row.  Any other failure keeps the charge.
         claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds)
         if prepared.cap_epsilon > 0:
-            cap, bounds, groups = self._choose_cap(prepared, claim)
-            prepared = self._prepare(analysis, analyst, eps, dlt, cap=cap, bounds=bounds,
-                                     groups=groups)
+            chosen = self._choose_cap(prepared, claim)
+            self.choices.put(choice_key, chosen)
+            prepared = self._prepare(analysis, analyst, eps, dlt, *chosen)
         if self.policy.privacy.noise == "sql":
             result = self._run(prepared.sql, touched_charge=claim)
         else:
@@ -341,10 +344,11 @@ class Engine:
     def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float, delta: float,
                  cap: int | None = None,
                  bounds: tuple[tuple[str, float, float], ...] = (),
-                 groups: int | None = None) -> _Prepared:
+                 groups: int | None = None, reused: bool = False) -> _Prepared:
         """Plan and rewrite; with automatic caps or bounds (contribution / clipping = "auto"),
         at the limit and the declared bounds until ``cap`` (and ``bounds``, and ``groups`` per
-        unit for thresholded keys) are chosen."""
+        unit for thresholded keys) are chosen.  ``reused``: they were chosen by an earlier
+        identical query (privacy.choice_reuse_seconds), so no epsilon goes to choosing them."""
         if query.join is not None:
             return prepare_join(self, query, analyst, epsilon, delta)
         reads, restriction = self._blocks(query)
@@ -360,21 +364,23 @@ class Engine:
         clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
         if (query.auto_cap and _cap_matters(query)) or clipped:
             # One share of epsilon pays for every selection histogram (mechanisms.caps).
-            cap_epsilon = epsilon * self.policy.privacy.cap_epsilon_share
+            # Reusing an earlier query's noisy choice is post-processing of that release
+            # (Dwork and Roth 2014, Proposition 2.1): it costs nothing.
+            cap_epsilon = 0.0 if reused else epsilon * self.policy.privacy.cap_epsilon_share
             if cap is not None:
                 query = query.with_cap(cap).with_bounds({a: (lo, hi) for a, lo, hi in bounds})
                 if groups is not None:
                     query = query.with_groups(groups)
         key = (query.normalized_sql, query.stability, cap, bounds, groups, epsilon, delta,
-               restriction, sample)
+               restriction, sample, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare_uncached(query, epsilon - cap_epsilon, delta, reads,
                                               restriction, sample)
             report = prepared.report
-            if query.auto_cap or cap_epsilon > 0:
+            if query.auto_cap or cap_epsilon > 0 or reused:
                 report = self._with_contribution(report, query, cap_epsilon, cap, clipped,
-                                                 bounds, groups)
+                                                 bounds, groups, reused)
             prepared = _Prepared(prepared.query, prepared.plan, reads, prepared.rewritten,
                                  prepared.sql, report, restriction, sample,
                                  cap_epsilon if cap is None else 0.0)
@@ -383,6 +389,19 @@ class Engine:
         return _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
                          prepared.sql, report, prepared.restriction, prepared.sample,
                          prepared.cap_epsilon)
+
+    def _prepare_reusing(self, query: AggregateQuery, analyst: str, epsilon: float,
+                         delta: float) -> tuple[_Prepared, tuple[object, ...]]:
+        """``_prepare``, with the choices of an identical earlier query when they may be
+        reused (privacy.choice_reuse_seconds); also the key the choices are kept under."""
+        prepared = self._prepare(query, analyst, epsilon, delta)
+        # Everything the selection depends on that is public: the query, its epsilon and
+        # delta (the rule weighs noise against bias), the blocks and the relation it reads.
+        key = (query.normalized_sql, epsilon, delta, prepared.restriction, prepared.sample)
+        earlier = self.choices.get(key) if prepared.cap_epsilon > 0 else None
+        if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
+            prepared = self._prepare(query, analyst, epsilon, delta, *earlier, reused=True)
+        return prepared, key
 
     def _selection(self, query: AggregateQuery) -> tuple[bool, tuple[ClippedArgument, ...]]:
         """(whether the cap histogram runs, the expressions whose bounds are chosen)."""
@@ -577,7 +596,7 @@ class Engine:
                            cap_epsilon: float, cap: int | None,
                            clipped: tuple[ClippedArgument, ...],
                            bounds: tuple[tuple[str, float, float], ...],
-                           groups: int | None = None) -> PrivacyReport:
+                           groups: int | None = None, reused: bool = False) -> PrivacyReport:
         limit = query.table_policy.contribution_bound
         mode: Literal["auto", "fixed"] = "auto" if query.auto_cap else "fixed"
         with_rows, _ = self._selection(query)
@@ -603,10 +622,17 @@ class Engine:
             steps.append(SelectionStep(
                 "bounds", display_sql(arg.argument), f"[{arg.lower:g}, {arg.upper:g}]", eps_h,
                 "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]"))
-        if cap_epsilon == 0:
+        if reused:
+            chosen: int | None = cap if mode == "auto" else limit
+            note = ("the choices of an identical earlier query (same SQL, epsilon, delta and "
+                    "blocks, within privacy.choice_reuse_seconds) are reused: they are noisy, "
+                    "differentially private outputs already paid for, so reusing them costs "
+                    "nothing and all of epsilon goes to the answer")
+            steps = [dataclasses.replace(step, epsilon=0.0, mechanism="reused") for step in steps]
+        elif cap_epsilon == 0:
             note = ("COUNT(DISTINCT unit) needs one row per unit: cap 1, no epsilon spent on "
                     "choosing it")
-            chosen: int | None = query.stability
+            chosen = query.stability
         else:
             chosen = cap if mode == "auto" else limit
             what = " and ".join(

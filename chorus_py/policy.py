@@ -149,6 +149,10 @@ class PrivacyConfig(_Strict):
     threshold_epsilon_share: float = Field(default=0.2, gt=0, lt=1)
     # Share of a query's epsilon spent choosing its row cap (tables with contribution = "auto").
     cap_epsilon_share: float = Field(default=0.1, gt=0, lt=1)
+    # Seconds during which the cap, clipping bounds and groups per unit chosen by a query are
+    # reused by identical queries (same SQL, epsilon, delta and blocks): they are noisy outputs
+    # already paid for, so the next query spends no epsilon choosing them; 0: choose every time.
+    choice_reuse_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     # Sensitivity sampling (random DP, DESIGN.md section 8): "analytic" (default) refuses what
     # the analyser cannot bound; "sampled" makes sampled sensitivity the analysts' default.  The
     # analyst's gamma (the chance the guarantee fails over databases drawn from the table's

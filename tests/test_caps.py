@@ -128,10 +128,12 @@ def exact_units(scratch: Callable[..., Engine], backend_url: str) -> Callable[..
     """Table `exact`: 400 units with exactly c rows each (c set per test)."""
     double = "DOUBLE" if backend_url.startswith("duckdb") else "DOUBLE PRECISION"
 
-    def make(c: int, bounding: str = "per-query") -> Engine:
+    def make(c: int, bounding: str = "per-query", extra: str = "") -> Engine:
         create = (f"CREATE TABLE exact AS SELECT CAST(u AS BIGINT) AS unit_id, CAST(r AS {double}) "
                   f"AS value FROM generate_series(1, 400) AS a(u), generate_series(1, {c}) AS b(r)")
-        return scratch("exact", [create], EXACT_POLICY.replace("{bounding}", bounding))
+        text = EXACT_POLICY.replace("{bounding}", bounding).replace(
+            "cap_epsilon_share = 0.5\n", f"cap_epsilon_share = 0.5\n{extra}")
+        return scratch("exact", [create], text)
 
     return make
 
@@ -204,3 +206,51 @@ def test_demo_trips_are_not_biased_by_the_cap(backend_url: str,
     got_fixed = fixed.execute("SELECT COUNT(*) FROM trips", epsilon=1000.0, **ALICE).rows[0][0]
     assert abs(got_auto - true) < 0.02 * true
     assert got_fixed < 0.9 * true
+
+
+# -- reusing an identical query's choices (privacy.choice_reuse_seconds) --------------------------
+def test_identical_query_reuses_the_choices_and_spends_all_epsilon_on_the_answer(
+        exact_units: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = exact_units(6, extra="choice_reuse_seconds = 600\n")
+    sql = "SELECT COUNT(*), SUM(value) FROM exact"
+    histograms: list[object] = []
+    run = engine._histogram
+
+    def counting(*args: object, **kwargs: object) -> object:
+        histograms.append(args[2])
+        return run(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_histogram", counting)
+    first = engine.execute(sql, epsilon=2.0, **ALICE).report
+    ran = len(histograms)
+    assert ran >= 1 and first.contribution.epsilon == pytest.approx(1.0)  # share 0.5
+    second = engine.execute(sql, epsilon=2.0, **ALICE).report
+    assert len(histograms) == ran  # no selection histogram ran again
+    c1, c2 = first.contribution, second.contribution
+    assert c2.cap == c1.cap and c2.epsilon == 0 and "reused" in c2.note
+    assert [s.chosen for s in c2.steps] == [s.chosen for s in c1.steps]
+    assert all(s.epsilon == 0 and s.mechanism == "reused" for s in c2.steps)
+    # All of epsilon goes to the answer: its measurements' epsilons add up to 2, and the
+    # ledger charged 2 for each query.
+    assert sum(m.mechanism["epsilon"] for m in second.measurements) == pytest.approx(2.0)
+    assert sum(m.mechanism["epsilon"] for m in first.measurements) == pytest.approx(1.0)
+    (block,) = engine.ledger.blocks()
+    assert block.epsilon_consumed == pytest.approx(4.0)
+    # EXPLAIN shows what the next run would do: the reused cap, all of epsilon on the answer.
+    explained = engine.explain(sql, epsilon=2.0, **ALICE)
+    assert explained.contribution.cap == c1.cap and explained.contribution.epsilon == 0
+
+
+def test_choices_are_not_reused_across_epsilons_or_when_turned_off(
+        exact_units: Callable[..., Engine]) -> None:
+    engine = exact_units(6, extra="choice_reuse_seconds = 600\n")
+    sql = "SELECT SUM(value) FROM exact"
+    engine.execute(sql, epsilon=2.0, **ALICE)
+    other = engine.execute(sql, epsilon=3.0, **ALICE).report  # the rule depends on epsilon
+    assert other.contribution.epsilon == pytest.approx(1.5) and "reused" not in \
+        other.contribution.note
+    off = exact_units(6)  # choice_reuse_seconds defaults to 0
+    off.execute(sql, epsilon=2.0, **ALICE)
+    again = off.execute(sql, epsilon=2.0, **ALICE).report
+    assert again.contribution.epsilon == pytest.approx(1.0)
+    assert all(s.epsilon > 0 for s in again.contribution.steps)

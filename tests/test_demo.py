@@ -117,6 +117,7 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
         "noise": "sql",
         "threshold_epsilon_share": 0.2,
         "cap_epsilon_share": 0.1,
+        "choice_reuse_seconds": 600,
         "sensitivity": "analytic",
         "default_gamma": 0.05,
         "max_gamma": 0.05,
