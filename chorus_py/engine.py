@@ -265,7 +265,8 @@ class Engine:
         try:
             return self.ledger.claim(analyst, ids, report.epsilon, report.delta,
                                      description=sql[:200], events=events,
-                                     wait_seconds=wait_seconds, consume_on_grant=True)
+                                     wait_seconds=wait_seconds, consume_on_grant=True,
+                                     views=False)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
 
@@ -285,6 +286,8 @@ class Engine:
         """The blocks after a charge: as the charging transaction saw them when it was ours."""
         if claim is None:
             return ()
+        if claim.left:  # the guarantees as the charging transaction left them
+            return tuple(BlockRemaining(*left) for left in claim.left)
         return _block_remaining(claim.after) if claim.after else self._remaining(claim.blocks)
 
     # -- steps ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from budget.accounting import RenyiAccountant
 from budget.ledger import InMemoryLedger, Ledger, replay
 from budget.store import SQLiteStore
 from tests.budget.test_scheduler import check_all, dpf_n, fields
@@ -176,3 +177,22 @@ def test_batched_claims_decide_exactly_as_alone() -> None:
         t.join(10)
     assert sorted(map(str, results)) == ["0.3"] * 3 + ["BudgetExhausted"] * 3
     check_all(led)
+
+
+def test_left_gives_the_same_guarantees_as_the_views() -> None:
+    for accounting in ("basic", "renyi"):
+        led = InMemoryLedger(1.0, 1e-6, **({"accountant": RenyiAccountant()}
+                                            if accounting == "renyi" else {}))
+        led.ensure_blocks(["a", "b"])
+        led.claim("x", ["a"], 0.25, 1e-8, consume_on_grant=True)
+        full = led.claim("x", ["a", "b"], 0.25, 1e-8, consume_on_grant=True)
+        light = led.claim("x", ["b", "a"], 0.25, 1e-8, consume_on_grant=True, views=False)
+        assert full.left == () and light.after == ()
+        views = {b.block_id: b for b in led.remaining(["a", "b"])}
+        assert [x.block_id for x in light.left] == ["b", "a"]
+        for x in light.left:
+            v = views[x.block_id]
+            assert x == (v.block_id, v.state, v.epsilon_left, v.delta_left, v.epsilon_spent,
+                         v.delta_spent)
+        if accounting == "basic":  # by hand: a has 3 x 1/4 spent, b 2 x 1/4
+            assert [round(x.epsilon_left, 12) for x in light.left] == [0.5, 0.25]
