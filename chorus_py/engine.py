@@ -360,24 +360,27 @@ class Engine:
             sample = (SCHEMA, self.attribution.relation(query.table, query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.samples.relation(query.table, query.table_policy))
-        cap_epsilon = 0.0
-        if query.auto_cap and not _cap_matters(query):
-            # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
-            query = query.with_cap(1)
-        clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
-        if (query.auto_cap and _cap_matters(query)) or clipped:
-            # One share of epsilon pays for every selection histogram (mechanisms.caps).
-            # Reusing an earlier query's noisy choice is post-processing of that release
-            # (Dwork and Roth 2014, Proposition 2.1): it costs nothing.
-            cap_epsilon = 0.0 if reused else epsilon * self.policy.privacy.cap_epsilon_share
-            if cap is not None:
-                query = query.with_cap(cap).with_bounds({a: (lo, hi) for a, lo, hi in bounds})
-                if groups is not None:
-                    query = query.with_groups(groups)
+        # The query's own (stability, normalised SQL) and the choices determine everything
+        # below: look the plan up before copying the query's trees for the choices.
         key = (query.normalized_sql, query.stability, cap, bounds, groups, epsilon, delta,
                restriction, sample, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
+            cap_epsilon = 0.0
+            if query.auto_cap and not _cap_matters(query):
+                # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
+                query = query.with_cap(1)
+            clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
+            if (query.auto_cap and _cap_matters(query)) or clipped:
+                # One share of epsilon pays for every selection histogram (mechanisms.caps).
+                # Reusing an earlier query's noisy choice is post-processing of that release
+                # (Dwork and Roth 2014, Proposition 2.1): it costs nothing.
+                cap_epsilon = 0.0 if reused else epsilon * self.policy.privacy.cap_epsilon_share
+                if cap is not None:
+                    query = query.with_cap(cap).with_bounds(
+                        {a: (lo, hi) for a, lo, hi in bounds})
+                    if groups is not None:
+                        query = query.with_groups(groups)
             prepared = self._prepare_uncached(query, epsilon - cap_epsilon, delta, reads,
                                               restriction, sample)
             report = prepared.report

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from chorus_py.backends import Backend
@@ -42,6 +43,12 @@ class BlockWindows:
     def ids(self) -> tuple[str, ...]:
         """Block ids such as ``trips/2026-01-01`` (time shown when windows are sub-day), or
         ``trips/rider_id:0-9999`` for id ranges."""
+        return self._ids
+
+    @cached_property
+    def _ids(self) -> tuple[str, ...]:
+        # Computed once per windows object (cached per table for the catalog's TTL): every
+        # query over the table asks for them (about 90 date labels for a quarter of days).
         if isinstance(self.width, int):
             return tuple(f"{self.table}/{self.column}:{lo}-{lo + self.width - 1}"
                          for lo in range(self.start, self.start + self.width * self.count,
