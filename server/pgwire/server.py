@@ -60,7 +60,7 @@ class _Running:
         self.thread: int | None = None  # the worker thread, while it runs the work
         self.active = False  # work submitted and not finished
         self.cancelled: str | None = None  # why it is being cancelled
-        self.wake = asyncio.Event()
+        self.future: asyncio.Future[Any] | None = None  # the work's, while it is active
 
 
 class WireServer:
@@ -215,7 +215,6 @@ class WireServer:
     async def _run(self, running: _Running, work: Work) -> Any:
         loop = asyncio.get_running_loop()
         running.cancelled = None
-        running.wake.clear()
 
         def in_thread() -> Any:
             running.thread = threading.get_ident()
@@ -226,34 +225,23 @@ class WireServer:
             finally:
                 running.thread = None
 
-        future = loop.run_in_executor(self.executor, in_thread)
+        # The common case costs one future awaited directly; the statement timeout is a timer,
+        # and a cancel (timeout, cancel request, shutdown) interrupts from timers too.
+        future = running.future = loop.run_in_executor(self.executor, in_thread)
         running.active = True
-        deadline = loop.time() + self.limits.statement_timeout
-        waker = asyncio.ensure_future(running.wake.wait())
+        timeout = loop.call_later(self.limits.statement_timeout, self._cancel_running,
+                                  running, "statement timeout", future)
         try:
-            while not future.done():
-                # A thread cannot be killed, only its backend statement interrupted; keep
-                # interrupting until the engine returns (the statement may not have reached the
-                # backend yet), so the engine settles the budget as for any failure.
-                timeout = 0.2 if running.cancelled else max(0.0, deadline - loop.time())
-                await asyncio.wait({future, waker}, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if future.done():
-                    break
-                if running.cancelled is None and loop.time() >= deadline:
-                    running.cancelled = "statement timeout"
-                if waker.done():
-                    running.wake.clear()
-                    waker = asyncio.ensure_future(running.wake.wait())
-                if running.cancelled:
-                    self._interrupt(running)
+            await future
         except BaseException:
-            running.cancelled = running.cancelled or "server shutdown"
-            self._interrupt(running)
-            raise
+            if not future.done() or future.cancelled():  # this task was cancelled: shutdown
+                running.cancelled = running.cancelled or "server shutdown"
+                self._interrupt(running)
+                raise
         finally:
             running.active = False
-            waker.cancel()
+            running.future = None
+            timeout.cancel()
         try:
             return future.result()
         except QueryCanceled:
@@ -263,6 +251,23 @@ class WireServer:
                 raise
             raise QueryCanceled(f"canceling statement due to {running.cancelled}",
                                 hint=err.hint) from None
+
+    def _cancel_running(self, running: _Running, why: str,
+                        future: asyncio.Future[Any] | None = None) -> None:
+        """Interrupt the work running now (``future``: only if it is still that one), again
+        every 0.2 s until it returns.
+
+        A thread cannot be killed, only its backend statement interrupted: keep interrupting
+        until the engine returns (the statement may not have reached the backend yet), so the
+        engine settles the budget as for any failure.  A timer never outlives its statement:
+        the next statement of the session is a different future.
+        """
+        current = running.future
+        if current is None or current.done() or (future is not None and current is not future):
+            return
+        running.cancelled = running.cancelled or why
+        self._interrupt(running)
+        asyncio.get_running_loop().call_later(0.2, self._cancel_running, running, why, current)
 
     def _interrupt(self, running: _Running) -> None:
         thread = running.thread
@@ -284,9 +289,7 @@ class WireServer:
             log.info("cancel request with a wrong key for pid %d ignored", pid)
             return
         if running.active and running.cancelled is None:
-            running.cancelled = "user request"
-            running.wake.set()
-            self._interrupt(running)
+            self._cancel_running(running, "user request")
 
 
 def _quietly(fn: Any, *args: Any) -> None:

@@ -179,6 +179,34 @@ def test_cancel_and_statement_timeout(backend: str, request: pytest.FixtureReque
             assert con.execute("SELECT COUNT(*) FROM trips").fetchone()[0] is not None
 
 
+class _TwoSpeedEngine(_SlowEngine):
+    """MARKER sleeps a minute on Postgres; SECOND sleeps one second, then answers."""
+
+    SECOND = "SELECT COUNT(*) FROM trips WHERE fare > 199.25"
+
+    def execute(self, sql: str, **kwargs: Any) -> Any:
+        if sql == self.SECOND:
+            self._engine.backend.run("SELECT pg_sleep(1)")
+            return self._engine.execute("SELECT COUNT(*) FROM trips", **kwargs)
+        return super().execute(sql, **kwargs)
+
+
+@pytest.mark.postgres
+def test_a_cancel_never_reaches_the_sessions_next_statement(
+        postgres_data: str, write_policy: Callable[..., Path]) -> None:
+    # A cancelled statement is interrupted again every 0.2 s until it returns; those retries
+    # must stop with it, not interrupt the next statement of the same session.
+    with start_wire(write_policy(postgres_data),
+                    wrap=lambda e: _TwoSpeedEngine(e, "SELECT pg_sleep(60)")) as wire, \
+            psycopg.connect(wire.url(), autocommit=True) as con:
+        timer = threading.Timer(0.5, con.cancel_safe)
+        timer.start()
+        with pytest.raises(psycopg.errors.QueryCanceled, match="user request"):
+            con.execute(_SlowEngine.MARKER)
+        timer.join()
+        assert con.execute(_TwoSpeedEngine.SECOND).fetchone()[0] is not None
+
+
 def test_plain_socket_garbage_is_answered(duckdb_wire: Wire) -> None:
     with socket.create_connection((duckdb_wire.host, duckdb_wire.port), timeout=5) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
