@@ -205,6 +205,31 @@ def test_proxy_noise_mode(backend_url: str, make_engine: Callable[..., Engine]) 
     assert engine.ledger.blocks()[0].epsilon_consumed == 20000.0
 
 
+def test_proxy_noise_from_many_threads_keeps_each_answer_apart(
+        backend_url: str, make_engine: Callable[..., Engine]) -> None:
+    # Proxy noise finishes each answer in a TEMP table of its own cursor of one in-memory
+    # DuckDB: concurrent queries with different groups must never see each other's rows.
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = make_engine(backend_url, noise="proxy", k=200, epsilon_per_block=1e6,
+                         max_epsilon=1e5)
+    queries = {"city": "SELECT city, COUNT(*) FROM trips GROUP BY city",
+               "none": "SELECT COUNT(*) FROM trips"}
+    truth = {name: exact(engine, sql) for name, sql in queries.items()}
+
+    def ask(name: str) -> tuple[str, list[tuple[object, ...]]]:
+        return name, engine.execute(queries[name], epsilon=20000.0, **ALICE).rows
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, ["city", "none"] * 12))
+    for name, rows in answers:
+        assert len(rows) == len(truth[name])
+        assert sorted(r[:-1] for r in rows) == sorted(r[:-1] for r in truth[name])
+    assert engine._scratch is not None  # one in-memory database, opened once
+    engine.close()
+    assert engine._scratch is None
+
+
 def test_proxy_noise_mode_thresholds_keys(backend_url: str,
                                           make_engine: Callable[..., Engine]) -> None:
     engine = make_engine(backend_url, noise="proxy")
