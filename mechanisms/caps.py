@@ -40,18 +40,45 @@ noise of standard deviation sqrt(2) k d_m / epsilon_m, d_m its per-row bound.  I
 relative error is taken as
 
     COUNT released as a total:  e = L(k) / (G n) + sqrt(2) k / epsilon_m / n
-    COUNT inside AVG/VARIANCE:  e = sqrt(2) k / epsilon_m / n_k
     SUM released as a total:    e = L(k) / (G n) + L(B) + sqrt(2) k d_m(B) / epsilon_m / (n mu)
-    SUM inside AVG/VARIANCE:    e = L(B) + sqrt(2) k d_m(B) / epsilon_m / (n_k mu)
+    AVG, c + S / N:             e = L(B) + sqrt(2) k sqrt((h / eps_S)^2 + (s / eps_N)^2)
+                                        / (n_k mu)
                                     + cv(B) sqrt(max(0, 1 / n_k - 1 / n))
-    SUM of squares (VARIANCE):  e = sqrt(2) k d_m(B) / epsilon_m / (n_k nu(B))
+    VARIANCE, (Q - S^2 / N) / (N - 1):
+                                e = sqrt(2) k sqrt((q / eps_Q)^2 + (2 s h / eps_S)^2
+                                                   + ((s^2 - nu(B)) / eps_N)^2) / (n_k nu(B))
                                     + (nu(M) - nu(B)) / nu(M)
                                     + sqrt(kappa(B) - 1) sqrt(max(0, 1 / n_k - 1 / n))
 
 with mu, nu(B) and L(B) = loss(B) at its upper estimate from the column's histogram
-(``mechanisms.clip_bounds``) and d_m(B) the per-row bound at the magnitude bound B.  A column
-whose bounds are fixed has no histogram: its sums use d_m / mu = w_m = 2 (a per-row bound
-taken as twice a typical value), loss 0 and cv 1.
+(``mechanisms.clip_bounds``) and d_m(B) the per-row bound at the magnitude bound B.  An AVG or a
+VARIANCE measures S, the sum of x - c (c = (l' + u') / 2, the middle of the interval; 0 for a
+symmetric one), N, the count, and for a VARIANCE Q, the sum of (x - c)^2; h = d_S(B) and q =
+d_Q(B) are their per-row bounds ((u' - l') / 2 and its square when centred) and s = s(B) =
+|E[x] - c| (``ClipColumn.offset``).
+
+The ratios' noise, to first order (the delta method).  With S = S_0 + X_S, N = N_0 + X_N,
+Q = Q_0 + X_Q, the noises X_m independent with sd_m = sqrt(2) k d_m / epsilon_m (N_0 = n_k,
+S_0 = (mean - c) N_0):
+
+    c + S / N                 moves by  (X_S - (mean - c) X_N) / N_0
+    (Q - S^2 / N) / (N - 1)   moves by  (X_Q - 2 (mean - c) X_S + ((mean - c)^2 - var) X_N)
+                                        / (N_0 - 1)
+
+(d/dN of (Q - S^2 / N) / (N - 1) is (S^2 / N^2 - var) / (N - 1)), whose standard deviations
+are the square roots above, taken relative to the mean magnitude mu and to the spread nu(B).
+The count's noise reaches an AVG only times s.  Weighed one measurement at a time (as this rule
+did before), the count of a clipped column looked like a sum of per-row bound max(|l'|, |u'|)
+and every part of a VARIANCE was added up as an error of its own: for fare in [0, 200] (mean
+21, variance 256, s = 79) the AVG's count was charged 200 / 79 = 2.5 times its noise, and the
+VARIANCE's noise came out at (100 + 200) / 21 + 100^2 / 256 = 53 per sqrt(2) k / (eps n_k)
+where it is sqrt(100^4 + (2 * 79 * 100)^2 + (79^2 - 256)^2) / 256 = 77: STDDEV(fare) got caps
+above its best.
+A measurement a caller leaves out of the terms adds no noise (1 / eps = 0).  An AVG next to a
+VARIANCE of the same column shares its S and N; the rule weighs the VARIANCE.  A column whose
+bounds are fixed has no histogram and its measurements are weighed one by one: COUNT inside a
+ratio e = sqrt(2) k / epsilon_m / n_k, sums d_m / mu = w_m = 2 (a per-row bound taken as
+twice a typical value), loss 0 and cv 1, as in the SUM and AVG lines.
 The subsampling term cv sqrt(1/n_k - 1/n) is the relative standard deviation of a mean over n_k
 rows drawn at random without replacement from n (finite-population correction), cv = the
 coefficient of variation sqrt(nu(B)) / mu(B): an average over a small cap sees few rows of each
@@ -69,15 +96,16 @@ sensitivity 1), chosen first and on its own by ``choose_groups`` (a DP quantile,
 there).  The key-release threshold then depends on g, not k, so the cap rule leaves the
 key-release count out (its weight is 0) and trades rows against the measurements' noise alone.
 
-k minimises E(k) = sum_m e_m(k), where for each clipped column the bound B minimises the part of
-E(k) that depends on it (its measurements' terms) among its candidates; the smallest k and the
-widest B win ties.  On data where every unit has exactly c rows (c a bin start and end, c <= 8)
-a total's error falls until k = c and rises after it, so the rule picks c when the histogram
-noise is small.
+k minimises E(k), the sum of these errors over the query's outputs, where for each clipped
+column the bound B minimises the part of E(k) that depends on it (its measurements' terms)
+among its candidates; the smallest k and the widest B win ties.  On data where every unit has
+exactly c rows (c a bin start and end, c <= 8) a total's error falls until k = c and rises
+after it, so the rule picks c when the histogram noise is small.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -163,9 +191,15 @@ class RowModel:
         """One row per unit and ``rows`` units (event-level tables: cap 1, nothing lost)."""
         return cls((1,), (float(rows),), 1, 0.0)
 
-    def _means(self) -> np.ndarray:
+    @functools.cached_property
+    def _middles(self) -> np.ndarray:
+        """m_b: the middle of each bin (the limit bin: exactly the limit)."""
         ends = [*(s - 1 for s in self.starts[1:]), self.limit]
         return np.array([(s + e) / 2 for s, e in zip(self.starts, ends, strict=True)])
+
+    @functools.cached_property
+    def _counts(self) -> np.ndarray:
+        return np.asarray(self.noisy, dtype=float)
 
     def candidates(self) -> list[int]:
         """Bin starts, bin ends and the limit, ascending."""
@@ -174,21 +208,32 @@ class RowModel:
 
     def all_rows(self) -> float:
         """N(limit), at least 1."""
-        return max(float(np.dot(np.asarray(self.noisy), self._means())), 1.0)
+        return max(float(np.dot(self._counts, self._middles)), 1.0)
 
-    def lost(self, k: int) -> float:
-        """L(k) = max(0, R(k)) + Z sd R(k): rows lost above cap k, at their upper estimate."""
-        above = np.maximum(self._means() - k, 0.0)
-        found = max(float(np.dot(np.asarray(self.noisy), above)), 0.0)
+    def _above(self, caps: np.ndarray) -> np.ndarray:
+        """max(0, m_b - k) for every cap k (rows) and bin b (columns)."""
+        return np.maximum(self._middles[None, :] - caps[:, None], 0.0)
+
+    def lost_at(self, caps: np.ndarray) -> np.ndarray:
+        """L(k) = max(0, R(k)) + Z sd R(k) at every cap: rows lost above k, upper estimate."""
+        above = self._above(caps)
+        found = np.maximum(above @ self._counts, 0.0)
         if self.epsilon > 0:
-            found += Z * math.sqrt(discrete_laplace_variance(self.epsilon)
-                                   * float(np.sum(above * above)))
+            found = found + Z * np.sqrt(discrete_laplace_variance(self.epsilon)
+                                        * np.sum(above * above, axis=1))
         return found
 
+    def kept_at(self, caps: np.ndarray) -> np.ndarray:
+        """N(k) = N(limit) - R(k) at every cap (unbiased, without the Z term), at least 1."""
+        return np.maximum(self.all_rows() - self._above(caps) @ self._counts, 1.0)
+
+    def lost(self, k: int) -> float:
+        """L(k) at one cap (``lost_at``)."""
+        return float(self.lost_at(np.array([float(k)]))[0])
+
     def kept(self, k: int) -> float:
-        """N(k) = N(limit) - R(k) (unbiased, without the Z term), at least 1."""
-        above = np.maximum(self._means() - k, 0.0)
-        return max(self.all_rows() - float(np.dot(np.asarray(self.noisy), above)), 1.0)
+        """N(k) at one cap (``kept_at``)."""
+        return float(self.kept_at(np.array([float(k)]))[0])
 
 
 @dataclass(frozen=True)
@@ -220,44 +265,52 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     # Every statistic of a bound is independent of the cap: tabulate them once per column.
     tables = [(column, [t for t in terms if t.column == index], _BoundTable(column))
               for index, column in enumerate(columns)]
-    best: Choice | None = None
-    for k in candidates:
-        n_k = rows.kept(k) / groups
-        bias = min(rows.lost(k) / groups / n_all, 1.0)
-        # Rows per group a mean over cap k leaves out, as a relative standard deviation / cv.
-        subsample = math.sqrt(max(0.0, 1.0 / n_k - 1.0 / n_all))
-        error = 0.0
-        for term in terms:
-            if term.column is not None:
-                error += bias if term.total else 0.0
-                continue
-            noise = term.weight * math.sqrt(2.0) * k / term.epsilon
-            if term.total:
-                error += bias + noise / n_all
-            else:
-                error += noise / n_k
-                if term.kind == "sum":
-                    error += subsample  # cv = 1 without a histogram of the values
-        bounds = []
-        for column, mine, table in tables:
-            part = table.errors(mine, k, n_k, n_all, subsample)
-            # The first (largest) bound of least error, as a scan with a strict "<" would find.
-            at = int(np.argmin(part))
-            found, found_error = ((float(table.bounds[at]), float(part[at]))
-                                  if part[at] < math.inf else (column.magnitude, math.inf))
-            bounds.append(found)
-            error += found_error if mine else 0.0
-        if best is None or error < best.error:
-            best = Choice(k, tuple(bounds), error)
-    assert best is not None
-    return best
+    # E(k) at every candidate at once: arrays over k (and over k x B for the bounds).
+    ks = np.asarray(candidates, dtype=float)
+    n_k = rows.kept_at(ks) / groups
+    bias = np.minimum(rows.lost_at(ks) / groups / n_all, 1.0)
+    # Rows per group a mean over cap k leaves out, as a relative standard deviation / cv.
+    subsample = np.sqrt(np.maximum(0.0, 1.0 / n_k - 1.0 / n_all))
+    root2k = math.sqrt(2.0) * ks
+    error = np.zeros(len(ks))
+    for term in terms:
+        if term.column is not None:
+            if term.kind == "count" and term.total:
+                # COUNT(x) released next to an AVG(x): its noise and loss do not depend on x's
+                # bound (inside the ratio, _BoundTable weighs its noise).
+                error += bias + term.weight * root2k / term.epsilon / n_all
+            elif term.total:
+                error += bias
+            continue
+        noise = term.weight * root2k / term.epsilon
+        if term.total:
+            error += bias + noise / n_all
+        else:
+            error += noise / n_k
+            if term.kind == "sum":
+                error += subsample  # cv = 1 without a histogram of the values
+    bounds = np.empty((len(ks), len(tables)))
+    rows_k = np.arange(len(ks))
+    for index, (column, mine, table) in enumerate(tables):
+        part = table.errors(mine, ks[:, None], n_k[:, None], n_all, subsample[:, None])
+        # At every k the first (largest) bound of least error, as a scan with a strict "<".
+        at = np.argmin(part, axis=1)
+        least = part[rows_k, at]
+        finite = least < math.inf
+        bounds[:, index] = np.where(finite, table.bounds[at], column.magnitude)
+        if mine:
+            error += np.where(finite, least, math.inf)
+    # The first k of least error (the smallest, as a scan with a strict "<" finds it); an
+    # undefined error never wins.
+    best = int(np.argmin(np.where(np.isnan(error), math.inf, error)))
+    return Choice(candidates[best], tuple(float(b) for b in bounds[best]), float(error[best]))
 
 
 class _BoundTable:
     """A column's candidate bounds B and the statistics the rule needs at each, as arrays.
 
-    ``errors`` evaluates the terms of E(k) that depend on B (module docstring) at every B at
-    once, with the same operations in the same order as one bound at a time.
+    ``errors`` evaluates the terms of E(k) that depend on B (module docstring) at every k and B
+    at once.
     """
 
     def __init__(self, column: ClipColumn) -> None:
@@ -268,12 +321,14 @@ class _BoundTable:
         def table(stat: Callable[[float], float]) -> np.ndarray:
             return np.asarray([stat(b) for b in values], dtype=float)
 
+        self._table = table
         self.spread = table(column.spread)
         self.spread_loss = table(column.spread_loss)
         self.kurtosis_term = table(lambda b: math.sqrt(max(column.kurtosis(b) - 1.0, 0.0)))
         self.loss_upper = table(column.loss_upper)
         self.cv = table(lambda b: math.sqrt(column.spread(b)) / column.mean(b))
         self._per_row: dict[tuple[str, bool], np.ndarray] = {}
+        self._offset: dict[bool, np.ndarray] = {}
 
     def per_row(self, kind: SumKind, centred: bool) -> np.ndarray:
         found = self._per_row.get((kind, centred))
@@ -282,24 +337,51 @@ class _BoundTable:
                 [self.column.per_row(b, kind, centred) for b in self.bounds.tolist()])
         return found
 
-    def errors(self, terms: Sequence[CapTerm], k: int, n_k: float, n_all: float,
-               subsample: float) -> np.ndarray:
+    def offset(self, centred: bool) -> np.ndarray:
+        found = self._offset.get(centred)
+        if found is None:
+            found = self._offset[centred] = self._table(
+                lambda b: self.column.offset(b, centred))
+        return found
+
+    def errors(self, terms: Sequence[CapTerm], k: np.ndarray, n_k: np.ndarray, n_all: float,
+               subsample: np.ndarray) -> np.ndarray:
+        """The errors at every cap (``k``, ``n_k`` and ``subsample``: one row per cap, shape
+        (K, 1)) and every bound (columns): shape (K, B)."""
         mu = self.column.mean()
-        error = np.zeros(len(self.bounds))
-        for term in terms:
-            kind: SumKind = "sum_squares" if term.kind == "sum_squares" else "sum"
-            noise = math.sqrt(2.0) * k * self.per_row(kind, term.centred) / term.epsilon
-            if term.kind == "sum_squares":
-                # Noise relative to the spread, the spread clipping at B removes, and the rows
-                # a cap k leaves out: a variance over n_k of n rows drawn at random has
-                # relative sd sqrt((kappa - 1) (1 / n_k - 1 / n)) (kappa the kurtosis; finite
-                # population).
-                error += (noise / (n_k * self.spread) + self.spread_loss
-                          + self.kurtosis_term * subsample)
-            elif term.total:
+        error = np.zeros((len(k), len(self.bounds)))
+        root2k = math.sqrt(2.0) * k
+        sums = [t for t in terms if t.kind == "sum"]
+        counts = [t for t in terms if t.kind == "count"]
+        squares = [t for t in terms if t.kind == "sum_squares"]
+        for term in sums:
+            if term.total:
+                noise = root2k * self.per_row("sum", term.centred) / term.epsilon
                 error += self.loss_upper + noise / (n_all * mu)
-            else:
-                error += self.loss_upper + noise / (n_k * mu) + self.cv * subsample
+        if not squares and all(t.total for t in sums + counts):
+            return error  # no AVG or VARIANCE of this column
+        # The ratio's measurements (module docstring, "AVG and VARIANCE"): its sum S (the
+        # centred one; the released SUM when the interval is symmetric, c = 0), its count N and
+        # its sum of squares Q.  One the caller did not give adds no noise (its 1 / eps is 0).
+        ratio_sum = next((t for t in sums if not t.total), sums[0] if sums else None)
+        centred = (ratio_sum.centred if ratio_sum is not None
+                   else squares[0].centred if squares else False)
+        per_s = 0.0 if ratio_sum is None else 1.0 / ratio_sum.epsilon
+        per_n = 0.0 if not counts else 1.0 / counts[0].epsilon
+        h = self.per_row("sum", centred)
+        s = self.offset(centred)
+        if squares:
+            # sd of (Q - S^2 / N) / (N - 1) to first order: sqrt(sd_Q^2 + (2 s sd_S)^2 +
+            # ((s^2 - nu) sd_N)^2) / n_k, relative to nu(B); sd_m = sqrt(2) k d_m / eps_m.
+            q = self.per_row("sum_squares", squares[0].centred) / squares[0].epsilon
+            noise = root2k * np.sqrt(q * q + (2.0 * s * h * per_s) ** 2
+                                     + ((s * s - self.spread) * per_n) ** 2)
+            error += (noise / (n_k * self.spread) + self.spread_loss
+                      + self.kurtosis_term * subsample)
+        else:
+            # sd of c + S / N to first order: sqrt(sd_S^2 + (s sd_N)^2) / n_k, relative to mu.
+            noise = root2k * np.sqrt((h * per_s) ** 2 + (s * per_n) ** 2)
+            error += self.loss_upper + noise / (n_k * mu) + self.cv * subsample
         return error
 
 
@@ -375,7 +457,7 @@ def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: flo
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
     h = np.asarray(units.noisy, dtype=float)
-    middles = units._means()
+    middles = units._middles
     total = max(float(h.sum()), 1.0)
     variance = discrete_laplace_variance(units.epsilon) if units.epsilon > 0 else 0.0
     candidates = units.candidates()

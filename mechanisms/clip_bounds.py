@@ -242,6 +242,30 @@ class ClipColumn:
             self._memo[key] = self._per_row(bound, kind, centred)
         return self._memo[key]
 
+    def offset(self, bound: float, centred: bool) -> float:
+        """s(B) = |E[clip(x)] - c|, the mean's distance from the centre c of a ratio's sums.
+
+        An AVG is c + S / N and a VARIANCE (Q - S^2 / N) / (N - 1), S and Q summing x - c (c =
+        (l' + u') / 2 when ``centred``, else 0), so the count's noise reaches the answer times s
+        (``mechanisms.caps``).  The histogram holds magnitudes: for l >= 0 they are the values
+        and s = |mu(B) - c|; for u <= 0 the values are -|x| and s = |mu(B) + c|; for an interval
+        around 0 the sign is lost and s is taken at its upper bound min(h, mu(B) + |c|), h =
+        max(|l' - c|, |u' - c|) (a mean lies in [l', u'], and |E x - c| <= E|x| + |c|).
+        """
+        key = (f"offset {centred}", bound)
+        if key not in self._memo:
+            lo, hi = self.interval(bound)
+            c = (lo + hi) / 2 if centred else 0.0
+            mean = self.mean(bound)
+            if self.lower >= 0:
+                found = abs(mean - c)
+            elif self.upper <= 0:
+                found = abs(mean + c)
+            else:
+                found = min(max(abs(lo - c), abs(hi - c)), mean + abs(c))
+            self._memo[key] = found
+        return self._memo[key]
+
     def _per_row(self, bound: float, kind: SumKind, centred: bool) -> float:
         lo, hi = self.interval(bound)
         if centred:

@@ -96,6 +96,87 @@ def test_variance_keeps_the_tail_that_makes_its_spread() -> None:
     assert choose(RowModel.exact_rows(1000), [mean], [col]).bounds[0] < 8.0
 
 
+def _two_values(lower: float = 0.0, upper: float = 8.0) -> ClipColumn:
+    """Half the weight at the bound 8 (bin 0), half in bin 1, [5.657, 8), whose middle is
+    a_1 = (8 + 8 / sqrt(2)) / 2 = 6.828427: mu = 7.414214, nu = (8 - a_1)^2 / 4 = 0.343146."""
+    h = [0.0] * (STEPS + 2)
+    h[0], h[1] = 500.0, 500.0
+    return ClipColumn(lower, upper, tuple(h))
+
+
+def test_offset_of_the_mean_from_the_centre_by_hand() -> None:
+    a1 = (8 + 8 / math.sqrt(2)) / 2
+    mu = (8 + a1) / 2
+    # [0, 8]: the magnitudes are the values; c = 4, s = mu - 4 = 3.414214 (uncentred: s = mu).
+    col = _two_values()
+    assert col.offset(8.0, centred=True) == pytest.approx(mu - 4)
+    assert col.offset(8.0, centred=False) == pytest.approx(mu)
+    # At B = 4 every value clips to 4 = u', c = 2: s = 2.
+    assert col.offset(4.0, centred=True) == pytest.approx(2.0)
+    # [-8, 0]: the values are -|x|, mean -mu, c = -4: s = |-mu + 4| = mu - 4.
+    assert _two_values(-8.0, 0.0).offset(8.0, centred=True) == pytest.approx(mu - 4)
+    # [-2, 8]: signs unknown: the upper bound min(h, mu + |c|), c = 3, h = 5: 5.
+    assert _two_values(-2.0, 8.0).offset(8.0, centred=True) == pytest.approx(5.0)
+    # [-8, 8], c = 0: min(8, mu) = mu.
+    assert _two_values(-8.0, 8.0).offset(8.0, centred=False) == pytest.approx(mu)
+
+
+def test_ratio_noise_by_hand() -> None:
+    # 1000 units, one row each (exact rows: k = 1, n_k = n, no subsampling term), the column of
+    # _two_values, exact histogram (no loss at B = 8; every narrower bound loses >= 23%).
+    a1 = (8 + 8 / math.sqrt(2)) / 2
+    mu, nu = (8 + a1) / 2, (8 - a1) ** 2 / 4
+    s, h = mu - 4, 4.0  # c = 4, centred sums of x - 4 with per-row bound 4
+    rows = RowModel.exact_rows(1000)
+    col = _two_values()
+    sum_ = CapTerm(0.0, 1.0, False, column=0, kind="sum", centred=True)
+    count = CapTerm(1.0, 0.5, False, column=0, kind="count")
+    # AVG = 4 + S / N: sd sqrt(2) sqrt((4 / 1)^2 + (3.414 / 0.5)^2) / 1000 = 0.011192, relative
+    # to mu: 0.0015095.  (Weighed one measurement at a time, the count was a sum of per-row
+    # bound 8 at epsilon 0.5 and the sum's part added on top: 0.0038149.)
+    avg = choose(rows, [sum_, count], [col])
+    assert avg.bounds == (8.0,)
+    assert avg.error == pytest.approx(math.sqrt(2) * math.hypot(h / 1.0, s / 0.5) / (1000 * mu))
+    assert avg.error == pytest.approx(0.0015095, rel=1e-4)
+    # VARIANCE: add the centred sum of squares (per-row bound 16) at epsilon 2: sd sqrt(2)
+    # sqrt((16 / 2)^2 + (2 s 4 / 1)^2 + ((s^2 - nu) / 0.5)^2) / 1000 = 0.0514206, relative
+    # to nu: 0.149851.  Its spread loss and subsampling term are 0 here.
+    squares = CapTerm(0.0, 2.0, False, column=0, kind="sum_squares", centred=True)
+    var = choose(rows, [sum_, count, squares], [col])
+    assert var.bounds == (8.0,)
+    expected = math.sqrt(2) * math.sqrt((16 / 2) ** 2 + (2 * s * h) ** 2
+                                        + ((s * s - nu) / 0.5) ** 2) / (1000 * nu)
+    assert var.error == pytest.approx(expected)
+    assert var.error == pytest.approx(0.149851, rel=1e-4)
+    # COUNT(x) released as well (a total): its own error, sqrt(2) / 0.5 / 1000, joins the
+    # AVG's, in which the count's noise still counts times s.
+    released = CapTerm(1.0, 0.5, True, column=0, kind="count")
+    both = choose(rows, [sum_, released], [col])
+    assert both.error == pytest.approx(avg.error + math.sqrt(2) / 0.5 / 1000)
+
+
+def test_variance_weighs_its_noise_against_subsampling() -> None:
+    # Units with 1 row (600) and with 4 rows (100): n = 1000, and cap 1 keeps n_1 = 700 rows.
+    # The column of _two_values (kappa = 1: two equal masses, so no subsampling term) at
+    # epsilon 1 per measurement: the variance's noise grows with k / n_k, 1 / 700 at k = 1
+    # and 4 / 1000 at k = 4: the rule picks 1.  E(1) = sqrt(2) sqrt(16^2 + (8 s)^2 +
+    # (s^2 - nu)^2) / (700 nu).
+    a1 = (8 + 8 / math.sqrt(2)) / 2
+    mu, nu = (8 + a1) / 2, (8 - a1) ** 2 / 4
+    s = mu - 4
+    rows = RowModel((1, 2, 4), (600.0, 0.0, 100.0), 4, 0.0)
+    assert rows.kept(1) == 700 and rows.all_rows() == 1000
+    terms = [CapTerm(0.0, 1.0, False, column=0, kind="sum", centred=True),
+             CapTerm(1.0, 1.0, False, column=0, kind="count"),
+             CapTerm(0.0, 1.0, False, column=0, kind="sum_squares", centred=True)]
+    choice = choose(rows, terms, [_two_values()])
+    assert choice.cap == 1
+    noise = math.sqrt(2) * math.sqrt(16 ** 2 + (8 * s) ** 2 + (s * s - nu) ** 2) / nu
+    assert choice.error == pytest.approx(noise / 700)
+    assert choose(rows, terms, [_two_values()], caps=(4,)).error == pytest.approx(
+        4 * noise / 1000)
+
+
 def test_intervals_and_per_row_bounds() -> None:
     col = ClipColumn(-3.0, 10.0, (1.0,) * (STEPS + 2))
     assert col.interval(10.0) == (-3.0, 10.0)
@@ -207,7 +288,10 @@ def _upper(chosen: str | None) -> float:
     assert chosen is not None
     high = float(chosen.strip("[]").split(", ")[1])
     assert BEST * (1 - 1e-5) <= high <= 16
-    return BEST if high == pytest.approx(BEST, rel=1e-5) else high
+    # The report shows 6 significant digits: the bound itself is the nearest edge.
+    edge = min(magnitude_edges(1024.0), key=lambda e: abs(e - high))
+    assert edge == pytest.approx(high, rel=1e-5)
+    return edge
 
 
 def test_sum_and_avg_use_the_bound_where_the_values_are(values: Callable[..., Engine]) -> None:
