@@ -417,8 +417,11 @@ class Engine:
         reused (privacy.choice_reuse_seconds); also the key the choices are kept under."""
         prepared = self._prepare(query, analyst, epsilon, delta)
         # Everything the selection depends on that is public: the query, its epsilon and
-        # delta (the rule weighs noise against bias), the blocks and the relation it reads.
-        key = (query.normalized_sql, epsilon, delta, prepared.restriction, prepared.sample)
+        # delta (the rule weighs noise against bias) and the blocks it reads.  Never anything
+        # that follows the data (a stored sample's name changes with a fingerprint of the
+        # rows): whether the choices are reused shows in the report, and must not tell an
+        # analyst that rows changed (as budget.answers explains for answers).
+        key = (query.normalized_sql, epsilon, delta, prepared.restriction)
         earlier = self.choices.get(key) if prepared.cap_epsilon > 0 else None
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
             prepared = self._prepare(query, analyst, epsilon, delta, *earlier, reused=True)

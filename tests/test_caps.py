@@ -254,3 +254,16 @@ def test_choices_are_not_reused_across_epsilons_or_when_turned_off(
     again = off.execute(sql, epsilon=2.0, **ALICE).report
     assert again.contribution.epsilon == pytest.approx(1.0)
     assert all(s.epsilon > 0 for s in again.contribution.steps)
+
+
+def test_reuse_does_not_tell_that_rows_changed(exact_units: Callable[..., Engine]) -> None:
+    # A stored sample is renamed (rebuilt) when the rows change; keying the reuse on it would
+    # let the report's "reused" reveal that change.  The key holds public things only.
+    engine = exact_units(6, bounding="materialized", extra="choice_reuse_seconds = 600\n")
+    sql = "SELECT COUNT(*) FROM exact"
+    first = engine.execute(sql, epsilon=2.0, **ALICE).report
+    engine.backend.run_owned(["INSERT INTO exact VALUES (9999, 1.0)"])
+    second = engine.execute(sql, epsilon=2.0, **ALICE).report
+    assert second.rewritten_sql != first.rewritten_sql  # a new sample was built and read
+    assert "reused" in second.contribution.note and second.contribution.cap == \
+        first.contribution.cap
