@@ -463,12 +463,9 @@ class _SQLTx(Tx):
     def _load_blocks(self, ids: list[str]) -> dict[str, BlockState]:
         cached = self._cached
         out = {i: cached[i] for i in ids if i in cached}
-        if len(out) < len(ids):
-            ids = [i for i in ids if i not in out]
-        else:
-            return out
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
+        missing = [i for i in ids if i not in out]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
             for (data,) in self._rows(self._s.q_blocks(len(chunk)),
                                       {f"id{i}": b for i, b in enumerate(chunk)}):
                 block = _block_from(data)
