@@ -27,7 +27,6 @@ Claims of a process that died are settled when a ledger is next opened on the sa
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import socket
@@ -40,6 +39,7 @@ from typing import Any, NamedTuple
 
 from budget import scheduler as sched
 from budget.accounting import Accountant, BasicAccountant, Event, Vec, accountant_for
+from budget.journal import replay
 from budget.scheduler import (
     BlockState,
     ClaimRecord,
@@ -47,7 +47,15 @@ from budget.scheduler import (
     InvariantError,
     SchedulerSettings,
 )
-from budget.store import LedgerMismatch, MemoryStore, PostgresStore, SQLiteStore, Store, Tx
+from budget.store import (
+    ClaimTotals,
+    LedgerMismatch,
+    MemoryStore,
+    PostgresStore,
+    SQLiteStore,
+    Store,
+    Tx,
+)
 from chorus_py.errors import BudgetExhausted
 
 __all__ = ["BlockBudget", "BlockLeft", "Claim", "InMemoryLedger", "InvariantError", "Ledger",
@@ -274,7 +282,8 @@ class Ledger:
         self._keys: dict[int, tuple[tuple[float, ...], int]] = {}
         # Fail early on a Rényi ledger that cannot hold anything (delta^G = 0).
         self.accountant.capacity(self.epsilon_per_block, self.delta_per_block)
-        meta = {"accounting": self.accountant.name, "schema": "1"}
+        # Schema 2: block rows at journal checkpoints (budget.store); schema 1 ledgers are upgraded.
+        meta = {"accounting": self.accountant.name, "schema": "2"}
         if self.accountant.name == "renyi":
             acc: Any = self.accountant
             meta["orders"] = ",".join(f"{a:g}" for a in acc.orders)
@@ -582,9 +591,22 @@ class Ledger:
             out.append(have[b])
         return out
 
-    def claims(self) -> list[Claim]:
-        """Every claim so far, oldest first."""
-        return [_claim_view(r) for r in self.store.claims()]
+    def claims(self, analyst: str | None = None,
+               states: Iterable[str] | None = None) -> list[Claim]:
+        """Every claim so far, oldest first; when given, only ``analyst``'s and only in
+        ``states`` (the filter runs in the store: other claims are not read)."""
+        return [_claim_view(r) for r in self.store.claims(analyst, states)]
+
+    def claim_totals(self, analyst: str | None = None) -> list[ClaimTotals]:
+        """Per analyst and state: how many claims, and the sums of their epsilon and delta as
+        asked (``Claim.epsilon``/``Claim.delta``), sorted by analyst, then state; when given,
+        only ``analyst``'s.
+
+        One aggregate in the store (a GROUP BY in SQL): no claim is loaded into Python, so
+        views that only count and sum (metrics, the dashboard) stay cheap as the ledger grows.
+        Read-only; a SQL store reads a snapshot without taking the ledger's write lock.
+        """
+        return self.store.claim_totals(analyst)
 
     def history(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Journal rows (seq, at, event, claim_id, data) after ``since``, oldest first."""
@@ -911,46 +933,6 @@ class _Rollback(Exception):
     def __init__(self, value: Any) -> None:
         super().__init__()
         self.value = value
-
-
-def replay(journal: Iterable[Mapping[str, Any]]) -> dict[str, BlockState]:
-    """Rebuild every block's state from the journal alone (what an auditor does)."""
-    blocks: dict[str, BlockState] = {}
-    for row in journal:
-        event, data = row["event"], row["data"]
-        if event == "block_created":
-            state = copy.deepcopy(data["block"])  # the journal itself is never changed
-            blocks[state["block_id"]] = BlockState(**state)
-        elif event == "unlock":
-            for b, amount in data["blocks"].items():
-                block = blocks[b]
-                if "arrival" in data:
-                    block.arrivals += 1
-                sched._move(block, "locked", "unlocked", amount)
-        elif event in ("claim_granted", "claim_consumed", "claim_released"):
-            per = data.get("per_block", {})
-            for b in data["blocks"]:
-                amount, delta = per.get(b, data["amount"]), data["delta"]
-                block = blocks[b]
-                who, eps = data.get("analyst", ""), data.get("epsilon", 0.0)
-                if event == "claim_granted":
-                    sched.allocate(block, tuple(amount), delta, who, eps)
-                elif event == "claim_consumed":
-                    sched.consume(block, tuple(amount), delta)
-                else:
-                    sched.release(block, tuple(amount), delta, who, eps)
-        elif event == "claim_refunded":
-            per = data.get("per_block", {})
-            for b in data["blocks"]:
-                amount, delta = tuple(per.get(b, data["amount"])), data["delta"]
-                sched.unconsume(blocks[b], amount, delta)
-                sched.release(blocks[b], amount, delta, data.get("analyst", ""),
-                              data.get("epsilon", 0.0))
-        elif event == "block_retired":
-            blocks[data["block"]].retired = True
-        elif event == "block_reopened":
-            blocks[data["block"]].retired = False
-    return blocks
 
 
 def InMemoryLedger(epsilon_per_block: float, delta_per_block: float,

@@ -21,12 +21,19 @@ module's own transaction handling, and a ``begin`` event emits ``BEGIN IMMEDIATE
 (``with_for_update()``).  ``PostgresStore`` takes ``postgresql://``, ``postgres://`` or
 SQLAlchemy's ``postgresql+psycopg://`` URLs.
 
-A transaction reads only the blocks and claims it asks for and writes back only those it changed,
-so a claim's cost does not grow with the number of blocks in the ledger.  A SQL store also keeps
-the blocks as its last commit left them (:class:`_BlockCache`): while the journal's last row is
-the one that commit wrote, no transaction of any process has changed anything since, and the
-next transaction starts from those blocks instead of reading and parsing them again (a query over
-a quarter of daily blocks charges about 90 of them).
+A transaction reads only the blocks and claims it asks for, so a claim's cost does not grow with
+the number of blocks in the ledger.  Block rows are written at checkpoints, not by every claim
+(a query over a quarter of daily blocks charges about 90 of them): the journal rows a transaction
+writes say exactly what it did to each block (``budget.journal``), so a block is read back as its
+row, as of the checkpoint ``blocks_seq`` in the meta table, with the journal's events since then
+applied; a transaction that has moved the journal ``CHECKPOINT_EVERY`` rows past the checkpoint
+rewrites the rows of every block changed since, and moves the marker, in the same commit.  A
+block change the journal does not name is refused before commit.  A SQL store also keeps the
+blocks as its last commit left them (:class:`_BlockCache`): while the journal's last row is the
+one that commit wrote, no transaction of any process has changed anything since, and the next
+transaction starts from those blocks instead of reading them again.  Every proxy sharing a
+ledger must run a version with checkpoints: an older one would rewrite rows without moving the
+marker (the block invariant then refuses every claim on those blocks: no overspend, no service).
 
 Inside a transaction the ledger reads blocks and claims, changes them in memory and marks them
 with ``save_*``; the store checks every changed block's invariant and writes everything, with the
@@ -37,6 +44,7 @@ and on Postgres).
 
 from __future__ import annotations
 
+import math
 import operator
 import sqlite3
 import threading
@@ -45,10 +53,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import (
+    JSON,
     URL,
     BigInteger,
     Column,
@@ -61,22 +70,26 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    cast,
     create_engine,
     event,
     func,
     insert,
     make_url,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError as OperationalError_
 
-from budget.scheduler import BlockState, ClaimRecord
+from budget.journal import apply as apply_event
+from budget.journal import touched
+from budget.scheduler import BlockState, ClaimRecord, InvariantError
 from chorus_py.errors import OperationalError
 
-__all__ = ["LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore", "SQLStore",
-           "SQLiteStore", "Store", "Tx"]
+__all__ = ["ClaimTotals", "LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore",
+           "SQLStore", "SQLiteStore", "Store", "Tx"]
 
 SCHEMA_VERSION = "1"
 
@@ -89,8 +102,20 @@ class LedgerMismatch(ValueError):
     """The stored ledger was created with other accounting settings than the policy's."""
 
 
-def _block_from(data: str) -> BlockState:
-    return BlockState(**orjson.loads(data))
+# Block rows carry the format they were written in.  Rows of format 2 are as of the checkpoint
+# (``_SQLTx.flush``); a row without it comes from a version that rewrote every row on every
+# change and knew nothing of checkpoints, so reading it with the journal since the checkpoint
+# would count events twice: refused, except once, when a ledger of schema 1 is upgraded.
+_ROW_FORMAT = 2
+
+
+def _block_from(data: str, legacy: bool = False) -> BlockState:
+    d = orjson.loads(data)
+    if d.pop("format", None) != _ROW_FORMAT and not legacy:
+        raise InvariantError(
+            f"block {d.get('block_id')} of the budget ledger was written by an older version of "
+            "chorus, which does not keep journal checkpoints; nothing was spent")
+    return BlockState(**d)
 
 
 def _claim_from(data: str) -> ClaimRecord:
@@ -111,7 +136,7 @@ def _claim_json(claim: ClaimRecord) -> str:
 
 
 def _block_json(block: BlockState) -> str:
-    return _dumps(block.to_dict(share=True))
+    return _dumps({**block.to_dict(share=True), "format": _ROW_FORMAT})
 
 
 def _dumps(value: Any) -> str:
@@ -222,6 +247,17 @@ class Tx:
         raise NotImplementedError
 
 
+class ClaimTotals(NamedTuple):
+    """The claims of one analyst in one state: how many, and the sums of their epsilon and
+    delta as asked (a claim's own ``epsilon``/``delta``; a missing or non-finite one counts 0)."""
+
+    analyst: str
+    state: str
+    claims: int
+    epsilon: float
+    delta: float
+
+
 class Store:
     """A ledger's storage: transactions, plus read-only listings for operators."""
 
@@ -234,8 +270,15 @@ class Store:
         """Record the ledger's settings on first use; refuse a ledger made with others."""
         raise NotImplementedError
 
-    def claims(self) -> list[ClaimRecord]:
-        """Every claim, oldest first."""
+    def claims(self, analyst: str | None = None,
+               states: Iterable[str] | None = None) -> list[ClaimRecord]:
+        """Every claim, oldest first; when given, only ``analyst``'s and only in ``states``."""
+        raise NotImplementedError
+
+    def claim_totals(self, analyst: str | None = None) -> list[ClaimTotals]:
+        """Per analyst and state, how many claims and the sums of their own epsilon and delta,
+        sorted by analyst, then state; when given, only ``analyst``'s.  SQL stores answer with
+        one GROUP BY: no claim is loaded into Python."""
         raise NotImplementedError
 
     def journal(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
@@ -295,6 +338,14 @@ def _copy_claim(rec: ClaimRecord) -> ClaimRecord:
     return ClaimRecord(**{**rec.__dict__, "per_block": dict(rec.per_block)})
 
 
+def _finite(value: Any) -> float:
+    # What a SQL store sums: JSON has no NaN or infinity (orjson writes them as null), and SUM
+    # skips nulls.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.0
+    return float(value)
+
+
 class MemoryStore(Store):
     """State in this process only: fast, lost on exit."""
 
@@ -335,9 +386,26 @@ class MemoryStore(Store):
             _check_meta(self._meta, meta, "in memory")
             self._meta.update(meta)
 
-    def claims(self) -> list[ClaimRecord]:
+    def claims(self, analyst: str | None = None,
+               states: Iterable[str] | None = None) -> list[ClaimRecord]:
+        wanted = None if states is None else frozenset(states)
         with self._lock:
-            return [_copy_claim(self._claims[k]) for k in sorted(self._claims)]
+            picked = (self._claims[k] for k in sorted(self._claims))
+            return [_copy_claim(c) for c in picked
+                    if (analyst is None or c.analyst == analyst)
+                    and (wanted is None or c.state in wanted)]
+
+    def claim_totals(self, analyst: str | None = None) -> list[ClaimTotals]:
+        sums: dict[tuple[str, str], list[Any]] = {}
+        with self._lock:
+            for k in sorted(self._claims):  # claim order, as summing ``claims()`` would
+                c = self._claims[k]
+                if analyst is None or c.analyst == analyst:
+                    entry = sums.setdefault((c.analyst, c.state), [0, 0.0, 0.0])
+                    entry[0] += 1
+                    entry[1] += _finite(c.epsilon)
+                    entry[2] += _finite(c.delta)
+        return [ClaimTotals(a, s, *sums[a, s]) for a, s in sorted(sums)]
 
     def journal(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         with self._lock:
@@ -407,38 +475,42 @@ class _Compiled:
 class _BlockCache:
     """Blocks as this store's last commit left them, valid while the journal has not moved.
 
-    Every transaction that changes a block also appends to the journal (in the same commit), so
-    the journal's last ``seq`` names the ledger's state: when it is still the one our last
-    commit left, the blocks we hold are exactly the stored ones.  Used only under the ledger's
-    write lock (one transaction at a time), so it needs no lock of its own.
+    Every transaction that changes a block also appends to the journal (in the same commit;
+    ``_SQLTx.flush`` refuses to commit otherwise), so the journal's last ``seq`` names the
+    ledger's state: when it is still the one our last commit left, the blocks we hold are
+    exactly the ledger's, and ``blocks_seq`` the checkpoint their stored rows are as of.  Used
+    only under the ledger's write lock (one transaction at a time), so it needs no lock of its
+    own.
     """
 
     def __init__(self) -> None:
         self.blocks: dict[str, BlockState] = {}
         self.seq: int | None = None  # the journal's last seq when ``blocks`` were current
+        self.blocks_seq: int | None = None  # the rows' checkpoint then (None: unknown)
 
     def start(self, seq: int) -> dict[str, BlockState]:
         """The cached blocks a transaction may use, given the journal's last seq now."""
         if seq != self.seq:
             self.blocks.clear()  # someone else committed: read everything afresh
-            self.seq = seq
+            self.seq, self.blocks_seq = seq, None
         return self.blocks
 
     def committed(self, tx: _SQLTx, seq: int) -> None:
         """``tx`` committed and the journal now ends at ``seq``: its blocks are current."""
-        if seq == self.seq and tx._dirty_blocks:
-            # Blocks changed without a journal row: never expected, but then the journal
-            # cannot tell us (or another process) about it, so trust nothing cached.
-            self.blocks.clear()
-            self.seq = None
-            return
         self.blocks.update(tx._blocks)
-        self.seq = seq
+        self.seq, self.blocks_seq = seq, tx._blocks_seq
 
     def abandoned(self, tx: _SQLTx) -> None:
         """``tx`` rolled back: the blocks it handed out may have been changed in memory."""
         for block_id in tx._blocks:
             self.blocks.pop(block_id, None)
+
+
+# Block rows are written at a checkpoint once the journal has grown by this many rows since
+# the last one (a claim writes about three): between checkpoints a claim writes its claim and
+# journal rows only, not one row per block it charges, and reading a block back applies at most
+# this many journal rows to its stored row.
+CHECKPOINT_EVERY = 64
 
 
 class _SQLTx(Tx):
@@ -448,7 +520,18 @@ class _SQLTx(Tx):
         self._conn = conn
         # The DBAPI cursor of the connection SQLAlchemy began the transaction on.
         self._cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        self._cached = store._cache.start(self.last_seq())
+        self._last = self.last_seq()
+        cache = store._cache
+        self._cached = cache.start(self._last)
+        # The checkpoint the block rows are as of: the journal rows after it are applied to a
+        # block read from its row.  A ledger written before checkpoints existed has no such
+        # row: its block rows are current (None here; the first write makes a checkpoint).
+        self._blocks_seq = cache.blocks_seq
+        if self._blocks_seq is None:
+            rows = self._rows(store.q_meta, {"key": "blocks_seq"})
+            self._blocks_seq = int(rows[0][0]) if rows else None
+        self._tail: list[tuple[str, dict[str, Any]]] | None = None
+        self.seq_after = self._last
 
     def last_seq(self) -> int:
         """The journal's last seq (0 when empty), as this transaction sees it."""
@@ -464,17 +547,37 @@ class _SQLTx(Tx):
         cached = self._cached
         out = {i: cached[i] for i in ids if i in cached}
         missing = [i for i in ids if i not in out]
+        if not missing:
+            return out
+        read: dict[str, BlockState] = {}
         for start in range(0, len(missing), 500):
             chunk = missing[start:start + 500]
             for (data,) in self._rows(self._s.q_blocks(len(chunk)),
                                       {f"id{i}": b for i, b in enumerate(chunk)}):
                 block = _block_from(data)
-                out[block.block_id] = block
-        return out
+                read[block.block_id] = block
+        self._apply_tail(read, set(missing))
+        return {**out, **read}
 
     def _load_all_blocks(self) -> list[BlockState]:
-        return [_block_from(d) for i, d in self._rows(self._s.q_all_blocks)
-                if i not in self._blocks]
+        read = {i: _block_from(d) for i, d in self._rows(self._s.q_all_blocks)
+                if i not in self._blocks}
+        created = {touched(e, d)[0] for e, d in self._journal_tail() if e == "block_created"}
+        self._apply_tail(read, (set(read) | created) - set(self._blocks))
+        return list(read.values())
+
+    def _journal_tail(self) -> list[tuple[str, dict[str, Any]]]:
+        """The journal's events after the block rows' checkpoint, up to this transaction."""
+        if self._tail is None:
+            after = self._last if self._blocks_seq is None else self._blocks_seq
+            self._tail = [(e, orjson.loads(d)) for e, d in self._rows(
+                self._s.q_journal_tail, {"after": after, "upto": self._last})]
+        return self._tail
+
+    def _apply_tail(self, read: dict[str, BlockState], ids: set[str]) -> None:
+        """Bring blocks read from their rows (``read``, the blocks ``ids``) up to date."""
+        for kind, data in self._journal_tail():
+            apply_event(read, kind, data, only=ids)
 
     def _load_claim(self, claim_id: int) -> ClaimRecord | None:
         rows = self._rows(self._s.q_claim, {"id": claim_id})
@@ -499,18 +602,26 @@ class _SQLTx(Tx):
             self._cur.executemany(statement.sql, [statement.params(r) for r in rows])
 
     def flush(self) -> None:
+        """Write the transaction: claims and journal rows always, block rows at checkpoints.
+
+        A changed block's row is not rewritten on every claim: the journal rows written here
+        say what changed, and a block is read back as its row plus the journal since the
+        checkpoint (``_load_blocks``).  So every change to a block must be in the journal,
+        exactly: a change that is not would be lost, and is refused here instead.
+        """
         s = self._s
         changed = self.changed_blocks()
+        journaled = {b for _, kind, _, data in self._journal for b in touched(kind, data)}
+        if journaled != {b.block_id for b in changed}:
+            raise InvariantError(
+                "a ledger transaction changed blocks its journal rows do not name "
+                f"({sorted(journaled.symmetric_difference(b.block_id for b in changed))}); "
+                "nothing was written")
         new = [b for b in changed if b.block_id in self._new_blocks]
-        old = [b for b in changed if b.block_id not in self._new_blocks]
-        if new:
+        if new:  # a new block's row: its block_created event resets it when read back
             self._write(s.insert_block, [
                 {"block_id": b.block_id, "state": _block_state(b), "data": _block_json(b)}
                 for b in new])
-        if old:
-            self._write(s.update_block, [
-                {"b_id": b.block_id, "b_state": _block_state(b), "b_data": _block_json(b)}
-                for b in old])
         if self._new_claims:
             self._write(s.insert_claim, [
                 {"claim_id": c.claim_id, "state": c.state, "analyst": c.analyst,
@@ -521,11 +632,44 @@ class _SQLTx(Tx):
             self._write(s.update_claim, [
                 {"c_id": c.claim_id, "c_state": c.state, "c_data": _claim_json(c)}
                 for c in (self._claims[i] for i in changed_claims)])
-        if self._journal:
-            self._write(s.insert_journal, [
-                {"at": at, "event": event, "claim_id": claim_id,
-                 "data": _dumps(data)}
-                for at, event, claim_id, data in self._journal])
+        if not self._journal:
+            return
+        self._write(s.insert_journal, [
+            {"at": at, "event": event, "claim_id": claim_id, "data": _dumps(data)}
+            for at, event, claim_id, data in self._journal])
+        self.seq_after = self.last_seq()
+        if self._blocks_seq is None or self.seq_after - self._blocks_seq >= CHECKPOINT_EVERY:
+            self._checkpoint(journaled)
+
+    def _upgrade_rows(self) -> None:
+        """Stamp the current rows of a schema-1 ledger as the checkpoint at the journal's end."""
+        rows = [_block_from(d, legacy=True) for _, d in self._rows(self._s.q_all_blocks)]
+        if rows:
+            self._write(self._s.update_block, [
+                {"b_id": b.block_id, "b_state": _block_state(b), "b_data": _block_json(b)}
+                for b in rows])
+        self.seq_after = self._last
+        self._write_marker()
+
+    def _write_marker(self) -> None:
+        """The rows are as of ``seq_after`` now."""
+        if self._blocks_seq is None:
+            self._write(self._s.insert_meta, [{"key": "blocks_seq", "value": str(self.seq_after)}])
+        else:
+            self._write(self._s.update_meta, [{"m_key": "blocks_seq",
+                                               "m_value": str(self.seq_after)}])
+        self._blocks_seq = self.seq_after
+
+    def _checkpoint(self, journaled: set[str]) -> None:
+        """Write every block changed since the last checkpoint, as of this transaction."""
+        s = self._s
+        ids = journaled | {b for kind, data in self._journal_tail() for b in touched(kind, data)}
+        have = self.blocks(sorted(ids))
+        if ids:
+            self._write(s.update_block, [
+                {"b_id": b.block_id, "b_state": _block_state(b), "b_data": _block_json(b)}
+                for b in (have[i] for i in sorted(ids))])
+        self._write_marker()
 
 
 _PROCESS_LOCKS: dict[str, threading.RLock] = {}
@@ -583,6 +727,15 @@ class SQLStore(Store):
         self.q_waiting = open_claims(["waiting"])
         self.q_max_claim = compiled(select(func.coalesce(func.max(cc.claim_id), 0)))
         self.q_last_seq = compiled(select(func.coalesce(func.max(self.journal_t.c.seq), 0)))
+        jc, mc = self.journal_t.c, self.meta_t.c
+        self.q_journal_tail = compiled(
+            select(jc.event, jc.data)
+            .where(jc.seq > bindparam("after"), jc.seq <= bindparam("upto")).order_by(jc.seq))
+        self.q_meta = compiled(select(mc.value).where(mc.key == bindparam("key")))
+        self.insert_meta = insert_all(self.meta_t)
+        self.update_meta = compiled(
+            update(self.meta_t).where(mc.key == bindparam("m_key"))
+            .values(value=bindparam("m_value")))
         self._cache = _BlockCache()
         self.insert_block = insert_all(self.blocks_t)
         self.insert_claim = insert_all(self.claims_t)
@@ -650,7 +803,6 @@ class SQLStore(Store):
                 tx = _SQLTx(self, conn, accounting)
                 yield tx
                 tx.flush()
-                seq = tx.last_seq() if tx._journal else None
                 if self.before_commit is not None:
                     self.before_commit()
                 conn.commit()
@@ -660,7 +812,7 @@ class SQLStore(Store):
                 with suppress(DBAPIError):
                     conn.rollback()
                 raise
-            self._cache.committed(tx, self._cache.seq if seq is None else seq)
+            self._cache.committed(tx, tx.seq_after)
         finally:
             conn.close()
 
@@ -680,16 +832,46 @@ class SQLStore(Store):
             assert isinstance(tx, _SQLTx)
             col = self.meta_t.c
             stored = {k: v for k, v in tx._conn.execute(select(col.key, col.value))}
+            if stored.get("schema") == "1" and meta.get("schema") == "2":
+                # Schema 1 rewrote every changed block row on every change: its rows are
+                # current.  Stamped once, under the lock; a proxy of that version then refuses
+                # this ledger (schema mismatch), and rows it might still write are refused.
+                tx._upgrade_rows()
+                tx._conn.execute(update(self.meta_t).where(col.key == "schema")
+                                 .values(value="2"))
+                stored["schema"] = "2"
             _check_meta(stored, meta, self.where)
             missing = [{"key": k, "value": v} for k, v in meta.items() if k not in stored]
             if missing:
                 tx._conn.execute(insert(self.meta_t), missing)
 
-    def claims(self) -> list[ClaimRecord]:
+    def claims(self, analyst: str | None = None,
+               states: Iterable[str] | None = None) -> list[ClaimRecord]:
         col = self.claims_t.c
+        query = select(col.data).order_by(col.claim_id)
+        if analyst is not None:
+            query = query.where(col.analyst == analyst)
+        if states is not None:
+            query = query.where(col.state.in_(sorted(states)))
         with self._read() as conn:
-            return [_claim_from(d) for (d,) in conn.execute(
-                select(col.data).order_by(col.claim_id))]
+            return [_claim_from(d) for (d,) in conn.execute(query)]
+
+    def claim_totals(self, analyst: str | None = None) -> list[ClaimTotals]:
+        col = self.claims_t.c
+        # The claim's JSON text: SQLite's JSON functions read it as it is, Postgres needs a cast.
+        data = (cast(col.data, JSON) if self._dialect.name == "postgresql"
+                else type_coerce(col.data, JSON))
+        query = (select(col.analyst, col.state, func.count(),
+                        func.sum(data["epsilon"].as_float()), func.sum(data["delta"].as_float()))
+                 .group_by(col.analyst, col.state))
+        if analyst is not None:
+            query = query.where(col.analyst == analyst)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        # Sorted here, not in SQL: Postgres would order by its collation, the memory store by
+        # code point.  SUM is NULL when every value was (JSON null: not finite).
+        return sorted(ClaimTotals(a, s, n, float(e or 0.0), float(d or 0.0))
+                      for a, s, n, e, d in rows)
 
     def journal(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         j = self.journal_t.c

@@ -1,8 +1,10 @@
 """What the budget ledger says, as numbers: views for the REST app, the dashboard and Prometheus.
 
-The ledger is read only through its public interface: ``blocks()`` (objects with ``as_dict()``)
-and ``claims()`` (dataclasses or objects with ``as_dict()``).  Field names are looked up
-tolerantly, so the views keep working while the ledger grows: the first ledger has
+The ledger is read only through its public interface: ``blocks()`` (objects with ``as_dict()``),
+``claim_totals()`` (claims counted and summed per analyst and state, by the store) and
+``claims(analyst, states)`` (one analyst's claims, dataclasses or objects with ``as_dict()``):
+no scrape or request reads every claim, as a busy ledger holds millions.  Field names are looked
+up tolerantly, so the views keep working while the ledger grows: the first ledger has
 ``epsilon_global / allocated / consumed / remaining``; the DPF ledger adds ``locked`` and
 ``unlocked`` budget and claim states such as ``waiting`` and ``refused``.  Whatever numeric field a
 block reports is passed through unchanged in :func:`ledger_blocks`.
@@ -92,9 +94,17 @@ def ledger_blocks(engine: Any) -> list[dict[str, Any]]:
     return [block_dict(b) for b in engine.ledger.blocks()]
 
 
-def ledger_claims(engine: Any) -> list[dict[str, Any]]:
-    """Every claim the ledger knows, oldest first."""
-    return [claim_dict(c) for c in engine.ledger.claims()]
+def ledger_totals(engine: Any, analyst: str | None = None) -> list[dict[str, Any]]:
+    """Claims per analyst and state (``claims``: how many, ``epsilon``/``delta``: their sums),
+    all analysts' or only ``analyst``'s: rows that :func:`claim_states` and
+    :func:`analyst_spending` take in place of the claims themselves."""
+    return [{k: jsonable(v) for k, v in t._asdict().items()}
+            for t in engine.ledger.claim_totals(analyst)]
+
+
+def spent_claims(engine: Any, analyst: str) -> list[dict[str, Any]]:
+    """One analyst's claims in a spent state, oldest first (what :func:`analyst_blocks` needs)."""
+    return [claim_dict(c) for c in engine.ledger.claims(analyst, SPENT_STATES)]
 
 
 def bar_view(data: Mapping[str, Any], epsilon_per_block: float) -> dict[str, Any]:
@@ -124,9 +134,18 @@ def bar_view(data: Mapping[str, Any], epsilon_per_block: float) -> dict[str, Any
     }
 
 
-def claim_states(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """How many claims are in each state, as the ledger names them."""
-    return dict(Counter(str(c.get("state", "unknown")) for c in claims))
+def _count(row: Mapping[str, Any]) -> int:
+    """How many claims a row stands for: a total says (``claims``), a claim is one."""
+    n = row.get("claims", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) else 1
+
+
+def claim_states(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many claims are in each state, as the ledger names them (rows: claims or totals)."""
+    out: Counter[str] = Counter()
+    for row in rows:
+        out[str(row.get("state", "unknown"))] += _count(row)
+    return dict(out)
 
 
 def claims_summary(by_state: Mapping[str, int], refused_seen: int) -> dict[str, int]:
@@ -143,19 +162,22 @@ def claims_summary(by_state: Mapping[str, int], refused_seen: int) -> dict[str, 
             "released": released}
 
 
-def analyst_spending(claims: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per analyst: queries answered and epsilon/delta spent (consumed claims), claims by state."""
+def analyst_spending(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per analyst: queries answered and epsilon/delta spent (consumed claims), claims by state.
+
+    ``rows`` are claims or totals (:func:`ledger_totals`): the result is the same.
+    """
     out: dict[str, dict[str, Any]] = {}
-    for claim in claims:
-        name = str(claim.get("analyst", "?"))
+    for row in rows:
+        name = str(row.get("analyst", "?"))
         entry = out.setdefault(name, {"analyst": name, "queries": 0, "epsilon": 0.0,
                                       "delta": 0.0, "claims": {}})
-        state = str(claim.get("state", "unknown"))
-        entry["claims"][state] = entry["claims"].get(state, 0) + 1
+        state, n = str(row.get("state", "unknown")), _count(row)
+        entry["claims"][state] = entry["claims"].get(state, 0) + n
         if state in SPENT_STATES:
-            entry["queries"] += 1
-            entry["epsilon"] += _number(claim, "epsilon") or 0.0
-            entry["delta"] += _number(claim, "delta") or 0.0
+            entry["queries"] += n
+            entry["epsilon"] += _number(row, "epsilon") or 0.0
+            entry["delta"] += _number(row, "delta") or 0.0
     return out
 
 
@@ -220,6 +242,20 @@ class BudgetHistory:
             return list(self._points)
 
 
+def _ledger_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    """The ledger's metric families, without samples: budget per block, claims, spending."""
+    return (
+        GaugeMetricFamily(
+            "chorus_block_epsilon", "Epsilon of each private block, by part "
+            "(consumed, allocated, unlocked, locked, total).", labels=["block", "part"]),
+        GaugeMetricFamily("chorus_claims", "Budget claims in the ledger, by state.",
+                          labels=["state"]),
+        GaugeMetricFamily("chorus_analyst_epsilon_consumed",
+                          "Epsilon spent by each analyst (sum over answered queries).",
+                          labels=["analyst"]),
+    )
+
+
 class _LedgerCollector(Collector):
     """Reads the ledger at scrape time: budget per block, claims per state, spending."""
 
@@ -227,27 +263,25 @@ class _LedgerCollector(Collector):
         self._engine = engine
         self._refusals = refusals
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without samples: the registry calls this, not ``collect``, when the
+        collector is registered, so registering reads nothing from the ledger."""
+        yield from _ledger_families()
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         blocks = ledger_blocks(self._engine)
-        claims = ledger_claims(self._engine)
+        totals = ledger_totals(self._engine)
         epsilon_per_block = self._engine.policy.privacy.epsilon_per_block
-        budget = GaugeMetricFamily(
-            "chorus_block_epsilon", "Epsilon of each private block, by part "
-            "(consumed, allocated, unlocked, locked, total).", labels=["block", "part"])
+        budget, states, spent = _ledger_families()
         for data in blocks:
             bar = bar_view(data, epsilon_per_block)
             for part in ("consumed", "allocated", "unlocked", "locked", "total"):
                 budget.add_metric([bar["block"], part], bar[part])
         yield budget
-        states = GaugeMetricFamily("chorus_claims", "Budget claims in the ledger, by state.",
-                                   labels=["state"])
-        for state, n in sorted(claim_states(claims).items()):
+        for state, n in sorted(claim_states(totals).items()):
             states.add_metric([state], n)
         yield states
-        spent = GaugeMetricFamily("chorus_analyst_epsilon_consumed",
-                                  "Epsilon spent by each analyst (sum over answered queries).",
-                                  labels=["analyst"])
-        for name, entry in sorted(analyst_spending(claims).items()):
+        for name, entry in sorted(analyst_spending(totals).items()):
             spent.add_metric([name], entry["epsilon"])
         yield spent
 

@@ -734,15 +734,17 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
         """What one analyst spent (an analyst sees only their own; the owner sees everyone)."""
         if not who.owner and who.analyst != name:
             raise StarletteHTTPException(403, "an analyst may only read their own budget")
-        claims = await run_in_threadpool(budget_views.ledger_claims, engine)
-        spending = budget_views.analyst_spending(claims).get(name)
+        # This analyst's totals and spent claims only, never the whole ledger.
+        totals = await run_in_threadpool(budget_views.ledger_totals, engine, name)
+        spending = budget_views.analyst_spending(totals).get(name)
         if spending is None and name not in engine.policy.analysts:
             raise StarletteHTTPException(404, f"no analyst named {name!r}")
         spending = spending or {"queries": 0, "epsilon": 0.0, "delta": 0.0, "claims": {}}
+        spent = await run_in_threadpool(budget_views.spent_claims, engine, name)
         return {"analyst": name, "queries": spending["queries"],
                 "epsilon_consumed": spending["epsilon"], "delta_consumed": spending["delta"],
                 "claims": spending["claims"],
-                "blocks": budget_views.analyst_blocks(claims, name)}
+                "blocks": budget_views.analyst_blocks(spent, name)}
 
     # -- data owner
     @app.get("/v1/dashboard", response_model=DashboardResponse, tags=["data owner"],
@@ -830,7 +832,7 @@ def _dashboard(engine: Any, history: budget_views.BudgetHistory,
                metrics: Metrics) -> dict[str, Any]:
     privacy = engine.policy.privacy
     blocks = budget_views.ledger_blocks(engine)
-    claims = budget_views.ledger_claims(engine)
+    totals = budget_views.ledger_totals(engine)  # counts and sums: no claim is read
     history.record(blocks)
     bars = {b["block"]: budget_views.bar_view(b, privacy.epsilon_per_block) for b in blocks}
     untouched = [i for i in budget_views.known_block_ids(engine) if i not in bars]
@@ -839,9 +841,9 @@ def _dashboard(engine: Any, history: budget_views.BudgetHistory,
         bars[block_id] = {"block": block_id, "total": privacy.epsilon_per_block,
                           "consumed": 0.0, "allocated": 0.0, "unlocked": 0.0, "locked": 0.0,
                           "untouched": True}
-    by_state = budget_views.claim_states(claims)
+    by_state = budget_views.claim_states(totals)
     summary = budget_views.claims_summary(by_state, metrics.budget_refusals)
-    spending = budget_views.analyst_spending(claims)
+    spending = budget_views.analyst_spending(totals)
     for name in engine.policy.analysts:
         spending.setdefault(name, {"analyst": name, "queries": 0, "epsilon": 0.0,
                                    "delta": 0.0, "claims": {}})

@@ -135,7 +135,10 @@ class WireServer:
                 else:
                     timeout = self.limits.login_timeout - (time.monotonic() - started)
                 try:
-                    data = await asyncio.wait_for(reader.read(_READ_CHUNK), max(timeout, 0.001))
+                    # asyncio.timeout, not wait_for: wait_for wraps every read in a new task,
+                    # a cost paid on each message of every query.
+                    async with asyncio.timeout(max(timeout, 0.001)):
+                        data = await reader.read(_READ_CHUNK)
                 except TimeoutError:
                     if session.authenticated:
                         session.output += p.error_response(
@@ -193,7 +196,8 @@ class WireServer:
         data = session.take_output()
         if data:
             writer.write(data)
-            await asyncio.wait_for(writer.drain(), self.limits.idle_timeout)
+            async with asyncio.timeout(self.limits.idle_timeout):
+                await writer.drain()
 
     async def _drive(self, session: Session, running: _Running,
                      message: p.FrontendMessage) -> None:
