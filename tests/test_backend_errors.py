@@ -74,3 +74,34 @@ def test_a_cancel_after_the_statement_ended_is_dropped(engine: Engine) -> None:
         looked_up = engine.backend.__dict__["_running"][me]
     looked_up()
     assert sent == ["during"]
+
+
+@pytest.mark.postgres
+def test_postgres_prepares_repeated_queries_and_survives_a_replaced_table(
+        postgres_url: str) -> None:
+    """A repeated query text is prepared on its connection (Postgres skips planning it); when a
+    table it reads is replaced by one of other column types, Postgres refuses the stale plan
+    before reading a row and the backend runs the query again on a fresh connection."""
+    import psycopg
+
+    from chorus_py.backends import PostgresBackend
+
+    with psycopg.connect(postgres_url, autocommit=True) as owner:
+        owner.execute("DROP TABLE IF EXISTS replaced")
+        owner.execute("CREATE TABLE replaced (v integer)")
+        owner.execute("INSERT INTO replaced VALUES (1), (2)")
+        backend = PostgresBackend(postgres_url, statement_timeout_s=10, pool_size=1)
+        sql = "SELECT v FROM replaced ORDER BY v"
+        for _ in range(8):
+            assert backend.run(sql).rows == [(1,), (2,)]
+        con = backend._pool.get_nowait()
+        prepared = con.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+        backend._pool.put_nowait(con)
+        assert [r[0] for r in prepared] == [sql]
+        owner.execute("DROP TABLE replaced")
+        owner.execute("CREATE TABLE replaced (v text)")
+        owner.execute("INSERT INTO replaced VALUES ('a')")
+        result = backend.run(sql)
+        assert result.rows == [("a",)] and result.types == ("text",)
+        owner.execute("DROP TABLE replaced")
+    backend.close()
