@@ -12,7 +12,10 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from budget import scheduler as sched
 from budget.accounting import BasicAccountant, Event, RenyiAccountant
 from budget.ledger import BlockBudget, Claim, InMemoryLedger, Ledger, replay
 from budget.scheduler import BlockState, ClaimRecord, InvariantError, SchedulerSettings, dpf_key
@@ -450,3 +453,23 @@ def test_per_analyst_spending_and_limits() -> None:
     check_all(led)
     rebuilt = replay(led.history())
     assert rebuilt["a"].by_analyst == view(led, "a").by_analyst
+
+
+# -- the fused charge of basic accounting --------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(unlocked=st.floats(0, 10), allocated=st.floats(0, 10), consumed=st.floats(0, 10),
+       delta_allocated=st.floats(0, 1e-5), delta_consumed=st.floats(0, 1e-5),
+       x=st.floats(1e-9, 10), delta=st.floats(0, 1e-6), analyst=st.sampled_from(["", "ann"]),
+       before=st.floats(0, 5), epsilon=st.floats(1e-9, 10))
+def test_charge_is_exactly_allocate_then_consume(
+        unlocked: float, allocated: float, consumed: float, delta_allocated: float,
+        delta_consumed: float, x: float, delta: float, analyst: str, before: float,
+        epsilon: float) -> None:
+    """Bit for bit: the journal replays the fused charge as its two events."""
+    block = BlockState("b", 0.0, 30.0, 1e-4, [30.0], [0.0], [unlocked], [allocated], [consumed],
+                       1e-4, delta_allocated, delta_consumed, by_analyst={"ann": before})
+    fused, stepwise = block.copy(), block.copy()
+    sched.charge(fused, x, delta, analyst, epsilon)
+    sched.allocate(stepwise, (x,), delta, analyst, epsilon)
+    sched.consume(stepwise, (x,), delta)
+    assert fused == stepwise
