@@ -737,6 +737,7 @@ class SQLStore(Store):
             update(self.meta_t).where(mc.key == bindparam("m_key"))
             .values(value=bindparam("m_value")))
         self._cache = _BlockCache()
+        self._writer: Connection | None = None  # see _begin
         self.insert_block = insert_all(self.blocks_t)
         self.insert_claim = insert_all(self.claims_t)
         self.insert_journal = insert_all(self.journal_t, skip=("seq",))
@@ -786,35 +787,58 @@ class SQLStore(Store):
 
     def _transaction(self, accounting: str) -> Iterator[Tx]:
         try:
-            conn = self.engine.connect()
+            conn = self._begin()
+        except OperationalError_ as err:
+            raise self._unavailable(err) from None
+        tx: _SQLTx | None = None
+        try:
+            tx = _SQLTx(self, conn, accounting)
+            yield tx
+            tx.flush()
+            if self.before_commit is not None:
+                self.before_commit()
+            conn.commit()
+        except BaseException:
+            if tx is not None:
+                self._cache.abandoned(tx)
+            with suppress(DBAPIError):
+                conn.rollback()
+            self._drop_writer()  # whatever went wrong, the next transaction starts afresh
+            raise
+        self._cache.committed(tx, tx.seq_after)
+
+    def _begin(self) -> Connection:
+        """Begin a write transaction on the store's write connection.
+
+        Write transactions run one at a time in a process (``transaction``'s lock), so one
+        connection serves them all, kept open between them: taking one from the pool and giving
+        it back (with SQLAlchemy's reset) for every claim cost more than the claim's SQL.
+        """
+        for attempt in (1, 2):
+            conn = self._writer
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._writer = self.engine.connect()
             try:
                 conn.begin()  # SQLite: BEGIN IMMEDIATE (the "begin" event of SQLiteStore)
                 if self._row_lock:
                     # Postgres: the row lock serialises every ledger transaction of every proxy.
                     conn.execute(self._lock_row)
+                return conn
+            except DBAPIError as err:
+                self._drop_writer()
+                # A kept connection the server closed meanwhile: once more on a new one.
+                if attempt == 2 or not err.connection_invalidated:
+                    raise
             except BaseException:
+                self._drop_writer()
+                raise
+        raise AssertionError("unreachable")
+
+    def _drop_writer(self) -> None:
+        conn, self._writer = self._writer, None
+        if conn is not None:
+            with suppress(DBAPIError):
                 conn.close()
-                raise
-        except OperationalError_ as err:
-            raise self._unavailable(err) from None
-        tx: _SQLTx | None = None
-        try:
-            try:
-                tx = _SQLTx(self, conn, accounting)
-                yield tx
-                tx.flush()
-                if self.before_commit is not None:
-                    self.before_commit()
-                conn.commit()
-            except BaseException:
-                if tx is not None:
-                    self._cache.abandoned(tx)
-                with suppress(DBAPIError):
-                    conn.rollback()
-                raise
-            self._cache.committed(tx, tx.seq_after)
-        finally:
-            conn.close()
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -885,6 +909,8 @@ class SQLStore(Store):
 
     def close(self) -> None:
         """Close every pooled connection (the store opens new ones if used again)."""
+        with _process_lock(self.lock_key):  # not while a transaction uses the write connection
+            self._drop_writer()
         self.engine.dispose()
 
 

@@ -348,3 +348,22 @@ def test_a_rolled_back_transaction_leaves_no_trace_in_cached_blocks(tmp_path: Pa
     assert [round(x.epsilon_spent, 9) for x in led.blocks(["d1"])] == [0.25]
     check_consistent(led)
     led.close()
+
+
+@pytest.mark.postgres
+def test_a_write_connection_the_server_closed_is_replaced(pg_ledger_url: str) -> None:
+    """Write transactions share one kept connection; if Postgres drops it between two of them
+    (a restart, an idle timeout), the next transaction runs on a new one."""
+    led = open_ledger(pg_ledger_url)
+    led.ensure_blocks(["d"])
+    led.claim("x", ["d"], EIGHTH, 0.0, consume_on_grant=True)
+    store = led.store
+    assert isinstance(store, PostgresStore) and store._writer is not None
+    pid = store._writer.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+    with psycopg.connect(pg_ledger_url, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+    after = led.claim("x", ["d"], EIGHTH, 0.0, consume_on_grant=True)
+    assert [round(b.epsilon_spent, 9) for b in after.after] == [0.25]
+    assert store._writer.connection.dbapi_connection.info.backend_pid != pid  # type: ignore
+    check_consistent(led)
+    led.close()
