@@ -31,7 +31,8 @@ rewrites the rows of every block changed since, and moves the marker, in the sam
 block change the journal does not name is refused before commit.  A SQL store also keeps the
 blocks as its last commit left them (:class:`_BlockCache`): while the journal's last row is the
 one that commit wrote, no transaction of any process has changed anything since, and the next
-transaction starts from those blocks instead of reading them again.  Every proxy sharing a
+transaction starts from those blocks instead of reading them again; when another process has
+committed since, the cached blocks catch up by applying its journal rows.  Every proxy sharing a
 ledger must run a version with checkpoints: an older one would rewrite rows without moving the
 marker (the block invariant then refuses every claim on those blocks: no overspend, no service).
 
@@ -511,6 +512,9 @@ class _BlockCache:
 # journal rows only, not one row per block it charges, and reading a block back applies at most
 # this many journal rows to its stored row.
 CHECKPOINT_EVERY = 64
+# A store whose cached blocks are at most this many journal rows behind catches up by applying
+# them; further behind, it reads the blocks it needs afresh.
+CATCH_UP_LIMIT = 256
 
 
 class _SQLTx(Tx):
@@ -522,6 +526,15 @@ class _SQLTx(Tx):
         self._cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         self._last = self.last_seq()
         cache = store._cache
+        behind = self._last - cache.seq if cache.seq is not None else -1
+        if 0 < behind <= CATCH_UP_LIMIT and cache.blocks:
+            # Another process committed since our last transaction: bring the cached blocks
+            # up to date with its journal rows rather than reading them all again (two
+            # proxies on one ledger would otherwise re-read every block on every claim).
+            for kind, data in self._rows(store.q_journal_tail,
+                                         {"after": cache.seq, "upto": self._last}):
+                apply_event(cache.blocks, kind, orjson.loads(data), only=cache.blocks.keys())
+            cache.seq, cache.blocks_seq = self._last, None  # it may have moved the checkpoint
         self._cached = cache.start(self._last)
         # The checkpoint the block rows are as of: the journal rows after it are applied to a
         # block read from its row.  A ledger written before checkpoints existed has no such
