@@ -10,8 +10,9 @@
    - engine: ``Engine.execute`` in-process (no wire), the same DP work as the proxy does,
    - proxy: the same SQL through the proxy with asyncpg;
    the wire layer's added latency is proxy - engine, the total added latency proxy - raw.
-3. Throughput with N concurrent clients (asyncpg, one connection each) for a fixed time:
-   queries per second through the proxy vs raw.
+3. Throughput with N concurrent clients (asyncpg, one connection each): queries per second
+   through the proxy vs raw, in short rounds that alternate between the two (medians, and the
+   ratio taken round by round: a shared machine's speed drifts within a minute).
 
 Each configuration runs with three policies (CONFIGS): the contribution-bounding modes of the policy
 (``per-query`` and ``materialized``): the DP work in the database differs a lot between them,
@@ -96,12 +97,23 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _latency(raw_dsn: str, proxy_dsn: str, engine: Engine,
-                   rounds: int) -> dict[str, list[float]]:
-    """Per-query times in ms; raw, engine and proxy alternate query by query (noisy machine)."""
+async def _latency(raw_dsn: str, proxy_dsn: str, engine: Engine, rounds: int,
+                   sent: dict[str, list[str]]) -> dict[str, list[float]]:
+    """Per-query times in ms; raw, engine and proxy alternate query by query (noisy machine).
+
+    ``sent`` receives, for each query, the SQL the engine sent to Postgres on its last run.
+    """
     import asyncpg
 
     times: dict[str, list[float]] = {"raw": [], "engine": [], "proxy": []}
+    run = engine.backend.run
+    recorded: list[str] = []
+
+    def recording_run(sql: str, *args: object, **kwargs: object) -> object:
+        recorded.append(sql)
+        return run(sql, *args, **kwargs)
+
+    engine.backend.run = recording_run  # type: ignore[method-assign]
     raw = await asyncpg.connect(raw_dsn)
     proxy = await asyncpg.connect(proxy_dsn)
     await proxy.execute("SET chorus.epsilon = 0.1")
@@ -115,7 +127,9 @@ async def _latency(raw_dsn: str, proxy_dsn: str, engine: Engine,
                     elif kind == "proxy":
                         await proxy.fetch(sql)
                     else:
+                        recorded.clear()
                         engine.execute(sql, analyst="demo", epsilon=0.1)
+                        sent[sql] = list(recorded)
                     if r:  # round 0 warms the caches (analysis, rewrite, block windows)
                         times[kind].append((time.perf_counter() - started) * 1000)
     finally:
@@ -125,13 +139,16 @@ async def _latency(raw_dsn: str, proxy_dsn: str, engine: Engine,
 
 
 async def _throughput(dsn: str, clients: int, seconds: float,
-                      queries: list[str] = QUERIES) -> float:
+                      queries: list[str] | list[list[str]] = QUERIES) -> float:
+    """Queries per second; a query given as a list of statements runs them one after another."""
     import asyncpg
 
     cons = [await asyncpg.connect(dsn) for _ in range(clients)]
+    scripts = [[q] if isinstance(q, str) else q for q in queries]
     for con in cons:  # warm
-        for sql in queries:
-            await con.fetch(sql)
+        for script in scripts:
+            for sql in script:
+                await con.fetch(sql)
     done = 0
     stop = time.perf_counter() + seconds
 
@@ -139,7 +156,8 @@ async def _throughput(dsn: str, clients: int, seconds: float,
         nonlocal done
         i = offset
         while time.perf_counter() < stop:
-            await con.fetch(queries[i % len(queries)])
+            for sql in scripts[i % len(scripts)]:
+                await con.fetch(sql)
             i += 1
             done += 1
 
@@ -171,7 +189,10 @@ def _serve(policy: Path, port: int) -> subprocess.Popen[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=4.0,
+                        help="length of one throughput round")
+    parser.add_argument("--throughput-rounds", type=int, default=5,
+                        help="alternating raw/proxy throughput rounds per policy")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--postgres", default=os.environ.get(
@@ -197,18 +218,36 @@ def main() -> None:
                     engine = Engine.from_policy(policy)
                     try:
                         print(f"[{config}] latency", file=sys.stderr)
-                        times = asyncio.run(_latency(raw_dsn, proxy_dsn, engine, args.rounds))
+                        sent: dict[str, list[str]] = {}
+                        times = asyncio.run(_latency(raw_dsn, proxy_dsn, engine, args.rounds,
+                                                     sent))
                         raw, direct, proxy = times["raw"], times["engine"], times["proxy"]
                     finally:
                         engine.close()
                     print(f"[{config}] throughput, {args.clients} clients", file=sys.stderr)
-                    raw_qps = asyncio.run(_throughput(raw_dsn, args.clients, args.seconds))
-                    cpu_before = _cpu_seconds(proc.pid)
-                    proxy_qps = asyncio.run(_throughput(proxy_dsn, args.clients, args.seconds))
+                    # Raw and proxy alternate in short rounds, and the ratio is taken round by
+                    # round: on a shared machine the speed drifts by 20% within a minute.
+                    # *rewritten*: the SQL the engine sent to Postgres for each DP query, sent
+                    # straight to it: the database's share of the proxy's work.
+                    rewritten = [sent[sql] for sql in QUERIES]
+                    raws, proxies, ratios, cpu, done = [], [], [], 0.0, 0.0
+                    dbs, db_ratios = [], []
+                    for _ in range(args.throughput_rounds):
+                        raws.append(asyncio.run(_throughput(raw_dsn, args.clients,
+                                                            args.seconds)))
+                        dbs.append(asyncio.run(_throughput(raw_dsn, args.clients,
+                                                           args.seconds, rewritten)))
+                        cpu_before = _cpu_seconds(proc.pid)
+                        proxies.append(asyncio.run(_throughput(proxy_dsn, args.clients,
+                                                               args.seconds)))
+                        cpu += _cpu_seconds(proc.pid) - cpu_before
+                        done += proxies[-1] * args.seconds
+                        ratios.append(proxies[-1] / raws[-1])
+                        db_ratios.append(proxies[-1] / dbs[-1])
+                    raw_qps, proxy_qps = statistics.median(raws), statistics.median(proxies)
                     # CPU the proxy process spent per query (warm-up queries included: a
                     # slight overestimate).
-                    cpu_ms = (_cpu_seconds(proc.pid) - cpu_before) * 1000 / (
-                        proxy_qps * args.seconds)
+                    cpu_ms = cpu * 1000 / done
                     wire_qps = asyncio.run(_throughput(proxy_dsn, args.clients, args.seconds / 2,
                                                        ["SHOW chorus.epsilon"]))
                     raw_trivial = asyncio.run(_throughput(raw_dsn, args.clients,
@@ -222,7 +261,10 @@ def main() -> None:
                     "engine_p50": statistics.median(direct), "engine_p95": _pct(direct, 0.95),
                     "proxy_p50": statistics.median(proxy), "proxy_p95": _pct(proxy, 0.95),
                     "raw_qps": raw_qps, "proxy_qps": proxy_qps, "wire_qps": wire_qps,
-                    "raw_trivial": raw_trivial,
+                    "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+                    "ratio_max": max(ratios),
+                    "raw_trivial": raw_trivial, "rewritten_qps": statistics.median(dbs),
+                    "db_ratio": statistics.median(db_ratios),
                 })
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
@@ -262,15 +304,24 @@ def _report(results: list[dict[str, float | str]], args: argparse.Namespace) -> 
             f"{float(r['proxy_p50']) - float(r['raw_p50']):.2f} |")
     lines += [
         "",
-        f"Throughput, {args.clients} concurrent clients for {args.seconds:g} s each:",
+        f"Throughput, {args.clients} concurrent clients: {args.throughput_rounds} rounds of "
+        f"{args.seconds:g} s, raw, rewritten and proxy alternating; medians, and the ratios "
+        "taken round by round (median, and the proxy / raw range over the rounds). "
+        "*rewritten*: the SQL the proxy sends to Postgres for each DP query (its contribution "
+        "bounding, clipping and noise; with an automatic cap chosen afresh, the histogram "
+        "query too) sent straight to Postgres by the same clients: the database's own share "
+        "of a DP answer, so proxy / rewritten is what the proxy process costs on top:",
         "",
-        "| policy | raw queries/s | proxy queries/s | proxy / raw (target >= 40%) | "
+        "| policy | raw queries/s | rewritten queries/s | proxy queries/s | "
+        "proxy / raw (target >= 40%) | range over rounds | proxy / rewritten | "
         "proxy CPU ms / query |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(f"| {r['bounding']} | {r['raw_qps']:.0f} | {r['proxy_qps']:.0f} | "
-                     f"{float(r['proxy_qps']) / float(r['raw_qps']):.0%} | "
+        lines.append(f"| {r['bounding']} | {r['raw_qps']:.0f} | {r['rewritten_qps']:.0f} | "
+                     f"{r['proxy_qps']:.0f} | "
+                     f"{float(r['ratio']):.0%} | {float(r['ratio_min']):.0%} - "
+                     f"{float(r['ratio_max']):.0%} | {float(r['db_ratio']):.0%} | "
                      f"{float(r['cpu_ms']):.2f} |")
     lines += [
         "",
