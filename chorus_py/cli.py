@@ -225,6 +225,7 @@ def serve(policy_path: Path, listen: str, rest: str) -> None:
           -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/query
     """
     from server.pgwire.server import parse_listen
+    from server.serve import ListenError
     from server.serve import serve as run_server
 
     try:
@@ -244,9 +245,9 @@ def serve(policy_path: Path, listen: str, rest: str) -> None:
         _fail(err, status=FAILED)
     except ChorusError as err:
         _fail(err)
-    except OSError as err:
-        click.secho(f"error: cannot listen on {listen}: {err.strerror or err}", fg="red",
-                    err=True)
+    except ListenError as err:
+        click.secho(f"error: {err}", fg="red", err=True)
+        click.echo(f"hint: {err.hint}", err=True)
         sys.exit(FAILED)
 
 

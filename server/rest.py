@@ -989,13 +989,18 @@ def rest_listener(engine: Any, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}",
                   **config: Any) -> Callable[[], Awaitable[RestListener]]:
     """The REST front door on ``listen`` (HOST:PORT) as a ``chorus serve`` listener.
 
-    Calling the result binds the socket (an ``OSError`` if it cannot), starts uvicorn as a task
+    Calling the result binds the socket (a ``ListenError`` if it cannot), starts uvicorn as a task
     of the running loop and returns a :class:`RestListener` once it accepts connections.
     """
     host, port = parse_listen(listen)
 
     async def start() -> RestListener:
-        sock = _bind(host, port)
+        from server.serve import ListenError
+
+        try:
+            sock = _bind(host, port)
+        except OSError as err:
+            raise ListenError("REST API and dashboard", listen, "--rest", err) from None
         server = rest_server(create_app(engine), host, port, **config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:

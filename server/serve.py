@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +30,26 @@ class Listener(Protocol):
 
 
 StartListener = Callable[[], Awaitable[Listener]]
+
+
+class ListenError(Exception):
+    """A front door could not listen on its address (taken, not local, not permitted...)."""
+
+    def __init__(self, door: str, address: str, option: str, err: OSError) -> None:
+        # os.strerror: "Address already in use", not asyncio's or uvicorn's long wording.
+        self.reason = os.strerror(err.errno) if err.errno else str(err)
+        self.door, self.address, self.option, self.errno = door, address, option, err.errno
+        super().__init__(f"cannot listen on {address} ({door}): {self.reason}")
+
+    @property
+    def hint(self) -> str:
+        """What to do about it."""
+        why = {errno.EADDRINUSE: "another process listens there (another `chorus serve`?)",
+               errno.EACCES: "ports below 1024 need privileges",
+               errno.EADDRNOTAVAIL: "the host is not an address of this machine"}
+        hint = why.get(self.errno, "") + ("; " if self.errno in why else "")
+        hint += f"choose another address with {self.option} HOST:PORT"
+        return hint + (", or turn it off with --rest ''" if self.option == "--rest" else "")
 
 
 def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
@@ -59,7 +81,10 @@ def pgwire_listener(engine: Any, listen: str) -> StartListener:
 
     async def start() -> Listener:
         server = build_wire_server(engine)
-        await server.start(host, port)
+        try:
+            await server.start(host, port)
+        except OSError as err:
+            raise ListenError("Postgres wire protocol", listen, "--listen", err) from None
         analysts = sorted(n for n, v in server.ctx.verifiers.items() if v is not None)
         print(f"chorus: Postgres wire protocol on {host}:{port} "
               f"({'TLS available' if server.tls else 'no TLS'}); analysts with a password: "
@@ -71,14 +96,17 @@ def pgwire_listener(engine: Any, listen: str) -> StartListener:
 
 
 async def run_listeners(listeners: Sequence[StartListener]) -> None:
-    """Start every listener, wait for SIGINT or SIGTERM, close them all."""
+    """Start every listener, wait for SIGINT or SIGTERM, close them all (those started, when
+    one fails to start)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    started = [await start() for start in listeners]
+    started: list[Listener] = []
     try:
+        for start in listeners:
+            started.append(await start())
         await stop.wait()
     finally:
         for listener in started:

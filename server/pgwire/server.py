@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from chorus_py.errors import ChorusError
+from chorus_py.errors import ChorusError, PolicyError
 from server.pgwire import protocol as p
 from server.pgwire.session import QueryCanceled, ServerContext, Session, Work
 
@@ -388,6 +388,14 @@ def build_wire_server(engine: Any) -> WireServer:
         if config.tls_cert and config.tls_key:
             base = Path(policy.source).parent if policy.source != "<memory>" else Path(".")
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(base / config.tls_cert, base / config.tls_key)
+            try:
+                tls.load_cert_chain(base / config.tls_cert, base / config.tls_key)
+            except OSError as err:  # ssl.SSLError is one too
+                raise PolicyError(
+                    f"{policy.source}: [server] tls_cert / tls_key: cannot load "
+                    f"{base / config.tls_cert} and {base / config.tls_key}: "
+                    f"{err.strerror or err}",
+                    hint="give a PEM certificate and its private key, paths relative to the "
+                         "policy file") from None
     context = ServerContext(engine, Catalog(columns), verifiers, columns=columns)
     return WireServer(context, limits, tls)

@@ -67,3 +67,43 @@ def test_serve_the_demo(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(20)
     assert proc.returncode == 0 or proc.returncode == -15
+
+
+@pytest.mark.parametrize("door", ["--listen", "--rest"])
+def test_serve_names_the_address_it_cannot_listen_on(tmp_path: Path, door: str) -> None:
+    """A port already taken: the error names that front door's address and option, never the
+    other one's (a taken REST port used to be reported as the wire protocol's)."""
+    policy = generate_demo(tmp_path, rows=200)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        free = f"127.0.0.1:{_free_port()}"
+        addresses = {"--listen": busy, "--rest": free} if door == "--listen" else {
+            "--listen": free, "--rest": busy}
+        out = subprocess.run([str(CHORUS), "serve", "--policy", str(policy),
+                              *(x for kv in addresses.items() for x in kv)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1, out.stderr
+    kind = "Postgres wire protocol" if door == "--listen" else "REST API and dashboard"
+    assert f"error: cannot listen on {busy} ({kind}): Address already in use" in out.stderr
+    assert f"choose another address with {door} HOST:PORT" in out.stderr
+    assert ("--rest ''" in out.stderr) == (door == "--rest")
+    assert "Traceback" not in out.stderr
+
+
+def test_serve_with_an_unreadable_certificate(tmp_path: Path) -> None:
+    """A [server] tls_cert that is not there is a policy error naming the keys, not a failure
+    to listen."""
+    policy = generate_demo(tmp_path, rows=200)
+    text = policy.read_text()
+    assert text.count("\n[server]\n") == 1
+    policy.write_text(text.replace("\n[server]\n", '\n[server]\ntls_cert = "missing.pem"\n'
+                                                  'tls_key = "missing.key"\n'))
+    out = subprocess.run([str(CHORUS), "serve", "--policy", str(policy), "--listen",
+                          f"127.0.0.1:{_free_port()}", "--rest", ""],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1, out.stderr
+    assert "[server] tls_cert / tls_key: cannot load" in out.stderr
+    assert "missing.pem" in out.stderr and "cannot listen" not in out.stderr
+    assert "Traceback" not in out.stderr
