@@ -129,6 +129,15 @@ class BlockState:
             lk, u, a, c = self.locked[0], self.unlocked[0], self.allocated[0], self.consumed[0]
             scale = g if g > 1.0 else 1.0
             tol = SLACK * scale
+            pool, da, dc = self.delta_pool, self.delta_allocated, self.delta_consumed
+            dtol = SLACK * (pool if pool > 1e-300 else 1e-300)
+            # Every invariant at once (a commit checks each block it changed, ~90 per query):
+            # the tests below, negated.  When it fails they name what is wrong.
+            if (-_SUM_TOL * scale <= g - (lk + u + a + c) <= _SUM_TOL * scale
+                    and lk >= -tol and u >= -tol and a >= -tol and c >= -tol
+                    and a + c <= g * (1 + SLACK) + SLACK
+                    and da >= -dtol and dc >= -dtol and da + dc <= pool + dtol):
+                return
             if abs(g - (lk + u + a + c)) > _SUM_TOL * scale:
                 raise InvariantError(f"block {self.block_id}: global != locked + unlocked + "
                                      f"allocated + consumed: {self}")
@@ -137,7 +146,8 @@ class BlockState:
             if a + c > g * (1 + SLACK) + SLACK:
                 raise InvariantError(f"block {self.block_id} overspent: {self}")
             self._check_delta()
-            return
+            # Nothing above failed, yet the combined test did: a field is NaN.
+            raise InvariantError(f"block {self.block_id}: a budget field is not a number: {self}")
         for i, g in enumerate(self.global_):
             parts = [getattr(self, f)[i] for f in FIELDS]
             tol = SLACK * max(1.0, g)

@@ -168,6 +168,49 @@ def test_block_state_check_catches_each_kind_of_violation() -> None:
     with pytest.raises(InvariantError, match="delta overspent"):
         bad.check("basic")
 
+    bad = block.copy()
+    bad.consumed[0] = math.nan
+    with pytest.raises(InvariantError, match="not a number"):
+        bad.check("basic")
+
+
+def _violations(b: BlockState) -> bool:
+    """The basic invariant's conditions one by one, as the module docstring states them."""
+    g, lk, u, a, c = b.global_[0], b.locked[0], b.unlocked[0], b.allocated[0], b.consumed[0]
+    scale, values = max(1.0, g), (g, lk, u, a, c, b.delta_pool, b.delta_allocated,
+                                  b.delta_consumed)
+    dtol = 1e-12 * max(b.delta_pool, 1e-300)
+    return (any(math.isnan(v) for v in values)
+            or abs(g - (lk + u + a + c)) > 1e-9 * scale
+            or min(lk, u, a, c) < -1e-12 * scale
+            or a + c > g * (1 + 1e-12) + 1e-12
+            or b.delta_allocated < -dtol or b.delta_consumed < -dtol
+            or b.delta_allocated + b.delta_consumed > b.delta_pool + dtol)
+
+
+_near = st.one_of(st.floats(-2.0, 2.0), st.sampled_from([0.0, -1e-13, -1e-11, 1e-13, math.nan]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(g=st.floats(1e-3, 10.0), parts=st.tuples(_near, _near, _near),
+       jitter=st.sampled_from([0.0, 1e-10, -1e-10, 1e-8, -1e-8]),
+       deltas=st.tuples(st.sampled_from([0.0, 1e-6]), _near, _near))
+def test_basic_check_raises_exactly_on_a_violation(g: float, parts: tuple[float, float, float],
+                                                   jitter: float,
+                                                   deltas: tuple[float, float, float]) -> None:
+    """The combined fast test of a basic block raises iff one of the invariants fails."""
+    block = BlockState.new("b", 0.0, g, deltas[0], BasicAccountant(), locked=False)
+    lk, a, c = parts
+    block.locked[0], block.allocated[0], block.consumed[0] = lk, a, c
+    block.unlocked[0] = g - (lk + a + c) + jitter  # the sum off by jitter
+    block.delta_allocated, block.delta_consumed = deltas[1] * 1e-6, deltas[2] * 1e-6
+    raised = False
+    try:
+        block.check("basic")
+    except InvariantError:
+        raised = True
+    assert raised == _violations(block)
+
 
 # -- retirement and refusals ------------------------------------------------------------------
 def test_exhausted_block_is_retired_and_named() -> None:
