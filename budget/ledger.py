@@ -348,15 +348,16 @@ class Ledger:
               description: str = "", *, events: Sequence[Event] | None = None,
               wait_seconds: float | None = None,
               per_block: Mapping[str, Sequence[Event]] | None = None,
-              consume_on_grant: bool = False, views: bool = True) -> Claim:
+              consume_on_grant: bool = False, views: bool | None = True) -> Claim:
         """Allocate the demand on every block, all or nothing, waiting if the scheduler says so.
 
         Returns an allocated claim or raises ``BudgetExhausted`` (nothing taken).  With
         ``consume_on_grant`` the claim is consumed by the transaction that grants it (it comes
-        back *consumed*, with its blocks as that transaction left them: ``after``, or with
-        ``views=False`` only their guarantees, ``left``): one durable commit per query instead
-        of two, and ``refund`` gives it back if nothing reached the analyst.  Charging before
-        the query runs is never less safe than charging after it.
+        back *consumed*, with its blocks as that transaction left them: ``after``, with
+        ``views=False`` only their guarantees, ``left``, with ``views=None`` neither): one
+        durable commit per query instead of two, and ``refund`` gives it back if nothing
+        reached the analyst.  Charging before the query runs is never less safe than charging
+        after it.
         """
         claim = self.submit(analyst, blocks, epsilon, delta, description, events=events,
                             wait_seconds=wait_seconds, per_block=per_block,
@@ -369,7 +370,7 @@ class Ledger:
                description: str = "", *, events: Sequence[Event] | None = None,
                wait_seconds: float | None = None,
                per_block: Mapping[str, Sequence[Event]] | None = None,
-               consume_on_grant: bool = False, views: bool = True) -> Claim:
+               consume_on_grant: bool = False, views: bool | None = True) -> Claim:
         """Register a claim and run the scheduler once; never blocks.
 
         Returns the claim *allocated* or *waiting*; raises ``BudgetExhausted`` when it is refused.
@@ -386,6 +387,8 @@ class Ledger:
             raise BudgetExhausted(arrival.rec.reason, hint=_hint(arrival.rec, self.settings))
         if views:
             return _claim_view(arrival.rec, arrival.after)
+        if views is None:
+            return _claim_view(arrival.rec)
         return _claim_view(arrival.rec, left=arrival.after)  # type: ignore[arg-type]
 
     def _arrive_batched(self, arrival: _Arrival) -> _Arrival:
@@ -444,11 +447,11 @@ class Ledger:
                     a.error = alone
 
     def _arrive(self, tx: Tx, rec: ClaimRecord, wait: float,
-                views: bool = True) -> tuple[bool, tuple[BlockBudget | BlockLeft, ...]]:
+                views: bool | None = True) -> tuple[bool, tuple[BlockBudget | BlockLeft, ...]]:
         """One claim's arrival inside ``tx``: refused, or registered and scheduled.
 
-        Returns (refused, the blocks after its charge when it was consumed on grant: views, or
-        only their guarantees).
+        Returns (refused, the blocks after its charge when it was consumed on grant: views,
+        only their guarantees, or nothing when ``views`` is None).
         """
         after: tuple[BlockBudget | BlockLeft, ...] = ()
         now = self.clock()
@@ -493,7 +496,7 @@ class Ledger:
                     f"{_listed(short or list(rec.blocks))} for {self._asked(rec)}; "
                     "nothing was spent"))
                 refused = True
-            elif rec.state == "consumed":
+            elif rec.state == "consumed" and views is not None:
                 view = self._view if views else self._left
                 after = tuple(view(have[b]) for b in rec.blocks)
         return refused, after
@@ -930,7 +933,7 @@ class _Arrival:
 
     rec: ClaimRecord
     wait: float
-    views: bool = True
+    views: bool | None = True
     done: bool = False
     committed: bool = False
     refused: bool = False

@@ -213,18 +213,22 @@ class Engine:
 
     def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
                 delta: float | None = None, wait_seconds: float | None = None,
-                sensitivity: str | None = None, gamma: float | None = None) -> QueryResult:
+                sensitivity: str | None = None, gamma: float | None = None,
+                remaining: bool = True) -> QueryResult:
         """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads.
 
         A claim the scheduler cannot grant at once waits up to ``wait_seconds`` (default: the
         policy's ``scheduler.wait_seconds``), blocking this thread, then raises BudgetExhausted.
         ``sensitivity = "sampled"`` (with ``gamma``) opts in to sensitivity sampling: random DP
         (``chorus_py.random_dp``); default: the policy's ``privacy.sensitivity``.
+        ``remaining=False`` leaves the report's ``remaining`` (each block's budget left) empty:
+        for a caller that does not show it, as it costs a conversion per block read, ~90.
         """
         started = time.perf_counter()
         analyst = self._analyst(analyst)
         if self.random_dp.wanted(sensitivity, gamma):
-            sampled = self.random_dp.execute(sql, analyst, epsilon, delta, gamma, wait_seconds)
+            sampled = self.random_dp.execute(sql, analyst, epsilon, delta, gamma, wait_seconds,
+                                             remaining)
             if sampled is not None:
                 return sampled
         analysis = self._analyse(sql)
@@ -238,10 +242,10 @@ class Engine:
         answer_key = (analysis.normalized_sql, eps, dlt, report.blocks)
         again = self.answers.get(answer_key)
         if again is not None:
-            return self._answer_again(again, analyst)
+            return self._answer_again(again, analyst, remaining)
         # The claim comes back consumed (charged before anything runs); _run refunds it if the
         # database fails before reading a row.  Any other failure keeps the charge.
-        claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds)
+        claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds, remaining)
         if prepared.cap_epsilon > 0:
             chosen = self._choose_cap(prepared, claim)
             self.choices.put(choice_key, chosen)
@@ -255,7 +259,7 @@ class Engine:
                  (time.perf_counter() - started) * 1000)
         charged = dataclasses.replace(
             prepared.report, charged=claim is not None, accounting=self.ledger.accounting,
-            remaining=self._remaining_after(claim))
+            remaining=self._remaining_after(claim) if remaining else ())
         answer = QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
         if claim is not None:
             self.answers.put(answer_key, answer)
@@ -263,8 +267,9 @@ class Engine:
 
     # -- budget (steps 6 and 10) -----------------------------------------------------------
     def _claim(self, prepared: _Prepared, table: str, analyst: str, sql: str,
-               wait_seconds: float | None) -> Claim | None:
-        """Claim the query's cost on every block it reads (None: it reads no block)."""
+               wait_seconds: float | None, remaining: bool = True) -> Claim | None:
+        """Claim the query's cost on every block it reads (None: it reads no block); with
+        ``remaining``, the claim brings back each block's guarantee after it."""
         report = prepared.report
         if prepared.reads is not None and not prepared.reads.ids:
             return None
@@ -281,15 +286,16 @@ class Engine:
             return self.ledger.claim(analyst, ids, report.epsilon, report.delta,
                                      description=sql[:200], events=events,
                                      wait_seconds=wait_seconds, consume_on_grant=True,
-                                     views=False)
+                                     views=False if remaining else None)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
 
-    def _answer_again(self, answer: QueryResult, analyst: str) -> QueryResult:
+    def _answer_again(self, answer: QueryResult, analyst: str,
+                      remaining: bool = True) -> QueryResult:
         """An answer already released, served again: post-processing, no budget spent."""
         report = dataclasses.replace(
             answer.report, analyst=analyst, charged=False,
-            remaining=self._remaining(answer.report.blocks),
+            remaining=self._remaining(answer.report.blocks) if remaining else (),
             notes=(*answer.report.notes, "the same noisy answer as an earlier identical query "
                    "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
         return QueryResult(answer.columns, answer.types, list(answer.rows), report)

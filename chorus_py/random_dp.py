@@ -325,8 +325,10 @@ class RandomDP:
                                    accounting=self.engine.ledger.accounting)
 
     def execute(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
-                gamma: float | None, wait_seconds: float | None) -> QueryResult | None:
-        """Sample-Then-Respond; None when the query reads only public tables."""
+                gamma: float | None, wait_seconds: float | None,
+                remaining: bool = True) -> QueryResult | None:
+        """Sample-Then-Respond; None when the query reads only public tables (``remaining``:
+        as in ``Engine.execute``)."""
         prepared = self._prepare(sql, analyst, epsilon, delta, gamma)
         if prepared is None:
             return None
@@ -334,21 +336,22 @@ class RandomDP:
         engine = self.engine
         # The claim comes back consumed (charged before the query runs); _run refunds it when
         # the database failed before reading a row.
-        claim = self._claim(request, query.table, analyst, sql, wait_seconds)
+        claim = self._claim(request, query.table, analyst, sql, wait_seconds, remaining)
         exact = engine._run(backend_sql, touched_charge=claim)
         rows = self._respond(query, request.plan, exact.rows)
         report = dataclasses.replace(
             request.report, charged=claim is not None, accounting=engine.ledger.accounting,
-            remaining=engine._remaining_after(claim))
+            remaining=engine._remaining_after(claim) if remaining else ())
         types = tuple("text" if o.key is not None else ("integer" if o.integral else "float")
                       for o in query.outputs)
         return QueryResult(tuple(o.name for o in query.outputs), types, rows, report)
 
     # -- steps ------------------------------------------------------------------------------------
     def _claim(self, request: _ClaimRequest, table: str, analyst: str, sql: str,
-               wait_seconds: float | None) -> Claim | None:
+               wait_seconds: float | None, remaining: bool = True) -> Claim | None:
         """The engine's claim flow: all or nothing on every block read, consumed on grant,
-        one ledger event per mechanism (None: the query reads no block)."""
+        one ledger event per mechanism (None: the query reads no block); with ``remaining``,
+        each block's guarantee after it."""
         reads = request.reads
         if reads is not None and not reads.ids:
             return None
@@ -358,7 +361,8 @@ class RandomDP:
         try:
             return ledger.claim(analyst, ids, request.report.epsilon, request.report.delta,
                                 description=sql[:200], events=events_for_plan(request.plan),
-                                wait_seconds=wait_seconds, consume_on_grant=True)
+                                wait_seconds=wait_seconds, consume_on_grant=True,
+                                views=False if remaining else None)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
 

@@ -151,6 +151,24 @@ def test_budget_is_charged_on_the_blocks_read(engine: Engine) -> None:
     assert spent == {block: 2.0 for block in result.report.blocks}
 
 
+def test_report_without_remaining_charges_the_same(engine: Engine) -> None:
+    """``remaining=False`` (the wire protocol, whose NOTICE does not list blocks) leaves only
+    the per-block list out: the charge and everything else in the report are unchanged."""
+    sql = "SELECT COUNT(*) FROM trips WHERE pickup_time >= DATE '2026-03-30'"
+    full = engine.execute(sql, epsilon=0.5, **ALICE)
+    bare = engine.execute(sql.replace("COUNT(*)", "COUNT(*) AS n"), epsilon=0.5,
+                          remaining=False, **ALICE)
+    assert [b.block for b in full.report.remaining] == ["trips/2026-03-30", "trips/2026-03-31"]
+    assert bare.report.remaining == () and bare.report.charged
+    assert bare.report.blocks == full.report.blocks
+    spent = {b.block_id: b.epsilon_consumed for b in engine.ledger.blocks()}
+    assert spent == {"trips/2026-03-30": 1.0, "trips/2026-03-31": 1.0}  # 0.5 + 0.5 each
+    left = {b.block: b.epsilon_left for b in engine.execute(sql, epsilon=0.5,
+                                                              **ALICE).report.remaining}
+    assert left == {b: pytest.approx(engine.policy.privacy.epsilon_per_block - 1.5)
+                    for b in full.report.blocks}
+
+
 def test_block_restriction_is_enforced_in_sql(engine: Engine) -> None:
     report = engine.explain("SELECT COUNT(*) FROM trips WHERE pickup_time >= '2026-03-30'",
                             epsilon=1.0, **ALICE)

@@ -615,9 +615,11 @@ class Session:
                 result = yield Work(lambda: self.ctx.catalog.run(tree, self.session_info()))
                 return result.columns, result.rows, f"SELECT {len(result.rows)}", b""
             sql = self._engine_sql(prepared, portal.params)
+            # The NOTICE does not list each block's budget left (SHOW chorus.budget does).
             answer: QueryResult = yield Work(lambda: self.ctx.engine.execute(
                 sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
-                sensitivity=self.sensitivity, gamma=self.gamma, wait_seconds=self.wait_seconds))
+                sensitivity=self.sensitivity, gamma=self.gamma, wait_seconds=self.wait_seconds,
+                remaining=False))
             fields = tuple(Column(n, t.PORTABLE_OIDS.get(ty, t.TEXT))
                            for n, ty in zip(answer.columns, answer.types, strict=True))
             if portal.fields is not None or prepared.fields is not None:

@@ -196,3 +196,16 @@ def test_left_gives_the_same_guarantees_as_the_views() -> None:
                          v.delta_spent)
         if accounting == "basic":  # by hand: a has 3 x 1/4 spent, b 2 x 1/4
             assert [round(x.epsilon_left, 12) for x in light.left] == [0.5, 0.25]
+
+
+def test_no_views_charges_the_same_and_brings_nothing_back() -> None:
+    led = InMemoryLedger(1.0, 1e-6)
+    led.ensure_blocks(["a", "b"])
+    bare = led.claim("x", ["a", "b"], 0.25, 1e-8, consume_on_grant=True, views=None)
+    assert bare.state == "consumed" and bare.after == () and bare.left == ()
+    light = led.claim("x", ["a", "b"], 0.25, 1e-8, consume_on_grant=True, views=False)
+    # By hand: two claims of 1/4 each on both blocks.
+    assert [round(x.epsilon_left, 12) for x in light.left] == [0.5, 0.5]
+    assert [round(x.delta_spent, 20) for x in light.left] == [2e-8, 2e-8]
+    check_all(led)
+
