@@ -734,12 +734,12 @@ class Ledger:
             # (the same two steps, in the same order, as granting then consuming, so replaying
             # the journal's two events gives exactly these numbers).
             consume = rec.consume_on_grant
+            exhausted = None
             if consume and len(rec.demand) == 1 and not rec.per_block:  # basic, the common case
-                x, delta = rec.demand[0], rec.delta_demand
-                for b in rec.blocks:
-                    block = have[b]
-                    sched.charge(block, x, delta, rec.analyst, rec.epsilon)
-                    tx.save_block(block)
+                blocks = [have[b] for b in rec.blocks]
+                exhausted = sched.charge_all(blocks, rec.demand[0], rec.delta_demand,
+                                             rec.analyst, rec.epsilon)
+                tx.save_blocks(blocks)
             else:
                 for b in rec.blocks:
                     block, demand = have[b], rec.demand_on(b)
@@ -752,7 +752,7 @@ class Ledger:
             tx.log("claim_granted", rec.claim_id, _move_data(rec, "unlocked", "allocated", index),
                    now)
             if consume:
-                self._settled(tx, rec, "consumed", have, now)
+                self._settled(tx, rec, "consumed", have, now, exhausted=exhausted)
             granted.append(rec.claim_id)
             self._keys.pop(rec.claim_id, None)
             if self.on_grant is not None:
@@ -805,9 +805,10 @@ class Ledger:
         return have
 
     def _settled(self, tx: Tx, rec: ClaimRecord, state: ClaimState,
-                 have: Mapping[str, BlockState], now: float, recovered: bool = False) -> None:
+                 have: Mapping[str, BlockState], now: float, recovered: bool = False,
+                 exhausted: Sequence[BlockState] | None = None) -> None:
         """Record a settlement whose blocks have moved: the claim's state, the journal, and
-        the blocks it used up (retired)."""
+        the blocks it used up (retired; ``exhausted``: those blocks, when already known)."""
         rec.state = state
         tx.save_claim(rec)
         target = "consumed" if state == "consumed" else "unlocked"
@@ -817,11 +818,12 @@ class Ledger:
                 "may have been read"
         tx.log(f"claim_{state}", rec.claim_id, data, now)
         if state == "consumed":
-            for b in rec.blocks:
-                block = have[b]
-                if not block.retired and sched.exhausted(block):
+            if exhausted is None:
+                exhausted = [have[b] for b in rec.blocks if sched.exhausted(have[b])]
+            for block in exhausted:
+                if not block.retired:
                     block.retired = True
-                    tx.log("block_retired", None, {"block": b}, now)
+                    tx.log("block_retired", None, {"block": block.block_id}, now)
 
     def _wait(self, claim: Claim) -> Claim:
         # Waits in real time, whatever the ledger's clock; passes use the ledger's clock for

@@ -208,6 +208,12 @@ class Tx:
         self._blocks[block.block_id] = block
         self._dirty_blocks.add(block.block_id)
 
+    def save_blocks(self, blocks: Iterable[BlockState]) -> None:
+        """Mark blocks changed (``save_block`` on each)."""
+        for block in blocks:
+            self._blocks[block.block_id] = block
+        self._dirty_blocks.update(b.block_id for b in blocks)
+
     def add_claim(self, claim: ClaimRecord) -> int:
         """Store a new claim (written at commit); assigns and returns its id."""
         claim.claim_id = self._next_claim_id()

@@ -508,11 +508,19 @@ def test_charge_is_exactly_allocate_then_consume(
         unlocked: float, allocated: float, consumed: float, delta_allocated: float,
         delta_consumed: float, x: float, delta: float, analyst: str, before: float,
         epsilon: float) -> None:
-    """Bit for bit: the journal replays the fused charge as its two events."""
+    """Bit for bit: the journal replays the fused charge as its two events; the blocks it
+    reports exhausted are exactly those ``exhausted`` finds after the two steps."""
     block = BlockState("b", 0.0, 30.0, 1e-4, [30.0], [0.0], [unlocked], [allocated], [consumed],
                        1e-4, delta_allocated, delta_consumed, by_analyst={"ann": before})
-    fused, stepwise = block.copy(), block.copy()
-    sched.charge(fused, x, delta, analyst, epsilon)
-    sched.allocate(stepwise, (x,), delta, analyst, epsilon)
-    sched.consume(stepwise, (x,), delta)
-    assert fused == stepwise
+    # The block twice over (one charge each), and once already at its limit.
+    full = BlockState("f", 0.0, 30.0, 1e-4, [30.0], [0.0], [x], [0.0], [30.0 - x], 1e-4, 0.0,
+                      0.0)
+    blocks = [block.copy(), full.copy(), block.copy()]
+    stepwise = [b.copy() for b in blocks]
+    spent = sched.charge_all(blocks, x, delta, analyst, epsilon)
+    for b in stepwise:
+        sched.allocate(b, (x,), delta, analyst, epsilon)
+        sched.consume(b, (x,), delta)
+    assert blocks == stepwise
+    assert [id(b) for b in spent] == [id(b) for b in blocks if sched.exhausted(b)]
+    assert any(b is blocks[1] for b in spent)  # 30 - x + x is 30 (or within the slack)
