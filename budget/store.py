@@ -210,9 +210,9 @@ class Tx:
 
     def save_blocks(self, blocks: Iterable[BlockState]) -> None:
         """Mark blocks changed (``save_block`` on each)."""
-        for block in blocks:
+        for block in blocks:  # one pass: ``blocks`` may be an iterator
             self._blocks[block.block_id] = block
-        self._dirty_blocks.update(b.block_id for b in blocks)
+            self._dirty_blocks.add(block.block_id)
 
     def add_claim(self, claim: ClaimRecord) -> int:
         """Store a new claim (written at commit); assigns and returns its id."""

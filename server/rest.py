@@ -58,6 +58,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from chorus_py.errors import ChorusError
 from server import metrics as budget_views
 from server.metrics import Metrics
+from server.serve import ListenError
 
 log = logging.getLogger("chorus.rest")
 
@@ -995,8 +996,6 @@ def rest_listener(engine: Any, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}",
     host, port = parse_listen(listen)
 
     async def start() -> RestListener:
-        from server.serve import ListenError
-
         try:
             sock = _bind(host, port)
         except OSError as err:
