@@ -494,18 +494,24 @@ class _BlockCache:
         self.blocks: dict[str, BlockState] = {}
         self.seq: int | None = None  # the journal's last seq when ``blocks`` were current
         self.blocks_seq: int | None = None  # the rows' checkpoint then (None: unknown)
+        # The blocks the journal names after the checkpoint ``blocks_seq``: exactly those whose
+        # rows the next checkpoint rewrites.  Known only while every journal row since the
+        # checkpoint was written by this store (None: unknown, the checkpoint reads them from
+        # the journal instead).
+        self.since_checkpoint: set[str] | None = None
 
     def start(self, seq: int) -> dict[str, BlockState]:
         """The cached blocks a transaction may use, given the journal's last seq now."""
         if seq != self.seq:
             self.blocks.clear()  # someone else committed: read everything afresh
-            self.seq, self.blocks_seq = seq, None
+            self.seq, self.blocks_seq, self.since_checkpoint = seq, None, None
         return self.blocks
 
     def committed(self, tx: _SQLTx, seq: int) -> None:
         """``tx`` committed and the journal now ends at ``seq``: its blocks are current."""
         self.blocks.update(tx._blocks)
         self.seq, self.blocks_seq = seq, tx._blocks_seq
+        self.since_checkpoint = tx.since_checkpoint
 
     def abandoned(self, tx: _SQLTx) -> None:
         """``tx`` rolled back: the blocks it handed out may have been changed in memory."""
@@ -541,11 +547,16 @@ class _SQLTx(Tx):
                                          {"after": cache.seq, "upto": self._last}):
                 apply_event(cache.blocks, kind, orjson.loads(data), only=cache.blocks.keys())
             cache.seq, cache.blocks_seq = self._last, None  # it may have moved the checkpoint
+            cache.since_checkpoint = None
         self._cached = cache.start(self._last)
         # The checkpoint the block rows are as of: the journal rows after it are applied to a
         # block read from its row.  A ledger written before checkpoints existed has no such
         # row: its block rows are current (None here; the first write makes a checkpoint).
         self._blocks_seq = cache.blocks_seq
+        # The blocks the journal names since that checkpoint, when the cache knows them (a
+        # copy: this transaction may roll back).  At commit: those as of the commit.
+        known = cache.since_checkpoint if self._blocks_seq is not None else None
+        self.since_checkpoint = set(known) if known is not None else None
         if self._blocks_seq is None:
             rows = self._rows(store.q_meta, {"key": "blocks_seq"})
             self._blocks_seq = int(rows[0][0]) if rows else None
@@ -659,6 +670,8 @@ class _SQLTx(Tx):
         self.seq_after = self.last_seq()
         if self._blocks_seq is None or self.seq_after - self._blocks_seq >= CHECKPOINT_EVERY:
             self._checkpoint(journaled)
+        elif self.since_checkpoint is not None:
+            self.since_checkpoint |= journaled
 
     def _upgrade_rows(self) -> None:
         """Stamp the current rows of a schema-1 ledger as the checkpoint at the journal's end."""
@@ -671,18 +684,24 @@ class _SQLTx(Tx):
         self._write_marker()
 
     def _write_marker(self) -> None:
-        """The rows are as of ``seq_after`` now."""
+        """The rows are as of ``seq_after`` now (no block is changed since)."""
         if self._blocks_seq is None:
             self._write(self._s.insert_meta, [{"key": "blocks_seq", "value": str(self.seq_after)}])
         else:
             self._write(self._s.update_meta, [{"m_key": "blocks_seq",
                                                "m_value": str(self.seq_after)}])
         self._blocks_seq = self.seq_after
+        self.since_checkpoint = set()
 
     def _checkpoint(self, journaled: set[str]) -> None:
         """Write every block changed since the last checkpoint, as of this transaction."""
         s = self._s
-        ids = journaled | {b for kind, data in self._journal_tail() for b in touched(kind, data)}
+        # The blocks named by the journal rows since the checkpoint: known to the cache when
+        # this store wrote them all (no journal to read and parse), else read from the journal.
+        since = self.since_checkpoint
+        if since is None:
+            since = {b for kind, data in self._journal_tail() for b in touched(kind, data)}
+        ids = journaled | since
         have = self.blocks(sorted(ids))
         if ids:
             self._write(s.update_block, [

@@ -80,6 +80,44 @@ def test_rows_are_written_at_checkpoints_and_every_reader_sees_the_live_state(
     led.close()
 
 
+def test_a_checkpoint_rewrites_every_block_changed_since_the_last_one_without_reading_the_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While this store wrote every journal row since the checkpoint, it knows which blocks
+    they name: the checkpoint rewrites exactly those rows (a block left out would be read back
+    without its charges) and reads no journal; after another writer it reads the journal."""
+    path = tmp_path / "ledger.sqlite3"
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 7)
+    led = Ledger(1.0, 0.0, store=SQLiteStore(path))
+    led.ensure_blocks([f"d{i}" for i in range(4)])
+    reads: list[int] = []  # checkpoints of led's store that had to read the journal
+    checkpoint = store_module._SQLTx._checkpoint
+
+    def counted(tx: store_module._SQLTx, journaled: set[str]) -> None:
+        if tx._s is led.store and tx.since_checkpoint is None:
+            reads.append(tx.seq_after)
+        checkpoint(tx, journaled)
+
+    monkeypatch.setattr(store_module._SQLTx, "_checkpoint", counted)
+    for i in range(12):  # each claim names other blocks than the one before
+        led.claim("x", [f"d{i % 4}"], SIXTY_FOURTH, 0.0, consume_on_grant=True)
+        fresh = Ledger(1.0, 0.0, store=SQLiteStore(path))
+        assert states(fresh) == states(led) == replay(led.history())
+        fresh.close()
+    # 4 block_created rows, then 3 rows per claim: checkpoints after claims 3, 6, 9 and 12.
+    assert marker(path) == last_seq(path) == 4 + 3 * 12
+    assert reads == []
+    other = Ledger(1.0, 0.0, store=SQLiteStore(path))
+    other.claim("y", ["d0"], SIXTY_FOURTH, 0.0, consume_on_grant=True)
+    for i in range(3):  # the next checkpoint reads the journal: another store wrote to it
+        led.claim("x", [f"d{i + 1}"], SIXTY_FOURTH, 0.0, consume_on_grant=True)
+    assert reads == [marker(path)] == [40 + 3 + 2 * 3]  # its own two claims after the other
+    fresh = Ledger(1.0, 0.0, store=SQLiteStore(path))
+    assert states(fresh) == states(led) == states(other) == replay(led.history())
+    assert states(fresh)["d0"].consumed == [4 / 64]
+    for ledger in (fresh, other, led):
+        ledger.close()
+
+
 def legacy_json(block: BlockState) -> str:
     """A block row as schema 1 wrote it (no format stamp)."""
     return json.dumps(block.to_dict())
@@ -184,10 +222,14 @@ def test_two_ledgers_on_one_file_always_read_the_replayed_state(
                         getattr(led, op)(open_claims.pop(0))
                     elif op == "refund" and refundable:
                         led.refund(refundable.pop(0))
-                # Each ledger, and one opened afresh, reads exactly the replayed state.
+                # Each ledger, and one opened afresh (the stored rows plus the journal since
+                # their checkpoint, no cache), reads exactly the replayed state.
                 want = replay(led.history())
                 for reader in ledgers.values():
                     assert states(reader) == want
+                fresh = KINDS[kind](SQLiteStore(path))
+                assert states(fresh) == want
+                fresh.close()
             fresh = KINDS[kind](SQLiteStore(path))
             assert states(fresh) == replay(fresh.history())
             for led in (*ledgers.values(), fresh):
