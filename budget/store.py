@@ -86,7 +86,7 @@ from sqlalchemy.exc import OperationalError as OperationalError_
 
 from budget.journal import apply as apply_event
 from budget.journal import touched
-from budget.scheduler import BlockState, ClaimRecord, InvariantError
+from budget.scheduler import BlockState, ClaimRecord, InvariantError, check_blocks
 from chorus_py.errors import OperationalError
 
 __all__ = ["ClaimTotals", "LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore",
@@ -233,8 +233,7 @@ class Tx:
     def changed_blocks(self) -> list[BlockState]:
         """Blocks this transaction changed, invariant-checked (raises InvariantError)."""
         out = [self._blocks[i] for i in sorted(self._dirty_blocks)]
-        for block in out:
-            block.check(self.accounting)
+        check_blocks(out, self.accounting)
         return out
 
     # backend hooks --------------------------------------------------------------------------

@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from budget import scheduler as sched
 from budget.accounting import BasicAccountant, Event, RenyiAccountant
 from budget.ledger import BlockBudget, Claim, InMemoryLedger, Ledger, replay
-from budget.scheduler import BlockState, ClaimRecord, InvariantError, SchedulerSettings, dpf_key
+from budget.scheduler import (
+    BlockState,
+    ClaimRecord,
+    InvariantError,
+    SchedulerSettings,
+    check_blocks,
+    dpf_key,
+)
 from budget.store import MemoryStore
 from chorus_py.errors import BudgetExhausted
 from mechanisms import Gaussian, Laplace
@@ -172,6 +179,16 @@ def test_block_state_check_catches_each_kind_of_violation() -> None:
     bad.consumed[0] = math.nan
     with pytest.raises(InvariantError, match="not a number"):
         bad.check("basic")
+
+
+def test_check_blocks_checks_every_block_and_names_the_one_that_fails() -> None:
+    """A commit checks all the blocks it changed in one call: the last one counts too."""
+    for accounting, acc in (("basic", BasicAccountant()), ("renyi", RenyiAccountant())):
+        blocks = [BlockState.new(f"b{i}", 0.0, 1.0, 1e-6, acc, locked=False) for i in range(3)]
+        check_blocks(blocks, accounting)
+        blocks[2].consumed[0] = 0.5  # sum 1.5 != 1
+        with pytest.raises(InvariantError, match="block b2: global != locked"):
+            check_blocks(blocks, accounting)
 
 
 def _violations(b: BlockState) -> bool:
