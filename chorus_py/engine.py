@@ -114,6 +114,34 @@ class _Prepared:
         self.sample = sample
         # > 0 when the row cap is still to be chosen (contribution = "auto").
         self.cap_epsilon = cap_epsilon
+        self._events: tuple[Event, ...] | None = None
+
+    def for_analyst(self, analyst: str) -> _Prepared:
+        """This prepared query as ``analyst`` runs it: the report names them; the ledger
+        events are shared (computed once per cached query, not once per run)."""
+        out = _Prepared(self.query, self.plan, self.reads, self.rewritten, self.sql,
+                        dataclasses.replace(self.report, analyst=analyst), self.restriction,
+                        self.sample, self.cap_epsilon)
+        out._events = self.ledger_events()
+        return out
+
+    def ledger_events(self) -> tuple[Event, ...]:
+        """What the ledger records for this query: one event per mechanism.
+
+        Computed once: a prepared query serves every identical query of its cache lifetime.
+        While the row cap is still to be chosen (contribution = "auto") the final mechanisms are
+        not known yet: the query's (epsilon, delta) itself, whose Rényi curve bounds that of
+        any mechanism of that cost.  A join's noise is calibrated to a smooth bound:
+        (epsilon, delta)-DP events.
+        """
+        if self._events is None:
+            if self.query.join is not None:
+                self._events = join_events(self.plan, self.resolved)  # type: ignore[attr-defined]
+            elif self.cap_epsilon == 0:
+                self._events = events_for_plan(self.plan)
+            else:
+                self._events = (Event.epsilon_delta(self.report.epsilon, self.report.delta),)
+        return self._events
 
 
 class Engine:
@@ -274,17 +302,10 @@ class Engine:
         if prepared.reads is not None and not prepared.reads.ids:
             return None
         ids = prepared.reads.ids if prepared.reads is not None else (table,)
-        # The ledger records one event per mechanism.  While the row cap is still to be chosen
-        # (contribution = "auto") the final mechanisms are not known yet: charge the query's
-        # (epsilon, delta) itself, whose Rényi curve bounds that of any mechanism of that cost.
-        events = (events_for_plan(prepared.plan) if prepared.cap_epsilon == 0
-                  else (Event.epsilon_delta(report.epsilon, report.delta),))
-        if prepared.query.join is not None:  # smooth-bound noise: (epsilon, delta)-DP events
-            events = join_events(prepared.plan, prepared.resolved)  # type: ignore[attr-defined]
         self.ledger.ensure_blocks(ids)
         try:
             return self.ledger.claim(analyst, ids, report.epsilon, report.delta,
-                                     description=sql[:200], events=events,
+                                     description=sql[:200], events=prepared.ledger_events(),
                                      wait_seconds=wait_seconds, consume_on_grant=True,
                                      views=False if remaining else None)
         except ValueError as err:  # e.g. a negative wait time
@@ -412,10 +433,7 @@ class Engine:
                                  prepared.sql, report, restriction, sample,
                                  cap_epsilon if cap is None else 0.0)
             self._prepared.put(key, prepared)
-        report = dataclasses.replace(prepared.report, analyst=analyst)
-        return _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
-                         prepared.sql, report, prepared.restriction, prepared.sample,
-                         prepared.cap_epsilon)
+        return prepared.for_analyst(analyst)
 
     def _prepare_reusing(self, query: AggregateQuery, analyst: str, epsilon: float,
                          delta: float) -> tuple[_Prepared, tuple[object, ...]]:

@@ -49,6 +49,28 @@ def test_claims_record_one_event_per_mechanism(engine_with: Callable[..., Engine
     assert claim.demand == (0.5,)
 
 
+def test_a_cached_query_records_the_same_events_computed_once(
+        engine_with: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Identical queries reuse their prepared plan's events; each claim still records them."""
+    import chorus_py.engine as engine_module
+
+    computed: list[object] = []
+    real = engine_module.events_for_plan
+    monkeypatch.setattr(engine_module, "events_for_plan",
+                        lambda plan: computed.append(plan) or real(plan))
+    engine = engine_with()
+    for analyst in ("alice", "bob", "alice"):
+        engine.execute("SELECT COUNT(*), SUM(seconds) FROM visits", epsilon=0.5,
+                       analyst=analyst)
+    claims = engine.ledger.store.claims()
+    assert len(computed) == 1 and len(claims) == 3
+    for claim in claims:
+        assert [(e["kind"], e["epsilon"]) for e in claim.events] == [
+            ("discrete_laplace", 0.25), ("snapping", 0.25)]  # epsilon split over two
+        assert claim.demand == (0.5,)
+    assert [c.analyst for c in claims] == ["alice", "bob", "alice"]
+
+
 def test_report_states_the_guarantee_left_per_block(engine_with: Callable[..., Engine]) -> None:
     engine = engine_with()
     result = engine.execute("SELECT COUNT(*) FROM trips WHERE pickup_time >= '2026-03-30'",
