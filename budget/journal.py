@@ -20,7 +20,8 @@ from typing import Any
 from budget import scheduler as sched
 from budget.scheduler import BlockState
 
-_MOVES = ("claim_granted", "claim_consumed", "claim_released", "claim_refunded")
+# The events that move budget between fields of the blocks they name (a claim's blocks).
+MOVES = ("claim_granted", "claim_consumed", "claim_released", "claim_refunded")
 
 
 def touched(event: str, data: Mapping[str, Any]) -> tuple[str, ...]:
@@ -29,7 +30,7 @@ def touched(event: str, data: Mapping[str, Any]) -> tuple[str, ...]:
         return (data["block"]["block_id"],)
     if event == "unlock":
         return tuple(data["blocks"])
-    if event in _MOVES:
+    if event in MOVES:
         return tuple(data["blocks"])
     if event in ("block_retired", "block_reopened"):
         return (data["block"],)
@@ -56,7 +57,7 @@ def apply(blocks: dict[str, BlockState], event: str, data: Mapping[str, Any],
             if "arrival" in data:
                 block.arrivals += 1
             sched._move(block, "locked", "unlocked", amount)
-    elif event in _MOVES:
+    elif event in MOVES:
         per = data.get("per_block", {})
         who, eps, delta = data.get("analyst", ""), data.get("epsilon", 0.0), data["delta"]
         for b in data["blocks"]:

@@ -48,6 +48,7 @@ from budget.scheduler import (
     SchedulerSettings,
 )
 from budget.store import (
+    SCHEMA_VERSION,
     ClaimTotals,
     LedgerMismatch,
     MemoryStore,
@@ -283,8 +284,8 @@ class Ledger:
         self._keys: dict[int, tuple[tuple[float, ...], int]] = {}
         # Fail early on a Rényi ledger that cannot hold anything (delta^G = 0).
         self.accountant.capacity(self.epsilon_per_block, self.delta_per_block)
-        # Schema 2: block rows at journal checkpoints (budget.store); schema 1 ledgers are upgraded.
-        meta = {"accounting": self.accountant.name, "schema": "2"}
+        # The store's layout (budget.store.SCHEMA_VERSION); older ledgers are upgraded.
+        meta = {"accounting": self.accountant.name, "schema": SCHEMA_VERSION}
         if self.accountant.name == "renyi":
             acc: Any = self.accountant
             meta["orders"] = ",".join(f"{a:g}" for a in acc.orders)

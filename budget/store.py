@@ -36,6 +36,10 @@ committed since, the cached blocks catch up by applying its journal rows.  Every
 ledger must run a version with checkpoints: an older one would rewrite rows without moving the
 marker (the block invariant then refuses every claim on those blocks: no overspend, no service).
 
+A claim's list of blocks (about 90 ids for a quarter of days) is stored once, in the blocklists
+table, and claim and journal rows name it by a hash of its contents (``_BlockLists``); whoever
+reads the ledger through this module gets the lists back.
+
 Inside a transaction the ledger reads blocks and claims, changes them in memory and marks them
 with ``save_*``; the store checks every changed block's invariant and writes everything, with the
 journal rows describing the change, in the same commit.  Any exception rolls everything back.
@@ -45,6 +49,7 @@ and on Postgres).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
 import sqlite3
@@ -84,15 +89,16 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError as OperationalError_
 
+from budget.journal import MOVES, touched
 from budget.journal import apply as apply_event
-from budget.journal import touched
 from budget.scheduler import BlockState, ClaimRecord, InvariantError, check_blocks
 from chorus_py.errors import OperationalError
 
 __all__ = ["ClaimTotals", "LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore",
            "SQLStore", "SQLiteStore", "Store", "Tx"]
 
-SCHEMA_VERSION = "1"
+# The ledger's layout: 2 added block-row checkpoints, 3 block lists stored once by reference.
+SCHEMA_VERSION = "3"
 
 
 class LedgerUnavailable(OperationalError):
@@ -119,8 +125,8 @@ def _block_from(data: str, legacy: bool = False) -> BlockState:
     return BlockState(**d)
 
 
-def _claim_from(data: str) -> ClaimRecord:
-    d = orjson.loads(data)
+def _claim_from(d: dict[str, Any]) -> ClaimRecord:
+    """A claim from its row's JSON (parsed, its block list unpacked: ``_claims_from``)."""
     d["blocks"] = tuple(d["blocks"])
     d["demand"] = tuple(d["demand"])
     d["events"] = tuple(d["events"])
@@ -131,9 +137,11 @@ def _claim_from(data: str) -> ClaimRecord:
 _CLAIM_FIELDS = tuple(f.name for f in fields(ClaimRecord))
 
 
-def _claim_json(claim: ClaimRecord) -> str:
+def _claim_json(claim: ClaimRecord, lists: _BlockLists, new: dict[str, str]) -> str:
     # dataclasses.asdict deep-copies every event: too slow for one claim per transaction.
-    return _dumps({f: getattr(claim, f) for f in _CLAIM_FIELDS})
+    d = {f: getattr(claim, f) for f in _CLAIM_FIELDS}
+    d["blocks"] = lists.ref(claim.blocks, new)
+    return _dumps(d)
 
 
 def _block_json(block: BlockState) -> str:
@@ -143,6 +151,102 @@ def _block_json(block: BlockState) -> str:
 def _dumps(value: Any) -> str:
     """Compact JSON text; numpy scalars (a mechanism's epsilon, say) are written as numbers."""
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+# -- block lists, stored once ------------------------------------------------------------------
+# A claim names its blocks in its row and in the journal rows of its arrival, grant and
+# settlement: four copies of a list of about 90 ids, 7 KB of the 9 KB a query used to add to the
+# ledger.  A list of _LIST_FROM blocks or more is stored once, in the blocklists table, and those
+# rows name it {"$blocks": id}, id = the first 32 hex digits of the SHA-256 of the list's JSON
+# text: the same list gets the same id in every process, and a list read back is checked
+# against its id (a changed or missing row is refused, never misread).  Reading a ledger gives
+# the lists back (claims, journal, history): only the stored bytes change.
+_LIST_REF = "$blocks"
+_LIST_FROM = 4
+
+
+def _list_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class _BlockLists:
+    """The block lists a SQL store has seen: their ids, and which are known to be committed.
+
+    Shared by the store's threads: plain dict and set operations, each atomic."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[str, ...], str] = {}
+        self.lists: dict[str, tuple[str, ...]] = {}
+        self.stored: set[str] = set()
+
+    def ref(self, blocks: tuple[str, ...] | list[str], new: dict[str, str]) -> Any:
+        """How a row names ``blocks``: the list itself when short, else a reference; a list
+        not known to be stored goes into ``new`` (id -> JSON text) for the writer to store."""
+        if len(blocks) < _LIST_FROM:
+            return list(blocks)
+        key = tuple(blocks)
+        found = self.ids.get(key)
+        if found is None:
+            found = _list_id(_dumps(list(key)))
+            self.ids[key], self.lists[found] = found, key
+        if found not in self.stored:
+            new[found] = _dumps(list(key))
+        return {_LIST_REF: found}
+
+    def read(self, rows: Iterable[tuple[str, str]]) -> None:
+        """Learn lists read from the blocklists table, each checked against its id."""
+        for list_id, text in rows:
+            if _list_id(text) != list_id:
+                raise InvariantError(
+                    f"block list {list_id} of the budget ledger does not match its id: the "
+                    "ledger was changed outside chorus; nothing was spent")
+            key = tuple(orjson.loads(text))
+            self.ids[key], self.lists[list_id] = list_id, key
+            self.stored.add(list_id)
+
+
+def _event_refs(kind: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The dict of an event's data whose "blocks" may be a stored list (None: none is)."""
+    if kind in MOVES:
+        return data
+    if kind in ("claim_arrived", "claim_refused"):
+        return data.get("claim")
+    return None
+
+
+def _packed_event(kind: str, data: dict[str, Any], lists: _BlockLists,
+                  new: dict[str, str]) -> dict[str, Any]:
+    """An event's data as written: its claim's block list named by reference (a copy)."""
+    holder = _event_refs(kind, data)
+    if holder is None or not isinstance(holder.get("blocks"), list | tuple):
+        return data
+    packed = {**holder, "blocks": lists.ref(holder["blocks"], new)}
+    return packed if holder is data else {**data, "claim": packed}
+
+
+def _ref_of(holder: dict[str, Any] | None) -> str | None:
+    blocks = holder.get("blocks") if holder is not None else None
+    if isinstance(blocks, dict) and len(blocks) == 1 and isinstance(blocks.get(_LIST_REF), str):
+        return blocks[_LIST_REF]
+    return None
+
+
+def _unpack(holders: list[dict[str, Any] | None], lists: _BlockLists,
+            fetch: Any) -> None:
+    """Replace the list references of ``holders`` (in place) by the lists; ``fetch(ids)``
+    returns the (id, JSON text) rows of lists not yet known."""
+    refs = [(h, r) for h in holders if (r := _ref_of(h)) is not None]
+    unknown = sorted({r for _, r in refs if r not in lists.lists})
+    if unknown:
+        lists.read(fetch(unknown))
+        gone = [r for r in unknown if r not in lists.lists]
+        if gone:
+            raise InvariantError(
+                f"block list(s) {', '.join(gone)} named by the budget ledger are missing: the "
+                "ledger was changed outside chorus; nothing was spent")
+    for holder, ref in refs:
+        assert holder is not None
+        holder["blocks"] = list(lists.lists[ref])
 
 
 class Tx:
@@ -446,6 +550,11 @@ def _tables(prefix: str) -> tuple[MetaData, Table, Table, Table, Table]:
                     Column("claim_id", BigInteger),
                     Column("data", Text, nullable=False),
                     sqlite_autoincrement=True)
+    # A claim's block list (90 ids for a quarter of days) is stored once here, and named by a
+    # hash of its contents in the claim rows and journal rows (``_BlockLists``).
+    Table(f"{prefix}blocklists", md,
+          Column("list_id", Text, primary_key=True),
+          Column("blocks", Text, nullable=False))
     return md, meta, blocks, claims, journal
 
 
@@ -542,9 +651,9 @@ class _SQLTx(Tx):
             # Another process committed since our last transaction: bring the cached blocks
             # up to date with its journal rows rather than reading them all again (two
             # proxies on one ledger would otherwise re-read every block on every claim).
-            for kind, data in self._rows(store.q_journal_tail,
-                                         {"after": cache.seq, "upto": self._last}):
-                apply_event(cache.blocks, kind, orjson.loads(data), only=cache.blocks.keys())
+            for kind, data in self._events(self._rows(
+                    store.q_journal_tail, {"after": cache.seq, "upto": self._last})):
+                apply_event(cache.blocks, kind, data, only=cache.blocks.keys())
             cache.seq, cache.blocks_seq = self._last, None  # it may have moved the checkpoint
             cache.since_checkpoint = None
         self._cached = cache.start(self._last)
@@ -561,6 +670,7 @@ class _SQLTx(Tx):
             self._blocks_seq = int(rows[0][0]) if rows else None
         self._tail: list[tuple[str, dict[str, Any]]] | None = None
         self.seq_after = self._last
+        self.new_lists: dict[str, str] = {}  # block lists this transaction stores (id -> JSON)
 
     def last_seq(self) -> int:
         """The journal's last seq (0 when empty), as this transaction sees it."""
@@ -569,6 +679,12 @@ class _SQLTx(Tx):
     def _rows(self, statement: _Compiled, values: dict[str, Any] | None = None) -> list[Any]:
         self._cur.execute(statement.sql, statement.params(values or {}))
         return self._cur.fetchall()
+
+    def _stored_lists(self, ids: list[str]) -> list[tuple[str, str]]:
+        return self._rows(self._s.q_lists(len(ids)), {f"id{i}": x for i, x in enumerate(ids)})
+
+    def _events(self, rows: Iterable[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
+        return self._s._events_from(rows, self._stored_lists)
 
     # Only the blocks and claims a transaction asks for are read, and only those it changed are
     # written back: a claim's cost does not grow with the number of blocks in the ledger.
@@ -599,8 +715,8 @@ class _SQLTx(Tx):
         """The journal's events after the block rows' checkpoint, up to this transaction."""
         if self._tail is None:
             after = self._last if self._blocks_seq is None else self._blocks_seq
-            self._tail = [(e, orjson.loads(d)) for e, d in self._rows(
-                self._s.q_journal_tail, {"after": after, "upto": self._last})]
+            self._tail = self._events(self._rows(
+                self._s.q_journal_tail, {"after": after, "upto": self._last}))
         return self._tail
 
     def _apply_tail(self, read: dict[str, BlockState], ids: set[str]) -> None:
@@ -610,11 +726,12 @@ class _SQLTx(Tx):
 
     def _load_claim(self, claim_id: int) -> ClaimRecord | None:
         rows = self._rows(self._s.q_claim, {"id": claim_id})
-        return _claim_from(rows[0][0]) if rows else None
+        return self._s._claims_from([rows[0][0]], self._stored_lists)[0] if rows else None
 
     def _load_open_claims(self, waiting_only: bool = False) -> list[ClaimRecord]:
         rows = self._rows(self._s.q_waiting if waiting_only else self._s.q_open_claims)
-        return [_claim_from(d) for i, d in rows if i not in self._claims]
+        return self._s._claims_from([d for i, d in rows if i not in self._claims],
+                                    self._stored_lists)
 
     def _next_claim_id(self) -> int:
         # The transaction holds the ledger's write lock (BEGIN IMMEDIATE / FOR UPDATE), so no
@@ -651,21 +768,31 @@ class _SQLTx(Tx):
             self._write(s.insert_block, [
                 {"block_id": b.block_id, "state": _block_state(b), "data": _block_json(b)}
                 for b in new])
-        if self._new_claims:
-            self._write(s.insert_claim, [
-                {"claim_id": c.claim_id, "state": c.state, "analyst": c.analyst,
-                 "owner": c.owner, "data": _claim_json(c)}
-                for c in (self._claims[i] for i in sorted(self._new_claims))])
-        changed_claims = sorted(self._dirty_claims - self._new_claims)
-        if changed_claims:
-            self._write(s.update_claim, [
-                {"c_id": c.claim_id, "c_state": c.state, "c_data": _claim_json(c)}
-                for c in (self._claims[i] for i in changed_claims)])
-        if not self._journal:
+        lists, new = s._lists, self.new_lists
+        claim_rows = [
+            {"claim_id": c.claim_id, "state": c.state, "analyst": c.analyst,
+             "owner": c.owner, "data": _claim_json(c, lists, new)}
+            for c in (self._claims[i] for i in sorted(self._new_claims))]
+        updated_rows = [
+            {"c_id": c.claim_id, "c_state": c.state, "c_data": _claim_json(c, lists, new)}
+            for c in (self._claims[i] for i in sorted(self._dirty_claims - self._new_claims))]
+        journal_rows = [
+            {"at": at, "event": event, "claim_id": claim_id,
+             "data": _dumps(_packed_event(event, data, lists, new))}
+            for at, event, claim_id, data in self._journal]
+        if new:  # lists first: a row never names a list its commit does not hold
+            ids = sorted(new)
+            have = {i for i, _ in self._stored_lists(ids)}
+            rows = [{"list_id": i, "blocks": new[i]} for i in ids if i not in have]
+            if rows:
+                self._write(s.insert_list, rows)
+        if claim_rows:
+            self._write(s.insert_claim, claim_rows)
+        if updated_rows:
+            self._write(s.update_claim, updated_rows)
+        if not journal_rows:
             return
-        self._write(s.insert_journal, [
-            {"at": at, "event": event, "claim_id": claim_id, "data": _dumps(data)}
-            for at, event, claim_id, data in self._journal])
+        self._write(s.insert_journal, journal_rows)
         self.seq_after = self.last_seq()
         if self._blocks_seq is None or self.seq_after - self._blocks_seq >= CHECKPOINT_EVERY:
             self._checkpoint(journaled)
@@ -739,6 +866,9 @@ class SQLStore(Store):
         self.t = prefix
         self._row_lock = row_lock
         self._md, self.meta_t, self.blocks_t, self.claims_t, self.journal_t = _tables(prefix)
+        self.lists_t = self._md.tables[f"{prefix}blocklists"]
+        self._lists = _BlockLists()
+        self._lists_in: dict[int, _Compiled] = {}
         bc, cc = self.blocks_t.c, self.claims_t.c
         # The statements of transactions, built with Core and compiled once for the dialect.
         dialect = engine.dialect
@@ -778,6 +908,7 @@ class SQLStore(Store):
         self.insert_block = insert_all(self.blocks_t)
         self.insert_claim = insert_all(self.claims_t)
         self.insert_journal = insert_all(self.journal_t, skip=("seq",))
+        self.insert_list = insert_all(self.lists_t)
         self.update_block = compiled(
             update(self.blocks_t).where(bc.block_id == bindparam("b_id"))
             .values(state=bindparam("b_state"), data=bindparam("b_data")))
@@ -806,6 +937,29 @@ class SQLStore(Store):
                 select(bc.data).where(bc.block_id.in_([bindparam(f"id{i}") for i in range(n)])),
                 self._dialect)
         return found
+
+    def q_lists(self, n: int) -> _Compiled:
+        """SELECT ``n`` stored block lists (parameters id0 ... id<n-1>)."""
+        found = self._lists_in.get(n)
+        if found is None:
+            lc = self.lists_t.c
+            found = self._lists_in[n] = _Compiled(
+                select(lc.list_id, lc.blocks)
+                .where(lc.list_id.in_([bindparam(f"id{i}") for i in range(n)])), self._dialect)
+        return found
+
+    def _claims_from(self, texts: Iterable[str], fetch: Any) -> list[ClaimRecord]:
+        """Claims from their rows' JSON; ``fetch(ids)`` reads stored block lists."""
+        dicts = [orjson.loads(t) for t in texts]
+        _unpack(list(dicts), self._lists, fetch)
+        return [_claim_from(d) for d in dicts]
+
+    def _events_from(self, rows: Iterable[tuple[str, str]],
+                     fetch: Any) -> list[tuple[str, dict[str, Any]]]:
+        """Journal (event, data) from rows of (event, JSON); ``fetch`` as for claims."""
+        events = [(kind, orjson.loads(text)) for kind, text in rows]
+        _unpack([_event_refs(kind, data) for kind, data in events], self._lists, fetch)
+        return events
 
     def _unavailable(self, err: DBAPIError) -> LedgerUnavailable:
         reason = str(err.orig if err.orig is not None else err).strip()
@@ -843,6 +997,7 @@ class SQLStore(Store):
             self._drop_writer()  # whatever went wrong, the next transaction starts afresh
             raise
         self._cache.committed(tx, tx.seq_after)
+        self._lists.stored.update(tx.new_lists)
 
     def _begin(self) -> Connection:
         """Begin a write transaction on the store's write connection.
@@ -893,14 +1048,20 @@ class SQLStore(Store):
             assert isinstance(tx, _SQLTx)
             col = self.meta_t.c
             stored = {k: v for k, v in tx._conn.execute(select(col.key, col.value))}
-            if stored.get("schema") == "1" and meta.get("schema") == "2":
-                # Schema 1 rewrote every changed block row on every change: its rows are
-                # current.  Stamped once, under the lock; a proxy of that version then refuses
-                # this ledger (schema mismatch), and rows it might still write are refused.
-                tx._upgrade_rows()
+            was, wanted = stored.get("schema"), meta.get("schema")
+            if was in ("1", "2") and wanted == SCHEMA_VERSION:
+                if was == "1":
+                    # Schema 1 rewrote every changed block row on every change: its rows are
+                    # current.  Stamped once, under the lock, as the checkpoint; rows a proxy
+                    # of that version might still write are refused.
+                    tx._upgrade_rows()
+                # Schema 3 names long block lists by reference (``_BlockLists``); rows
+                # written before hold their lists, and are read as they are.  A proxy of an
+                # older version refuses the ledger from now on (schema mismatch): it would
+                # misread the references.
                 tx._conn.execute(update(self.meta_t).where(col.key == "schema")
-                                 .values(value="2"))
-                stored["schema"] = "2"
+                                 .values(value=SCHEMA_VERSION))
+                stored["schema"] = SCHEMA_VERSION
             _check_meta(stored, meta, self.where)
             missing = [{"key": k, "value": v} for k, v in meta.items() if k not in stored]
             if missing:
@@ -915,7 +1076,8 @@ class SQLStore(Store):
         if states is not None:
             query = query.where(col.state.in_(sorted(states)))
         with self._read() as conn:
-            return [_claim_from(d) for (d,) in conn.execute(query)]
+            return self._claims_from([d for (d,) in conn.execute(query)],
+                                     self._lists_reader(conn))
 
     def claim_totals(self, analyst: str | None = None) -> list[ClaimTotals]:
         col = self.claims_t.c
@@ -941,8 +1103,20 @@ class SQLStore(Store):
         if limit is not None:
             query = query.limit(int(limit))
         with self._read() as conn:
-            return [{"seq": s, "at": a, "event": e, "claim_id": c, "data": orjson.loads(d)}
-                    for s, a, e, c, d in conn.execute(query)]
+            rows = conn.execute(query).all()
+            events = self._events_from([(e, d) for _, _, e, _, d in rows],
+                                       self._lists_reader(conn))
+        return [{"seq": s, "at": a, "event": e, "claim_id": c, "data": data}
+                for (s, a, e, c, _), (_, data) in zip(rows, events, strict=True)]
+
+    def _lists_reader(self, conn: Connection) -> Any:
+        """``fetch(ids)`` for stored block lists, on a read connection."""
+        lc = self.lists_t.c
+
+        def fetch(ids: list[str]) -> list[tuple[str, str]]:
+            return [(i, b) for i, b in conn.execute(
+                select(lc.list_id, lc.blocks).where(lc.list_id.in_(ids)))]
+        return fetch
 
     def close(self) -> None:
         """Close every pooled connection (the store opens new ones if used again)."""

@@ -148,7 +148,7 @@ def test_a_schema_1_ledger_is_upgraded_once_and_older_proxies_are_shut_out(
     assert states(Ledger(1.0, 0.0, store=SQLiteStore(path))) == states(upgraded)
     assert states(upgraded)["a"].consumed == [11 / 64]
     # A schema-1 proxy cannot open it any more...
-    with pytest.raises(LedgerMismatch, match="schema = 2"):
+    with pytest.raises(LedgerMismatch, match="schema = 3"):
         SQLiteStore(path).check_meta({"accounting": "basic", "schema": "1"})
     # ...and a row one still running might write is refused, not read as a checkpoint.
     with contextlib.closing(sqlite3.connect(path)) as con, con:
@@ -199,11 +199,14 @@ KINDS = {
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, every=st.sampled_from([1, 2, 5, 64]), kind=st.sampled_from(sorted(KINDS)))
+@given(ops=OPS, every=st.sampled_from([1, 2, 5, 64]), kind=st.sampled_from(sorted(KINDS)),
+       list_from=st.sampled_from([1, 4]))
 def test_two_ledgers_on_one_file_always_read_the_replayed_state(
-        ops: list[tuple[str, str, list[str], float]], every: int, kind: str) -> None:
-    previous = store_module.CHECKPOINT_EVERY
-    store_module.CHECKPOINT_EVERY = every
+        ops: list[tuple[str, str, list[str], float]], every: int, kind: str,
+        list_from: int) -> None:
+    """``list_from`` 1: every block list is stored once and named by reference."""
+    previous = store_module.CHECKPOINT_EVERY, store_module._LIST_FROM
+    store_module.CHECKPOINT_EVERY, store_module._LIST_FROM = every, list_from
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "ledger.sqlite3"
@@ -235,4 +238,4 @@ def test_two_ledgers_on_one_file_always_read_the_replayed_state(
             for led in (*ledgers.values(), fresh):
                 led.close()
     finally:
-        store_module.CHECKPOINT_EVERY = previous
+        store_module.CHECKPOINT_EVERY, store_module._LIST_FROM = previous

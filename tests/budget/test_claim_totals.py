@@ -8,7 +8,6 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from budget.ledger import Ledger
@@ -16,15 +15,10 @@ from budget.scheduler import ClaimRecord
 from budget.store import ClaimTotals, MemoryStore, PostgresStore, SQLiteStore, Store
 from chorus_py.errors import BudgetExhausted
 from server import metrics as views
+from tests.budget.conftest import drop_pg_ledger
 
 # Dyadic values: every sum below is exact whatever order a database adds them in.
 D1, D2 = 2.0**-22, 2.0**-23
-
-
-def _drop_pg_ledger(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as con:
-        for t in ("meta", "blocks", "claims", "journal"):
-            con.execute(f"DROP TABLE IF EXISTS chorus_ledger_{t}")
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -36,12 +30,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         made = SQLiteStore(tmp_path / "ledger.sqlite3")
     else:
         url = request.getfixturevalue("postgres_url")
-        _drop_pg_ledger(url)
+        drop_pg_ledger(url)
         made = PostgresStore(url)
     yield made
     made.close()
     if request.param == "postgres":
-        _drop_pg_ledger(url)
+        drop_pg_ledger(url)
 
 
 @pytest.fixture

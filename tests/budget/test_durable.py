@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -37,15 +37,6 @@ def open_store(url: str) -> Store:
 
 def open_ledger(url: str, **kw: object) -> Ledger:
     return Ledger(1.0, 0.0, store=open_store(url), **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def pg_ledger_url(postgres_url: str) -> Iterator[str]:
-    """A Postgres database with empty ledger tables."""
-    with psycopg.connect(postgres_url, autocommit=True) as con:
-        for t in ("meta", "blocks", "claims", "journal"):
-            con.execute(f"DROP TABLE IF EXISTS chorus_ledger_{t}")
-    yield postgres_url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
