@@ -188,6 +188,9 @@ class Engine:
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
+        # The blocks a query reads, per (query, block windows): windows change when the data
+        # grows (the block catalog re-reads them after its TTL), and with them the key.
+        self._reads: _LRU[tuple[object, ...], tuple[BlocksRead, BlockRestriction]] = _LRU(1024)
         # Rewrites with their noise scales (and caps, bounds) left open: join queries
         # (chorus_py.joined.JoinTemplate) and single-table ones (chorus_py.templates).
         self._templates: _LRU[tuple[object, ...], Any] = _LRU(1024)
@@ -581,10 +584,15 @@ class Engine:
         if block is None:
             return None, None
         windows = self.blocks.windows(query.table, block)
-        reads = blocks_read(query, windows)
-        column_type = query.table_policy.columns[block.column].type
-        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
-                                       reads.separate_runs)
+        key = (query.normalized_sql, query.table, windows)
+        found = self._reads.get(key)
+        if found is None:
+            reads = blocks_read(query, windows)
+            column_type = query.table_policy.columns[block.column].type
+            found = (reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
+                                             reads.separate_runs))
+            self._reads.put(key, found)
+        return found
 
     def _run(self, sql: str, touched_charge: Any) -> ResultSet:
         try:
