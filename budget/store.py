@@ -37,7 +37,7 @@ ledger must run a version with checkpoints: an older one would rewrite rows with
 marker (the block invariant then refuses every claim on those blocks: no overspend, no service).
 
 A claim's list of blocks (about 90 ids for a quarter of days) is stored once, in the blocklists
-table, and claim and journal rows name it by a hash of its contents (``_BlockLists``); whoever
+table, and claim and journal rows name it by a hash of its contents (``budget.blocklists``); whoever
 reads the ledger through this module gets the lists back.
 
 Inside a transaction the ledger reads blocks and claims, changes them in memory and marks them
@@ -49,7 +49,6 @@ and on Postgres).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import operator
 import sqlite3
@@ -89,8 +88,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError as OperationalError_
 
-from budget.journal import MOVES, touched
+from budget.blocklists import BlockLists, Fetch, event_holder, packed_event, unpack
 from budget.journal import apply as apply_event
+from budget.journal import touched
 from budget.scheduler import BlockState, ClaimRecord, InvariantError, check_blocks
 from chorus_py.errors import OperationalError
 
@@ -137,7 +137,7 @@ def _claim_from(d: dict[str, Any]) -> ClaimRecord:
 _CLAIM_FIELDS = tuple(f.name for f in fields(ClaimRecord))
 
 
-def _claim_json(claim: ClaimRecord, lists: _BlockLists, new: dict[str, str]) -> str:
+def _claim_json(claim: ClaimRecord, lists: BlockLists, new: dict[str, str]) -> str:
     # dataclasses.asdict deep-copies every event: too slow for one claim per transaction.
     d = {f: getattr(claim, f) for f in _CLAIM_FIELDS}
     d["blocks"] = lists.ref(claim.blocks, new)
@@ -151,102 +151,6 @@ def _block_json(block: BlockState) -> str:
 def _dumps(value: Any) -> str:
     """Compact JSON text; numpy scalars (a mechanism's epsilon, say) are written as numbers."""
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-
-
-# -- block lists, stored once ------------------------------------------------------------------
-# A claim names its blocks in its row and in the journal rows of its arrival, grant and
-# settlement: four copies of a list of about 90 ids, 7 KB of the 9 KB a query used to add to the
-# ledger.  A list of _LIST_FROM blocks or more is stored once, in the blocklists table, and those
-# rows name it {"$blocks": id}, id = the first 32 hex digits of the SHA-256 of the list's JSON
-# text: the same list gets the same id in every process, and a list read back is checked
-# against its id (a changed or missing row is refused, never misread).  Reading a ledger gives
-# the lists back (claims, journal, history): only the stored bytes change.
-_LIST_REF = "$blocks"
-_LIST_FROM = 4
-
-
-def _list_id(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-class _BlockLists:
-    """The block lists a SQL store has seen: their ids, and which are known to be committed.
-
-    Shared by the store's threads: plain dict and set operations, each atomic."""
-
-    def __init__(self) -> None:
-        self.ids: dict[tuple[str, ...], str] = {}
-        self.lists: dict[str, tuple[str, ...]] = {}
-        self.stored: set[str] = set()
-
-    def ref(self, blocks: tuple[str, ...] | list[str], new: dict[str, str]) -> Any:
-        """How a row names ``blocks``: the list itself when short, else a reference; a list
-        not known to be stored goes into ``new`` (id -> JSON text) for the writer to store."""
-        if len(blocks) < _LIST_FROM:
-            return list(blocks)
-        key = tuple(blocks)
-        found = self.ids.get(key)
-        if found is None:
-            found = _list_id(_dumps(list(key)))
-            self.ids[key], self.lists[found] = found, key
-        if found not in self.stored:
-            new[found] = _dumps(list(key))
-        return {_LIST_REF: found}
-
-    def read(self, rows: Iterable[tuple[str, str]]) -> None:
-        """Learn lists read from the blocklists table, each checked against its id."""
-        for list_id, text in rows:
-            if _list_id(text) != list_id:
-                raise InvariantError(
-                    f"block list {list_id} of the budget ledger does not match its id: the "
-                    "ledger was changed outside chorus; nothing was spent")
-            key = tuple(orjson.loads(text))
-            self.ids[key], self.lists[list_id] = list_id, key
-            self.stored.add(list_id)
-
-
-def _event_refs(kind: str, data: dict[str, Any]) -> dict[str, Any] | None:
-    """The dict of an event's data whose "blocks" may be a stored list (None: none is)."""
-    if kind in MOVES:
-        return data
-    if kind in ("claim_arrived", "claim_refused"):
-        return data.get("claim")
-    return None
-
-
-def _packed_event(kind: str, data: dict[str, Any], lists: _BlockLists,
-                  new: dict[str, str]) -> dict[str, Any]:
-    """An event's data as written: its claim's block list named by reference (a copy)."""
-    holder = _event_refs(kind, data)
-    if holder is None or not isinstance(holder.get("blocks"), list | tuple):
-        return data
-    packed = {**holder, "blocks": lists.ref(holder["blocks"], new)}
-    return packed if holder is data else {**data, "claim": packed}
-
-
-def _ref_of(holder: dict[str, Any] | None) -> str | None:
-    blocks = holder.get("blocks") if holder is not None else None
-    if isinstance(blocks, dict) and len(blocks) == 1 and isinstance(blocks.get(_LIST_REF), str):
-        return blocks[_LIST_REF]
-    return None
-
-
-def _unpack(holders: list[dict[str, Any] | None], lists: _BlockLists,
-            fetch: Any) -> None:
-    """Replace the list references of ``holders`` (in place) by the lists; ``fetch(ids)``
-    returns the (id, JSON text) rows of lists not yet known."""
-    refs = [(h, r) for h in holders if (r := _ref_of(h)) is not None]
-    unknown = sorted({r for _, r in refs if r not in lists.lists})
-    if unknown:
-        lists.read(fetch(unknown))
-        gone = [r for r in unknown if r not in lists.lists]
-        if gone:
-            raise InvariantError(
-                f"block list(s) {', '.join(gone)} named by the budget ledger are missing: the "
-                "ledger was changed outside chorus; nothing was spent")
-    for holder, ref in refs:
-        assert holder is not None
-        holder["blocks"] = list(lists.lists[ref])
 
 
 class Tx:
@@ -551,7 +455,7 @@ def _tables(prefix: str) -> tuple[MetaData, Table, Table, Table, Table]:
                     Column("data", Text, nullable=False),
                     sqlite_autoincrement=True)
     # A claim's block list (90 ids for a quarter of days) is stored once here, and named by a
-    # hash of its contents in the claim rows and journal rows (``_BlockLists``).
+    # hash of its contents in the claim rows and journal rows (``budget.blocklists``).
     Table(f"{prefix}blocklists", md,
           Column("list_id", Text, primary_key=True),
           Column("blocks", Text, nullable=False))
@@ -778,7 +682,7 @@ class _SQLTx(Tx):
             for c in (self._claims[i] for i in sorted(self._dirty_claims - self._new_claims))]
         journal_rows = [
             {"at": at, "event": event, "claim_id": claim_id,
-             "data": _dumps(_packed_event(event, data, lists, new))}
+             "data": _dumps(packed_event(event, data, lists, new))}
             for at, event, claim_id, data in self._journal]
         if new:  # lists first: a row never names a list its commit does not hold
             ids = sorted(new)
@@ -867,7 +771,7 @@ class SQLStore(Store):
         self._row_lock = row_lock
         self._md, self.meta_t, self.blocks_t, self.claims_t, self.journal_t = _tables(prefix)
         self.lists_t = self._md.tables[f"{prefix}blocklists"]
-        self._lists = _BlockLists()
+        self._lists = BlockLists()
         self._lists_in: dict[int, _Compiled] = {}
         bc, cc = self.blocks_t.c, self.claims_t.c
         # The statements of transactions, built with Core and compiled once for the dialect.
@@ -948,17 +852,17 @@ class SQLStore(Store):
                 .where(lc.list_id.in_([bindparam(f"id{i}") for i in range(n)])), self._dialect)
         return found
 
-    def _claims_from(self, texts: Iterable[str], fetch: Any) -> list[ClaimRecord]:
+    def _claims_from(self, texts: Iterable[str], fetch: Fetch) -> list[ClaimRecord]:
         """Claims from their rows' JSON; ``fetch(ids)`` reads stored block lists."""
         dicts = [orjson.loads(t) for t in texts]
-        _unpack(list(dicts), self._lists, fetch)
+        unpack(list(dicts), self._lists, fetch)
         return [_claim_from(d) for d in dicts]
 
     def _events_from(self, rows: Iterable[tuple[str, str]],
-                     fetch: Any) -> list[tuple[str, dict[str, Any]]]:
+                     fetch: Fetch) -> list[tuple[str, dict[str, Any]]]:
         """Journal (event, data) from rows of (event, JSON); ``fetch`` as for claims."""
         events = [(kind, orjson.loads(text)) for kind, text in rows]
-        _unpack([_event_refs(kind, data) for kind, data in events], self._lists, fetch)
+        unpack([event_holder(kind, data) for kind, data in events], self._lists, fetch)
         return events
 
     def _unavailable(self, err: DBAPIError) -> LedgerUnavailable:
@@ -1055,7 +959,7 @@ class SQLStore(Store):
                     # current.  Stamped once, under the lock, as the checkpoint; rows a proxy
                     # of that version might still write are refused.
                     tx._upgrade_rows()
-                # Schema 3 names long block lists by reference (``_BlockLists``); rows
+                # Schema 3 names long block lists by reference (``budget.blocklists``); rows
                 # written before hold their lists, and are read as they are.  A proxy of an
                 # older version refuses the ledger from now on (schema mismatch): it would
                 # misread the references.
@@ -1109,7 +1013,7 @@ class SQLStore(Store):
         return [{"seq": s, "at": a, "event": e, "claim_id": c, "data": data}
                 for (s, a, e, c, _), (_, data) in zip(rows, events, strict=True)]
 
-    def _lists_reader(self, conn: Connection) -> Any:
+    def _lists_reader(self, conn: Connection) -> Fetch:
         """``fetch(ids)`` for stored block lists, on a read connection."""
         lc = self.lists_t.c
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from budget import blocklists
 from budget import store as store_module
 from budget.ledger import Ledger, LedgerMismatch, replay
 from budget.scheduler import BlockState, InvariantError
@@ -112,7 +113,7 @@ def test_a_schema_2_ledger_is_read_as_it_is_and_upgraded(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ledger.sqlite3"
     with monkeypatch.context() as m:  # as schema 2 wrote it: every list inline
-        m.setattr(store_module, "_LIST_FROM", 10**9)
+        m.setattr(blocklists, "LIST_FROM", 10**9)
         old = Ledger(1.0, 0.0, store=SQLiteStore(path))
         old.ensure_blocks(QUARTER)
         old.claim("alice", QUARTER, EPS, 0.0, consume_on_grant=True)

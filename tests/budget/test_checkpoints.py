@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from budget import blocklists
 from budget import store as store_module
 from budget.accounting import RenyiAccountant
 from budget.ledger import Claim, Ledger, LedgerMismatch, replay
@@ -205,8 +206,8 @@ def test_two_ledgers_on_one_file_always_read_the_replayed_state(
         ops: list[tuple[str, str, list[str], float]], every: int, kind: str,
         list_from: int) -> None:
     """``list_from`` 1: every block list is stored once and named by reference."""
-    previous = store_module.CHECKPOINT_EVERY, store_module._LIST_FROM
-    store_module.CHECKPOINT_EVERY, store_module._LIST_FROM = every, list_from
+    previous = store_module.CHECKPOINT_EVERY, blocklists.LIST_FROM
+    store_module.CHECKPOINT_EVERY, blocklists.LIST_FROM = every, list_from
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "ledger.sqlite3"
@@ -238,4 +239,4 @@ def test_two_ledgers_on_one_file_always_read_the_replayed_state(
             for led in (*ledgers.values(), fresh):
                 led.close()
     finally:
-        store_module.CHECKPOINT_EVERY, store_module._LIST_FROM = previous
+        store_module.CHECKPOINT_EVERY, blocklists.LIST_FROM = previous
