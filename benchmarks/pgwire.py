@@ -346,9 +346,9 @@ def _report(results: list[dict[str, float | str]], args: argparse.Namespace) -> 
         "of the gap to raw is database work the raw query never does; the wire layer's own "
         "cost is the proxy - engine column. The ledger charges every block (day) a query "
         "reads, durably (SQLite, synchronous = FULL): a query over the whole table charges "
-        "about 75 blocks, most of the proxy's CPU per query. Concurrent claims share one "
-        "ledger transaction (group commit), and each claim is granted and consumed in that "
-        "one transaction.",
+        "about 90 blocks (one per day), most of the proxy's CPU per query. Concurrent claims "
+        "share one ledger transaction (group commit), and each claim is granted and consumed "
+        "in that one transaction.",
     ]
     return "\n".join(lines)
 
