@@ -489,7 +489,7 @@ class Ledger:
                 for b in rec.blocks:
                     tx.save_block(have[b])
                 tx.log("unlock", rec.claim_id, {"blocks": moved, "arrival": True}, now)
-            self._schedule(tx, now)
+            self._schedule(tx, now, arriving=(rec, have))
             if rec.state == "waiting" and wait <= 0:
                 short = sched.short_blocks(self.accountant, rec, have)
                 self._refuse(tx, rec, now, (
@@ -706,8 +706,14 @@ class Ledger:
         if moved and journal:
             tx.log("unlock", None, {"blocks": moved, "time": True}, now)
 
-    def _schedule(self, tx: Tx, now: float) -> list[int]:
-        """One scheduling pass: expire overdue claims, then grant in policy order."""
+    def _schedule(self, tx: Tx, now: float,
+                  arriving: tuple[ClaimRecord, dict[str, BlockState]] | None = None
+                  ) -> list[int]:
+        """One scheduling pass: expire overdue claims, then grant in policy order.
+
+        ``arriving``: the claim that just arrived, with its blocks as this transaction loaded
+        them; when it is the only one waiting, its blocks are not looked up again.
+        """
         waiting = []
         for rec in tx.waiting():
             if rec.deadline < now:
@@ -716,7 +722,10 @@ class Ledger:
                 waiting.append(rec)
         if not waiting:
             return []
-        have = tx.blocks({b for rec in waiting for b in rec.blocks})
+        if arriving is not None and len(waiting) == 1 and waiting[0] is arriving[0]:
+            have = arriving[1]
+        else:
+            have = tx.blocks({b for rec in waiting for b in rec.blocks})
         self._refresh(tx, have, now)
         if self.settings.policy == "fcfs":
             order = sorted(waiting, key=lambda r: r.claim_id)
