@@ -12,7 +12,7 @@ gives the lists back (claims, journal, history): only the stored bytes change.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -102,7 +102,7 @@ def _ref_of(holder: dict[str, Any] | None) -> str | None:
     return None
 
 
-def unpack(holders: list[dict[str, Any] | None], lists: BlockLists, fetch: Fetch) -> None:
+def unpack(holders: Sequence[dict[str, Any] | None], lists: BlockLists, fetch: Fetch) -> None:
     """Replace the list references of ``holders`` (in place) by the lists; ``fetch(ids)``
     returns the (id, JSON text) rows of lists not yet known."""
     refs = [(h, r) for h in holders if (r := _ref_of(h)) is not None]

@@ -585,7 +585,12 @@ class _SQLTx(Tx):
         return self._cur.fetchall()
 
     def _stored_lists(self, ids: list[str]) -> list[tuple[str, str]]:
-        return self._rows(self._s.q_lists(len(ids)), {f"id{i}": x for i, x in enumerate(ids)})
+        out = []
+        for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+            chunk = ids[start:start + 500]
+            out += self._rows(self._s.q_lists(len(chunk)),
+                              {f"id{i}": x for i, x in enumerate(chunk)})
+        return out
 
     def _events(self, rows: Iterable[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
         return self._s._events_from(rows, self._stored_lists)
@@ -855,7 +860,7 @@ class SQLStore(Store):
     def _claims_from(self, texts: Iterable[str], fetch: Fetch) -> list[ClaimRecord]:
         """Claims from their rows' JSON; ``fetch(ids)`` reads stored block lists."""
         dicts = [orjson.loads(t) for t in texts]
-        unpack(list(dicts), self._lists, fetch)
+        unpack(dicts, self._lists, fetch)
         return [_claim_from(d) for d in dicts]
 
     def _events_from(self, rows: Iterable[tuple[str, str]],
@@ -1018,8 +1023,8 @@ class SQLStore(Store):
         lc = self.lists_t.c
 
         def fetch(ids: list[str]) -> list[tuple[str, str]]:
-            return [(i, b) for i, b in conn.execute(
-                select(lc.list_id, lc.blocks).where(lc.list_id.in_(ids)))]
+            return [(i, b) for start in range(0, len(ids), 500) for i, b in conn.execute(
+                select(lc.list_id, lc.blocks).where(lc.list_id.in_(ids[start:start + 500])))]
         return fetch
 
     def close(self) -> None:
