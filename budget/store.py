@@ -92,7 +92,7 @@ from budget.blocklists import BlockLists, Fetch, event_holder, packed_event, unp
 from budget.journal import apply as apply_event
 from budget.journal import touched
 from budget.scheduler import BlockState, ClaimRecord, InvariantError, check_blocks
-from chorus_py.errors import OperationalError
+from chorus_py.errors import OperationalError, PolicyError
 
 __all__ = ["ClaimTotals", "LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore",
            "SQLStore", "SQLiteStore", "Store", "Tx"]
@@ -105,8 +105,9 @@ class LedgerUnavailable(OperationalError):
     """The ledger's database is busy or unreachable: no claim was made, nothing was spent."""
 
 
-class LedgerMismatch(ValueError):
-    """The stored ledger was created with other accounting settings than the policy's."""
+class LedgerMismatch(PolicyError, ValueError):
+    """The stored ledger was created with other accounting settings than the policy's, or by a
+    version of chorus with another layout: nothing is read or spent."""
 
 
 # Block rows carry the format they were written in.  Rows of format 2 are as of the checkpoint
@@ -305,10 +306,18 @@ class Store:
 
 def _check_meta(stored: dict[str, str], wanted: dict[str, str], where: str) -> None:
     for key, value in wanted.items():
+        if key == "schema" and key in stored and stored[key] != value:
+            newer = stored[key].isdigit() and value.isdigit() and int(stored[key]) > int(value)
+            raise LedgerMismatch(
+                f"the budget ledger {where} has layout (schema) {stored[key]}, written by "
+                f"{'a newer' if newer else 'another'} version of chorus; this one reads schema "
+                f"{value}", hint="run the same chorus version on every proxy that shares the "
+                "ledger (a newer one upgrades an older ledger when it opens it)")
         if key in stored and stored[key] != value:
             raise LedgerMismatch(
                 f"the budget ledger {where} was created with {key} = {stored[key]}, but the "
-                f"policy now says {value}; budgets in different units cannot be mixed")
+                f"policy now says {value}; budgets in different units cannot be mixed",
+                hint="use the settings the ledger was created with, or a new ledger")
 
 
 # -- memory -----------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ unreachable backend).  With ``--json`` stdout holds exactly one JSON object.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -195,6 +197,22 @@ def test_missing_database_file_exits_1(policy: Path, tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "does not exist" in result.stderr
     assert not (tmp_path / "cli.duckdb").exists()  # and was not created
+
+
+def test_a_ledger_of_a_newer_version_exits_1_with_a_hint(policy: Path) -> None:
+    """A ledger upgraded by a newer chorus is refused before anything is read or spent."""
+    policy.write_text(policy.read_text().replace(
+        "[privacy]\n", '[privacy]\nledger = "sqlite:///cli-ledger.sqlite3"\n', 1))
+    first = chorus("query", "--policy", str(policy), "--analyst", "alice", COUNT_SQL)
+    assert first.returncode == 0, first.stderr
+    ledger = policy.parent / "cli-ledger.sqlite3"
+    with contextlib.closing(sqlite3.connect(ledger)) as con, con:
+        con.execute("UPDATE ledger_meta SET value = '99' WHERE key = 'schema'")
+    result = chorus("query", "--policy", str(policy), "--analyst", "alice", COUNT_SQL)
+    assert result.returncode == 1
+    assert "has layout (schema) 99, written by a newer version of chorus" in result.stderr
+    assert "hint: run the same chorus version on every proxy" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # -- explain -----------------------------------------------------------------------------------
