@@ -57,11 +57,13 @@ class BlockLists:
             return list(blocks)
         key = tuple(blocks)
         found = self.ids.get(key)
+        text = None
         if found is None:
-            found = list_id(_dumps(list(key)))
+            text = _dumps(list(key))
+            found = list_id(text)
             self.ids[key], self.lists[found] = found, key
-        if found not in self.stored:
-            new[found] = _dumps(list(key))
+        if found not in self.stored and found not in new:  # once per transaction
+            new[found] = text if text is not None else _dumps(list(key))
         return {REF: found}
 
     def read(self, rows: Iterable[tuple[str, str]]) -> None:

@@ -584,7 +584,7 @@ class Engine:
         if block is None:
             return None, None
         windows = self.blocks.windows(query.table, block)
-        key = (query.normalized_sql, query.table, windows)
+        key = (query.normalized_sql, windows)  # the windows name their table
         found = self._reads.get(key)
         if found is None:
             reads = blocks_read(query, windows)
