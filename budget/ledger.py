@@ -27,6 +27,7 @@ Claims of a process that died are settled when a ledger is next opened on the sa
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import socket
@@ -459,9 +460,10 @@ class Ledger:
         rec.arrived_at, rec.deadline, rec.owner = now, now + wait, self.owner
         have = self._load(tx, rec.blocks)
         self._refresh(tx, have, now)
-        retired = [b for b in rec.blocks if have[b].retired]
+        any_retired, ever, fits_now = sched.arrival_fit(self.accountant, rec, have)
+        retired = [b for b in rec.blocks if have[b].retired] if any_retired else []
         never: list[str] = retired
-        if not retired and sched.fit_order(self.accountant, rec, have, "unspent") is None:
+        if not retired and not ever:
             never = sched.short_blocks(self.accountant, rec, have, "unspent") or list(
                 rec.blocks)  # each block alone fits, but at no common Rényi order
         over = self._over_cap(rec, have)
@@ -489,7 +491,10 @@ class Ledger:
                 for b in rec.blocks:
                     tx.save_block(have[b])
                 tx.log("unlock", rec.claim_id, {"blocks": moved, "arrival": True}, now)
-            self._schedule(tx, now, arriving=(rec, have))
+            # FCFS leaves the blocks as tested above (DPF unlocks budget on arrival or as time
+            # passes: tested again).
+            self._schedule(tx, now, arriving=(rec, have, fits_now if self.settings.policy == "fcfs"
+                                              else _Fit.UNTESTED))
             if rec.state == "waiting" and wait <= 0:
                 short = sched.short_blocks(self.accountant, rec, have)
                 self._refuse(tx, rec, now, (
@@ -707,12 +712,13 @@ class Ledger:
             tx.log("unlock", None, {"blocks": moved, "time": True}, now)
 
     def _schedule(self, tx: Tx, now: float,
-                  arriving: tuple[ClaimRecord, dict[str, BlockState]] | None = None
-                  ) -> list[int]:
+                  arriving: tuple[ClaimRecord, dict[str, BlockState], int | _Fit | None]
+                  | None = None) -> list[int]:
         """One scheduling pass: expire overdue claims, then grant in policy order.
 
         ``arriving``: the claim that just arrived, with its blocks as this transaction loaded
-        them; when it is the only one waiting, its blocks are not looked up again.
+        them and the order it fits them at (``fit_order``; ``_Fit.UNTESTED``: not tested on them
+        as they are); when it is the only one waiting, neither is looked up again.
         """
         waiting = []
         for rec in tx.waiting():
@@ -722,8 +728,9 @@ class Ledger:
                 waiting.append(rec)
         if not waiting:
             return []
+        known: int | _Fit | None = _Fit.UNTESTED
         if arriving is not None and len(waiting) == 1 and waiting[0] is arriving[0]:
-            have = arriving[1]
+            _, have, known = arriving
         else:
             have = tx.blocks({b for rec in waiting for b in rec.blocks})
         self._refresh(tx, have, now)
@@ -737,7 +744,8 @@ class Ledger:
             order = sorted(waiting, key=lambda r: keys[r.claim_id])
         granted = []
         for rec in order:
-            index = sched.fit_order(self.accountant, rec, have)
+            index = (sched.fit_order(self.accountant, rec, have) if known is _Fit.UNTESTED
+                     else known)
             if index is None or self._over_cap(rec, have):
                 continue
             # Consumed on grant: each block moves unlocked -> allocated -> consumed in one pass
@@ -749,7 +757,7 @@ class Ledger:
                 blocks = [have[b] for b in rec.blocks]
                 exhausted = sched.charge_all(blocks, rec.demand[0], rec.delta_demand,
                                              rec.analyst, rec.epsilon)
-                tx.save_blocks(blocks)
+                tx.changed_in_place(rec.blocks)
             else:
                 for b in rec.blocks:
                     block, demand = have[b], rec.demand_on(b)
@@ -937,6 +945,12 @@ def _move_data(rec: ClaimRecord, source: str, target: str, index: int | None) ->
     if rec.per_block:
         data["per_block"] = {k: list(v) for k, v in rec.per_block.items()}
     return data
+
+
+class _Fit(enum.Enum):
+    """``_schedule``'s "the arriving claim's fit was not tested" (None: it does not fit)."""
+
+    UNTESTED = 0
 
 
 @dataclass

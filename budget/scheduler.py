@@ -400,6 +400,39 @@ def fit_order(accountant: Accountant, claim: ClaimRecord, blocks: dict[str, Bloc
     return accountant.fitting_order(demands, avail, globals_)
 
 
+def arrival_fit(accountant: Accountant, claim: ClaimRecord,
+                blocks: dict[str, BlockState]) -> tuple[bool, bool, int | None]:
+    """What an arriving claim's decision needs: (a block is retired, it fits the unspent budget
+    so that it could ever be granted, the order at which it fits the unlocked budget now or
+    None).
+
+    The same tests as ``fit_order(..., "unspent")`` and ``fit_order(...)``; with basic
+    accounting in one pass over the blocks instead of three (a query reads ~90 blocks).
+    """
+    if accountant.orders:
+        return (any(blocks[b].retired for b in claim.blocks),
+                fit_order(accountant, claim, blocks, "unspent") is not None,
+                fit_order(accountant, claim, blocks))
+    per, dd, d0 = claim.per_block, claim.delta_demand, claim.demand[0]
+    retired, ever, now = False, True, True
+    for b in claim.blocks:
+        block = blocks[b]
+        if block.retired:
+            retired = True
+        d = per[b][0] if per and b in per else d0
+        g = block.global_[0]
+        tol = SLACK * g
+        if d > g - block.consumed[0] + tol:
+            ever = False
+        if d > block.unlocked[0] + tol:
+            now = False
+        pool = block.delta_pool
+        if dd > pool - block.delta_allocated - block.delta_consumed + SLACK * (
+                pool if pool > 1e-300 else 1e-300):
+            ever = now = False
+    return retired, ever, 0 if now else None
+
+
 def short_blocks(accountant: Accountant, claim: ClaimRecord, blocks: dict[str, BlockState],
                  available: str = "unlocked") -> list[str]:
     """The blocks on which the claim does not fit by itself (for error messages)."""

@@ -196,8 +196,10 @@ class WireServer:
         data = session.take_output()
         if data:
             writer.write(data)
-            async with asyncio.timeout(self.limits.idle_timeout):
-                await writer.drain()
+            # The common case: the socket took it all, nothing to wait for (no timer to set).
+            if writer.transport.get_write_buffer_size() or writer.transport.is_closing():
+                async with asyncio.timeout(self.limits.idle_timeout):
+                    await writer.drain()
 
     async def _drive(self, session: Session, running: _Running,
                      message: p.FrontendMessage) -> None:

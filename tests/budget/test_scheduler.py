@@ -541,3 +541,40 @@ def test_charge_is_exactly_allocate_then_consume(
     assert blocks == stepwise
     assert [id(b) for b in spent] == [id(b) for b in blocks if sched.exhausted(b)]
     assert any(b is blocks[1] for b in spent)  # 30 - x + x is 30 (or within the slack)
+
+
+# -- the fused arrival test -----------------------------------------------------------------------
+_room = st.one_of(st.floats(0, 2), st.sampled_from([0.5, 0.5 + 1e-12, 0.5 - 1e-12, 0.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rooms=st.lists(st.tuples(_room, _room, st.booleans(), st.sampled_from([0.0, 1e-7, 2e-6])),
+                      min_size=1, max_size=6),
+       demand=st.sampled_from([0.5, 0.25, 1.0]), delta=st.sampled_from([0.0, 1e-6]),
+       per_block=st.booleans(), renyi=st.booleans())
+def test_arrival_fit_is_the_three_separate_tests(
+        rooms: list[tuple[float, float, bool, float]], demand: float, delta: float,
+        per_block: bool, renyi: bool) -> None:
+    """One pass gives exactly what the retired list and the two fit_order calls give, at the
+    margins (demand equal to the room, within and beyond the slack) included."""
+    accountant = RenyiAccountant() if renyi else BasicAccountant()
+    blocks: dict[str, BlockState] = {}
+    for i, (unspent, unlocked, retired, delta_used) in enumerate(rooms):
+        b = BlockState.new(f"b{i}", 0.0, 1.0, 2e-6, accountant, locked=False)
+        # unspent = global - consumed; what is not unlocked of it is allocated.
+        for k, g in enumerate(b.global_):
+            consumed = g * (1 - min(unspent, 1.0))
+            b.consumed[k] = consumed
+            b.unlocked[k] = min(g * unlocked, g - consumed)
+            b.allocated[k] = g - consumed - b.unlocked[k]
+        b.delta_consumed, b.retired = delta_used, retired
+        blocks[b.block_id] = b
+    events = [Event.epsilon_delta(demand, delta)]
+    dem, ddem = accountant.demand(events)
+    per = {"b0": accountant.demand([Event.epsilon_delta(demand / 2, delta)])[0]} \
+        if per_block else {}
+    claim = ClaimRecord(1, "ann", tuple(blocks), dem, ddem, demand, delta, per_block=per)
+    expected = (any(b.retired for b in blocks.values()),
+                sched.fit_order(accountant, claim, blocks, "unspent") is not None,
+                sched.fit_order(accountant, claim, blocks))
+    assert sched.arrival_fit(accountant, claim, blocks) == expected
