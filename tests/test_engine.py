@@ -360,6 +360,20 @@ def test_new_days_of_data_are_new_blocks_of_the_same_query(
         3.0, 3.0, 1.0, 1.0]
 
 
+def test_materialized_sample_is_stored_in_block_order(rides: Callable[[int], Engine]) -> None:
+    """Queries filter on their blocks' windows: the sample is written in block-column order
+    (DuckDB skips row groups by their min/max) and, on Postgres, indexed on that column."""
+    engine = rides(3)
+    engine.execute("SELECT COUNT(*) FROM rides", epsilon=1.0)
+    (name,) = [r[0] for r in exact(engine, SAMPLES)]
+    times = [r[0] for r in exact(engine, f'SELECT pickup_time FROM chorus_private."{name}"')]
+    assert len(times) > 100 and times == sorted(times)
+    if engine.dialect == "postgres":
+        (index,) = exact(engine, "SELECT indexdef FROM pg_indexes WHERE schemaname = "
+                                 f"'chorus_private' AND tablename = '{name}'")
+        assert "(pickup_time)" in index[0]
+
+
 def test_analysts_cannot_read_the_private_schema(rides: Callable[[int], Engine]) -> None:
     from chorus_py.errors import QueryRefused
 
