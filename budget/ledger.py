@@ -460,7 +460,10 @@ class Ledger:
         rec.arrived_at, rec.deadline, rec.owner = now, now + wait, self.owner
         have = self._load(tx, rec.blocks)
         self._refresh(tx, have, now)
-        any_retired, ever, fits_now = sched.arrival_fit(self.accountant, rec, have)
+        # FCFS leaves the blocks as tested here until the grant below; DPF unlocks budget on
+        # arrival or as time passes, and tests again.
+        fcfs = self.settings.policy == "fcfs"
+        any_retired, ever, fits_now = sched.arrival_fit(self.accountant, rec, have, now=fcfs)
         retired = [b for b in rec.blocks if have[b].retired] if any_retired else []
         never: list[str] = retired
         if not retired and not ever:
@@ -491,10 +494,7 @@ class Ledger:
                 for b in rec.blocks:
                     tx.save_block(have[b])
                 tx.log("unlock", rec.claim_id, {"blocks": moved, "arrival": True}, now)
-            # FCFS leaves the blocks as tested above (DPF unlocks budget on arrival or as time
-            # passes: tested again).
-            self._schedule(tx, now, arriving=(rec, have, fits_now if self.settings.policy == "fcfs"
-                                              else _Fit.UNTESTED))
+            self._schedule(tx, now, arriving=(rec, have, fits_now if fcfs else _Fit.UNTESTED))
             if rec.state == "waiting" and wait <= 0:
                 short = sched.short_blocks(self.accountant, rec, have)
                 self._refuse(tx, rec, now, (

@@ -400,19 +400,21 @@ def fit_order(accountant: Accountant, claim: ClaimRecord, blocks: dict[str, Bloc
     return accountant.fitting_order(demands, avail, globals_)
 
 
-def arrival_fit(accountant: Accountant, claim: ClaimRecord,
-                blocks: dict[str, BlockState]) -> tuple[bool, bool, int | None]:
+def arrival_fit(accountant: Accountant, claim: ClaimRecord, blocks: dict[str, BlockState],
+                now: bool = True) -> tuple[bool, bool, int | None]:
     """What an arriving claim's decision needs: (a block is retired, it fits the unspent budget
     so that it could ever be granted, the order at which it fits the unlocked budget now or
     None).
 
     The same tests as ``fit_order(..., "unspent")`` and ``fit_order(...)``; with basic
     accounting in one pass over the blocks instead of three (a query reads ~90 blocks).
+    ``now=False``: the caller tests the unlocked budget later (it unlocks some first); Rényi
+    accounting then skips that test (None), basic accounting gets it in the same pass anyway.
     """
     if accountant.orders:
         return (any(blocks[b].retired for b in claim.blocks),
                 fit_order(accountant, claim, blocks, "unspent") is not None,
-                fit_order(accountant, claim, blocks))
+                fit_order(accountant, claim, blocks) if now else None)
     per, dd, d0 = claim.per_block, claim.delta_demand, claim.demand[0]
     retired, ever, now = False, True, True
     for b in claim.blocks:

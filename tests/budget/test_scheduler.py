@@ -578,3 +578,6 @@ def test_arrival_fit_is_the_three_separate_tests(
                 sched.fit_order(accountant, claim, blocks, "unspent") is not None,
                 sched.fit_order(accountant, claim, blocks))
     assert sched.arrival_fit(accountant, claim, blocks) == expected
+    # Asked not to test the unlocked budget, Rényi accounting skips it; basic gives it anyway.
+    later = sched.arrival_fit(accountant, claim, blocks, now=False)
+    assert later == ((*expected[:2], None) if renyi else expected)
