@@ -325,6 +325,14 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
     source = flat.args["from_"].this
     if not isinstance(source, exp.Table):
         raise NotSupportedError("the FROM clause must name a table")
+    # The merged query must read exactly the base tables the binding found (analyses.binding):
+    # a CTE that merging dropped (never used) would otherwise leave the query "private" with
+    # another table in its FROM, read under the private table's policy.
+    merged = {t.name for t in flat.find_all(exp.Table)}
+    if merged != set(schema):
+        raise NotSupportedError(
+            "the query names tables it does not read (an unused CTE or subquery?)",
+            hint="remove the CTEs and subqueries the query does not use")
     if flat.args.get("distinct"):
         raise QueryRefused("SELECT DISTINCT releases raw values", hint="use GROUP BY instead")
     return flat

@@ -152,7 +152,7 @@ class SampledQuery:
 def wants_sampling(sql: str, dialect: str, policy: Policy) -> bool:
     """Whether ``sql`` reads a private table (otherwise the analytic path answers it free)."""
     tree = _parse(sql, dialect)
-    tables = _referenced_tables(tree, frozenset(policy.tables))
+    tables = _referenced_tables(tree, frozenset(policy.tables), dialect)
     return any(not policy.tables[t].public for t in tables)
 
 
@@ -162,7 +162,7 @@ def analyze_sampled(sql: str, policy: Policy, dialect: str) -> SampledQuery:
     for node in tree.walk():
         if not isinstance(node, _SAMPLED_ONLY):
             _check_node(node)
-    tables = _referenced_tables(tree, frozenset(policy.tables))
+    tables = _referenced_tables(tree, frozenset(policy.tables), dialect)
     private = [t for t in tables if not policy.tables[t].public]
     if len(tables) > 1 or len(private) != 1:
         raise NotSupportedError("sampled sensitivity answers queries over one private table",

@@ -18,7 +18,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from chorus_py.errors import NotSupportedError, QueryRefused, QuerySyntaxError, UndefinedTable
+from analyses.binding import bind_tables
+from chorus_py.errors import NotSupportedError, QueryRefused, QuerySyntaxError
 
 # Structural nodes any accepted query may contain.
 _STRUCTURE: tuple[type[exp.Expr], ...] = (
@@ -64,13 +65,10 @@ _TIME_UNITS = frozenset({
     "year", "decade", "century", "millennium", "dow", "doy", "epoch", "isodow", "isoyear",
 })
 
-# Names that mark a system catalog, to give a more helpful message than "unknown table".
-_CATALOG_PREFIXES = ("pg_", "information_schema", "duckdb_", "sqlite_", "sys")
-
-
 @dataclass(frozen=True)
 class ParsedStatement:
-    """A single SELECT that passed the allowlists, and the tables it names."""
+    """A single SELECT that passed the allowlists, bound (``analyses.binding``: its CTEs
+    renamed apart from every table), and the base tables it reads."""
 
     tree: exp.Select
     tables: tuple[str, ...]
@@ -109,8 +107,10 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
         )
     for node in tree.walk():
         _check_node(node)
-    tables = _referenced_tables(tree, known_tables)
-    return ParsedStatement(tree=tree, tables=tables)
+    # Names are bound by scope, and the binding is written into the tree (CTEs renamed), so
+    # every later pass reads the same tables (analyses.binding).
+    bound = bind_tables(tree, dialect, known_tables)
+    return ParsedStatement(tree=bound.tree, tables=bound.tables)
 
 
 def check_row_expression(node: exp.Expr, where: str) -> None:
@@ -205,37 +205,10 @@ def _check_node(node: exp.Expr) -> None:
     raise QueryRefused(f"SQL construct {name} is not allowed", hint="see the allowed SQL in README")
 
 
-def _referenced_tables(tree: exp.Select, known: frozenset[str]) -> tuple[str, ...]:
-    cte_names = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-    names: list[str] = []
-    for table in tree.find_all(exp.Table):
-        name = table.name.lower()
-        qualifier = (table.args.get("db") or table.args.get("catalog"))
-        if qualifier is not None or name.startswith(_CATALOG_PREFIXES):
-            full = table.sql()
-            if name.startswith(_CATALOG_PREFIXES) or "catalog" in full.lower() or (
-                qualifier is not None and qualifier.name.lower().startswith(_CATALOG_PREFIXES)
-            ):
-                raise QueryRefused(
-                    f"system catalogs are not available ({full})",
-                    hint="the proxy exposes only the tables of its policy",
-                )
-            raise QueryRefused(
-                f"schema-qualified table names are not allowed ({full})",
-                hint=f"use the bare name '{name}'",
-            )
-        if name in cte_names:
-            continue
-        if name not in known:
-            raise UndefinedTable(
-                f"unknown table '{name}'",
-                hint="the policy declares: " + ", ".join(sorted(known)),
-            )
-        if name not in names:
-            names.append(name)
-    if not names:
-        raise QueryRefused("the query reads no table", hint="add FROM <table>")
-    return tuple(names)
+def _referenced_tables(tree: exp.Select, known: frozenset[str],
+                       dialect: str) -> tuple[str, ...]:
+    """The base tables ``tree`` reads, bound by scope (``analyses.binding``)."""
+    return bind_tables(tree, dialect, known).tables
 
 
 def _statement_kind(tree: exp.Expr) -> str:
