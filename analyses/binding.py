@@ -186,3 +186,18 @@ def _cross_check(normal: exp.Select, targets: dict[int, tuple[str, str]]) -> Non
     if seen != len(targets):
         raise QueryRefused("the query's table references could not be bound",
                            hint="simplify the query")
+
+
+def generated_sql(tree: exp.Select, tables: tuple[str, ...], dialect: str, schema: str) -> str:
+    """The SQL that runs for a bound statement: generated from its tree, never the analyst's
+    text, with every base table qualified by the schema the proxy reads (``schema``), so a
+    name can denote nothing but what the binding said.  ``tree`` is ``Bound.tree`` and
+    ``tables`` its ``Bound.tables``."""
+    out = tree.copy()
+    for table in out.find_all(exp.Table):
+        if is_cte_name(table.name):
+            continue
+        if table.name not in tables:  # binding named every base table: never expected
+            raise QueryRefused(f"the table reference '{table.name}' was not bound")
+        table.set("db", exp.to_identifier(schema, quoted=True))
+    return out.sql(dialect)

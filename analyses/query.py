@@ -229,7 +229,8 @@ class AggregateQuery:
 
 @dataclass(frozen=True)
 class PublicQuery:
-    """A query that reads public tables only: forwarded as is, free of charge."""
+    """A query that reads public tables only: answered exactly, free of charge, by SQL generated
+    from its bound tree (``analyses.binding.generated_sql``)."""
 
     tree: exp.Select
     tables: tuple[str, ...]

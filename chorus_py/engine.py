@@ -32,7 +32,9 @@ from typing import Any, Generic, Literal, TypeVar
 import duckdb
 import numpy as np
 
+from analyses.binding import generated_sql
 from analyses.blocks import BlocksRead, blocks_read
+from analyses.outgoing import Release, check_outgoing, rules_from_policy
 from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
 from analyses.validate import TOO_DEEP, parse_statement
 from budget.accounting import Event, events_for_plan
@@ -162,6 +164,15 @@ class Engine:
             raise
         self.public_columns = {t: live[t] for t, tp in policy.tables.items() if tp.public}
         try:
+            # The schema table_columns read: the generated SQL names every table in it.
+            self.schema = str(self.backend.run("SELECT current_schema()").rows[0][0])
+        except BaseException:
+            self.backend.close()
+            raise
+        self._outgoing = rules_from_policy(policy, self.schema, SCHEMA)
+        # Statements the outgoing check passed (wall 4), by text: checked once per shape.
+        self._verified: _LRU[tuple[str, str], bool] = _LRU(4096)
+        try:
             self.ledger = ledger or open_ledger(policy.privacy, policy.source, policy.analysts)
         except BaseException as err:
             self.backend.close()
@@ -264,7 +275,9 @@ class Engine:
                 return sampled
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
-            result = self._run(analysis.tree.sql(self.dialect), touched_charge=None)
+            public_sql = generated_sql(analysis.tree, analysis.tables, self.dialect, self.schema)
+            self.verify_outgoing(public_sql, "exact")
+            result = self._run(public_sql, touched_charge=None)
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
@@ -398,7 +411,9 @@ class Engine:
         unit for thresholded keys) are chosen.  ``reused``: they were chosen by an earlier
         identical query (privacy.choice_reuse_seconds), so no epsilon goes to choosing them."""
         if query.join is not None:
-            return prepare_join(self, query, analyst, epsilon, delta)
+            joined = prepare_join(self, query, analyst, epsilon, delta)
+            self.verify_outgoing(joined.sql, self._release())
+            return joined
         reads, restriction = self._blocks(query)
         sample = None
         if query.table_policy.multi_attribution:
@@ -435,8 +450,14 @@ class Engine:
             prepared = _Prepared(prepared.query, prepared.plan, reads, prepared.rewritten,
                                  prepared.sql, report, restriction, sample,
                                  cap_epsilon if cap is None else 0.0)
+            # Before it is cached, so before any claim: a refused statement costs nothing.
+            self.verify_outgoing(prepared.sql, self._release())
             self._prepared.put(key, prepared)
         return prepared.for_analyst(analyst)
+
+    def _release(self) -> Release:
+        """How an answer's statement is released: noised in SQL or by the proxy."""
+        return "noised_in_sql" if self.policy.privacy.noise == "sql" else "noised_by_proxy"
 
     def _prepare_reusing(self, query: AggregateQuery, analyst: str, epsilon: float,
                          delta: float) -> tuple[_Prepared, tuple[object, ...]]:
@@ -536,6 +557,7 @@ class Engine:
         sql = self._histograms.get(key)
         if sql is None:  # the histogram's SQL depends only on the query: build it once
             sql = dialect(build(), self.dialect).sql(self.dialect)
+            self.verify_outgoing(sql, "noised_by_proxy")  # the engine noises it below
             self._histograms.put(key, sql)
         exact = np.zeros(size)
         for index, value in self._run(sql, touched_charge=claim).rows:
@@ -593,6 +615,16 @@ class Engine:
                                              reads.separate_runs))
             self._reads.put(key, found)
         return found
+
+    def verify_outgoing(self, sql: str, release: Release) -> None:
+        """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
+        InternalError if it reads a private table outside the bounding-and-noise structure.
+        Every statement derived from analyst SQL passes here before the backend sees it."""
+        key = (sql, release)
+        if key in self._verified:
+            return
+        check_outgoing(sql, self.dialect, self._outgoing, release)
+        self._verified.put(key, True)
 
     def _run(self, sql: str, touched_charge: Any) -> ResultSet:
         try:

@@ -376,6 +376,7 @@ class RandomDP:
         query = analyze_sampled(sql, engine.policy, engine.dialect)
         reads, where = self._blocks(query)
         backend_sql = self._backend_sql(query, where)
+        engine.verify_outgoing(backend_sql, "noised_by_proxy")  # before any claim
         if reads is not None and not reads.ids:
             return _ClaimRequest(self._unread_report(query, analyst, backend_sql), reads,
                                  None), query, backend_sql
@@ -479,7 +480,9 @@ class RandomDP:
                 f"the reference table '{table}' has no column '{missing[0]}'",
                 hint="the reference table needs every column the query reads")
         cols = ", ".join(f'"{c}"' for c in query.columns)
-        rows = self.engine._run(f'SELECT {cols} FROM "{table}"', touched_charge=None).rows
+        sql = f'SELECT {cols} FROM "{table}"'
+        self.engine.verify_outgoing(sql, "exact")  # a public reference table
+        rows = self.engine._run(sql, touched_charge=None).rows
         if len(rows) < 1:
             raise QueryRefused(f"the reference table '{table}' is empty")
         return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in rows]

@@ -1,0 +1,430 @@
+"""The outgoing verifier (DESIGN.md section 11, wall 4): a last, separate look at the SQL itself.
+
+Everything before it (binding, analysis, rewriting) decides what the database may read; this
+module only re-reads the final statement, the exact text that is about to run, and checks that a
+private table is read nowhere but inside the structure the rewriter emits.  It shares no code
+with the binding or the rewriter, so a bug there is not repeated here.  A statement that fails
+is never run (the engine raises InternalError "refused by the outgoing check").
+
+The structure, for every reference to a private table T (or to its stored bounded sample in the
+proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
+
+1. *Binding.*  Names are resolved by scope in the statement; a CTE may not carry the name of a
+   table (declared or referenced), so no CTE can stand in for a table or the other way round.
+   Every base table is declared in the policy (bare, or in the proxy's own schema) or is a
+   sample in the private schema; anything else is refused.
+2. *Direct read.*  T is a source (FROM / JOIN) of a SELECT, and when the policy gives T a block
+   column, that SELECT's WHERE restricts it to literal windows (``lo <= a.col AND a.col < hi``,
+   or an OR of such windows): the claimed blocks.
+3. *Aggregation barrier.*  Some SELECT on the way up from T aggregates (GROUP BY or a plain
+   aggregate).  The first one, the barrier, has no HAVING, ORDER, LIMIT, OFFSET or DISTINCT and
+   no subquery outside its FROM; its aggregates are COUNT, SUM, AVG, VARIANCE or STDDEV; each of
+   its outputs is a GROUP BY expression or reads columns only inside aggregates.  So nothing of
+   T leaves the barrier but aggregates and group keys.
+4. *Contribution bounding* (T has a privacy unit and is read directly, not through its sample):
+   between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` and, above it,
+   a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
+   rows grouped by the unit then only counted, or each row weighted by
+   ``1 / COUNT(*) OVER (PARTITION BY unit)``.
+5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
+   ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
+   only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
+   expression with RANDOM() (noise), every barrier lies inside E, and E is the barrier itself or
+   the public-values grid LEFT JOIN the barrier.  Keys that come from rows (not from the grid)
+   need a ``noisy column > literal`` threshold in the outer WHERE.  A statement whose exact
+   result goes to the proxy's noise (``noised_by_proxy``: answers in proxy mode, selection
+   histograms, sampled sensitivity) needs 1-4 only; one released exactly (``exact``: public
+   queries) may read no private table at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from chorus_py.errors import InternalError
+from chorus_py.policy import Policy
+
+log = logging.getLogger("chorus.outgoing")
+
+Release = Literal["exact", "noised_in_sql", "noised_by_proxy"]
+
+NOISY = "chorus_noisy"       # the rewriter's noise CTE (rewriters.pipeline.NOISY)
+EXACT = "chorus_exact"       # its source (rewriters.noise)
+_SAMPLE_MARKERS = ("__bounded_", "__attr_")
+_BARRIER_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev,
+                       exp.StddevPop, exp.StddevSamp)
+_FORBIDDEN_IN_BARRIER = ("having", "order", "limit", "offset", "distinct", "qualify")
+
+
+@dataclass(frozen=True)
+class PrivateTable:
+    """What the verifier needs of a private table: its unit and block columns (or None)."""
+
+    unit: str | None
+    block: str | None
+
+
+@dataclass(frozen=True)
+class OutgoingRules:
+    """The policy as the verifier sees it."""
+
+    public: frozenset[str]
+    private: Mapping[str, PrivateTable]
+    schema: str | None          # the proxy's default schema (bare names resolve in it)
+    private_schema: str         # the proxy's own schema of stored samples
+
+
+class Refused(Exception):
+    """The statement breaks the structure; the message says which rule."""
+
+
+def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release) -> None:
+    """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
+    tables only inside the bounding-and-noise structure (module docstring)."""
+    try:
+        verify(sql, dialect, rules, release)
+    except Refused as err:
+        log.error("refused by the outgoing check (%s): %s", err, sql)
+        raise InternalError(
+            f"refused by the outgoing check: {err}; nothing ran and nothing was charged",
+            hint="this is a bug in the proxy: please report the query") from None
+
+
+def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release) -> None:
+    """``check_outgoing`` without logging: raises Refused naming the broken rule."""
+    try:
+        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+    except (ParseError, TokenError, RecursionError) as err:
+        raise Refused(f"the statement does not parse ({type(err).__name__})") from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        raise Refused("the statement is not exactly one SELECT")
+    tree = statements[0]
+    reads = _base_tables(tree, rules)
+    private = [(t, name) for t, name in reads if name not in rules.public]
+    if not private:
+        return
+    if release == "exact":
+        raise Refused(f"a statement released without noise reads private table '{private[0][1]}'")
+    barriers = [_check_private_read(t, name, rules) for t, name in private]
+    if release == "noised_in_sql":
+        _check_noise(tree, barriers)
+
+
+# -- 1. binding ------------------------------------------------------------------------------
+def _base_tables(tree: exp.Select, rules: OutgoingRules) -> list[tuple[exp.Table, str]]:
+    """Every base table reference with the declared table it reads (a sample: its table)."""
+    refs: list[exp.Table] = []
+    cte_names: set[str] = set()
+
+    def visit(node: exp.Expr, env: frozenset[str]) -> None:
+        with_ = node.args.get("with_")
+        if isinstance(with_, exp.With):
+            if with_.args.get("recursive"):
+                raise Refused("WITH RECURSIVE")
+            names = set(env)
+            for cte in with_.expressions:
+                visit(cte.this, frozenset(names))
+                name = cte.alias_or_name.lower()
+                cte_names.add(name)
+                names.add(name)
+            env = frozenset(names)
+        if isinstance(node, exp.Table):
+            if not isinstance(node.this, exp.Identifier):
+                raise Refused(f"a table function ({node.sql()})")
+            qualified = node.args.get("db") is not None or node.args.get("catalog") is not None
+            if qualified or node.name.lower() not in env:
+                refs.append(node)
+            return
+        for key, value in node.args.items():
+            if key == "with_":
+                continue
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, exp.Expr):
+                    visit(child, env)
+
+    visit(tree, frozenset())
+    declared = set(rules.public) | set(rules.private)
+    shadowed = cte_names & ({n.lower() for n in declared} | {t.name.lower() for t in refs})
+    if shadowed:
+        raise Refused(f"a CTE is named like a table ({sorted(shadowed)[0]})")
+    out = []
+    for table in refs:
+        out.append((table, _declared(table, rules)))
+    return out
+
+
+def _declared(table: exp.Table, rules: OutgoingRules) -> str:
+    if table.args.get("catalog") is not None:
+        raise Refused(f"a catalog-qualified table ({table.sql()})")
+    db = table.args.get("db")
+    name = table.name
+    if db is not None and db.name == rules.private_schema:
+        for marker in _SAMPLE_MARKERS:
+            base = name.split(marker)[0]
+            if marker in name and base in rules.private:
+                return base
+        raise Refused(f"an unknown relation of the private schema ({table.sql()})")
+    if db is not None and db.name != rules.schema:
+        raise Refused(f"a table of another schema ({table.sql()})")
+    if name in rules.public or name in rules.private:
+        return name
+    raise Refused(f"a table the policy does not declare ({table.sql()})")
+
+
+# -- 2-4. one private read -------------------------------------------------------------------
+def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules) -> exp.Select:
+    """Check rules 2-4 for one reference; return its barrier."""
+    chain = _select_ancestors(table)
+    reader = chain[0] if chain else None
+    holder = table.parent
+    if reader is None or not isinstance(holder, exp.From | exp.Join) or holder.parent is not reader:
+        raise Refused(f"private table '{name}' is not read as a source of a SELECT")
+    alias = table.alias_or_name
+    spec = rules.private[name]
+    if spec.block is not None and not _restricted(reader.args.get("where"), alias, spec.block):
+        raise Refused(f"private table '{name}' is read without the block restriction on "
+                      f"{spec.block}")
+    index = next((i for i, s in enumerate(chain) if _aggregates(s)), None)
+    if index is None:
+        raise Refused(f"private table '{name}' is read outside any aggregation")
+    barrier = chain[index]
+    _check_barrier(barrier, name)
+    sample = table.args.get("db") is not None
+    if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
+        raise Refused(f"private table '{name}' is read without contribution bounding per "
+                      f"{spec.unit}")
+    return barrier
+
+
+def _select_ancestors(node: exp.Expr) -> list[exp.Select]:
+    out = []
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, exp.Select):
+            out.append(parent)
+        parent = parent.parent
+    return out
+
+
+def _local(node: exp.Expr) -> Iterator[exp.Expr]:
+    """The nodes of ``node`` not inside a nested SELECT."""
+    yield node
+    for child in node.iter_expressions():
+        if isinstance(child, exp.Select | exp.Subquery):
+            continue
+        yield from _local(child)
+
+
+def _plain_aggregates(node: exp.Expr) -> list[exp.Expr]:
+    return [n for n in _local(node) if isinstance(n, exp.AggFunc)
+            and not isinstance(n.parent, exp.Window)]
+
+
+def _aggregates(select: exp.Select) -> bool:
+    return select.args.get("group") is not None or any(
+        _plain_aggregates(p) for p in select.expressions)
+
+
+def _check_barrier(barrier: exp.Select, name: str) -> None:
+    for arg in _FORBIDDEN_IN_BARRIER:
+        if barrier.args.get(arg):
+            raise Refused(f"the aggregation over '{name}' has {arg.upper()}")
+    for arg in ("expressions", "where", "group"):
+        value = barrier.args.get(arg)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, exp.Expr) and item.find(exp.Select) is not None:
+                raise Refused(f"the aggregation over '{name}' has a subquery in {arg}")
+    group = barrier.args.get("group")
+    keys = {k.sql() for k in group.expressions} if group is not None else set()
+    for item in barrier.expressions:
+        value = item.this if isinstance(item, exp.Alias) else item
+        if value.sql() in keys:
+            continue
+        aggs = _plain_aggregates(value)
+        for agg in aggs:
+            if not isinstance(agg, _BARRIER_AGGREGATES):
+                raise Refused(f"the aggregation over '{name}' uses {agg.sql_name()}")
+        inside = {id(n) for agg in aggs for n in agg.walk()}
+        if any(isinstance(n, exp.Column | exp.Star | exp.Window) and id(n) not in inside
+               for n in _local(value)):
+            raise Refused(f"the aggregation over '{name}' outputs a value that is neither "
+                          f"aggregated nor a group key ({value.sql()[:80]})")
+
+
+def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
+    below = chain[: barrier + 1]
+    for i, select in enumerate(below):
+        for item in select.expressions:
+            if not isinstance(item, exp.Alias):
+                continue
+            if isinstance(item.this, exp.Window) and isinstance(item.this.this, exp.RowNumber) \
+                    and _partitioned_by(item.this, unit) and any(
+                        _rank_filter(s.args.get("where"), item.alias) for s in below[i + 1:]):
+                return True
+            if any(isinstance(d, exp.Div) and isinstance(d.expression, exp.Window)
+                   and isinstance(d.expression.this, exp.Count)
+                   and _partitioned_by(d.expression, unit) for d in _local(item.this)):
+                return True  # each unit's rows weigh 1 in all (value histograms)
+        group = select.args.get("group")
+        if group is not None and any(isinstance(k, exp.Column) and k.name == unit
+                                     for k in group.expressions):
+            # Grouped by the unit, then only counted: each unit adds 1 to one bin above.
+            above = chain[i + 1:]
+            if above and all(isinstance(a, exp.Count) for s in above
+                             for p in s.expressions for a in _plain_aggregates(p)) \
+                    and any(_aggregates(s) for s in above):
+                return True
+    return False
+
+
+def _partitioned_by(window: exp.Window, unit: str) -> bool:
+    parts = window.args.get("partition_by") or []
+    return any(isinstance(p, exp.Column) and p.name == unit for p in parts)
+
+
+def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    if node is None:
+        return []
+    if isinstance(node, exp.Where | exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _rank_filter(where: exp.Expr | None, rank: str) -> bool:
+    return any(isinstance(c, exp.LTE) and isinstance(c.this, exp.Column) and c.this.name == rank
+               and isinstance(c.expression, exp.Literal) and c.expression.is_int
+               for c in _conjuncts(where))
+
+
+def _restricted(where: exp.Expr | None, alias: str, column: str) -> bool:
+    """Whether WHERE ANDs a literal window [lo, hi) of ``alias.column`` (or an OR of them)."""
+    conjuncts = _conjuncts(where)
+    if _window(conjuncts, alias, column):
+        return True
+    for c in conjuncts:
+        inner = c.this if isinstance(c, exp.Paren) else c
+        if isinstance(inner, exp.Or):
+            alternatives = _disjuncts(inner)
+            if alternatives and all(_window(_conjuncts(a), alias, column) for a in alternatives):
+                return True
+    return False
+
+
+def _disjuncts(node: exp.Expr) -> list[exp.Expr]:
+    if isinstance(node, exp.Paren):
+        return _disjuncts(node.this)
+    if isinstance(node, exp.Or):
+        return _disjuncts(node.this) + _disjuncts(node.expression)
+    return [node]
+
+
+def _window(conjuncts: list[exp.Expr], alias: str, column: str) -> bool:
+    def is_col(n: exp.Expr) -> bool:
+        return isinstance(n, exp.Column) and n.name == column and n.table == alias
+
+    def is_lit(n: exp.Expr) -> bool:
+        return isinstance(n, exp.Literal) or (isinstance(n, exp.Cast)
+                                              and isinstance(n.this, exp.Literal))
+
+    low = any(isinstance(c, exp.LTE) and is_lit(c.this) and is_col(c.expression)
+              for c in conjuncts)
+    high = any(isinstance(c, exp.LT) and is_col(c.this) and is_lit(c.expression)
+               for c in conjuncts)
+    return low and high
+
+
+# -- 5. noise --------------------------------------------------------------------------------
+def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
+    with_ = tree.args.get("with_")
+    ctes = with_.expressions if isinstance(with_, exp.With) else []
+    if len(ctes) != 1 or ctes[0].alias_or_name != NOISY or not ctes[0].args.get("materialized"):
+        raise Refused(f"the answer is not computed from one MATERIALIZED {NOISY}")
+    source = tree.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) \
+            or source.this.name != NOISY or tree.args.get("joins") \
+            or source.this.args.get("db") is not None:
+        raise Refused(f"the answer reads something other than {NOISY}")
+    noisy = ctes[0].this
+    outside = [s for s in tree.find_all(exp.Select) if s is not tree
+               and not any(a is noisy for a in [s, *_select_ancestors(s)])]
+    if outside:
+        raise Refused("the answer has a subquery outside the noise")
+    if not isinstance(noisy, exp.Select) or any(
+            noisy.args.get(a) for a in ("joins", "where", "group", "having", "with_")):
+        raise Refused(f"{NOISY} is not a plain projection")
+    inner = noisy.args["from_"].this if noisy.args.get("from_") else None
+    if not isinstance(inner, exp.Subquery) or inner.alias != EXACT \
+            or not isinstance(inner.this, exp.Select):
+        raise Refused(f"{NOISY} does not read ({EXACT})")
+    exact = inner.this
+    for barrier in barriers:
+        if barrier is not exact and not _grid_over(exact, barrier):
+            raise Refused("an aggregation of a private table is not the exact measurements "
+                          "the noise reads")
+    passed: list[str] = []
+    noised: set[str] = set()
+    for item in noisy.expressions:
+        value = item.this if isinstance(item, exp.Alias) else item
+        if any(c.table != EXACT for c in value.find_all(exp.Column)):
+            raise Refused(f"{NOISY} reads a column that is not one of {EXACT}")
+        if isinstance(value, exp.Column):
+            passed.append(value.name)
+        elif value.find(exp.Rand) is not None:
+            noised.add(item.alias_or_name)
+        else:
+            raise Refused(f"{NOISY} outputs {item.alias_or_name} without noise")
+    from_rows = [k for k in passed if not _public_key(exact, k)]
+    if from_rows:
+        where = tree.args.get("where")
+        gate = any(isinstance(c, exp.GT) and isinstance(c.this, exp.Column)
+                   and c.this.name in noised and isinstance(c.expression, exp.Literal)
+                   for c in _conjuncts(where))
+        if not gate:
+            raise Refused(f"group key {from_rows[0]} comes from private rows but is released "
+                          "without the noisy threshold")
+
+
+def _grid_over(exact: exp.Select, barrier: exp.Select) -> bool:
+    """``exact`` is ``grid LEFT JOIN (barrier) AS e``, the grid made of literal VALUES."""
+    joins = exact.args.get("joins") or []
+    if len(joins) != 1 or exact.args.get("where") or exact.args.get("group"):
+        return False
+    join = joins[0]
+    grid = exact.args["from_"].this if exact.args.get("from_") else None
+    return (join.side or "").upper() == "LEFT" and isinstance(join.this, exp.Subquery) \
+        and join.this.this is barrier and grid is not None and grid.find(exp.Table) is None \
+        and not any(isinstance(s, exp.Select) and s.find(exp.Table) for s in [grid])
+
+
+def _public_key(exact: exp.Select, key: str) -> bool:
+    """Whether output ``key`` of ``exact`` is a column of a table-free source (the grid)."""
+    item = next((i for i in exact.expressions if i.alias_or_name == key), None)
+    value = item.this if isinstance(item, exp.Alias) else item
+    if not isinstance(value, exp.Column):
+        return False
+    sources = [exact.args["from_"].this] if exact.args.get("from_") else []
+    sources += [j.this for j in exact.args.get("joins") or []]
+    return any(s.alias_or_name == value.table and s.find(exp.Table) is None for s in sources)
+
+
+def rules_from_policy(policy: Policy, schema: str | None, private_schema: str) -> OutgoingRules:
+    """The verifier's view of ``policy``: public tables, and each private table's unit and
+    block columns (a table whose rows belong to several units is read only through its stored
+    set, in ``private_schema``, which the rules treat as bounded)."""
+    public = frozenset(name for name, tp in policy.tables.items() if tp.public)
+    private = {}
+    for name, tp in policy.tables.items():
+        if tp.public:
+            continue
+        unit = tp.privacy_unit if isinstance(tp.privacy_unit, str) else None
+        private[name] = PrivateTable(unit, tp.block.column if tp.block is not None else None)
+    return OutgoingRules(public, private, schema, private_schema)
