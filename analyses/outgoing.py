@@ -33,7 +33,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    the public-values grid LEFT JOIN the barrier.  Keys that come from rows (not from the grid)
    need a ``noisy column > literal`` threshold in the outer WHERE.  A statement whose exact
    result goes to the proxy's noise (``noised_by_proxy``: answers in proxy mode, selection
-   histograms, sampled sensitivity) needs 1-4 only; one released exactly (``exact``: public
+   histograms; ``sampled`` for sampled sensitivity, which may also take percentiles) needs 1-4
+   only; one released exactly (``exact``: public
    queries) may read no private table at all.
 """
 
@@ -53,13 +54,18 @@ from chorus_py.policy import Policy
 
 log = logging.getLogger("chorus.outgoing")
 
-Release = Literal["exact", "noised_in_sql", "noised_by_proxy"]
+Release = Literal["exact", "noised_in_sql", "noised_by_proxy", "sampled"]
 
 NOISY = "chorus_noisy"       # the rewriter's noise CTE (rewriters.pipeline.NOISY)
 EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
-_BARRIER_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev,
-                       exp.StddevPop, exp.StddevSamp)
+_BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
+    exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
+    exp.StddevSamp)
+# Sampled sensitivity (``chorus_py.random_dp``) calibrates the noise of any statistic from
+# samples, percentiles included.
+_SAMPLED_AGGREGATES = (*_BARRIER_AGGREGATES, exp.Median, exp.PercentileCont,
+                       exp.PercentileDisc, exp.Quantile)
 _FORBIDDEN_IN_BARRIER = ("having", "order", "limit", "offset", "distinct", "qualify")
 
 
@@ -85,11 +91,13 @@ class Refused(Exception):
     """The statement breaks the structure; the message says which rule."""
 
 
-def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release) -> None:
+def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
+                   tables: frozenset[str]) -> None:
     """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
-    tables only inside the bounding-and-noise structure (module docstring)."""
+    tables only inside the bounding-and-noise structure (module docstring) and reads no
+    private table outside ``tables``, those the analysis said the query reads."""
     try:
-        verify(sql, dialect, rules, release)
+        verify(sql, dialect, rules, release, tables)
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
@@ -97,7 +105,8 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
             hint="this is a bug in the proxy: please report the query") from None
 
 
-def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release) -> None:
+def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
+           tables: frozenset[str]) -> None:
     """``check_outgoing`` without logging: raises Refused naming the broken rule."""
     try:
         statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
@@ -110,9 +119,13 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release) -> No
     private = [(t, name) for t, name in reads if name not in rules.public]
     if not private:
         return
+    extra = sorted({name for _, name in private} - tables)
+    if extra:
+        raise Refused(f"private table '{extra[0]}' is read but the analysis did not say so")
     if release == "exact":
         raise Refused(f"a statement released without noise reads private table '{private[0][1]}'")
-    barriers = [_check_private_read(t, name, rules) for t, name in private]
+    allowed = _SAMPLED_AGGREGATES if release == "sampled" else _BARRIER_AGGREGATES
+    barriers = [_check_private_read(t, name, rules, allowed) for t, name in private]
     if release == "noised_in_sql":
         _check_noise(tree, barriers)
 
@@ -179,7 +192,8 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
 
 
 # -- 2-4. one private read -------------------------------------------------------------------
-def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules) -> exp.Select:
+def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
+                        allowed: tuple[type[exp.Expr], ...]) -> exp.Select:
     """Check rules 2-4 for one reference; return its barrier."""
     chain = _select_ancestors(table)
     reader = chain[0] if chain else None
@@ -195,7 +209,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules) -> ex
     if index is None:
         raise Refused(f"private table '{name}' is read outside any aggregation")
     barrier = chain[index]
-    _check_barrier(barrier, name)
+    _check_barrier(barrier, name, allowed)
     sample = table.args.get("db") is not None
     if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
@@ -232,7 +246,7 @@ def _aggregates(select: exp.Select) -> bool:
         _plain_aggregates(p) for p in select.expressions)
 
 
-def _check_barrier(barrier: exp.Select, name: str) -> None:
+def _check_barrier(barrier: exp.Select, name: str, allowed: tuple[type[exp.Expr], ...]) -> None:
     for arg in _FORBIDDEN_IN_BARRIER:
         if barrier.args.get(arg):
             raise Refused(f"the aggregation over '{name}' has {arg.upper()}")
@@ -249,9 +263,11 @@ def _check_barrier(barrier: exp.Select, name: str) -> None:
             continue
         aggs = _plain_aggregates(value)
         for agg in aggs:
-            if not isinstance(agg, _BARRIER_AGGREGATES):
+            if not isinstance(agg, allowed):
                 raise Refused(f"the aggregation over '{name}' uses {agg.sql_name()}")
-        inside = {id(n) for agg in aggs for n in agg.walk()}
+        # PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY x): x is under the WITHIN GROUP.
+        inside = {id(n) for agg in aggs for n in (
+            agg.parent if isinstance(agg.parent, exp.WithinGroup) else agg).walk()}
         if any(isinstance(n, exp.Column | exp.Star | exp.Window) and id(n) not in inside
                for n in _local(value)):
             raise Refused(f"the aggregation over '{name}' outputs a value that is neither "

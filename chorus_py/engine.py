@@ -18,6 +18,7 @@ rows is charged (the data was touched) and reported without any data value in th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import sqlite3
@@ -171,7 +172,7 @@ class Engine:
             raise
         self._outgoing = rules_from_policy(policy, self.schema, SCHEMA)
         # Statements the outgoing check passed (wall 4), by text: checked once per shape.
-        self._verified: _LRU[tuple[str, str], bool] = _LRU(4096)
+        self._verified: _LRU[tuple[object, ...], bool] = _LRU(4096)
         try:
             self.ledger = ledger or open_ledger(policy.privacy, policy.source, policy.analysts)
         except BaseException as err:
@@ -276,7 +277,7 @@ class Engine:
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
             public_sql = generated_sql(analysis.tree, analysis.tables, self.dialect, self.schema)
-            self.verify_outgoing(public_sql, "exact")
+            self.verify_outgoing(public_sql, "exact", analysis.tables)
             result = self._run(public_sql, touched_charge=None)
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
@@ -412,7 +413,7 @@ class Engine:
         identical query (privacy.choice_reuse_seconds), so no epsilon goes to choosing them."""
         if query.join is not None:
             joined = prepare_join(self, query, analyst, epsilon, delta)
-            self.verify_outgoing(joined.sql, self._release())
+            self.verify_outgoing(joined.sql, self._release(), query.tables)
             return joined
         reads, restriction = self._blocks(query)
         sample = None
@@ -451,7 +452,7 @@ class Engine:
                                  prepared.sql, report, restriction, sample,
                                  cap_epsilon if cap is None else 0.0)
             # Before it is cached, so before any claim: a refused statement costs nothing.
-            self.verify_outgoing(prepared.sql, self._release())
+            self.verify_outgoing(prepared.sql, self._release(), query.tables)
             self._prepared.put(key, prepared)
         return prepared.for_analyst(analyst)
 
@@ -557,7 +558,8 @@ class Engine:
         sql = self._histograms.get(key)
         if sql is None:  # the histogram's SQL depends only on the query: build it once
             sql = dialect(build(), self.dialect).sql(self.dialect)
-            self.verify_outgoing(sql, "noised_by_proxy")  # the engine noises it below
+            # The engine noises it below.
+            self.verify_outgoing(sql, "noised_by_proxy", prepared.query.tables)
             self._histograms.put(key, sql)
         exact = np.zeros(size)
         for index, value in self._run(sql, touched_charge=claim).rows:
@@ -616,14 +618,16 @@ class Engine:
             self._reads.put(key, found)
         return found
 
-    def verify_outgoing(self, sql: str, release: Release) -> None:
+    def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = ()) -> None:
         """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
-        InternalError if it reads a private table outside the bounding-and-noise structure.
-        Every statement derived from analyst SQL passes here before the backend sees it."""
-        key = (sql, release)
+        InternalError if it reads a private table outside the bounding-and-noise structure,
+        or one not among ``tables`` (those its analysis reads).  Every statement derived from
+        analyst SQL passes here before the backend sees it."""
+        # A digest of the text, not the text (several kB per statement), as the cache key.
+        key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, *sorted(tables))
         if key in self._verified:
             return
-        check_outgoing(sql, self.dialect, self._outgoing, release)
+        check_outgoing(sql, self.dialect, self._outgoing, release, frozenset(tables))
         self._verified.put(key, True)
 
     def _run(self, sql: str, touched_charge: Any) -> ResultSet:

@@ -376,7 +376,7 @@ class RandomDP:
         query = analyze_sampled(sql, engine.policy, engine.dialect)
         reads, where = self._blocks(query)
         backend_sql = self._backend_sql(query, where)
-        engine.verify_outgoing(backend_sql, "noised_by_proxy")  # before any claim
+        engine.verify_outgoing(backend_sql, "sampled", (query.table,))  # before any claim
         if reads is not None and not reads.ids:
             return _ClaimRequest(self._unread_report(query, analyst, backend_sql), reads,
                                  None), query, backend_sql
@@ -481,7 +481,7 @@ class RandomDP:
                 hint="the reference table needs every column the query reads")
         cols = ", ".join(f'"{c}"' for c in query.columns)
         sql = f'SELECT {cols} FROM "{table}"'
-        self.engine.verify_outgoing(sql, "exact")  # a public reference table
+        self.engine.verify_outgoing(sql, "exact", (table,))  # a public reference table
         rows = self.engine._run(sql, touched_charge=None).rows
         if len(rows) < 1:
             raise QueryRefused(f"the reference table '{table}' is empty")
