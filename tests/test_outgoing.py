@@ -213,3 +213,15 @@ def test_verifier_cost(engine: Engine) -> None:
     p50 = statistics.median(times)
     print(f"outgoing check p50 {p50 * 1000:.2f} ms ({engine.dialect})")
     assert p50 < 0.5  # about 30 ms on an idle core, two thirds of it parsing
+
+
+def test_the_attack_text_would_be_stopped_even_without_binding(engine: Engine) -> None:
+    """Were the analyst's text of the CTE attack run as a public query (the old behaviour),
+    the verifier would refuse it on its own: it reads trips, and a CTE carries a table's name."""
+    attack = ("SELECT x.rider_id, x.fare FROM trips x, "
+              "(WITH trips AS (SELECT 1 AS a FROM cities) SELECT a FROM trips) s")
+    with pytest.raises(Refused, match="CTE is named like a table"):
+        _check(engine, attack, "exact", frozenset({"cities"}))
+    renamed = attack.replace("WITH trips", "WITH c").replace("FROM trips) s", "FROM c) s")
+    with pytest.raises(Refused, match="private table 'trips'"):
+        _check(engine, renamed, "exact", frozenset({"cities"}))
