@@ -101,7 +101,7 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
-            f"refused by the outgoing check: {err}; nothing ran and nothing was charged",
+            f"refused by the outgoing check: {err}; the statement did not run",
             hint="this is a bug in the proxy: please report the query") from None
 
 
