@@ -202,7 +202,10 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
         raise Refused(f"private table '{name}' is not read as a source of a SELECT")
     alias = table.alias_or_name
     spec = rules.private[name]
-    if spec.block is not None and not _restricted(reader.args.get("where"), alias, spec.block):
+    # An unqualified column is the table's when the SELECT reads nothing else.
+    sole = not reader.args.get("joins")
+    if spec.block is not None and not _restricted(reader.args.get("where"), alias, spec.block,
+                                                  sole):
         raise Refused(f"private table '{name}' is read without the block restriction on "
                       f"{spec.block}")
     index = next((i for i, s in enumerate(chain) if _aggregates(s)), None)
@@ -321,16 +324,18 @@ def _rank_filter(where: exp.Expr | None, rank: str) -> bool:
                for c in _conjuncts(where))
 
 
-def _restricted(where: exp.Expr | None, alias: str, column: str) -> bool:
-    """Whether WHERE ANDs a literal window [lo, hi) of ``alias.column`` (or an OR of them)."""
+def _restricted(where: exp.Expr | None, alias: str, column: str, sole: bool) -> bool:
+    """Whether WHERE ANDs a literal window [lo, hi) of ``alias.column`` (or an OR of them);
+    ``sole``: the table is the SELECT's only source, so a bare ``column`` is its column."""
     conjuncts = _conjuncts(where)
-    if _window(conjuncts, alias, column):
+    if _window(conjuncts, alias, column, sole):
         return True
     for c in conjuncts:
         inner = c.this if isinstance(c, exp.Paren) else c
         if isinstance(inner, exp.Or):
             alternatives = _disjuncts(inner)
-            if alternatives and all(_window(_conjuncts(a), alias, column) for a in alternatives):
+            if alternatives and all(_window(_conjuncts(a), alias, column, sole)
+                                    for a in alternatives):
                 return True
     return False
 
@@ -343,9 +348,10 @@ def _disjuncts(node: exp.Expr) -> list[exp.Expr]:
     return [node]
 
 
-def _window(conjuncts: list[exp.Expr], alias: str, column: str) -> bool:
+def _window(conjuncts: list[exp.Expr], alias: str, column: str, sole: bool) -> bool:
     def is_col(n: exp.Expr) -> bool:
-        return isinstance(n, exp.Column) and n.name == column and n.table == alias
+        return isinstance(n, exp.Column) and n.name == column and (
+            n.table == alias or (sole and not n.table))
 
     def is_lit(n: exp.Expr) -> bool:
         return isinstance(n, exp.Literal) or (isinstance(n, exp.Cast)

@@ -229,11 +229,15 @@ def test_shadowing_never_answers_a_private_read_exactly(engine: Engine, data: st
                                                         ) -> None:
     sql, reads = data.draw(_queries(engine.dialect))
     private = bool(reads & PRIVATE)
+    try:  # explain first: it must foresee what execute does, and charge nothing
+        report = engine.explain(sql, analyst="alice", epsilon=1.0, delta=1e-6)
+        foreseen = "public" if report.noise == "none" else "noisy"
+    except ChorusError:
+        foreseen = "refused"
     outcome = _answers_safely(engine, sql, private)
     event(f"{outcome}, reads {'private' if private else 'public only'}")
+    assert foreseen == outcome, sql
     if outcome == "public":
         assert reads <= {"cities"}, sql
     if outcome == "noisy":
-        assert private, sql
-        assert set(engine.explain(sql, analyst="alice", epsilon=1.0, delta=1e-6).tables) \
-            & PRIVATE
+        assert private and set(report.tables) & PRIVATE, sql
