@@ -144,6 +144,38 @@ class _Prepared:
         return self._events
 
 
+class QueryRun:
+    """One query's trip to the database, as Wall 6 needs it (DESIGN.md section 11): the claim
+    it paid and whether any of its statements may have read a row.
+
+    A claim is consumed when granted, before any statement runs.  It is given back only while
+    no statement of the query touched data: once one did (a selection histogram included),
+    every later failure keeps the whole charge.  ``Engine._run`` consults this object before
+    any refund; it is the only place a claim is refunded.
+    """
+
+    def __init__(self, claim: Claim | None) -> None:
+        self.claim = claim
+        self.touched = False
+        self.refunded = False
+
+    def read(self) -> None:
+        """A statement of the query ran to the end: it read rows."""
+        self.touched = True
+
+    def failed(self, touched_data: bool) -> None:
+        """A statement failed; ``touched_data``: the backend could not rule out that it read."""
+        self.touched = self.touched or touched_data
+
+    def refund_if_untouched(self, ledger: Ledger) -> bool:
+        """Refund the claim if nothing of this query read a row; whether it was refunded."""
+        if self.claim is None or self.touched or self.refunded:
+            return False
+        ledger.refund(self.claim)  # consumed on grant: give it back
+        self.refunded = True
+        return True
+
+
 class Engine:
     """Answers analyst SQL with differential privacy against one backend and one ledger."""
 
@@ -188,6 +220,8 @@ class Engine:
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
+        # Statement texts the database planned without error (_check_plans).
+        self._planned: _LRU[str, bool] = _LRU(4096)
         # The blocks a query reads, per (query, block windows): windows change when the data
         # grows (the block catalog re-reads them after its TTL), and with them the key.
         self._reads: _LRU[tuple[object, ...], tuple[BlocksRead, BlockRestriction]] = _LRU(1024)
@@ -264,27 +298,38 @@ class Engine:
                 return sampled
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
-            result = self._run(analysis.tree.sql(self.dialect), touched_charge=None)
+            result = self._run(analysis.tree.sql(self.dialect), None)
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
         prepared, choice_key = self._prepare_reusing(analysis, analyst, eps, dlt)
         report = prepared.report
-        answer_key = (analysis.normalized_sql, eps, dlt, report.blocks)
+        # Per analyst: a hit must never tell one analyst that another just asked the same.
+        answer_key = (analyst, analysis.normalized_sql, eps, dlt, report.blocks)
         again = self.answers.get(answer_key)
         if again is not None:
             return self._answer_again(again, analyst, remaining)
-        # The claim comes back consumed (charged before anything runs); _run refunds it if the
-        # database fails before reading a row.  Any other failure keeps the charge.
+        # Wall 6, charge before touching: every statement the query will run (the selection
+        # histograms, the final statement at the limit cap and the declared bounds) is planned
+        # by the database first, so one that cannot plan is refused before the claim.
+        selection = self._selection_statements(prepared) if prepared.cap_epsilon > 0 else ()
+        self._check_plans([prepared.sql, *(sql for _, _, sql in selection)])
+        # The claim comes back consumed (charged before anything runs).  ``run`` records whether
+        # any statement read a row: only if none did may a failure refund it (_run).
         claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds, remaining)
-        if prepared.cap_epsilon > 0:
-            chosen = self._choose_cap(prepared, claim)
-            self.choices.put(choice_key, chosen)
+        run = QueryRun(claim)
+        chosen = None
+        if selection:
+            chosen = self._choose_cap(prepared, run, selection)
             prepared = self._prepare(analysis, analyst, eps, dlt, *chosen)
         if self.policy.privacy.noise == "sql":
-            result = self._run(prepared.sql, touched_charge=claim)
+            result = self._run(prepared.sql, run)
         else:
-            result = self._run_proxy_noise(prepared, claim)
+            result = self._run_proxy_noise(prepared, run)
+        # Choices made on the data are kept for reuse only now: the query that paid for them
+        # succeeded and its claim stays consumed (never after a failure, which may refund).
+        if chosen is not None and claim is not None:
+            self.choices.put(choice_key, chosen)
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
@@ -448,7 +493,8 @@ class Engine:
         # that follows the data (a stored sample's name changes with a fingerprint of the
         # rows): whether the choices are reused shows in the report, and must not tell an
         # analyst that rows changed (as budget.answers explains for answers).
-        key = (query.normalized_sql, epsilon, delta, prepared.restriction)
+        # Per analyst: "reused" must never tell one analyst that another just ran this query.
+        key = (analyst, query.normalized_sql, epsilon, delta, prepared.restriction)
         earlier = self.choices.get(key) if prepared.cap_epsilon > 0 else None
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
             prepared = self._prepare(query, analyst, epsilon, delta, *earlier, reused=True)
@@ -463,9 +509,43 @@ class Engine:
             (query.auto_cap and _cap_matters(query)) or bool(clipped))
         return rows, clipped
 
-    def _choose_cap(self, prepared: _Prepared, claim: Any
+    def _selection_statements(self, prepared: _Prepared
+                              ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
+        """The selection histograms ``_choose_cap`` runs: (what, bins, SQL) each, in order.
+
+        Built (and planned, by ``execute``) before the claim; each SQL depends only on the
+        query, so it is built once per query shape."""
+        query = prepared.query
+        limit = query.table_policy.contribution_bound
+        with_rows, clipped = self._selection(query)
+        builds: list[tuple[tuple[str, ...], int, Any]] = []
+        if _bounds_groups(query):  # g first: the histogram of distinct groups per unit
+            starts = cap_bins(limit)
+            builds.append((("groups",), len(starts), lambda: group_histogram(
+                query, prepared.restriction, prepared.sample, starts)))
+        for arg in clipped:
+            edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
+            builds.append((("clip", arg.key), STEPS + 2, lambda e=edges, a=arg: value_histogram(
+                query, a.argument, a.lower, a.upper, e, prepared.restriction, prepared.sample)))
+        if with_rows:
+            starts = cap_bins(limit)
+            builds.append((("cap",), len(starts), lambda: cap_histogram(
+                query, prepared.restriction, prepared.sample, starts)))
+        out = []
+        for what, size, build in builds:
+            key = (query.normalized_sql, prepared.restriction, prepared.sample, *what)
+            sql = self._histograms.get(key)
+            if sql is None:  # the histogram's SQL depends only on the query: build it once
+                sql = dialect(build(), self.dialect).sql(self.dialect)
+                self._histograms.put(key, sql)
+            out.append((what, size, sql))
+        return tuple(out)
+
+    def _choose_cap(self, prepared: _Prepared, run: QueryRun,
+                    selection: Sequence[tuple[tuple[str, ...], int, str]]
                     ) -> tuple[int, tuple[tuple[str, float, float], ...], int | None]:
-        """Run the noisy histograms, pick the cap and the bounds (``mechanisms.caps``).
+        """Run the noisy histograms (``selection``, from ``_selection_statements``), pick the
+        cap and the bounds (``mechanisms.caps``).
 
         Each histogram has sensitivity 1 and gets an equal part of the selection epsilon, so
         together they cost exactly ``prepared.cap_epsilon`` (basic composition).
@@ -475,11 +555,11 @@ class Engine:
         with_rows, clipped = self._selection(query)
         by_groups = _bounds_groups(query)
         eps_h = prepared.cap_epsilon / (int(with_rows) + int(by_groups) + len(clipped))
+        statements = {what: (size, sql) for what, size, sql in selection}
         per_unit = None
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
             starts = cap_bins(limit)
-            exact = self._histogram(prepared, claim, ("groups",), len(starts), lambda: (
-                group_histogram(query, prepared.restriction, prepared.sample, starts)))
+            exact = self._histogram(prepared, run, ("groups",), *statements[("groups",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
             assert gate is not None
@@ -487,19 +567,15 @@ class Engine:
                                               eps_h), gate.mechanism.epsilon, gate.delta)
         columns = []
         for arg in clipped:
-            edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
-            exact = self._histogram(prepared, claim, ("clip", arg.key), STEPS + 2, lambda e=edges,
-                                    a=arg: value_histogram(query, a.argument, a.lower, a.upper,
-                                                           e, prepared.restriction,
-                                                           prepared.sample))
+            exact = self._histogram(prepared, run, ("clip", arg.key),
+                                    *statements[("clip", arg.key)])
             # The exact weights never leave this function: only their noisy version is used.
             noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
             columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy),
                                       eps_h))  # its epsilon: biases at their upper estimates
         if with_rows:
             starts = cap_bins(limit)
-            exact = self._histogram(prepared, claim, ("cap",), len(starts), lambda: cap_histogram(
-                query, prepared.restriction, prepared.sample, starts))
+            exact = self._histogram(prepared, run, ("cap",), *statements[("cap",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
         else:  # event level: the units (rows) the value histograms counted
@@ -529,18 +605,39 @@ class Engine:
         return choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
                                  for i, arg in enumerate(clipped)), per_unit
 
-    def _histogram(self, prepared: _Prepared, claim: Any, what: tuple[str, ...], size: int,
-                   build: Any) -> np.ndarray:
+    def _histogram(self, prepared: _Prepared, run: QueryRun, what: tuple[str, ...], size: int,
+                   sql: str) -> np.ndarray:
         """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``."""
-        key = (prepared.query.normalized_sql, prepared.restriction, prepared.sample, *what)
-        sql = self._histograms.get(key)
-        if sql is None:  # the histogram's SQL depends only on the query: build it once
-            sql = dialect(build(), self.dialect).sql(self.dialect)
-            self._histograms.put(key, sql)
         exact = np.zeros(size)
-        for index, value in self._run(sql, touched_charge=claim).rows:
+        for index, value in self._run(sql, run).rows:
             exact[int(index)] = float(value)
         return exact
+
+    def _check_plans(self, statements: Sequence[str]) -> None:
+        """Have the database plan every statement of a query (EXPLAIN), reading no row: one it
+        cannot plan is refused here, before the claim, so it costs nothing.
+
+        The verdict "plans fine" is kept per statement text: the text of a query shape (its
+        final statement at the limit cap and declared bounds, its histograms) is the same on
+        every call, so the extra round trip is paid once per shape.  A failure is not kept: it
+        raises, and is rare.
+        """
+        for sql in statements:
+            if sql in self._planned:
+                continue
+            try:
+                self.backend.run("EXPLAIN " + sql)
+            except StatementFailed as err:
+                # EXPLAIN reads no row, whatever the backend's classification of the error.
+                log.warning("a rewritten statement does not plan; refused before the claim")
+                log.debug("plan error detail: %s", err.detail)
+                raise QueryRefused(
+                    "the database cannot plan this query (e.g. a function applied to an "
+                    "argument of the wrong type); nothing was charged",
+                    hint="check the types of the query's expressions; if the query is valid "
+                    "SQL for the database, this is a bug in the proxy: please report it",
+                ) from None
+            self._planned.put(sql, True)
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,
@@ -594,28 +691,47 @@ class Engine:
             self._reads.put(key, found)
         return found
 
-    def _run(self, sql: str, touched_charge: Any) -> ResultSet:
+    def _run(self, sql: str, run: QueryRun | None) -> ResultSet:
+        """Run one statement of a query; ``run`` is the query's charge (None: nothing claimed,
+        e.g. a public query).  A failure refunds the claim only when no statement of the query
+        read a row (Wall 6); the message never quotes the database's, which may hold data."""
+        if run is None:
+            run = QueryRun(None)
         try:
-            return self.backend.run(sql)
+            result = self.backend.run(sql)
         except StatementFailed as err:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
             log.debug("backend error detail: %s", err.detail)
-            if touched_charge is not None and not err.touched_data:
-                self.ledger.refund(touched_charge)  # consumed on grant: give it back
-            if err.touched_data:
+            run.failed(err.touched_data)
+            if run.refund_if_untouched(self.ledger):
+                raise InternalError(
+                    "the database could not plan the rewritten query; nothing was charged",
+                    hint="this is a bug in the proxy: please report the query",
+                ) from None
+            if run.claim is None and not err.touched_data:
+                raise InternalError(
+                    "the database could not plan the rewritten query; nothing was charged",
+                    hint="this is a bug in the proxy: please report the query",
+                ) from None
+            if run.claim is None:  # a public query, or one that reads no block
                 raise BackendError(
                     "the database failed while evaluating the query; no detail is shown "
                     "because it could depend on the data",
-                    hint="the budget of this query was charged; check the query's expressions",
+                    hint="nothing was charged (the query claims no budget); check the query's "
+                    "expressions",
                 ) from None
-            raise InternalError(
-                "the database could not plan the rewritten query; nothing was charged",
-                hint="this is a bug in the proxy: please report the query",
+            raise BackendError(
+                "the database failed while evaluating the query; no detail is shown "
+                "because it could depend on the data",
+                hint="the budget of this query was charged, as a statement of it read the "
+                "data; check the query's expressions",
             ) from None
+        run.read()
+        return result
 
-    def _run_proxy_noise(self, prepared: _Prepared, claim: Any) -> ResultSet:
-        exact = self._run(prepared.sql, touched_charge=claim)
+    def _run_proxy_noise(self, prepared: _Prepared, run: QueryRun) -> ResultSet:
+        exact = self._run(prepared.sql, run)
         rewritten, plan = prepared.rewritten, prepared.plan
         assert rewritten is not None  # proxy noise always keeps the rewrite
         mechanisms = plan.all_mechanisms()
