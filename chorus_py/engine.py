@@ -304,9 +304,9 @@ class Engine:
         eps, dlt = self._parameters(analyst, epsilon, delta)
         prepared, choice_key = self._prepare_reusing(analysis, analyst, eps, dlt)
         report = prepared.report
-        # Per analyst: a hit must never tell one analyst that another just asked the same.
-        answer_key = (analyst, analysis.normalized_sql, eps, dlt, report.blocks)
-        again = self.answers.get(answer_key)
+        # Per analyst (budget.answers): a hit must never tell one that another asked the same.
+        answer_key = (analysis.normalized_sql, eps, dlt, report.blocks)
+        again = self.answers.get(analyst, answer_key)
         if again is not None:
             return self._answer_again(again, analyst, remaining)
         # Wall 6, charge before touching: every statement the query will run (the selection
@@ -329,7 +329,7 @@ class Engine:
         # Choices made on the data are kept for reuse only now: the query that paid for them
         # succeeded and its claim stays consumed (never after a failure, which may refund).
         if chosen is not None and claim is not None:
-            self.choices.put(choice_key, chosen)
+            self.choices.put(analyst, choice_key, chosen)
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
@@ -338,7 +338,7 @@ class Engine:
             remaining=self._remaining_after(claim) if remaining else ())
         answer = QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
         if claim is not None:
-            self.answers.put(answer_key, answer)
+            self.answers.put(analyst, answer_key, answer)
         return answer
 
     # -- budget (steps 6 and 10) -----------------------------------------------------------
@@ -365,7 +365,7 @@ class Engine:
         report = dataclasses.replace(
             answer.report, analyst=analyst, charged=False,
             remaining=self._remaining(answer.report.blocks) if remaining else (),
-            notes=(*answer.report.notes, "the same noisy answer as an earlier identical query "
+            notes=(*answer.report.notes, "the same noisy answer as your earlier identical query "
                    "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
         return QueryResult(answer.columns, answer.types, list(answer.rows), report)
 
@@ -412,6 +412,13 @@ class Engine:
         if eps > limit:
             raise InvalidParameter(f"epsilon {eps:g} is above the per-query maximum {limit:g}",
                                    hint=f"ask for epsilon <= {limit:g}")
+        if eps < privacy.min_epsilon_per_query:
+            # A floor on every query's cost: probing (many tiny queries, refused or answered)
+            # is never nearly free.
+            floor = privacy.min_epsilon_per_query
+            raise InvalidParameter(
+                f"epsilon {eps:g} is below the per-query minimum {floor:g} "
+                "(privacy.min_epsilon_per_query)", hint=f"ask for epsilon >= {floor:g}")
         if dlt is None:
             raise InvalidParameter("delta is missing",
                                    hint="pass delta, or set privacy.default_delta")
@@ -493,9 +500,10 @@ class Engine:
         # that follows the data (a stored sample's name changes with a fingerprint of the
         # rows): whether the choices are reused shows in the report, and must not tell an
         # analyst that rows changed (as budget.answers explains for answers).
-        # Per analyst: "reused" must never tell one analyst that another just ran this query.
-        key = (analyst, query.normalized_sql, epsilon, delta, prepared.restriction)
-        earlier = self.choices.get(key) if prepared.cap_epsilon > 0 else None
+        # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
+        # just ran this query.
+        key = (query.normalized_sql, epsilon, delta, prepared.restriction)
+        earlier = self.choices.get(analyst, key) if prepared.cap_epsilon > 0 else None
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
             prepared = self._prepare(query, analyst, epsilon, delta, *earlier, reused=True)
         return prepared, key
@@ -796,7 +804,7 @@ class Engine:
                 "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]"))
         if reused:
             chosen: int | None = cap if mode == "auto" else limit
-            note = ("the choices of an identical earlier query (same SQL, epsilon, delta and "
+            note = ("the choices of your identical earlier query (same SQL, epsilon, delta and "
                     "blocks, within privacy.choice_reuse_seconds) are reused: they are noisy, "
                     "differentially private outputs already paid for, so reusing them costs "
                     "nothing and all of epsilon goes to the answer")
