@@ -31,6 +31,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 import duckdb
 import numpy as np
+from sqlglot import exp
+from sqlglot.optimizer.annotate_types import annotate_types
 
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
@@ -93,6 +95,9 @@ log = logging.getLogger("chorus.engine")
 
 _AGGREGATE_NAMES = {"count": "COUNT", "count_units": "COUNT(DISTINCT unit)", "sum": "SUM",
                     "sum_squares": "SUM of squares"}
+# Policy column types as the backends report them (chorus_py.backends.portable_type).
+_PORTABLE = {"int": "integer", "float": "float", "text": "text", "bool": "boolean",
+             "date": "date", "timestamp": "timestamp"}
 _DUCKDB_TYPES = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
                  "timestamp": "TIMESTAMP", "boolean": "BOOLEAN"}
 
@@ -221,7 +226,7 @@ class Engine:
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
         # Statement texts the database planned without error (_check_plans).
-        self._planned: _LRU[str, bool] = _LRU(4096)
+        self._planned: _LRU[object, bool] = _LRU(4096)
         # The blocks a query reads, per (query, block windows): windows change when the data
         # grows (the block catalog re-reads them after its TTL), and with them the key.
         self._reads: _LRU[tuple[object, ...], tuple[BlocksRead, BlockRestriction]] = _LRU(1024)
@@ -314,6 +319,8 @@ class Engine:
         # by the database first, so one that cannot plan is refused before the claim.
         selection = self._selection_statements(prepared) if prepared.cap_epsilon > 0 else ()
         self._check_plans([prepared.sql, *(sql for _, _, sql in selection)])
+        if prepared.rewritten is not None and self.policy.privacy.noise == "proxy":
+            self._check_finish(prepared)
         # The claim comes back consumed (charged before anything runs).  ``run`` records whether
         # any statement read a row: only if none did may a failure refund it (_run).
         claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds, remaining)
@@ -699,6 +706,41 @@ class Engine:
             self._reads.put(key, found)
         return found
 
+    def _check_finish(self, prepared: _Prepared) -> None:
+        """Proxy noise: plan the finishing statement too (it runs in the scratch DuckDB over the
+        noisy values, after the data was read), over an empty table of the types it will have,
+        so a finish that cannot plan is refused before the claim.
+
+        The keys' types are inferred from the policy's column types; a key whose type cannot
+        be inferred leaves the finish unchecked (a failure there then keeps the charge, as
+        every failure after a statement read the data does)."""
+        rewritten = prepared.rewritten
+        assert rewritten is not None
+        keys = _key_types(prepared.query)
+        if keys is None:
+            return
+        integral = {m.id for m in prepared.query.measurements if m.integral} | {THRESHOLD_ID}
+        columns = tuple(zip(rewritten.key_ids, keys, strict=True)) + tuple(
+            (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in rewritten.measure_ids)
+        finish = rewritten.finish.sql("duckdb")
+        if (finish, columns) in self._planned:
+            return
+        con = self._scratch_cursor()
+        try:
+            con.execute(f"CREATE TEMP TABLE {NOISY} (" + ", ".join(
+                f"{n} {t}" for n, t in columns) + ")")
+            con.execute("EXPLAIN " + finish)
+        except duckdb.Error as err:
+            log.warning("a proxy-noise finish does not plan; refused before the claim")
+            log.debug("plan error detail: %s", err)
+            raise QueryRefused(
+                "the outputs of this query cannot be computed from its noisy aggregates (e.g. "
+                "a function applied to an argument of the wrong type); nothing was charged",
+                hint="check the types of the query's output expressions") from None
+        finally:
+            con.close()
+        self._planned.put((finish, columns), True)
+
     def _run(self, sql: str, run: QueryRun | None) -> ResultSet:
         """Run one statement of a query; ``run`` is the query's charge (None: nothing claimed,
         e.g. a public query).  A failure refunds the claim only when no statement of the query
@@ -764,10 +806,19 @@ class Engine:
             if rows:
                 con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(names))})",
                                 rows)
-            cur = con.execute(rewritten.finish.sql("duckdb"))
-            desc = cur.description or []
-            return ResultSet(tuple(d[0] for d in desc),
-                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+            try:
+                cur = con.execute(rewritten.finish.sql("duckdb"))
+                desc = cur.description or []
+                return ResultSet(tuple(d[0] for d in desc),
+                                 tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+            except duckdb.Error as err:
+                # After the data was read: charged (the claim stays consumed).  The detail may
+                # quote a noisy value: the log only.
+                log.debug("proxy-noise finish error detail: %s", err)
+                raise BackendError(
+                    "the outputs of this query could not be computed from its noisy aggregates",
+                    hint="the budget of this query was charged, as its measurements read the "
+                    "data; check the query's output expressions") from None
         finally:
             con.close()
 
@@ -921,6 +972,27 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _key_types(query: AggregateQuery) -> list[str] | None:
+    """The DuckDB type each group key of ``query`` gets in the proxy-noise finish, inferred
+    from the policy's column types; None when one cannot be inferred."""
+    tables = {query.alias: query.table_policy}
+    if query.join is not None:
+        tables = {s.alias: s.policy for s in query.join.sources}
+    schema = {alias: {c: _DUCKDB_TYPES[_PORTABLE[cp.type]] for c, cp in tp.columns.items()}
+              for alias, tp in tables.items()}
+    out = []
+    for key in query.keys:
+        try:
+            typed = annotate_types(exp.select(key.expr.copy()), schema=schema).selects[0].type
+        except Exception:  # sqlglot cannot type it: leave the finish unchecked
+            return None
+        portable = portable_type(str(typed.sql("duckdb") if typed else "unknown"))
+        if portable not in _DUCKDB_TYPES:
+            return None
+        out.append(_DUCKDB_TYPES[portable])
+    return out
 
 
 def _bounds_groups(query: AggregateQuery) -> bool:
