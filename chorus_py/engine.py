@@ -984,14 +984,23 @@ def _key_types(query: AggregateQuery) -> list[str] | None:
               for alias, tp in tables.items()}
     out = []
     for key in query.keys:
-        try:
-            typed = annotate_types(exp.select(key.expr.copy()), schema=schema).selects[0].type
-        except Exception:  # sqlglot cannot type it: leave the finish unchecked
+        if isinstance(key.expr, exp.Column):
+            found = schema.get(key.expr.table, {}).get(key.expr.name)
+        else:
+            expr = key.expr.copy()
+            for column in expr.find_all(exp.Column):
+                declared = schema.get(column.table, {}).get(column.name)
+                if declared is None:
+                    return None
+                column.type = exp.DataType.build(declared)
+            try:
+                typed = annotate_types(expr).type
+            except Exception:  # sqlglot cannot type it: leave the finish unchecked
+                return None
+            found = _DUCKDB_TYPES.get(portable_type(typed.sql("duckdb") if typed else ""))
+        if found is None:
             return None
-        portable = portable_type(str(typed.sql("duckdb") if typed else "unknown"))
-        if portable not in _DUCKDB_TYPES:
-            return None
-        out.append(_DUCKDB_TYPES[portable])
+        out.append(found)
     return out
 
 
