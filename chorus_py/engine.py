@@ -32,6 +32,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 import duckdb
 import numpy as np
+from sqlglot import exp
+from sqlglot.optimizer.annotate_types import annotate_types
 
 from analyses.binding import generated_sql
 from analyses.blocks import BlocksRead, blocks_read
@@ -96,6 +98,9 @@ log = logging.getLogger("chorus.engine")
 
 _AGGREGATE_NAMES = {"count": "COUNT", "count_units": "COUNT(DISTINCT unit)", "sum": "SUM",
                     "sum_squares": "SUM of squares"}
+# Policy column types as the backends report them (chorus_py.backends.portable_type).
+_PORTABLE = {"int": "integer", "float": "float", "text": "text", "bool": "boolean",
+             "date": "date", "timestamp": "timestamp"}
 _DUCKDB_TYPES = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
                  "timestamp": "TIMESTAMP", "boolean": "BOOLEAN"}
 
@@ -145,6 +150,38 @@ class _Prepared:
             else:
                 self._events = (Event.epsilon_delta(self.report.epsilon, self.report.delta),)
         return self._events
+
+
+class QueryRun:
+    """One query's trip to the database, as Wall 6 needs it (DESIGN.md section 11): the claim
+    it paid and whether any of its statements may have read a row.
+
+    A claim is consumed when granted, before any statement runs.  It is given back only while
+    no statement of the query touched data: once one did (a selection histogram included),
+    every later failure keeps the whole charge.  ``Engine._run`` consults this object before
+    any refund; it is the only place a claim is refunded.
+    """
+
+    def __init__(self, claim: Claim | None) -> None:
+        self.claim = claim
+        self.touched = False
+        self.refunded = False
+
+    def read(self) -> None:
+        """A statement of the query ran to the end: it read rows."""
+        self.touched = True
+
+    def failed(self, touched_data: bool) -> None:
+        """A statement failed; ``touched_data``: the backend could not rule out that it read."""
+        self.touched = self.touched or touched_data
+
+    def refund_if_untouched(self, ledger: Ledger) -> bool:
+        """Refund the claim if nothing of this query read a row; whether it was refunded."""
+        if self.claim is None or self.touched or self.refunded:
+            return False
+        ledger.refund(self.claim)  # consumed on grant: give it back
+        self.refunded = True
+        return True
 
 
 class Engine:
@@ -200,6 +237,8 @@ class Engine:
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
+        # Statement texts the database planned without error (_check_plans).
+        self._planned: _LRU[object, bool] = _LRU(4096)
         # The blocks a query reads, per (query, block windows): windows change when the data
         # grows (the block catalog re-reads them after its TTL), and with them the key.
         self._reads: _LRU[tuple[object, ...], tuple[BlocksRead, BlockRestriction]] = _LRU(1024)
@@ -278,27 +317,40 @@ class Engine:
         if isinstance(analysis, PublicQuery):
             public_sql = generated_sql(analysis.tree, analysis.tables, self.dialect, self.schema)
             self.verify_outgoing(public_sql, "exact", analysis.tables)
-            result = self._run(public_sql, touched_charge=None)
+            result = self._run(public_sql, None)
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
         prepared, choice_key = self._prepare_reusing(analysis, analyst, eps, dlt)
         report = prepared.report
+        # Per analyst (budget.answers): a hit must never tell one that another asked the same.
         answer_key = (analysis.normalized_sql, eps, dlt, report.blocks)
-        again = self.answers.get(answer_key)
+        again = self.answers.get(analyst, answer_key)
         if again is not None:
             return self._answer_again(again, analyst, remaining)
-        # The claim comes back consumed (charged before anything runs); _run refunds it if the
-        # database fails before reading a row.  Any other failure keeps the charge.
+        # Wall 6, charge before touching: every statement the query will run (the selection
+        # histograms, the final statement at the limit cap and the declared bounds) is planned
+        # by the database first, so one that cannot plan is refused before the claim.
+        selection = self._selection_statements(prepared) if prepared.cap_epsilon > 0 else ()
+        self._check_plans([prepared.sql, *(sql for _, _, sql in selection)])
+        if prepared.rewritten is not None and self.policy.privacy.noise == "proxy":
+            self._check_finish(prepared)
+        # The claim comes back consumed (charged before anything runs).  ``run`` records whether
+        # any statement read a row: only if none did may a failure refund it (_run).
         claim = self._claim(prepared, analysis.table, analyst, sql, wait_seconds, remaining)
-        if prepared.cap_epsilon > 0:
-            chosen = self._choose_cap(prepared, claim)
-            self.choices.put(choice_key, chosen)
+        run = QueryRun(claim)
+        chosen = None
+        if selection:
+            chosen = self._choose_cap(prepared, run, selection)
             prepared = self._prepare(analysis, analyst, eps, dlt, *chosen)
         if self.policy.privacy.noise == "sql":
-            result = self._run(prepared.sql, touched_charge=claim)
+            result = self._run(prepared.sql, run)
         else:
-            result = self._run_proxy_noise(prepared, claim)
+            result = self._run_proxy_noise(prepared, run)
+        # Choices made on the data are kept for reuse only now: the query that paid for them
+        # succeeded and its claim stays consumed (never after a failure, which may refund).
+        if chosen is not None and claim is not None:
+            self.choices.put(analyst, choice_key, chosen)
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
                  report.epsilon, report.delta, len(report.blocks), len(result.rows),
                  (time.perf_counter() - started) * 1000)
@@ -307,7 +359,7 @@ class Engine:
             remaining=self._remaining_after(claim) if remaining else ())
         answer = QueryResult(result.columns, result.types, _portable_rows(result.rows), charged)
         if claim is not None:
-            self.answers.put(answer_key, answer)
+            self.answers.put(analyst, answer_key, answer)
         return answer
 
     # -- budget (steps 6 and 10) -----------------------------------------------------------
@@ -334,7 +386,7 @@ class Engine:
         report = dataclasses.replace(
             answer.report, analyst=analyst, charged=False,
             remaining=self._remaining(answer.report.blocks) if remaining else (),
-            notes=(*answer.report.notes, "the same noisy answer as an earlier identical query "
+            notes=(*answer.report.notes, "the same noisy answer as your earlier identical query "
                    "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
         return QueryResult(answer.columns, answer.types, list(answer.rows), report)
 
@@ -381,6 +433,13 @@ class Engine:
         if eps > limit:
             raise InvalidParameter(f"epsilon {eps:g} is above the per-query maximum {limit:g}",
                                    hint=f"ask for epsilon <= {limit:g}")
+        if eps < privacy.min_epsilon_per_query:
+            # A floor on every query's cost: probing (many tiny queries, refused or answered)
+            # is never nearly free.
+            floor = privacy.min_epsilon_per_query
+            raise InvalidParameter(
+                f"epsilon {eps:g} is below the per-query minimum {floor:g} "
+                "(privacy.min_epsilon_per_query)", hint=f"ask for epsilon >= {floor:g}")
         if dlt is None:
             raise InvalidParameter("delta is missing",
                                    hint="pass delta, or set privacy.default_delta")
@@ -470,8 +529,10 @@ class Engine:
         # that follows the data (a stored sample's name changes with a fingerprint of the
         # rows): whether the choices are reused shows in the report, and must not tell an
         # analyst that rows changed (as budget.answers explains for answers).
+        # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
+        # just ran this query.
         key = (query.normalized_sql, epsilon, delta, prepared.restriction)
-        earlier = self.choices.get(key) if prepared.cap_epsilon > 0 else None
+        earlier = self.choices.get(analyst, key) if prepared.cap_epsilon > 0 else None
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
             prepared = self._prepare(query, analyst, epsilon, delta, *earlier, reused=True)
         return prepared, key
@@ -485,9 +546,45 @@ class Engine:
             (query.auto_cap and _cap_matters(query)) or bool(clipped))
         return rows, clipped
 
-    def _choose_cap(self, prepared: _Prepared, claim: Any
+    def _selection_statements(self, prepared: _Prepared
+                              ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
+        """The selection histograms ``_choose_cap`` runs: (what, bins, SQL) each, in order.
+
+        Built (and planned, by ``execute``) before the claim; each SQL depends only on the
+        query, so it is built once per query shape."""
+        query = prepared.query
+        limit = query.table_policy.contribution_bound
+        with_rows, clipped = self._selection(query)
+        builds: list[tuple[tuple[str, ...], int, Any]] = []
+        if _bounds_groups(query):  # g first: the histogram of distinct groups per unit
+            starts = cap_bins(limit)
+            builds.append((("groups",), len(starts), lambda: group_histogram(
+                query, prepared.restriction, prepared.sample, starts)))
+        for arg in clipped:
+            edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
+            builds.append((("clip", arg.key), STEPS + 2, lambda e=edges, a=arg: value_histogram(
+                query, a.argument, a.lower, a.upper, e, prepared.restriction, prepared.sample)))
+        if with_rows:
+            starts = cap_bins(limit)
+            builds.append((("cap",), len(starts), lambda: cap_histogram(
+                query, prepared.restriction, prepared.sample, starts)))
+        out = []
+        for what, size, build in builds:
+            key = (query.normalized_sql, prepared.restriction, prepared.sample, *what)
+            sql = self._histograms.get(key)
+            if sql is None:  # the histogram's SQL depends only on the query: build it once
+                sql = dialect(build(), self.dialect).sql(self.dialect)
+                # The engine noises it (_choose_cap).
+                self.verify_outgoing(sql, "noised_by_proxy", query.tables)
+                self._histograms.put(key, sql)
+            out.append((what, size, sql))
+        return tuple(out)
+
+    def _choose_cap(self, prepared: _Prepared, run: QueryRun,
+                    selection: Sequence[tuple[tuple[str, ...], int, str]]
                     ) -> tuple[int, tuple[tuple[str, float, float], ...], int | None]:
-        """Run the noisy histograms, pick the cap and the bounds (``mechanisms.caps``).
+        """Run the noisy histograms (``selection``, from ``_selection_statements``), pick the
+        cap and the bounds (``mechanisms.caps``).
 
         Each histogram has sensitivity 1 and gets an equal part of the selection epsilon, so
         together they cost exactly ``prepared.cap_epsilon`` (basic composition).
@@ -497,11 +594,11 @@ class Engine:
         with_rows, clipped = self._selection(query)
         by_groups = _bounds_groups(query)
         eps_h = prepared.cap_epsilon / (int(with_rows) + int(by_groups) + len(clipped))
+        statements = {what: (size, sql) for what, size, sql in selection}
         per_unit = None
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
             starts = cap_bins(limit)
-            exact = self._histogram(prepared, claim, ("groups",), len(starts), lambda: (
-                group_histogram(query, prepared.restriction, prepared.sample, starts)))
+            exact = self._histogram(prepared, run, ("groups",), *statements[("groups",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
             assert gate is not None
@@ -509,19 +606,15 @@ class Engine:
                                               eps_h), gate.mechanism.epsilon, gate.delta)
         columns = []
         for arg in clipped:
-            edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
-            exact = self._histogram(prepared, claim, ("clip", arg.key), STEPS + 2, lambda e=edges,
-                                    a=arg: value_histogram(query, a.argument, a.lower, a.upper,
-                                                           e, prepared.restriction,
-                                                           prepared.sample))
+            exact = self._histogram(prepared, run, ("clip", arg.key),
+                                    *statements[("clip", arg.key)])
             # The exact weights never leave this function: only their noisy version is used.
             noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
             columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy),
                                       eps_h))  # its epsilon: biases at their upper estimates
         if with_rows:
             starts = cap_bins(limit)
-            exact = self._histogram(prepared, claim, ("cap",), len(starts), lambda: cap_histogram(
-                query, prepared.restriction, prepared.sample, starts))
+            exact = self._histogram(prepared, run, ("cap",), *statements[("cap",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
         else:  # event level: the units (rows) the value histograms counted
@@ -551,20 +644,39 @@ class Engine:
         return choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
                                  for i, arg in enumerate(clipped)), per_unit
 
-    def _histogram(self, prepared: _Prepared, claim: Any, what: tuple[str, ...], size: int,
-                   build: Any) -> np.ndarray:
+    def _histogram(self, prepared: _Prepared, run: QueryRun, what: tuple[str, ...], size: int,
+                   sql: str) -> np.ndarray:
         """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``."""
-        key = (prepared.query.normalized_sql, prepared.restriction, prepared.sample, *what)
-        sql = self._histograms.get(key)
-        if sql is None:  # the histogram's SQL depends only on the query: build it once
-            sql = dialect(build(), self.dialect).sql(self.dialect)
-            # The engine noises it below.
-            self.verify_outgoing(sql, "noised_by_proxy", prepared.query.tables)
-            self._histograms.put(key, sql)
         exact = np.zeros(size)
-        for index, value in self._run(sql, touched_charge=claim).rows:
+        for index, value in self._run(sql, run).rows:
             exact[int(index)] = float(value)
         return exact
+
+    def _check_plans(self, statements: Sequence[str]) -> None:
+        """Have the database plan every statement of a query (EXPLAIN), reading no row: one it
+        cannot plan is refused here, before the claim, so it costs nothing.
+
+        The verdict "plans fine" is kept per statement text: the text of a query shape (its
+        final statement at the limit cap and declared bounds, its histograms) is the same on
+        every call, so the extra round trip is paid once per shape.  A failure is not kept: it
+        raises, and is rare.
+        """
+        for sql in statements:
+            if sql in self._planned:
+                continue
+            try:
+                self.backend.run("EXPLAIN " + sql)
+            except StatementFailed as err:
+                # EXPLAIN reads no row, whatever the backend's classification of the error.
+                log.warning("a rewritten statement does not plan; refused before the claim")
+                log.debug("plan error detail: %s", err.detail)
+                raise QueryRefused(
+                    "the database cannot plan this query (e.g. a function applied to an "
+                    "argument of the wrong type); nothing was charged",
+                    hint="check the types of the query's expressions; if the query is valid "
+                    "SQL for the database, this is a bug in the proxy: please report it",
+                ) from None
+            self._planned.put(sql, True)
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,
@@ -630,28 +742,82 @@ class Engine:
         check_outgoing(sql, self.dialect, self._outgoing, release, frozenset(tables))
         self._verified.put(key, True)
 
-    def _run(self, sql: str, touched_charge: Any) -> ResultSet:
+    def _check_finish(self, prepared: _Prepared) -> None:
+        """Proxy noise: plan the finishing statement too (it runs in the scratch DuckDB over the
+        noisy values, after the data was read), over an empty table of the types it will have,
+        so a finish that cannot plan is refused before the claim.
+
+        The keys' types are inferred from the policy's column types; a key whose type cannot
+        be inferred leaves the finish unchecked (a failure there then keeps the charge, as
+        every failure after a statement read the data does)."""
+        rewritten = prepared.rewritten
+        assert rewritten is not None
+        keys = _key_types(prepared.query)
+        if keys is None:
+            return
+        integral = {m.id for m in prepared.query.measurements if m.integral} | {THRESHOLD_ID}
+        columns = tuple(zip(rewritten.key_ids, keys, strict=True)) + tuple(
+            (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in rewritten.measure_ids)
+        finish = rewritten.finish.sql("duckdb")
+        if (finish, columns) in self._planned:
+            return
+        con = self._scratch_cursor()
         try:
-            return self.backend.run(sql)
+            con.execute(f"CREATE TEMP TABLE {NOISY} (" + ", ".join(
+                f"{n} {t}" for n, t in columns) + ")")
+            con.execute("EXPLAIN " + finish)
+        except duckdb.Error as err:
+            log.warning("a proxy-noise finish does not plan; refused before the claim")
+            log.debug("plan error detail: %s", err)
+            raise QueryRefused(
+                "the outputs of this query cannot be computed from its noisy aggregates (e.g. "
+                "a function applied to an argument of the wrong type); nothing was charged",
+                hint="check the types of the query's output expressions") from None
+        finally:
+            con.close()
+        self._planned.put((finish, columns), True)
+
+    def _run(self, sql: str, run: QueryRun | None) -> ResultSet:
+        """Run one statement of a query; ``run`` is the query's charge (None: nothing claimed,
+        e.g. a public query).  A failure refunds the claim only when no statement of the query
+        read a row (Wall 6); the message never quotes the database's, which may hold data."""
+        if run is None:
+            run = QueryRun(None)
+        try:
+            result = self.backend.run(sql)
         except StatementFailed as err:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
             log.debug("backend error detail: %s", err.detail)
-            if touched_charge is not None and not err.touched_data:
-                self.ledger.refund(touched_charge)  # consumed on grant: give it back
-            if err.touched_data:
+            run.failed(err.touched_data)
+            if run.refund_if_untouched(self.ledger):
+                raise InternalError(
+                    "the database could not plan the rewritten query; nothing was charged",
+                    hint="this is a bug in the proxy: please report the query",
+                ) from None
+            if run.claim is None and not err.touched_data:
+                raise InternalError(
+                    "the database could not plan the rewritten query; nothing was charged",
+                    hint="this is a bug in the proxy: please report the query",
+                ) from None
+            if run.claim is None:  # a public query, or one that reads no block
                 raise BackendError(
                     "the database failed while evaluating the query; no detail is shown "
                     "because it could depend on the data",
-                    hint="the budget of this query was charged; check the query's expressions",
+                    hint="nothing was charged (the query claims no budget); check the query's "
+                    "expressions",
                 ) from None
-            raise InternalError(
-                "the database could not plan the rewritten query; nothing was charged",
-                hint="this is a bug in the proxy: please report the query",
+            raise BackendError(
+                "the database failed while evaluating the query; no detail is shown "
+                "because it could depend on the data",
+                hint="the budget of this query was charged, as a statement of it read the "
+                "data; check the query's expressions",
             ) from None
+        run.read()
+        return result
 
-    def _run_proxy_noise(self, prepared: _Prepared, claim: Any) -> ResultSet:
-        exact = self._run(prepared.sql, touched_charge=claim)
+    def _run_proxy_noise(self, prepared: _Prepared, run: QueryRun) -> ResultSet:
+        exact = self._run(prepared.sql, run)
         rewritten, plan = prepared.rewritten, prepared.plan
         assert rewritten is not None  # proxy noise always keeps the rewrite
         mechanisms = plan.all_mechanisms()
@@ -676,10 +842,19 @@ class Engine:
             if rows:
                 con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(names))})",
                                 rows)
-            cur = con.execute(rewritten.finish.sql("duckdb"))
-            desc = cur.description or []
-            return ResultSet(tuple(d[0] for d in desc),
-                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+            try:
+                cur = con.execute(rewritten.finish.sql("duckdb"))
+                desc = cur.description or []
+                return ResultSet(tuple(d[0] for d in desc),
+                                 tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+            except duckdb.Error as err:
+                # After the data was read: charged (the claim stays consumed).  The detail may
+                # quote a noisy value: the log only.
+                log.debug("proxy-noise finish error detail: %s", err)
+                raise BackendError(
+                    "the outputs of this query could not be computed from its noisy aggregates",
+                    hint="the budget of this query was charged, as its measurements read the "
+                    "data; check the query's output expressions") from None
         finally:
             con.close()
 
@@ -716,7 +891,7 @@ class Engine:
                 "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]"))
         if reused:
             chosen: int | None = cap if mode == "auto" else limit
-            note = ("the choices of an identical earlier query (same SQL, epsilon, delta and "
+            note = ("the choices of your identical earlier query (same SQL, epsilon, delta and "
                     "blocks, within privacy.choice_reuse_seconds) are reused: they are noisy, "
                     "differentially private outputs already paid for, so reusing them costs "
                     "nothing and all of epsilon goes to the answer")
@@ -833,6 +1008,36 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _key_types(query: AggregateQuery) -> list[str] | None:
+    """The DuckDB type each group key of ``query`` gets in the proxy-noise finish, inferred
+    from the policy's column types; None when one cannot be inferred."""
+    tables = {query.alias: query.table_policy}
+    if query.join is not None:
+        tables = {s.alias: s.policy for s in query.join.sources}
+    schema = {alias: {c: _DUCKDB_TYPES[_PORTABLE[cp.type]] for c, cp in tp.columns.items()}
+              for alias, tp in tables.items()}
+    out = []
+    for key in query.keys:
+        if isinstance(key.expr, exp.Column):
+            found = schema.get(key.expr.table, {}).get(key.expr.name)
+        else:
+            expr = key.expr.copy()
+            for column in expr.find_all(exp.Column):
+                declared = schema.get(column.table, {}).get(column.name)
+                if declared is None:
+                    return None
+                column.type = exp.DataType.build(declared)
+            try:
+                typed = annotate_types(expr).type
+            except Exception:  # sqlglot cannot type it: leave the finish unchecked
+                return None
+            found = _DUCKDB_TYPES.get(portable_type(typed.sql("duckdb") if typed else ""))
+        if found is None:
+            return None
+        out.append(found)
+    return out
 
 
 def _bounds_groups(query: AggregateQuery) -> bool:

@@ -141,6 +141,9 @@ class PrivacyConfig(_Strict):
     default_epsilon: float = Field(default=0.1, gt=0, allow_inf_nan=False)
     default_delta: float = Field(default=0.0, ge=0, lt=1)
     max_epsilon_per_query: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # The least epsilon a query may ask for: probing (a refused or a tiny query) is never
+    # nearly free, as each query costs at least this much on every block it reads.
+    min_epsilon_per_query: float = Field(default=0.001, gt=0, allow_inf_nan=False)
     max_delta_per_query: float = Field(default=1e-6, ge=0, lt=1)
     noise: Literal["sql", "proxy"] = "sql"
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -169,6 +172,10 @@ class PrivacyConfig(_Strict):
             raise ValueError("default_gamma must not exceed max_gamma")
         if self.default_epsilon > self.max_epsilon_per_query:
             raise ValueError("default_epsilon must not exceed max_epsilon_per_query")
+        if self.min_epsilon_per_query > self.max_epsilon_per_query:
+            raise ValueError("min_epsilon_per_query must not exceed max_epsilon_per_query")
+        if self.default_epsilon < self.min_epsilon_per_query:
+            raise ValueError("default_epsilon must not be below min_epsilon_per_query")
         if self.default_delta > self.max_delta_per_query:
             raise ValueError("default_delta must not exceed max_delta_per_query")
         if self.max_epsilon_per_query > self.epsilon_per_block:
@@ -596,6 +603,17 @@ class Policy(_Strict):
                 raise ValueError(f"{name}.sampling.reference: '{ref}' must be a public table "
                                  "of the policy")
         return tables
+
+    @model_validator(mode="after")
+    def _analyst_limits_above_the_floor(self) -> Policy:
+        floor = self.privacy.min_epsilon_per_query
+        for name, analyst in self.analysts.items():
+            limit = analyst.max_epsilon_per_query
+            if limit is not None and limit < floor:
+                raise ValueError(
+                    f"analysts.{name}.max_epsilon_per_query ({limit:g}) is below "
+                    f"privacy.min_epsilon_per_query ({floor:g}): they could ask nothing")
+        return self
 
     def table(self, name: str) -> TablePolicy | None:
         """The policy of a table, by (lower-case) name."""

@@ -334,10 +334,12 @@ class RandomDP:
             return None
         request, query, backend_sql = prepared
         engine = self.engine
-        # The claim comes back consumed (charged before the query runs); _run refunds it when
-        # the database failed before reading a row.
+        from chorus_py.engine import QueryRun  # the engine imports this module
+
+        # The claim comes back consumed (charged before the query runs); _run refunds it only
+        # when the database failed before reading a row (its one statement).
         claim = self._claim(request, query.table, analyst, sql, wait_seconds, remaining)
-        exact = engine._run(backend_sql, touched_charge=claim)
+        exact = engine._run(backend_sql, QueryRun(claim))
         rows = self._respond(query, request.plan, exact.rows)
         report = dataclasses.replace(
             request.report, charged=claim is not None, accounting=engine.ledger.accounting,
@@ -482,7 +484,7 @@ class RandomDP:
         cols = ", ".join(f'"{c}"' for c in query.columns)
         sql = f'SELECT {cols} FROM "{table}"'
         self.engine.verify_outgoing(sql, "exact", (table,))  # a public reference table
-        rows = self.engine._run(sql, touched_charge=None).rows
+        rows = self.engine._run(sql, None).rows
         if len(rows) < 1:
             raise QueryRefused(f"the reference table '{table}' is empty")
         return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in rows]

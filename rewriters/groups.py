@@ -15,12 +15,17 @@ from sqlglot import exp
 GRID = "chorus_keys"
 
 
-def public_grid(keys: Sequence[tuple[str, Sequence[object]]]) -> exp.Select:
-    """The cross product of the declared values, one VALUES list per key.
+def public_grid(keys: Sequence[tuple[str, Sequence[object]]]) -> exp.Select | None:
+    """The cross product of the declared values, one VALUES list per key; None when a key has
+    no value left (the query's WHERE kept none of the declared ones): there is no group.
 
     >>> public_grid([("k0", ["SF", "LA"])]).sql("duckdb")
     "SELECT * FROM (VALUES ('SF'), ('LA')) AS g0(k0)"
+    >>> public_grid([("k0", ["SF"]), ("k1", [])]) is None
+    True
     """
+    if any(not values for _, values in keys):
+        return None  # an empty VALUES list is not SQL, and the product would be empty anyway
     select = exp.select("*")
     for i, (kid, values) in enumerate(keys):
         rows = [exp.Tuple(expressions=[_literal(v)]) for v in values]
@@ -31,8 +36,20 @@ def public_grid(keys: Sequence[tuple[str, Sequence[object]]]) -> exp.Select:
 
 
 def complete_groups(exact: exp.Select, key_ids: Sequence[str], measure_ids: Sequence[str],
-                    grid: exp.Select) -> exp.Select:
-    """LEFT JOIN the exact per-group measurements onto the grid of public keys."""
+                    grid: exp.Select | None) -> exp.Select:
+    """LEFT JOIN the exact per-group measurements onto the grid of public keys.
+
+    With no grid (``public_grid`` found a key with no public value left) the answer has no
+    row, whatever the data: the same columns, of the exact query's types, under ``WHERE
+    FALSE``, so the statement stays valid SQL with the shape the noise and finish expect.
+    """
+    if grid is None:
+        columns = [exp.column(k, table="e") for k in key_ids] + [
+            exp.alias_(exp.Coalesce(this=exp.column(m, table="e"),
+                                    expressions=[exp.Literal.number(0)]), m)
+            for m in measure_ids
+        ]
+        return exp.select(*columns).from_(exact.subquery("e")).where(exp.false())
     on = exp.and_(*[exp.column(k, table="e").eq(exp.column(k, table=GRID)) for k in key_ids])
     columns = [exp.column(k, table=GRID) for k in key_ids] + [
         exp.alias_(exp.Coalesce(this=exp.column(m, table="e"),
@@ -47,7 +64,14 @@ def complete_groups(exact: exp.Select, key_ids: Sequence[str], measure_ids: Sequ
 
 
 def public_filter(key: exp.Expr, values: Sequence[object]) -> exp.Expr:
-    """``key IN (values)``: keep only declared values of a public key in a thresholded query."""
+    """``key IN (values)``: keep only declared values of a public key in a thresholded query;
+    ``FALSE`` when none is left (``IN ()`` is not SQL).
+
+    >>> public_filter(exp.column("city"), []).sql()
+    'FALSE'
+    """
+    if not values:
+        return exp.false()
     return exp.In(this=key.copy(), expressions=[_literal(v) for v in values])
 
 

@@ -169,6 +169,20 @@ INVALID = {
     "max_epsilon_per_query above epsilon_per_block": (
         [("epsilon_per_block = 1000.0", "epsilon_per_block = 100.0")],
         "privacy", "max_epsilon_per_query must not exceed epsilon_per_block"),
+    "min_epsilon_per_query above max_epsilon_per_query": (
+        [("max_delta_per_query = 1e-4", "max_delta_per_query = 1e-4\nmin_epsilon_per_query = 600")],
+        "privacy", "min_epsilon_per_query must not exceed max_epsilon_per_query"),
+    "min_epsilon_per_query of 0": (
+        [("max_delta_per_query = 1e-4", "max_delta_per_query = 1e-4\nmin_epsilon_per_query = 0")],
+        "privacy.min_epsilon_per_query", "greater than 0"),
+    "default_epsilon below min_epsilon_per_query": (
+        [("max_delta_per_query = 1e-4", "max_delta_per_query = 1e-4\nmin_epsilon_per_query = 2")],
+        "privacy", "default_epsilon must not be below min_epsilon_per_query"),
+    "an analyst's max_epsilon_per_query below the floor": (
+        [("max_delta_per_query = 1e-4", "max_delta_per_query = 1e-4\nmin_epsilon_per_query = 0.6"),
+         ("default_epsilon = 1.0", "default_epsilon = 1.0")],
+        "(top level)", "analysts.bob.max_epsilon_per_query (0.5) is below "
+        "privacy.min_epsilon_per_query (0.6)"),
     "unknown noise": (
         [('noise = "sql"', 'noise = "client"')],
         "privacy.noise", "'sql' or 'proxy'"),

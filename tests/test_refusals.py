@@ -261,6 +261,8 @@ REFUSALS = [
          id="epsilon-above-analyst-max", analyst="bob", epsilon=0.6),
     case("SELECT COUNT(*) FROM trips", InvalidParameter, "epsilon", id="epsilon-tiny",
          epsilon=1e-300),
+    case("SELECT COUNT(*) FROM trips", InvalidParameter, "minimum", "0.001",
+         "min_epsilon_per_query", id="epsilon-below-floor", epsilon=1e-12),
     case("SELECT SUM(fare) FROM trips", InvalidParameter, "epsilon", id="epsilon-tiny-sum",
          epsilon=1e-300),
     case("SELECT COUNT(*) FROM trips", InvalidParameter, "delta", id="delta-negative",

@@ -162,7 +162,7 @@ def test_new_cap_costs_no_rewrite(backend_url: str, make_engine: Callable[..., E
     calls = _Pipelines(monkeypatch)
     chosen = iter([(3, (('"trips"."fare"', 0.0, 120.0),), None),
                    (7, (('"trips"."fare"', 0.0, 150.0),), None)])
-    monkeypatch.setattr(Engine, "_choose_cap", lambda self, prepared, claim: next(chosen))
+    monkeypatch.setattr(Engine, "_choose_cap", lambda self, prepared, run, selection: next(chosen))
     first = engine.execute(sql, "alice", epsilon=50.0)
     after_first = calls.calls
     spent = sum(b.epsilon_consumed for b in engine.ledger.blocks())

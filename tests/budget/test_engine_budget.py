@@ -191,16 +191,20 @@ def test_identical_query_gets_the_same_answer_for_free(
     engine = engine_with("answer_cache_seconds = 60")
     sql = "SELECT page, COUNT(*) AS n FROM visits GROUP BY page ORDER BY page"
     first = engine.execute(sql, epsilon=0.5, delta=1e-6, **ALICE)
-    again = engine.execute(sql, epsilon=0.5, delta=1e-6, analyst="bob")
+    again = engine.execute(sql, epsilon=0.5, delta=1e-6, **ALICE)
     assert again.rows == first.rows  # the very same noisy numbers: post-processing
     assert first.report.charged and not again.report.charged
-    assert again.report.analyst == "bob"
     assert "no budget spent" in again.report.notes[-1]
     (block,) = engine.ledger.blocks()
     assert block.epsilon_consumed == 0.5
+    # Another analyst's identical query is not served from alice's answers: a free hit would
+    # tell bob that alice just asked it (budget.answers).  It is charged, with fresh noise.
+    bob = engine.execute(sql, epsilon=0.5, delta=1e-6, analyst="bob")
+    assert bob.report.charged and not any("no budget spent" in n for n in bob.report.notes)
+    assert engine.ledger.blocks()[0].epsilon_consumed == 1.0
     # Anything that changes the release is a new query: another epsilon, other blocks.
     engine.execute(sql, epsilon=0.25, delta=1e-6, **ALICE)
-    assert engine.ledger.blocks()[0].epsilon_consumed == 0.75
+    assert engine.ledger.blocks()[0].epsilon_consumed == 1.25
 
 
 def test_answer_cache_expires(engine_with: Callable[..., Engine]) -> None:
