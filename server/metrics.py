@@ -88,10 +88,11 @@ def ledger_blocks(engine: Any, viewer: Viewer) -> list[dict[str, Any]]:
             for data in engine.ledger.budget_view(viewer)]
 
 
-def ledger_totals(engine: Any, analyst: str | None = None) -> list[dict[str, Any]]:
+def ledger_totals(engine: Any, analyst: str | None) -> list[dict[str, Any]]:
     """Claims per analyst and state (``claims``: how many, ``epsilon``/``delta``: their sums),
-    all analysts' or only ``analyst``'s: rows that :func:`claim_states` and
-    :func:`analyst_spending` take in place of the claims themselves."""
+    only ``analyst``'s, or every analyst's for ``None`` (the owner's pages only: no default, so
+    a caller must say which): rows that :func:`claim_states` and :func:`analyst_spending` take
+    in place of the claims themselves."""
     return [{k: jsonable(v) for k, v in t._asdict().items()}
             for t in engine.ledger.claim_totals(analyst)]
 
@@ -265,7 +266,7 @@ class _LedgerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         # Only the data owner may scrape /metrics: it lists every analyst's spending.
         blocks = ledger_blocks(self._engine, Viewer.owner())
-        totals = ledger_totals(self._engine)
+        totals = ledger_totals(self._engine, None)
         epsilon_per_block = self._engine.policy.privacy.epsilon_per_block
         budget, states, spent = _ledger_families()
         for data in blocks:

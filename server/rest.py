@@ -851,7 +851,7 @@ def _dashboard(engine: Any, history: budget_views.BudgetHistory,
                metrics: Metrics) -> dict[str, Any]:
     privacy = engine.policy.privacy
     blocks = budget_views.ledger_blocks(engine, Viewer.owner())  # the owner's page only
-    totals = budget_views.ledger_totals(engine)  # counts and sums: no claim is read
+    totals = budget_views.ledger_totals(engine, None)  # counts and sums: no claim is read
     history.record(blocks)
     bars = {b["block"]: budget_views.bar_view(b, privacy.epsilon_per_block) for b in blocks}
     untouched = [i for i in budget_views.known_block_ids(engine) if i not in bars]
