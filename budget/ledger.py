@@ -189,7 +189,9 @@ class Viewer:
       guarantee spent) are public metadata of the ledger, the same for every analyst: every
       query's report already shows what is left of the blocks it reads, so an analyst can see
       that others spent on a block whatever view the ledger gives.  Hiding the totals would also
-      leave analysts unable to plan their queries.
+      leave analysts unable to plan their queries.  What this reveals, and accepts: a block's
+      total minus an analyst's own spending is what all the others spent on it together (with
+      one other analyst, that analyst's spending), never who they are or how it splits.
     - Who spent it, and how much each analyst spent, are not: the names of the other analysts
       and their spending tell who works on which data and how hard.  An analyst sees only their
       own spending; the owner sees everyone's.

@@ -3,7 +3,7 @@
 The ledger is read only through its public interface: ``budget_view(viewer)`` (its blocks as
 one viewer may see them: see :class:`budget.ledger.Viewer`),
 ``claim_totals()`` (claims counted and summed per analyst and state, by the store) and
-``claims(analyst, states)`` (one analyst's claims, dataclasses or objects with ``as_dict()``):
+``claims(analyst, states)`` (one analyst's claims, shown as :data:`CLAIM_FIELDS`):
 no scrape or request reads every claim, as a busy ledger holds millions.  Field names are looked
 up tolerantly, so the views keep working while the ledger grows: the first ledger has
 ``epsilon_global / allocated / consumed / remaining``; the DPF ledger adds ``locked`` and
@@ -15,7 +15,6 @@ Nothing here changes the ledger.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -70,15 +69,14 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+#: What a claim's view holds.  Named, not every field of the claim: a claim can carry the
+#: snapshots of its blocks (``after``), which hold every analyst's spending (issue 18).
+CLAIM_FIELDS = ("claim_id", "analyst", "blocks", "epsilon", "delta", "state")
+
+
 def claim_dict(claim: Any) -> dict[str, Any]:
-    """One ledger claim as a JSON-ready dictionary (``analyst``, ``state``, ``epsilon``, ...)."""
-    if hasattr(claim, "as_dict"):
-        raw = claim.as_dict()
-    elif dataclasses.is_dataclass(claim):
-        raw = {f.name: getattr(claim, f.name) for f in dataclasses.fields(claim)}
-    else:
-        raw = dict(vars(claim))
-    return {str(k): jsonable(v) for k, v in raw.items()}
+    """One ledger claim as a JSON-ready dictionary of :data:`CLAIM_FIELDS`."""
+    return {name: jsonable(getattr(claim, name)) for name in CLAIM_FIELDS}
 
 
 def ledger_blocks(engine: Any, viewer: Viewer) -> list[dict[str, Any]]:

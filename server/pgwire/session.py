@@ -275,6 +275,8 @@ class Session:
             self._send(b"N")
             return
         if isinstance(message, p.CancelRequest):
+            # Allowed in plaintext even when TLS is required, as Postgres does: libpq sends
+            # cancels unencrypted, and the secret key it carries was sent over TLS.
             self.cancel_target = (message.pid, message.key)
             self.closed = True
             return

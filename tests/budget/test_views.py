@@ -67,3 +67,40 @@ def test_viewer_needs_a_name_and_views_need_a_viewer() -> None:
         block.as_dict()  # type: ignore[call-arg]  # no default viewer: a caller must choose
     assert block.as_dict(Viewer.of("zeke"))["by_analyst"] == {"zeke": 0.0}
     assert block.as_dict(Viewer.owner())["by_analyst"] == {"xavier": 0.25}
+
+
+def test_no_front_door_reads_per_analyst_spending_around_the_viewer() -> None:
+    """The wall by construction: outside the ledger, no code of the front doors (server/,
+    chorus_py/) reads a block's ``by_analyst``; they get blocks only through ``budget_view`` /
+    ``as_dict``, which take a Viewer, and claims through a named list of fields (never their
+    block snapshots).  A new door that reads around it fails here."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for package in ("server", "chorus_py"):
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "by_analyst":
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, f"read the ledger through budget_view(viewer), not by_analyst: {found}"
+
+
+def test_claim_views_never_carry_block_snapshots() -> None:
+    """A claim can carry its blocks as they were after it (``after``: every analyst's spending
+    on them); the claim view the REST app builds shows none of it."""
+    import dataclasses
+
+    from server.metrics import claim_dict
+
+    led = InMemoryLedger(1.0, 0.0)
+    led.ensure_blocks(["a"])
+    led.consume(led.claim("xavier", ["a"], 0.25, 0.0))
+    led.consume(led.claim("zeke", ["a"], 0.125, 0.0))
+    (mine,) = led.claims("zeke")
+    with_snapshots = dataclasses.replace(mine, after=tuple(led.blocks()))
+    assert "xavier" in repr(with_snapshots.after)  # what a generic dump would show
+    seen = claim_dict(with_snapshots)
+    assert seen == {"claim_id": mine.claim_id, "analyst": "zeke", "blocks": ["a"],
+                    "epsilon": 0.125, "delta": 0.0, "state": "consumed"}
