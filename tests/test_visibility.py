@@ -10,6 +10,7 @@ their own spending; never the other analyst's name or amount.  The owner's token
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -88,6 +89,17 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
             for part in ("spent", "left"):
                 assert row[f"guarantee_{part}_epsilon"] == pytest.approx(
                     mine[f"guarantee_{part}"]["epsilon"])
+        # the same in binary results, and over the simple query protocol (psql)
+        with psycopg.connect(wire.url(me), autocommit=True) as con:
+            binary = con.cursor(binary=True).execute("SHOW chorus.budget")
+            assert [d.name for d in binary.description] == names
+            assert other not in json.dumps(binary.fetchall(), default=str)
+        psql = shutil.which("psql")
+        if psql is not None:
+            shown = subprocess.run([psql, wire.url(me), "-XAc", "SHOW chorus.budget"],
+                                   capture_output=True, text=True, timeout=60, check=False)
+            assert shown.returncode == 0, shown.stderr
+            assert f"by_analyst_{me}" in shown.stdout and other not in shown.stdout
 
 
 def test_rest_and_dbapi_show_only_the_analysts_own_spending(
