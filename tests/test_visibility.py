@@ -72,6 +72,7 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
         if block["block"] in BLOCKS:
             assert block["by_analyst"] == SPENT  # both spent here: a view could leak either
     for me, other in OTHER.items():
+        owner = wire.engine.ledger.budget_view(Viewer.owner())
         with psycopg.connect(wire.url(me), autocommit=True) as con:
             cur = con.execute("SHOW chorus.budget")
             names = [d.name for d in cur.description]
@@ -80,7 +81,8 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
         assert not any(other in n for n in names)
         assert other not in json.dumps(rows, default=str)
         assert {r["block"]: r[f"by_analyst_{me}"] for r in rows} == {
-            b: SPENT[me] for b in BLOCKS}
+            b: pytest.approx(mine["by_analyst"][me]) for b in BLOCKS
+            for mine in owner if mine["block"] == b}
         for row in rows:  # the same totals as the owner's
             mine = next(b for b in owner if b["block"] == row["block"])
             for key in ("epsilon_consumed", "epsilon_allocated", "epsilon_remaining",
@@ -94,6 +96,14 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
             binary = con.cursor(binary=True).execute("SHOW chorus.budget")
             assert [d.name for d in binary.description] == names
             assert other not in json.dumps(binary.fetchall(), default=str)
+            # a query's report (EXPLAIN: rows; an answer: a NOTICE) shows block totals only
+            notices: list[str] = []
+            con.add_notice_handler(
+                lambda diag, out=notices: out.append(str(diag.message_primary)))
+            con.execute("SET chorus.epsilon = 0.001")
+            explained = con.execute(f"EXPLAIN {SQL}").fetchall()
+            con.execute("SELECT COUNT(*) FROM trips WHERE pickup_time >= '2026-03-31'")
+            assert notices and other not in json.dumps([explained, notices], default=str)
         psql = shutil.which("psql")
         if psql is not None:
             shown = subprocess.run([psql, wire.url(me), "-XAc", "SHOW chorus.budget"],
