@@ -61,7 +61,7 @@ from budget.store import (
 from chorus_py.errors import BudgetExhausted
 
 __all__ = ["BlockBudget", "BlockLeft", "Claim", "InMemoryLedger", "InvariantError", "Ledger",
-           "LedgerMismatch", "open_ledger", "replay"]
+           "LedgerMismatch", "Viewer", "open_ledger", "replay"]
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,13 @@ class BlockBudget:
         """delta^G minus the delta of the guarantee already spent (never negative)."""
         return max(0.0, self.delta_global - self.delta_spent)
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable view (scalars at ``index``; Rényi vectors too)."""
+    def as_dict(self, viewer: Viewer) -> dict[str, Any]:
+        """JSON-serialisable view for ``viewer`` (scalars at ``index``; Rényi vectors too).
+
+        The block's totals are the same for everyone; ``by_analyst`` holds every analyst's
+        spending for the data owner, and only the viewer's own entry (0.0 when they spent
+        nothing on the block) for an analyst: see :class:`Viewer`.
+        """
         out: dict[str, Any] = {
             "block": self.block_id,
             "state": self.state,
@@ -164,7 +169,7 @@ class BlockBudget:
             "delta_remaining": max(0.0, self.delta_remaining),
             "guarantee_spent": {"epsilon": self.epsilon_spent, "delta": self.delta_spent},
             "guarantee_left": {"epsilon": self.epsilon_left, "delta": self.delta_left},
-            "by_analyst": dict(self.by_analyst),
+            "by_analyst": viewer.spending(self.by_analyst),
         }
         if self.accounting == "renyi":
             out["alpha"] = self.orders[self.index]
@@ -172,6 +177,58 @@ class BlockBudget:
                             "locked": list(self.locked), "unlocked": list(self.unlocked),
                             "allocated": list(self.allocated), "consumed": list(self.consumed)}
         return out
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who a view of the ledger is for: the data owner, or one analyst.
+
+    What is public and what is not (issue 18):
+
+    - A block's totals (epsilon^G, what is consumed, allocated, unlocked, locked and left, the
+      guarantee spent) are public metadata of the ledger, the same for every analyst: every
+      query's report already shows what is left of the blocks it reads, so an analyst can see
+      that others spent on a block whatever view the ledger gives.  Hiding the totals would also
+      leave analysts unable to plan their queries.  What this reveals, and accepts: a block's
+      total minus an analyst's own spending is what all the others spent on it together (with
+      one other analyst, that analyst's spending), never who they are or how it splits.
+    - Who spent it, and how much each analyst spent, are not: the names of the other analysts
+      and their spending tell who works on which data and how hard.  An analyst sees only their
+      own spending; the owner sees everyone's.
+
+    Every front door (wire ``SHOW chorus.budget``, REST ``/v1/budget``, the dashboard and
+    metrics, the CLI) builds its view of the blocks through :meth:`Ledger.budget_view` or
+    :meth:`BlockBudget.as_dict`, which take a ``Viewer`` with no default: a front door cannot
+    forget to say whose view it builds.
+    """
+
+    #: The analyst the view is for; ``None`` for the data owner.
+    analyst: str | None
+
+    @classmethod
+    def owner(cls) -> Viewer:
+        """The data owner: sees every analyst's spending."""
+        return cls(None)
+
+    @classmethod
+    def of(cls, analyst: str) -> Viewer:
+        """One analyst: sees block totals and their own spending only."""
+        if not analyst:
+            raise ValueError("an analyst's view needs the analyst's name")
+        return cls(analyst)
+
+    @property
+    def is_owner(self) -> bool:
+        """True for the data owner's view."""
+        return self.analyst is None
+
+    def spending(self, by_analyst: Mapping[str, float]) -> dict[str, float]:
+        """The part of a per-analyst mapping this viewer may see: all of it for the owner;
+        for an analyst, only their own entry, present (0.0) even when they spent nothing, so
+        that a view's shape never depends on who else used the block."""
+        if self.analyst is None:
+            return dict(by_analyst)
+        return {self.analyst: by_analyst.get(self.analyst, 0.0)}
 
 
 class BlockLeft(NamedTuple):
@@ -622,11 +679,18 @@ class Ledger:
         """Journal rows (seq, at, event, claim_id, data) after ``since``, oldest first."""
         return self.store.journal(since, limit)
 
-    def spending(self) -> dict[str, dict[str, float]]:
-        """Per analyst and block, the epsilons they asked for in allocated or consumed claims."""
+    def budget_view(self, viewer: Viewer,
+                    ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every block the ledger holds (or ``ids``' that exist), as ``viewer`` may see it:
+        the one place every front door gets its view of the blocks (see :class:`Viewer`)."""
+        return [b.as_dict(viewer) for b in self.blocks(ids)]
+
+    def spending(self, viewer: Viewer) -> dict[str, dict[str, float]]:
+        """Per analyst and block, the epsilons they asked for in allocated or consumed claims:
+        every analyst's for the owner, only the viewer's own for an analyst."""
         out: dict[str, dict[str, float]] = {}
         for block in self.blocks():
-            for analyst, eps in block.by_analyst.items():
+            for analyst, eps in viewer.spending(block.by_analyst).items():
                 if eps > 0:
                     out.setdefault(analyst, {})[block.block_id] = eps
         return out

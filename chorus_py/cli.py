@@ -334,12 +334,19 @@ def passwd(iterations: int) -> None:
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="The policy (TOML) file; its ledger is read.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--analyst", default=None, metavar="NAME",
+              help="Show the ledger as this analyst sees it over the wire or REST: block "
+              "totals and only their own spending (default: the data owner's view, everyone's).")
 @click.pass_context
-def budget(ctx: click.Context, policy_path: Path | None, as_json: bool) -> None:
+def budget(ctx: click.Context, policy_path: Path | None, as_json: bool,
+           analyst: str | None) -> None:
     """Show the privacy budget ledger: per-block state, history, the scheduler simulator.
 
     Without a subcommand, prints every block's budget (like `budget status`): global, locked,
     unlocked, allocated and consumed epsilon, and the (epsilon, delta) guarantee left.
+
+    Reading the ledger file is the data owner's right: by default every analyst's spending is
+    shown. With --analyst NAME, only what that analyst may see (their own spending).
 
     \b
     Examples:
@@ -347,9 +354,10 @@ def budget(ctx: click.Context, policy_path: Path | None, as_json: bool) -> None:
       chorus budget --policy demo/policy.toml --json
       chorus budget --policy demo/policy.toml history --limit 20
       chorus budget --policy demo/policy.toml analysts
+      chorus budget --policy demo/policy.toml --analyst alice analysts
       chorus budget simulate --plot dpf.png
     """
-    ctx.obj = {"policy": policy_path, "json": as_json}
+    ctx.obj = {"policy": policy_path, "json": as_json, "analyst": analyst}
     if ctx.invoked_subcommand is None:
         ctx.invoke(budget_status)
 
@@ -359,12 +367,12 @@ def budget(ctx: click.Context, policy_path: Path | None, as_json: bool) -> None:
 def budget_status(ctx: click.Context) -> None:
     """Print every block's budget (a table, or JSON with --json before the subcommand)."""
     ledger = _ledger(ctx)
-    blocks = ledger.blocks()
     if ctx.obj["json"]:
         click.echo(json.dumps({"accounting": ledger.accounting,
                                "scheduler": ledger.settings.policy,
-                               "blocks": [b.as_dict() for b in blocks]}))
+                               "blocks": ledger.budget_view(_viewer(ctx))}))
         return
+    blocks = ledger.blocks()  # the table shows block totals only: the same for every viewer
     click.echo(f"accounting: {ledger.accounting}; scheduler: {ledger.settings.policy}; "
                f"{len(blocks)} block(s)")
     if not blocks:
@@ -389,6 +397,11 @@ def budget_history(ctx: click.Context, since: int, limit: int | None) -> None:
     """Print the ledger's journal: every change, oldest first."""
     import datetime
 
+    if ctx.obj["analyst"] is not None:
+        _fail(ChorusError("the journal lists every analyst's claims: it is the data owner's "
+                          "view, not an analyst's",
+                          hint="drop --analyst, or use `chorus budget --analyst NAME analysts`"),
+              ctx.obj["json"], status=REFUSED)
     rows = _ledger(ctx).history(since, limit)
     if ctx.obj["json"]:
         click.echo(json.dumps(rows))
@@ -409,12 +422,15 @@ def budget_history(ctx: click.Context, since: int, limit: int | None) -> None:
 def budget_analysts(ctx: click.Context) -> None:
     """Print each analyst's spending per block (the epsilons of their granted queries)."""
     ledger = _ledger(ctx)
-    spending = ledger.spending()
+    viewer = _viewer(ctx)
+    spending = ledger.spending(viewer)
+    limits = {name: cap for name, cap in ledger.analyst_caps.items()
+              if viewer.is_owner or name == viewer.analyst}
     if ctx.obj["json"]:
-        click.echo(json.dumps({"analysts": spending, "limits": ledger.analyst_caps}))
+        click.echo(json.dumps({"analysts": spending, "limits": limits}))
         return
     rows = [(analyst, block, f"{eps:.4g}",
-             f"{ledger.analyst_caps[analyst]:g}" if analyst in ledger.analyst_caps else "-")
+             f"{limits[analyst]:g}" if analyst in limits else "-")
             for analyst, blocks in sorted(spending.items())
             for block, eps in sorted(blocks.items())]
     _print_table(("analyst", "block", "epsilon spent", "limit per block"), rows)
@@ -469,7 +485,20 @@ def _ledger(ctx: click.Context) -> Any:
         _fail(PolicyError(f"{ctx.obj['policy']}: privacy.ledger: cannot open the budget ledger: "
                           f"{err}"), as_json, status=FAILED)
     ctx.call_on_close(ledger.close)
+    analyst = ctx.obj["analyst"]
+    if analyst is not None and analyst not in policy.analysts:
+        _fail(ChorusError(f"--analyst: the policy declares no analyst named {analyst!r}",
+                          hint="give a name from the policy's [analysts.NAME] sections"),
+              as_json, status=REFUSED)
     return ledger
+
+
+def _viewer(ctx: click.Context) -> Any:
+    """Whose view of the ledger to print: the owner's, or --analyst NAME's."""
+    from budget.ledger import Viewer
+
+    analyst = ctx.obj["analyst"]
+    return Viewer.owner() if analyst is None else Viewer.of(analyst)
 
 
 def _engine(policy_path: Path, as_json: bool = False) -> Any:

@@ -290,6 +290,12 @@ class _Local:
             out[name] = {**dict(columns), **out.get(name, {})}
         return out
 
+    def budget(self) -> list[dict[str, Any]]:
+        from budget.ledger import Viewer
+
+        # The same view as SHOW chorus.budget and GET /v1/budget give this analyst.
+        return self.engine.ledger.budget_view(Viewer.of(self.analyst))
+
     def close(self) -> None:
         """The engine is shared: it stays open."""
 
@@ -371,6 +377,9 @@ class _Remote:
     def tables(self) -> dict[str, dict[str, str]]:
         return {n: {c: v["type"] for c, v in t["columns"].items()}
                 for n, t in self.info["tables"].items()}
+
+    def budget(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/v1/budget")["blocks"])
 
     def close(self) -> None:
         self.client.close()
@@ -485,6 +494,12 @@ class Connection:
     def tables(self) -> dict[str, dict[str, str]]:
         """Tables an analyst may query, with their columns' types (extension)."""
         return self._open().tables()
+
+    def budget(self) -> list[dict[str, Any]]:
+        """Every block of the ledger as this connection's analyst may see it (extension): the
+        block's totals (``epsilon_consumed``, ``epsilon_remaining``...) and, in ``by_analyst``,
+        only this analyst's own spending, never another analyst's."""
+        return self._open().budget()
 
     def __enter__(self) -> Connection:
         self._open()

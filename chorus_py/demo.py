@@ -482,6 +482,9 @@ owner_token_sha256 = "4debe29c288e310c69d6a70c402c670b3127466f4d4b53b870e27eaebf
 # key are given (paths relative to this file), e.g.
 #   tls_cert = "server.crt"
 #   tls_key = "server.key"
+# tls = "require" refuses every client that did not start TLS (sslmode=require or stronger);
+# "optional" (the default) lets the client choose. "require" needs tls_cert and tls_key.
+#   tls = "require"
 # Connections beyond max_connections are refused; a client must log in within
 # login_timeout_seconds and is disconnected after idle_timeout_seconds without a query.
 max_connections = 100

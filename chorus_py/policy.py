@@ -561,6 +561,9 @@ class ServerConfig(_Strict):
     # them clients that ask for TLS are told it is not available.
     tls_cert: str | None = None
     tls_key: str | None = None
+    # Wire protocol: "require" refuses every connection that did not start TLS first (passwords
+    # and answers never cross the network in the clear); "optional" lets the client choose.
+    tls: Literal["optional", "require"] = "optional"
     max_connections: int = Field(default=100, gt=0)
     # A client must finish logging in within login_timeout_seconds; an idle one is disconnected
     # after idle_timeout_seconds; a statement running longer than statement_timeout_seconds is
@@ -573,6 +576,9 @@ class ServerConfig(_Strict):
     def _tls_pair(self) -> ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("give both tls_cert and tls_key, or neither")
+        if self.tls == "require" and self.tls_cert is None:
+            raise ValueError('tls = "require" needs a certificate: give tls_cert and tls_key '
+                             "(PEM files, paths relative to the policy file)")
         return self
 
     @field_validator("owner_token_sha256")

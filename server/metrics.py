@@ -1,8 +1,9 @@
 """What the budget ledger says, as numbers: views for the REST app, the dashboard and Prometheus.
 
-The ledger is read only through its public interface: ``blocks()`` (objects with ``as_dict()``),
+The ledger is read only through its public interface: ``budget_view(viewer)`` (its blocks as
+one viewer may see them: see :class:`budget.ledger.Viewer`),
 ``claim_totals()`` (claims counted and summed per analyst and state, by the store) and
-``claims(analyst, states)`` (one analyst's claims, dataclasses or objects with ``as_dict()``):
+``claims(analyst, states)`` (one analyst's claims, shown as :data:`CLAIM_FIELDS`):
 no scrape or request reads every claim, as a busy ledger holds millions.  Field names are looked
 up tolerantly, so the views keep working while the ledger grows: the first ledger has
 ``epsilon_global / allocated / consumed / remaining``; the DPF ledger adds ``locked`` and
@@ -14,7 +15,6 @@ Nothing here changes the ledger.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -26,6 +26,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from budget.ledger import Viewer
 
 # Claim states, grouped the way the dashboard shows them.  Unknown states are counted on their own.
 GRANTED_STATES = frozenset({"granted", "allocated", "consumed"})
@@ -67,37 +69,28 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def block_dict(block: Any) -> dict[str, Any]:
-    """One ledger block as a JSON-ready dictionary with at least a ``block`` key."""
-    raw = block.as_dict() if hasattr(block, "as_dict") else (
-        dataclasses.asdict(block) if dataclasses.is_dataclass(block) else dict(vars(block)))
-    data = {str(k): jsonable(v) for k, v in raw.items()}
-    if "block" not in data:
-        data["block"] = str(data.get("block_id", getattr(block, "block_id", "?")))
-    data["block"] = str(data["block"])
-    return data
+#: What a claim's view holds.  Named, not every field of the claim: a claim can carry the
+#: snapshots of its blocks (``after``), which hold every analyst's spending (issue 18).
+CLAIM_FIELDS = ("claim_id", "analyst", "blocks", "epsilon", "delta", "state")
 
 
 def claim_dict(claim: Any) -> dict[str, Any]:
-    """One ledger claim as a JSON-ready dictionary (``analyst``, ``state``, ``epsilon``, ...)."""
-    if hasattr(claim, "as_dict"):
-        raw = claim.as_dict()
-    elif dataclasses.is_dataclass(claim):
-        raw = {f.name: getattr(claim, f.name) for f in dataclasses.fields(claim)}
-    else:
-        raw = dict(vars(claim))
-    return {str(k): jsonable(v) for k, v in raw.items()}
+    """One ledger claim as a JSON-ready dictionary of :data:`CLAIM_FIELDS`."""
+    return {name: jsonable(getattr(claim, name)) for name in CLAIM_FIELDS}
 
 
-def ledger_blocks(engine: Any) -> list[dict[str, Any]]:
-    """Every block the ledger knows, as reported by the ledger."""
-    return [block_dict(b) for b in engine.ledger.blocks()]
+def ledger_blocks(engine: Any, viewer: Viewer) -> list[dict[str, Any]]:
+    """Every block the ledger knows, JSON-ready, as ``viewer`` may see it (block totals for
+    everyone; other analysts' names and spending only for the owner: :class:`Viewer`)."""
+    return [{str(k): jsonable(v) for k, v in data.items()}
+            for data in engine.ledger.budget_view(viewer)]
 
 
-def ledger_totals(engine: Any, analyst: str | None = None) -> list[dict[str, Any]]:
+def ledger_totals(engine: Any, analyst: str | None) -> list[dict[str, Any]]:
     """Claims per analyst and state (``claims``: how many, ``epsilon``/``delta``: their sums),
-    all analysts' or only ``analyst``'s: rows that :func:`claim_states` and
-    :func:`analyst_spending` take in place of the claims themselves."""
+    only ``analyst``'s, or every analyst's for ``None`` (the owner's pages only: no default, so
+    a caller must say which): rows that :func:`claim_states` and :func:`analyst_spending` take
+    in place of the claims themselves."""
     return [{k: jsonable(v) for k, v in t._asdict().items()}
             for t in engine.ledger.claim_totals(analyst)]
 
@@ -269,8 +262,9 @@ class _LedgerCollector(Collector):
         yield from _ledger_families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        blocks = ledger_blocks(self._engine)
-        totals = ledger_totals(self._engine)
+        # Only the data owner may scrape /metrics: it lists every analyst's spending.
+        blocks = ledger_blocks(self._engine, Viewer.owner())
+        totals = ledger_totals(self._engine, None)
         epsilon_per_block = self._engine.policy.privacy.epsilon_per_block
         budget, states, spent = _ledger_families()
         for data in blocks:

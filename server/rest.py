@@ -7,6 +7,7 @@ Endpoints (the OpenAPI document is served at ``/openapi.json``):
 ``POST /v1/explain``                        analyst token    the report only; nothing charged
 ``GET  /v1/info``                           analyst / owner  dialect, limits, tables, columns
 ``GET  /v1/budget``                         analyst / owner  budget of every block in the ledger
+                                                             (an analyst: only their own spending)
 ``GET  /v1/budget/analysts/{name}``         that analyst     one analyst's spending
                                             / owner
 ``GET  /v1/dashboard``                      owner token      the data behind ``/dashboard``
@@ -55,6 +56,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from budget.ledger import Viewer
 from chorus_py.errors import ChorusError
 from server import metrics as budget_views
 from server.metrics import Metrics
@@ -273,6 +275,9 @@ class BlockModel(BaseModel):
     delta_global: float | None = None
     delta_consumed: float | None = None
     delta_remaining: float | None = None
+    by_analyst: dict[str, float] | None = Field(
+        default=None, description="epsilon spent on this block per analyst: every analyst's "
+        "for the data owner's token, only your own entry for an analyst's token")
 
 
 class BudgetResponse(_Model):
@@ -520,6 +525,15 @@ class Principal:
     analyst: str | None
     owner: bool
 
+    @property
+    def viewer(self) -> Viewer:
+        """Whose view of the ledger this request gets: everyone's spending for the owner, only
+        their own for an analyst (block totals are the same for both)."""
+        if self.owner:
+            return Viewer.owner()
+        assert self.analyst is not None  # a principal is the owner or a named analyst
+        return Viewer.of(self.analyst)
+
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
@@ -693,7 +707,8 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
                                     delta=body.delta, wait_seconds=body.wait_seconds,
                                     sensitivity=body.sensitivity, gamma=body.gamma)
             if history.due():  # the dashboard's "budget over time", at most once a second
-                history.record(budget_views.ledger_blocks(engine))
+                # totals only are recorded: the owner's view loses nothing
+                history.record(budget_views.ledger_blocks(engine, Viewer.owner()))
             return answer
 
         result = await _answer("query", run)
@@ -721,11 +736,14 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
     @app.get("/v1/budget", response_model=BudgetResponse, tags=["budget"],
              responses=_responses(401, 500))
     async def budget(who: AnyPrincipal) -> Any:
-        """The budget of every block in the ledger (blocks not listed were never read)."""
+        """The budget of every block in the ledger (blocks not listed were never read): the
+        same totals for everyone; ``by_analyst`` lists every analyst's spending for the data
+        owner, and only your own for an analyst."""
         privacy = engine.policy.privacy
         return {"epsilon_per_block": privacy.epsilon_per_block,
                 "delta_per_block": privacy.delta_per_block,
-                "blocks": await run_in_threadpool(budget_views.ledger_blocks, engine)}
+                "blocks": await run_in_threadpool(budget_views.ledger_blocks, engine,
+                                                  who.viewer)}
 
     @app.get("/v1/budget/analysts/{name}", response_model=AnalystBudgetResponse,
              tags=["budget"], responses=_responses(401, 403, 404, 422, 500))
@@ -832,8 +850,8 @@ def _info(engine: Any, who: Principal) -> dict[str, Any]:
 def _dashboard(engine: Any, history: budget_views.BudgetHistory,
                metrics: Metrics) -> dict[str, Any]:
     privacy = engine.policy.privacy
-    blocks = budget_views.ledger_blocks(engine)
-    totals = budget_views.ledger_totals(engine)  # counts and sums: no claim is read
+    blocks = budget_views.ledger_blocks(engine, Viewer.owner())  # the owner's page only
+    totals = budget_views.ledger_totals(engine, None)  # counts and sums: no claim is read
     history.record(blocks)
     bars = {b["block"]: budget_views.bar_view(b, privacy.epsilon_per_block) for b in blocks}
     untouched = [i for i in budget_views.known_block_ids(engine) if i not in bars]

@@ -87,7 +87,7 @@ def pgwire_listener(engine: Any, listen: str) -> StartListener:
             raise ListenError("Postgres wire protocol", listen, "--listen", err) from None
         analysts = sorted(n for n, v in server.ctx.verifiers.items() if v is not None)
         print(f"chorus: Postgres wire protocol on {host}:{port} "
-              f"({'TLS available' if server.tls else 'no TLS'}); analysts with a password: "
+              f"({_tls_mode(server)}); analysts with a password: "
               f"{', '.join(analysts) or 'none (add one with `chorus passwd`)'}",
               file=sys.stderr, flush=True)
         return server
@@ -111,3 +111,10 @@ async def run_listeners(listeners: Sequence[StartListener]) -> None:
     finally:
         for listener in started:
             await listener.close()
+
+
+def _tls_mode(server: Any) -> str:
+    """How the wire server treats TLS, for its start-up line."""
+    if server.ctx.tls_required:
+        return "TLS required"
+    return "TLS available" if server.tls else "no TLS"

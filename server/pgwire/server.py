@@ -5,7 +5,8 @@ session generator, runs the blocking work it yields in a thread pool, and writes
 Here, and only here, live the things that need a clock or a socket:
 
 - TLS after an ``SSLRequest`` (when the policy gives a certificate and key), refusing bytes that
-  arrived before the handshake (they were not encrypted: CVE-2021-23214);
+  arrived before the handshake (they were not encrypted: CVE-2021-23214); with
+  ``[server] tls = "require"`` a startup without TLS is refused (FATAL 28000);
 - the connection limit (``53300`` beyond it), the login timeout (startup and SCRAM must finish in
   time), the idle timeout (``57P05``) and the statement timeout (``57014``);
 - cancel requests: the running backend statement is interrupted through
@@ -72,6 +73,8 @@ class WireServer:
         self.limits = limits
         self.tls = tls
         context.tls_available = tls is not None
+        if context.tls_required and tls is None:  # the policy validates this; fail closed too
+            raise ValueError("TLS is required but no certificate was given")
         self.executor = ThreadPoolExecutor(max_workers=limits.workers,
                                            thread_name_prefix="chorus-pgwire")
         self._sessions: dict[int, tuple[Session, _Running]] = {}
@@ -399,5 +402,6 @@ def build_wire_server(engine: Any) -> WireServer:
                     f"{err.strerror or err}",
                     hint="give a PEM certificate and its private key, paths relative to the "
                          "policy file") from None
-    context = ServerContext(engine, Catalog(columns), verifiers, columns=columns)
+    context = ServerContext(engine, Catalog(columns), verifiers, columns=columns,
+                            tls_required=config is not None and config.tls == "require")
     return WireServer(context, limits, tls)

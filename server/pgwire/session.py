@@ -29,6 +29,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
+from budget.ledger import Viewer
 from chorus_py.errors import ChorusError, QuerySyntaxError
 from chorus_py.report import PrivacyReport, QueryResult, elastic_lines, shown
 from server.pgwire import protocol as p
@@ -87,6 +88,8 @@ class ServerContext:
     catalog: Catalog
     verifiers: Mapping[str, Verifier | None]
     tls_available: bool = False
+    # [server] tls = "require": a startup that did not come through TLS is refused.
+    tls_required: bool = False
     # policy table -> column -> wire type; used to infer parameter types
     columns: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
@@ -272,11 +275,22 @@ class Session:
             self._send(b"N")
             return
         if isinstance(message, p.CancelRequest):
+            # Allowed in plaintext even when TLS is required, as Postgres does: libpq sends
+            # cancels unencrypted, and the secret key it carries was sent over TLS.
             self.cancel_target = (message.pid, message.key)
             self.closed = True
             return
         if not isinstance(message, p.Startup):
             self.protocol_violation("expected a startup message")
+            return
+        if self.ctx.tls_required and not self._tls:
+            # Before anything of the startup is read or answered: a plaintext client learns
+            # nothing but that TLS is required, and never gets to send a password.
+            self._send(p.error_response(
+                "28000", "this server requires TLS: the connection is not encrypted",
+                severity="FATAL",
+                hint="connect with sslmode=require (or verify-ca / verify-full)"))
+            self.closed = True
             return
         extensions = [k for k in message.params if k.startswith("_pq_.")]
         if message.version != p.PROTOCOL_3_0 or extensions:
@@ -853,8 +867,11 @@ class Session:
         raise WireError("42704", f'unrecognized configuration parameter "{name}"')
 
     def _budget(self) -> tuple[list[tuple[str, int]], list[tuple[Any, ...]]]:
-        """SHOW chorus.budget: one row per private block of the ledger."""
-        blocks = [_block_dict(b) for b in self.ctx.engine.ledger.blocks()]
+        """SHOW chorus.budget: one row per private block of the ledger, as this session's
+        analyst may see it: block totals, and only their own spending (``by_analyst_<name>``).
+        The wire protocol has no data-owner login, so no wire session sees other analysts."""
+        viewer = Viewer.of(self.user)
+        blocks = [_flat(b) for b in self.ctx.engine.ledger.budget_view(viewer)]
         if not blocks:
             names = ["block", "epsilon_global", "epsilon_consumed", "epsilon_remaining"]
             return [(n, t.TEXT if n == "block" else t.FLOAT8) for n in names], []
@@ -911,14 +928,8 @@ def _positive(value: str, name: str) -> float:
     return number
 
 
-def _block_dict(block: Any) -> dict[str, Any]:
-    """A ledger block as flat columns (nested {"epsilon": .., "delta": ..} -> x_epsilon...)."""
-    if hasattr(block, "as_dict"):
-        raw = dict(block.as_dict())
-    elif dataclasses.is_dataclass(block) and not isinstance(block, type):
-        raw = dataclasses.asdict(block)
-    else:
-        raw = dict(vars(block))
+def _flat(raw: dict[str, Any]) -> dict[str, Any]:
+    """A ledger block view as flat columns (nested {"epsilon": .., "delta": ..} -> x_epsilon...)."""
     flat: dict[str, Any] = {}
     for key, value in raw.items():
         if isinstance(value, dict):

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from budget.ledger import BlockBudget, Claim, InMemoryLedger
+from budget.ledger import BlockBudget, Claim, InMemoryLedger, Viewer
 from chorus_py.errors import BudgetExhausted, OperationalError
 
 TOL = 1e-12
@@ -263,7 +263,7 @@ def test_blocks_are_sorted_snapshots(ledger: InMemoryLedger) -> None:
         snapshot[1].block_id = "x"  # type: ignore[misc]
     ledger.consume(ledger.claim("alice", ["a"], 1.0, 0.0))
     assert snapshot[1].epsilon_consumed == 0.0  # a snapshot, not a live view
-    assert block(ledger, "a").as_dict()["epsilon_remaining"] == 0.0
+    assert block(ledger, "a").as_dict(Viewer.owner())["epsilon_remaining"] == 0.0
 
 
 def test_can_claim_changes_nothing(ledger: InMemoryLedger) -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from budget import scheduler as sched
 from budget.accounting import BasicAccountant, Event, RenyiAccountant
-from budget.ledger import BlockBudget, Claim, InMemoryLedger, Ledger, replay
+from budget.ledger import BlockBudget, Claim, InMemoryLedger, Ledger, Viewer, replay
 from budget.scheduler import (
     BlockState,
     ClaimRecord,
@@ -502,14 +502,16 @@ def test_per_analyst_spending_and_limits() -> None:
     led.ensure_blocks(["a", "b"])
     led.consume(led.claim("alice", ["a", "b"], 0.25, 0.0))
     bob = led.claim("bob", ["a"], 0.375, 0.0)
-    assert led.spending() == {"alice": {"a": 0.25, "b": 0.25}, "bob": {"a": 0.375}}
+    assert led.spending(Viewer.owner()) == {"alice": {"a": 0.25, "b": 0.25},
+                                            "bob": {"a": 0.375}}
+    assert led.spending(Viewer.of("bob")) == {"bob": {"a": 0.375}}  # never alice's
     # 0.375 + 0.25 > 0.5 on block a (b is fine): refused, naming a and the limit.
     with pytest.raises(BudgetExhausted, match=r"analyst 'bob' .* limit of epsilon 0\.5 .* a "):
         led.claim("bob", ["a", "b"], 0.25, 0.0)
     led.claim("alice", ["a"], 0.25, 0.0)  # alice has no limit
     led.release(bob)  # released budget no longer counts against bob
     led.consume(led.claim("bob", ["a", "b"], 0.125, 0.0))
-    assert led.spending()["bob"] == {"a": 0.125, "b": 0.125}
+    assert led.spending(Viewer.owner())["bob"] == {"a": 0.125, "b": 0.125}
     check_all(led)
     rebuilt = replay(led.history())
     assert rebuilt["a"].by_analyst == view(led, "a").by_analyst

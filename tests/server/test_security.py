@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import socket
 import ssl
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +18,8 @@ import psycopg
 import pytest
 
 from chorus_py.backends import StatementFailed
-from chorus_py.errors import BackendError
+from chorus_py.errors import BackendError, PolicyError
+from chorus_py.policy import load_policy
 from tests.server.conftest import (
     PASSWORDS,
     RawClient,
@@ -75,6 +78,75 @@ def test_tls(duckdb_data: str, write_policy: Callable[..., Path],
             psycopg.connect(wire.url(sslmode="require"))
         with psycopg.connect(wire.url(sslmode="prefer")) as con:
             assert not con.pgconn.ssl_in_use
+
+
+def _refused_plaintext(wire: Wire, prelude: bytes = b"") -> dict[str, str]:
+    """Send a plaintext startup (after ``prelude``, answered by one byte) and return the
+    fields of the one message the server answers before it closes."""
+    with socket.create_connection((wire.host, wire.port), timeout=5) as sock:
+        if prelude:
+            sock.sendall(prelude)
+            assert sock.recv(1) == b"N"
+        sock.sendall(startup_packet("alice"))
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    # exactly one ErrorResponse, then the server closes: no authentication request was sent
+    assert answer[:1] == b"E" and len(answer) == struct.unpack("!i", answer[1:5])[0] + 1
+    return error_fields(answer[5:])
+
+
+def test_tls_required(duckdb_data: str, write_policy: Callable[..., Path],
+                      certificate: tuple[str, str]) -> None:
+    cert, key = certificate
+    server = f'tls_cert = "{cert}"\ntls_key = "{key}"\ntls = "require"'
+    with start_wire(write_policy(duckdb_data), server=server) as wire:
+        claims = len(wire.engine.ledger.claims())
+        for mode in ("require", "prefer"):  # prefer: the client tries TLS first
+            with psycopg.connect(wire.url(sslmode=mode), autocommit=True) as con:
+                assert con.pgconn.ssl_in_use
+                assert con.execute("SELECT COUNT(*) FROM trips").fetchone()[0] is not None
+        with psycopg.connect(wire.url(sslmode="verify-full", sslrootcert=cert)) as con:
+            assert con.pgconn.ssl_in_use
+        # (libpq reports no SQLSTATE for a failed connection: the raw client below checks it)
+        with pytest.raises(psycopg.OperationalError, match="requires TLS"):
+            psycopg.connect(wire.url(sslmode="disable"))
+        # the raw protocol: a plaintext startup, and one after GSSENCRequest -> 'N'
+        for prelude in (b"", struct.pack("!ii", 8, 80877104)):
+            fields = _refused_plaintext(wire, prelude)
+            assert fields["S"] == "FATAL" and fields["C"] == "28000"
+            assert "requires TLS" in fields["M"] and "sslmode=require" in fields["H"]
+        # the plaintext refusals charged nothing; the TLS sessions ran their queries
+        assert len(wire.engine.ledger.claims()) == claims + 2
+        with psycopg.connect(wire.url(sslmode="require"), autocommit=True) as con:
+            assert con.execute("SELECT 1").fetchone() == (1,)  # the server is fine
+
+
+def test_tls_required_with_psql(duckdb_data: str, write_policy: Callable[..., Path],
+                                certificate: tuple[str, str]) -> None:
+    psql = shutil.which("psql")
+    if psql is None:
+        pytest.skip("psql is not installed")
+    cert, key = certificate
+    server = f'tls_cert = "{cert}"\ntls_key = "{key}"\ntls = "require"'
+    with start_wire(write_policy(duckdb_data), server=server) as wire:
+        def run(mode: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([psql, wire.url(sslmode=mode), "-XAtc", "SELECT 1"],
+                                  capture_output=True, text=True, timeout=60, check=False)
+        assert run("require").stdout.strip() == "1"
+        plain = run("disable")
+        assert plain.returncode != 0 and "requires TLS" in plain.stderr
+
+
+def test_tls_require_needs_a_certificate(duckdb_data: str,
+                                         write_policy: Callable[..., Path]) -> None:
+    path = write_policy(duckdb_data)
+    path.write_text(path.read_text() + '\n[server]\ntls = "require"\n')
+    with pytest.raises(PolicyError, match=r'tls = "require" needs a certificate'):
+        load_policy(path)
+    path.write_text(path.read_text().replace('tls = "require"', 'tls = "always"'))
+    with pytest.raises(PolicyError, match="tls"):
+        load_policy(path)
 
 
 def test_scram_and_requests(duckdb_wire: Wire) -> None:
