@@ -52,6 +52,7 @@ from chorus_py.errors import (
     InvalidParameter,
     PolicyError,
     QueryRefused,
+    StatementCanceled,
 )
 from chorus_py.frequencies import FrequencyCatalog
 from chorus_py.joined import join_events, prepare_join
@@ -157,6 +158,12 @@ class Engine:
             live = self.backend.table_columns()
             policy.check_against(live)
             self._check_types(live)
+            # Wall 5 (least privilege): public-only queries run on a connection restricted to
+            # the public tables; refused at start when it could read a private one.
+            self.backend.restrict_public(
+                [t for t, tp in policy.tables.items() if tp.public],
+                [t for t, tp in policy.tables.items() if not tp.public],
+                policy.backend.public_url, block_ttl_seconds)
         except BaseException:
             self.backend.close()
             raise
@@ -264,7 +271,8 @@ class Engine:
                 return sampled
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
-            result = self._run(analysis.tree.sql(self.dialect), touched_charge=None)
+            result = self._run(analysis.tree.sql(self.dialect), touched_charge=None,
+                               public=True)
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
@@ -594,15 +602,23 @@ class Engine:
             self._reads.put(key, found)
         return found
 
-    def _run(self, sql: str, touched_charge: Any) -> ResultSet:
+    def _run(self, sql: str, touched_charge: Any, public: bool = False) -> ResultSet:
+        """Run generated SQL (``public``: a public-only query, on the restricted connection)."""
         try:
-            return self.backend.run(sql)
+            return self.backend.run_public(sql) if public else self.backend.run(sql)
         except StatementFailed as err:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
             log.debug("backend error detail: %s", err.detail)
             if touched_charge is not None and not err.touched_data:
                 self.ledger.refund(touched_charge)  # consumed on grant: give it back
+            if err.cancelled is not None:
+                raise StatementCanceled(
+                    f"canceling statement due to {err.cancelled}",
+                    hint=("the budget of this query was charged (the database may have read "
+                          "rows); " if touched_charge is not None else "")
+                    + "ask for less work; the data owner sets backend.statement_timeout_seconds",
+                ) from None
             if err.touched_data:
                 raise BackendError(
                     "the database failed while evaluating the query; no detail is shown "
