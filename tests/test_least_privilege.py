@@ -1,0 +1,247 @@
+"""Wall 5, least privilege: public-only queries run on a connection that cannot read private
+tables, and the start-up checks refuse or warn about roles with more than they need.
+
+The restricted runner is called with raw SQL here (``backend.run_public``): these tests hold the
+wall on its own, with the analyser out of the way.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import duckdb
+import psycopg
+import pytest
+
+from chorus_py.backends import StatementFailed, duckdb_path
+from chorus_py.engine import Engine
+from chorus_py.errors import OperationalError, PolicyError
+from chorus_py.policy import load_policy
+
+PUBLIC_ROWS = "SELECT city, state, population FROM cities ORDER BY city"
+
+
+def _engine(write_policy: Callable[..., Path], url: str, backend: str = "",
+            ttl: float = 60.0) -> Engine:
+    """An engine on the test policy, ``backend`` lines added to its [backend] section."""
+    path = write_policy(url)
+    path.write_text(path.read_text().replace(f'url = "{url}"', f'url = "{url}"\n{backend}', 1))
+    return Engine(load_policy(path), block_ttl_seconds=ttl)
+
+
+def _as(url: str, role: str) -> str:
+    """``url`` with another user name."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
+@pytest.fixture
+def roles(postgres_data: str) -> Iterator[Callable[..., str]]:
+    """``roles(*statements)``: a new login role (``{role}`` in the statements names it) set up
+    by ``statements`` in the test database; returns its name.  Dropped afterwards."""
+    made: list[str] = []
+
+    def make(*statements: str, options: str = "LOGIN") -> str:
+        role = f"chorus_test_{uuid.uuid4().hex[:8]}"
+        made.append(role)
+        with psycopg.connect(postgres_data, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} {options}")
+            for statement in statements:
+                admin.execute(statement.format(role=role))
+        return role
+
+    yield make
+    with psycopg.connect(postgres_data, autocommit=True) as admin:
+        for role in reversed(made):
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def restricted(request: pytest.FixtureRequest,
+               write_policy: Callable[..., Path]) -> Iterator[tuple[str, Engine]]:
+    """(backend, engine) with the restricted connection set up as the owner guide says."""
+    url = request.getfixturevalue(f"{request.param}_data")
+    backend = ""
+    if request.param == "postgres":
+        reader = request.getfixturevalue("roles")("GRANT SELECT ON cities TO {role}")
+        backend = f'public_url = "{_as(url, reader)}"'
+    engine = _engine(write_policy, url, backend)
+    try:
+        yield request.param, engine
+    finally:
+        engine.close()
+
+
+def test_a_public_query_runs_on_the_restricted_connection(
+        restricted: tuple[str, Engine]) -> None:
+    kind, engine = restricted
+    if kind == "postgres":
+        user = engine.backend.run_public("SELECT current_user::text").rows[0][0]
+        assert user != engine.backend.run("SELECT current_user::text").rows[0][0]
+        assert user.startswith("chorus_test_")
+    else:  # an in-memory database of its own: the file is not attached there
+        names = engine.backend.run_public("SELECT database_name FROM duckdb_databases() "
+                                          "WHERE NOT internal").rows
+        assert names == [("memory",)]
+    answer = engine.execute(PUBLIC_ROWS, analyst="alice")
+    assert answer.rows == [tuple(r) for r in engine.backend.run(PUBLIC_ROWS).rows]
+    assert len(answer.rows) == 5 and not answer.report.charged
+
+
+_DUCKDB_ATTACKS = [
+    "SELECT COUNT(*) FROM trips",
+    "SELECT rider_id FROM main.trips",
+    "SELECT c.city FROM cities c JOIN visits v ON v.page = c.city",
+    "SELECT * FROM cities WHERE city IN (SELECT city FROM trips)",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM '{file}'",
+    "ATTACH '{file}' AS leak (READ_ONLY)",
+    "ATTACH '{file}.copy' AS leak",
+    "SET enable_external_access = true",
+    "SET python_enable_replacements = true",
+    "INSTALL httpfs",
+    "CREATE TABLE leak AS SELECT 1 AS a",
+    "DROP TABLE cities",
+]
+_POSTGRES_ATTACKS = [
+    "SELECT COUNT(*) FROM trips",
+    "SELECT rider_id FROM public.trips",
+    "SELECT c.city FROM cities c JOIN visits v ON v.page = c.city",
+    "SELECT * FROM cities WHERE city IN (SELECT city FROM trips)",
+    "SELECT pg_read_file('/etc/passwd')",
+    "SET ROLE postgres",
+    "SELECT set_config('role', 'postgres', false)",
+    "CREATE TABLE leak (a int)",
+    "DELETE FROM cities",
+]
+
+
+def test_the_restricted_connection_cannot_read_private_tables(
+        restricted: tuple[str, Engine]) -> None:
+    kind, engine = restricted
+    attacks = _POSTGRES_ATTACKS if kind == "postgres" else _DUCKDB_ATTACKS
+    file = duckdb_path(engine.policy.backend.url)
+    for sql in attacks:
+        with pytest.raises(StatementFailed):
+            engine.backend.run_public(sql.format(file=file))
+    # The same statements run on the main connection (reads), so the wall is what stopped them.
+    assert engine.backend.run("SELECT COUNT(*) FROM trips").rows[0][0] > 0
+    # Nothing was poisoned: the restricted connection still answers.
+    assert len(engine.execute(PUBLIC_ROWS, analyst="alice").rows) == 5
+
+
+def test_duckdb_public_copies_follow_the_file(tmp_path: Path) -> None:
+    """The in-memory copies are refreshed on the catalog TTL (here 0: every query)."""
+    path = tmp_path / "small.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE secret (id BIGINT, v DOUBLE)")
+        con.execute("INSERT INTO secret VALUES (1, 2.5)")
+        con.execute("CREATE TABLE pub (k VARCHAR, n DECIMAL(10, 2), d DATE)")
+        con.execute("INSERT INTO pub VALUES ('a', 1.25, DATE '2024-01-02')")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"""
+[backend]
+url = "duckdb:///{path}"
+[privacy]
+epsilon_per_block = 10
+delta_per_block = 1e-6
+[tables.secret]
+[tables.secret.columns]
+id = {{ type = "int" }}
+v = {{ type = "float", lower = 0, upper = 10 }}
+[tables.pub]
+public = true
+""")
+    with Engine(load_policy(policy), block_ttl_seconds=0) as engine:
+        assert engine.execute("SELECT COUNT(*) FROM pub").rows == [(1,)]
+        engine.backend.run_owned(["INSERT INTO pub VALUES ('b', 2.5, NULL)"])
+        rows = engine.execute("SELECT k, n, d FROM pub ORDER BY k").rows
+        assert len(rows) == 2 and rows[1][0] == "b" and float(rows[1][1]) == 2.5
+        assert engine.backend.run_public("SELECT data_type FROM information_schema.columns "
+                                         "WHERE column_name = 'n'").rows == [("DECIMAL(10,2)",)]
+        with pytest.raises(StatementFailed):
+            engine.backend.run_public("SELECT * FROM secret")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("grants, named", [
+    (["GRANT SELECT ON cities, trips TO {role}"], "public.trips"),
+    (["GRANT SELECT ON cities TO {role}", "GRANT SELECT (city) ON trips TO {role}"],
+     "public.trips"),
+    (["GRANT SELECT ON cities TO {role}", "GRANT SELECT ON visits TO PUBLIC"], "public.visits"),
+], ids=["table", "one column", "granted to PUBLIC"])
+def test_start_up_refuses_a_public_role_that_reads_a_private_table(
+        postgres_data: str, write_policy: Callable[..., Path], roles: Callable[..., str],
+        grants: list[str], named: str) -> None:
+    reader = roles(*grants)
+    try:
+        with pytest.raises(OperationalError, match=named.replace(".", r"\.")) as info:
+            _engine(write_policy, postgres_data, f'public_url = "{_as(postgres_data, reader)}"')
+        assert f"REVOKE SELECT ON {named} FROM {reader}" in (info.value.hint or "")
+    finally:
+        with psycopg.connect(postgres_data, autocommit=True) as admin:
+            admin.execute("REVOKE SELECT ON visits FROM PUBLIC")
+
+
+@pytest.mark.postgres
+def test_start_up_refuses_a_public_role_that_can_set_role_to_a_reader(
+        postgres_data: str, write_policy: Callable[..., Path], roles: Callable[..., str]) -> None:
+    """A NOINHERIT member does not hold its roles' privileges, but can SET ROLE to them."""
+    parent = roles("GRANT SELECT ON visits TO {role}", options="NOLOGIN")
+    reader = roles("GRANT SELECT ON cities TO {role}", f"GRANT {parent} TO {{role}}",
+                   options="LOGIN NOINHERIT")
+    with pytest.raises(OperationalError, match=r"public\.visits"):
+        _engine(write_policy, postgres_data, f'public_url = "{_as(postgres_data, reader)}"')
+
+
+@pytest.mark.postgres
+def test_start_up_refuses_a_superuser_or_a_role_missing_the_public_tables(
+        postgres_data: str, write_policy: Callable[..., Path], roles: Callable[..., str]) -> None:
+    with pytest.raises(OperationalError, match="superuser"):
+        _engine(write_policy, postgres_data, f'public_url = "{postgres_data}"')
+    file_reader = roles("GRANT SELECT ON cities TO {role}",
+                        "GRANT pg_read_server_files TO {role}")
+    with pytest.raises(OperationalError, match="pg_read_server_files"):
+        _engine(write_policy, postgres_data, f'public_url = "{_as(postgres_data, file_reader)}"')
+    nothing = roles()
+    with pytest.raises(OperationalError, match="cannot read the public tables cities") as info:
+        _engine(write_policy, postgres_data, f'public_url = "{_as(postgres_data, nothing)}"')
+    assert f"GRANT SELECT ON public.cities TO {nothing}" in (info.value.hint or "")
+
+
+@pytest.mark.postgres
+def test_the_write_warning(postgres_data: str, write_policy: Callable[..., Path],
+                           roles: Callable[..., str], caplog: pytest.LogCaptureFixture) -> None:
+    # The tests connect as a superuser: warned at start, in the log and on the backend.
+    with caplog.at_level(logging.WARNING, logger="chorus.backends"):
+        engine = _engine(write_policy, postgres_data)
+    with engine:
+        assert any("superuser" in w for w in engine.backend.warnings)
+        assert any("public_url" in w for w in engine.backend.warnings)
+    assert any("superuser" in r.getMessage() for r in caplog.records)
+    # The least-privilege setup of the owner guide: no warning at all.
+    reader = roles("GRANT SELECT ON cities TO {role}")
+    main = roles("GRANT SELECT ON trips, visits, cities TO {role}")
+    backend = f'public_url = "{_as(postgres_data, reader)}"'
+    with _engine(write_policy, _as(postgres_data, main), backend) as engine:
+        assert engine.backend.warnings == ()
+        answer = engine.execute("SELECT COUNT(*) FROM trips", analyst="alice", epsilon=1.0)
+        assert answer.rows[0][0] > 0 and answer.report.charged
+    # A main role that can write a declared table is named.
+    writer = roles("GRANT SELECT, INSERT ON trips, visits, cities TO {role}")
+    with _engine(write_policy, _as(postgres_data, writer), backend) as engine:
+        assert [w for w in engine.backend.warnings if "can write the tables cities, trips, "
+                "visits" in w]
+
+
+def test_duckdb_has_no_public_url(duckdb_data: str, write_policy: Callable[..., Path]) -> None:
+    with pytest.raises(PolicyError, match="public_url"):
+        _engine(write_policy, duckdb_data, 'public_url = "postgresql://reader@localhost/db"')
+    with _engine(write_policy, duckdb_data) as engine:
+        assert engine.backend.warnings == ()
