@@ -12,6 +12,7 @@ import heapq
 import itertools
 import logging
 import queue
+import re
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -612,6 +613,13 @@ class PostgresBackend(Backend):
         # A separate, writable connection: the pooled ones are read-only on purpose.
         with psycopg.connect(self._url, connect_timeout=10) as con, con.cursor() as cur:
             for statement in statements:
+                # Postgres checks CREATE on the database before IF NOT EXISTS: skip it when
+                # the schema exists, so a role without that privilege works in the schema the
+                # owner created for it (docs/owner-guide.md, "Least privilege").
+                schema = _CREATE_SCHEMA.fullmatch(statement.strip())
+                if schema and cur.execute("SELECT to_regnamespace(%s) IS NOT NULL",
+                                          [schema.group(1)]).fetchone() == (True,):
+                    continue
                 cur.execute(statement.encode(), prepare=False)
 
     def table_columns(self) -> dict[str, dict[str, str]]:
@@ -632,6 +640,7 @@ class PostgresBackend(Backend):
                 return
 
 
+_CREATE_SCHEMA = re.compile(r"CREATE SCHEMA IF NOT EXISTS (\w+)", re.IGNORECASE)
 # Relations an analyst's SQL could read, outside the system schemas.
 _READABLE_SQL = (
     "SELECT DISTINCT n.nspname::text, c.relname::text, n.nspname = current_schema() "

@@ -245,3 +245,67 @@ def test_duckdb_has_no_public_url(duckdb_data: str, write_policy: Callable[..., 
         _engine(write_policy, duckdb_data, 'public_url = "postgresql://reader@localhost/db"')
     with _engine(write_policy, duckdb_data) as engine:
         assert engine.backend.warnings == ()
+
+
+# The Postgres setup of docs/owner-guide.md ("Least privilege"), {proxy} and {reader} filled in.
+GUIDE_SETUP = """
+REVOKE ALL ON items, pub FROM PUBLIC;
+GRANT USAGE ON SCHEMA public TO {proxy};
+GRANT SELECT ON items, pub TO {proxy};
+CREATE SCHEMA chorus_private AUTHORIZATION {proxy};
+GRANT USAGE ON SCHEMA public TO {reader};
+GRANT SELECT ON pub TO {reader};
+"""
+
+
+@pytest.mark.postgres
+def test_the_owner_guide_setup_runs_without_warnings(postgres_url: str, tmp_path: Path) -> None:
+    """The guide's roles: the proxy reads the declared tables and writes only its own schema
+    (a stored sample here), public queries run as the reader; no warning at start."""
+    tag = uuid.uuid4().hex[:8]
+    database, proxy, reader = f"chorus_lp_{tag}", f"chorus_proxy_{tag}", f"chorus_reader_{tag}"
+    url = postgres_url.rsplit("/", 1)[0] + f"/{database}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{database}"')
+        admin.execute(f"CREATE ROLE {proxy} LOGIN")
+        admin.execute(f"CREATE ROLE {reader} LOGIN")
+    try:
+        with psycopg.connect(url, autocommit=True) as owner:
+            owner.execute("CREATE TABLE items (uid BIGINT, v DOUBLE PRECISION)")
+            owner.execute("INSERT INTO items SELECT i % 50, i % 10 FROM generate_series(1, 500) i")
+            owner.execute("CREATE TABLE pub (k TEXT)")
+            owner.execute("INSERT INTO pub VALUES ('a'), ('b')")
+            for statement in GUIDE_SETUP.format(proxy=proxy, reader=reader).split(";"):
+                if statement.strip():
+                    owner.execute(statement)
+        policy = tmp_path / "policy.toml"
+        policy.write_text(f"""
+[backend]
+url = "{_as(url, proxy)}"
+public_url = "{_as(url, reader)}"
+[privacy]
+epsilon_per_block = 100
+delta_per_block = 1e-6
+default_epsilon = 1.0
+[tables.items]
+privacy_unit = "uid"
+max_rows_per_unit = 2
+bounding = "materialized"
+[tables.items.columns]
+uid = {{ type = "int", private_id = true }}
+v = {{ type = "float", lower = 0, upper = 10 }}
+[tables.pub]
+public = true
+""")
+        with Engine(load_policy(policy)) as engine:
+            assert engine.backend.warnings == ()
+            answer = engine.execute("SELECT COUNT(*) FROM items")
+            assert answer.report.charged and "chorus_private" in str(answer.report.to_dict())
+            assert engine.execute("SELECT k FROM pub ORDER BY k").rows == [("a",), ("b",)]
+            with pytest.raises(StatementFailed, match="permission denied"):
+                engine.backend.run_public("SELECT COUNT(*) FROM chorus_private.chorus_key")
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            admin.execute(f"DROP ROLE IF EXISTS {proxy}")
+            admin.execute(f"DROP ROLE IF EXISTS {reader}")
