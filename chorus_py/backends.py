@@ -269,7 +269,10 @@ def portable_type(name: str) -> str:
     return n
 
 
-DUCKDB_CONFIG = (("enable_external_access", False), ("lock_configuration", True))
+# No Python replacement scans either: DuckDB would otherwise read a NumPy array (a DataFrame...)
+# of the calling Python frame that a statement names as a table.
+DUCKDB_CONFIG = (("enable_external_access", False), ("python_enable_replacements", False),
+                 ("lock_configuration", True))
 # The restricted connection of public queries: an in-memory database of its own, which cannot
 # read files or the network, load extensions or see Python objects (DuckDB's replacement scans
 # would otherwise resolve an unknown table name to a variable of the calling Python frame), and
