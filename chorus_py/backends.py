@@ -89,12 +89,13 @@ class Backend(ABC):
     def restrict_public(self, public: Sequence[str], private: Sequence[str],
                         public_url: str | None = None,
                         refresh_seconds: float = 60.0) -> tuple[str, ...]:
-        """Set up the connection :meth:`run_public` uses, which can read only ``public``.
+        """Set up the connection :meth:`run_public` uses, which can read only the ``public``
+        tables of the policy (``private``: its other tables).
 
-        Checks what it can read and refuses (:class:`OperationalError`) when it could read a
-        table of ``private``.  Returns warnings for the data owner about the main connection
-        (e.g. that it can write).  The base backend has no restricted connection: its
-        :meth:`run_public` refuses every statement.
+        Checks what that connection can read and refuses (:class:`OperationalError`) when it
+        could read anything else.  Returns (and keeps in :attr:`warnings`) what the data owner
+        should know about the main connection, e.g. that it can write.  The base backend has no
+        restricted connection: its :meth:`run_public` refuses every statement.
         """
         return ()
 
