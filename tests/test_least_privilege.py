@@ -247,6 +247,40 @@ def test_duckdb_has_no_public_url(duckdb_data: str, write_policy: Callable[..., 
         assert engine.backend.warnings == ()
 
 
+
+@pytest.mark.postgres
+def test_chorus_serve_prints_the_warnings(postgres_data: str,
+                                          write_policy: Callable[..., Path]) -> None:
+    """The data owner sees them where the server starts, not only in a log."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    chorus = Path(sys.executable).parent / "chorus"
+    proc = subprocess.Popen([str(chorus), "serve", "--policy", str(write_policy(postgres_data)),
+                             "--listen", f"127.0.0.1:{port}", "--rest", ""],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        while time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if "Postgres wire protocol on" in line:
+                break
+        out = "".join(lines)
+        assert "chorus: warning: the proxy connects to Postgres as postgres, a superuser" in out
+        assert "chorus: warning: public queries run on the main connection" in out
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
 # The Postgres setup of docs/owner-guide.md ("Least privilege"), {proxy} and {reader} filled in.
 GUIDE_SETUP = """
 REVOKE ALL ON items, pub FROM PUBLIC;
@@ -309,3 +343,43 @@ public = true
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             admin.execute(f"DROP ROLE IF EXISTS {proxy}")
             admin.execute(f"DROP ROLE IF EXISTS {reader}")
+
+
+# Shapes of statements (``{t}``: a table reference, ``{c}``: one of its columns); the private
+# table is read directly, in a subquery, a CTE, a join, a set operation or a lateral function.
+_SHAPES = [
+    "SELECT COUNT(*) FROM {t}",
+    "SELECT {c} FROM {t} LIMIT 1",
+    "SELECT city FROM cities WHERE EXISTS (SELECT 1 FROM {t})",
+    "WITH x AS (SELECT {c} FROM {t}) SELECT COUNT(*) FROM x",
+    "SELECT COUNT(p.{c}) FROM cities JOIN {t} AS p ON TRUE",
+    "SELECT CAST(city AS TEXT) FROM cities UNION ALL SELECT CAST({c} AS TEXT) FROM {t}",
+    "SELECT (SELECT MAX({c}) FROM {t}) FROM cities",
+]
+_PRIVATE = {"trips": ["rider_id", "fare", "city"], "visits": ["page", "seconds"]}
+
+
+def test_no_statement_shape_reads_a_private_table_on_the_restricted_connection(
+        restricted: tuple[str, Engine]) -> None:
+    """Every shape over a private table fails there; the same shape over the public table
+    answers exactly what the main connection answers (the wall costs no correctness)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    kind, engine = restricted
+    schema = "public." if kind == "postgres" else "main."
+
+    @settings(max_examples=40, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(shape=st.sampled_from(_SHAPES), table=st.sampled_from(sorted(_PRIVATE)),
+           qualified=st.booleans(), data=st.data())
+    def check(shape: str, table: str, qualified: bool, data: st.DataObject) -> None:
+        column = data.draw(st.sampled_from(_PRIVATE[table]))
+        ref = (schema if qualified else "") + table
+        with pytest.raises(StatementFailed):
+            engine.backend.run_public(shape.format(t=ref, c=column))
+        public = shape.format(t="cities", c=data.draw(st.sampled_from(["city", "population"])))
+        assert sorted(map(tuple, engine.backend.run_public(public).rows), key=repr) == \
+            sorted(map(tuple, engine.backend.run(public).rows), key=repr)
+
+    check()
