@@ -469,6 +469,11 @@ class PostgresBackend(Backend):
         self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue(maxsize=pool_size)
         # The restricted backend of public queries (backend.public_url), once configured.
         self._public: PostgresBackend | None = None
+        self._public_tables: tuple[str, ...] = ()
+        self._public_ttl = 60.0
+        self._public_checked = 0.0  # time.monotonic() of the last check of its role
+        self._public_refused: OperationalError | None = None  # what the last check found
+        self._public_lock = threading.Lock()
         with self._connection():  # fail at start-up, not on the first query
             pass
 
@@ -557,8 +562,10 @@ class PostgresBackend(Backend):
         warnings = list(self._write_warnings(list(public) + list(private)))
         if public_url is not None:
             self._public = PostgresBackend(public_url, self._timeout_ms / 1000, pool_size=4)
+            self._public_tables, self._public_ttl = tuple(public), refresh_seconds
             try:
                 _check_public_role(self._public, public)
+                self._public_checked = time.monotonic()
             except BaseException:
                 self._public.close()
                 self._public = None
@@ -574,7 +581,35 @@ class PostgresBackend(Backend):
         return self.warnings
 
     def run_public(self, sql: str) -> ResultSet:
-        return (self._public or self).run(sql)
+        public = self._public
+        if public is None:
+            return self.run(sql)
+        self._recheck_public(public)
+        refused = self._public_refused
+        if refused is not None:
+            raise OperationalError(f"public queries are refused: {refused.message}",
+                                   hint=refused.hint)
+        return public.run(sql)
+
+    def _recheck_public(self, public: PostgresBackend) -> None:
+        """Check the public role again once per catalog TTL: a grant made after the start
+        (on a private table, to the role or to PUBLIC) stops public queries until it is
+        revoked.  One thread checks; the others go on with the last finding."""
+        if time.monotonic() - self._public_checked < self._public_ttl or \
+                not self._public_lock.acquire(blocking=False):
+            return
+        try:
+            _check_public_role(public, self._public_tables)
+            self._public_refused = None
+        except OperationalError as err:
+            if self._public_refused is None:
+                log.error("%s", err)
+            self._public_refused = err
+        except StatementFailed as err:  # the check itself failed: keep the last finding
+            log.warning("checking backend.public_url's role failed: %s", err.detail)
+        finally:
+            self._public_checked = time.monotonic()
+            self._public_lock.release()
 
     def _write_warnings(self, declared: Sequence[str]) -> list[str]:
         """What the main connection's role can do beyond reading the declared tables."""

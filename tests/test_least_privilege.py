@@ -215,6 +215,23 @@ def test_start_up_refuses_a_superuser_or_a_role_missing_the_public_tables(
     assert f"GRANT SELECT ON public.cities TO {nothing}" in (info.value.hint or "")
 
 
+
+@pytest.mark.postgres
+def test_a_grant_after_the_start_stops_public_queries(
+        postgres_data: str, write_policy: Callable[..., Path], roles: Callable[..., str]) -> None:
+    """The role is checked again once per catalog TTL (0 here: every public query)."""
+    reader = roles("GRANT SELECT ON cities TO {role}")
+    engine = _engine(write_policy, postgres_data, f'public_url = "{_as(postgres_data, reader)}"',
+                     ttl=0)
+    with engine, psycopg.connect(postgres_data, autocommit=True) as admin:
+        assert len(engine.execute(PUBLIC_ROWS, analyst="alice").rows) == 5
+        admin.execute(f"GRANT SELECT (fare) ON trips TO {reader}")
+        with pytest.raises(OperationalError, match=r"public queries are refused.*public\.trips"):
+            engine.execute(PUBLIC_ROWS, analyst="alice")
+        admin.execute(f"REVOKE SELECT (fare) ON trips FROM {reader}")
+        assert len(engine.execute(PUBLIC_ROWS, analyst="alice").rows) == 5
+
+
 @pytest.mark.postgres
 def test_the_write_warning(postgres_data: str, write_policy: Callable[..., Path],
                            roles: Callable[..., str], caplog: pytest.LogCaptureFixture) -> None:
