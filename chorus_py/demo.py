@@ -294,6 +294,10 @@ _POLICY = """\
 url = {url}
 # Queries running longer are cancelled (and charged: the data was read).
 statement_timeout_seconds = 300
+# Postgres only: where queries that read only public tables run, as a role that can read the
+# public tables and nothing else (checked at start: docs/owner-guide.md, "Least privilege").
+# Unset: they run on the main connection, with a warning at start.
+#   public_url = "postgresql://chorus_public_reader@db.example:5432/rides"
 
 [privacy]
 # Budget of every private block (here: one day of trips). Every query that reads a day is

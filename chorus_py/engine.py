@@ -57,6 +57,7 @@ from chorus_py.errors import (
     InvalidParameter,
     PolicyError,
     QueryRefused,
+    StatementCanceled,
 )
 from chorus_py.frequencies import FrequencyCatalog
 from chorus_py.joined import join_events, prepare_join
@@ -197,6 +198,12 @@ class Engine:
             live = self.backend.table_columns()
             policy.check_against(live)
             self._check_types(live)
+            # Wall 5 (least privilege): public-only queries run on a connection restricted to
+            # the public tables; refused at start when it could read a private one.
+            self.backend.restrict_public(
+                [t for t, tp in policy.tables.items() if tp.public],
+                [t for t, tp in policy.tables.items() if not tp.public],
+                policy.backend.public_url, block_ttl_seconds)
         except BaseException:
             self.backend.close()
             raise
@@ -317,7 +324,7 @@ class Engine:
         if isinstance(analysis, PublicQuery):
             public_sql = generated_sql(analysis.tree, analysis.tables, self.dialect, self.schema)
             self.verify_outgoing(public_sql, "exact", analysis.tables)
-            result = self._run(public_sql, None)
+            result = self._run(public_sql, None, public=True)
             return QueryResult(result.columns, result.types, _portable_rows(result.rows),
                                self._public_report(analyst, analysis))
         eps, dlt = self._parameters(analyst, epsilon, delta)
@@ -777,25 +784,29 @@ class Engine:
             con.close()
         self._planned.put((finish, columns), True)
 
-    def _run(self, sql: str, run: QueryRun | None) -> ResultSet:
+    def _run(self, sql: str, run: QueryRun | None, public: bool = False) -> ResultSet:
         """Run one statement of a query; ``run`` is the query's charge (None: nothing claimed,
-        e.g. a public query).  A failure refunds the claim only when no statement of the query
-        read a row (Wall 6); the message never quotes the database's, which may hold data."""
+        e.g. a public query; ``public``: a public-only query, on the restricted connection).
+        A failure refunds the claim only when no statement of the query read a row (Wall 6);
+        the message never quotes the database's, which may hold data."""
         if run is None:
             run = QueryRun(None)
         try:
-            result = self.backend.run(sql)
+            result = self.backend.run_public(sql) if public else self.backend.run(sql)
         except StatementFailed as err:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
             log.debug("backend error detail: %s", err.detail)
             run.failed(err.touched_data)
-            if run.refund_if_untouched(self.ledger):
-                raise InternalError(
-                    "the database could not plan the rewritten query; nothing was charged",
-                    hint="this is a bug in the proxy: please report the query",
+            refunded = run.refund_if_untouched(self.ledger)
+            if err.cancelled is not None:
+                raise StatementCanceled(
+                    f"canceling statement due to {err.cancelled}",
+                    hint=("the budget of this query was charged (the database may have read "
+                          "rows); " if run.claim is not None and not refunded else "")
+                    + "ask for less work; the data owner sets backend.statement_timeout_seconds",
                 ) from None
-            if run.claim is None and not err.touched_data:
+            if refunded or (run.claim is None and not err.touched_data):
                 raise InternalError(
                     "the database could not plan the rewritten query; nothing was charged",
                     hint="this is a bug in the proxy: please report the query",

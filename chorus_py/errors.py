@@ -104,6 +104,10 @@ class BackendError(OperationalError, code="58030"):
     """The backend failed while running the rewritten SQL. The message is sanitised."""
 
 
+class StatementCanceled(OperationalError, code="57014"):
+    """A statement was cancelled: its statement timeout, or a client's cancel request."""
+
+
 def lookup(sqlstate: str) -> type[ChorusError]:
     """Return the error class for a SQLSTATE, falling back on its two-letter class."""
     if sqlstate in _by_code:

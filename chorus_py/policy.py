@@ -39,6 +39,9 @@ class BackendConfig(_Strict):
     url: str
     # Rewritten queries running longer are cancelled (and charged: they read data).
     statement_timeout_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    # Postgres only: where public-only queries run, as a role that can read the public tables
+    # and nothing else (checked at start).  Unset: they run on the main connection (a warning).
+    public_url: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -46,6 +49,16 @@ class BackendConfig(_Strict):
         if not url.startswith(("duckdb://", "postgresql://", "postgres://")):
             raise ValueError("expected a URL starting with duckdb:// or postgresql://")
         return url
+
+    @model_validator(mode="after")
+    def _public_url_on_postgres(self) -> BackendConfig:
+        if self.public_url is not None and (
+                self.dialect != "postgres"
+                or not self.public_url.startswith(("postgresql://", "postgres://"))):
+            raise ValueError("public_url is a postgresql:// URL for a Postgres backend (on "
+                             "DuckDB public queries run on an in-memory copy of the public "
+                             "tables: remove it)")
+        return self
 
     @property
     def dialect(self) -> Literal["duckdb", "postgres"]:

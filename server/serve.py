@@ -59,6 +59,9 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
     from chorus_py.engine import Engine
 
     engine = Engine.from_policy(policy_path)
+    # Least privilege (docs/owner-guide.md): what the start-up checks found, for the owner.
+    for warning in getattr(engine.backend, "warnings", ()):
+        print(f"chorus: warning: {warning}", file=sys.stderr, flush=True)
     runner: Callable[[Any], Any] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop  # type: ignore[import-not-found]  # optional: a faster event loop

@@ -29,6 +29,7 @@ from typing import Any
 import duckdb
 from sqlglot import exp
 
+from chorus_py.backends import cancellable
 from server.pgwire import types as t
 
 VERSION = "15.0"
@@ -430,9 +431,12 @@ def column_name(node: exp.Expr) -> str:
 class Catalog:
     """The fake catalog of one policy (thread-safe: each call uses its own cursor)."""
 
-    def __init__(self, tables: Mapping[str, Mapping[str, str]]) -> None:
-        """``tables`` maps each policy table to its columns and their wire type OIDs."""
+    def __init__(self, tables: Mapping[str, Mapping[str, str]],
+                 statement_timeout_seconds: float | None = 300.0) -> None:
+        """``tables`` maps each policy table to its columns and their wire type OIDs; a catalog
+        query running longer than ``statement_timeout_seconds`` is cancelled."""
         self.tables = {name: dict(cols) for name, cols in tables.items()}
+        self.statement_timeout_seconds = statement_timeout_seconds
         self._con = duckdb.connect(":memory:", config={
             "enable_external_access": False, "autoinstall_known_extensions": False,
             "autoload_known_extensions": False, "threads": 1, "memory_limit": "256MB"})
@@ -545,12 +549,16 @@ class Catalog:
         sql = self.to_duckdb(tree, session, names)
         with self._lock:
             cur = self._con.cursor()
+        stop = None
         try:
-            cur.execute(sql)
-            rows = cur.fetchall()
-            desc = cur.description or []
+            # A catalog query can be made slow (a cross join of generate_series): the front
+            # door's cancel and the statement timeout reach it as they reach the backend's.
+            with cancellable(cur.interrupt, self.statement_timeout_seconds) as stop:
+                cur.execute(sql)
+                rows = cur.fetchall()
+                desc = cur.description or []
         except duckdb.Error as err:
-            raise _catalog_error(err) from None
+            raise _catalog_error(err, stop.reason if stop is not None else None) from None
         finally:
             cur.close()
         columns = tuple(Column(name if name is not None else d[0], t.duckdb_oid(str(d[1])))
@@ -625,7 +633,7 @@ def _output_names(tree: exp.Expr) -> list[str | None]:
     return [column_name(e) for e in select.expressions]
 
 
-def _catalog_error(err: duckdb.Error) -> CatalogError:
+def _catalog_error(err: duckdb.Error, cancelled: str | None = None) -> CatalogError:
     text = str(err).split("\n")[0]
     if isinstance(err, duckdb.CatalogException):
         if "Function" in text or "function" in text or "Macro" in text:
@@ -638,7 +646,7 @@ def _catalog_error(err: duckdb.Error) -> CatalogError:
     if isinstance(err, duckdb.ParserException):
         return CatalogError("42601", text.split(":", 1)[-1].strip())
     if isinstance(err, duckdb.InterruptException):
-        return CatalogError("57014", "canceling statement due to user request")
+        return CatalogError("57014", f"canceling statement due to {cancelled or 'user request'}")
     return CatalogError("XX000", "the catalog query failed: " + text)
 
 

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from chorus_py.backends import interrupt
 from chorus_py.errors import ChorusError, PolicyError
 from server.pgwire import protocol as p
 from server.pgwire.session import QueryCanceled, ServerContext, Session, Work
@@ -282,11 +283,11 @@ class WireServer:
         thread = running.thread
         if thread is None:
             return
-        interrupt = getattr(self.ctx.engine.backend, "interrupt", None)
-        if interrupt is None:
-            return
-        # The Postgres cancel is a network round trip: not on the event loop's thread.
-        threading.Thread(target=_quietly, args=(interrupt, thread), daemon=True).start()
+        # Whatever the thread runs: a backend statement or a catalog query (both register in
+        # chorus_py.backends.cancellable).  The Postgres cancel is a network round trip: not on
+        # the event loop's thread.
+        why = running.cancelled or "user request"
+        threading.Thread(target=_quietly, args=(interrupt, thread, why), daemon=True).start()
 
     def _cancel(self, pid: int, key: int) -> None:
         found = self._sessions.get(pid)
@@ -402,6 +403,7 @@ def build_wire_server(engine: Any) -> WireServer:
                     f"{err.strerror or err}",
                     hint="give a PEM certificate and its private key, paths relative to the "
                          "policy file") from None
-    context = ServerContext(engine, Catalog(columns), verifiers, columns=columns,
+    context = ServerContext(engine, Catalog(columns, limits.statement_timeout), verifiers,
+                            columns=columns,
                             tls_required=config is not None and config.tls == "require")
     return WireServer(context, limits, tls)
