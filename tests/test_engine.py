@@ -281,7 +281,7 @@ max_epsilon_per_query = 1e5
 privacy_unit = "rider_id"
 max_rows_per_unit = {k}
 bounding = "materialized"
-block = {{ column = "pickup_time", size = "1 day" }}
+block = {{ column = "pickup_time", size = "1 day", start = "2026-01-01", end = "2026-04-01" }}
 
 [tables.rides.columns]
 rider_id    = {{ type = "int" }}
