@@ -85,14 +85,14 @@ class BlockCatalog:
     block begins), so its block ids are computed once per block, not once per query.
     """
 
-    def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self._clock = clock  # None: ``utc_now``, looked up at each call
         self._cache: dict[str, BlockWindows] = {}
         self._lock = threading.Lock()
 
     def windows(self, table: str, block: BlockConfig) -> BlockWindows:
         """The windows of ``table`` now."""
-        fresh = scheduled_windows(table, block, self._clock())
+        fresh = scheduled_windows(table, block, (self._clock or utc_now)())
         with self._lock:
             kept = self._cache.get(table)
             if kept == fresh:
