@@ -97,11 +97,30 @@ g = {{ type = "text", public_values = ["a", "b"] }}
 """
 
 
+# Event level, with a sampling distribution P for sensitivity sampling (chorus_py.random_dp).
+SAMPLED_TABLE = """
+[tables.{t}]
+block = {{ column = "{column}", size = "{size}", start = {start}{end} }}
+[tables.{t}.columns]
+uid = {{ type = "int" }}
+ts = {{ type = "timestamp" }}
+v = {{ type = "float", lower = 0, upper = 10 }}
+g = {{ type = "text", public_values = ["a", "b"] }}
+[tables.{t}.sampling]
+rows = 400
+columns.v = {{ distribution = "uniform", lower = 0, upper = 10 }}
+columns.g = {{ distribution = "choice", values = ["a", "b"] }}
+columns.ts = {{ distribution = "choice", values = ["2025-12-31 12:00:00", "2026-01-01 12:00:00",
+              "2026-01-05 12:00:00", "2026-01-10 12:00:00", "2026-01-11 12:00:00"] }}
+"""
+
+
 def _policy(url: str, column: str = "ts", size: str = "1 day", start: str = f'"{START}"',
-            end: str | None = f'"{END}"', bounding: str = "per-query") -> str:
+            end: str | None = f'"{END}"', bounding: str = "per-query",
+            table: str = TABLE) -> str:
     """Both tables under one schedule (``end`` None: open, up to the clock)."""
     bound = "" if end is None else f", end = {end}"
-    tables = "".join(TABLE.format(t=t, column=column, size=size, start=start, end=bound,
+    tables = "".join(table.format(t=t, column=column, size=size, start=start, end=bound,
                                   bounding=bounding) for t in (BASE, EDGE))
     return POLICY.format(url=url, tables=tables)
 
@@ -126,7 +145,7 @@ def twins(backend_url: str, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     admin = open_backend(backend_url)
     engines: list[Engine] = []
 
-    def make(edge_rows: list[tuple[Any, ...]], **policy: str | None) -> Engine:
+    def make(edge_rows: list[tuple[Any, ...]], **policy: Any) -> Engine:
         admin.run_owned([
             *_create(BASE, BASE_ROWS), *_create(EDGE, BASE_ROWS + edge_rows),
             f"DROP TABLE IF EXISTS {SHOPS}",
@@ -223,6 +242,27 @@ def test_materialized_sample_holds_only_scheduled_rows(twins: Callable[..., Engi
     assert [r[0] for r in stored.rows] == [datetime(2026, 1, 1, 12)]
     base, edge = results[1]  # the first day alone
     assert edge.rows[0][0] - base.rows[0][0] == pytest.approx(1, abs=0.5)
+
+
+SAMPLED_QUERIES = [
+    "SELECT SUM(v) AS s, COUNT(*) AS n FROM {t}",
+    "SELECT SUM(v) AS s FROM {t} WHERE ts < '2026-01-02'",
+    "SELECT COUNT(*) AS n FROM {t} WHERE ts >= '2026-01-10'",
+    "SELECT COUNT(*) AS n FROM {t} WHERE ts >= '2026-01-11'",
+    "SELECT g, COUNT(*) AS n FROM {t} WHERE ts < '2026-01-02' GROUP BY g",
+]
+
+
+@pytest.mark.parametrize("edge", ["first and last days", "before the schedule", "after the end"])
+def test_sampled_sensitivity_queries_too(twins: Callable[..., Engine], edge: str) -> None:
+    """Sensitivity sampling (random DP) charges the same blocks on both tables."""
+    engine = twins([(PERSON, ts, 7, "a") for ts in TIME_EDGES[edge]], table=SAMPLED_TABLE)
+    results = _same_everywhere(engine, SAMPLED_QUERIES, epsilon=5.0, sensitivity="sampled",
+                               gamma=0.05)
+    assert _strip(results[0][0].report.blocks, BASE) == tuple(
+        f"2026-01-{d:02d}" for d in range(1, 11))
+    base, edge_result = results[3]  # after the schedule: no block, no row, no charge
+    assert not base.report.charged and edge_result.rows == base.rows
 
 
 ID_EDGES = {"alone in the last range": [99], "above the range": [150, 1000],
