@@ -81,21 +81,41 @@ def scheduled_windows(table: str, block: BlockConfig, now: datetime) -> BlockWin
 class BlockCatalog:
     """The block windows of each table on its public schedule (thread-safe).
 
-    Reads no data.  The windows object of a table is kept until the schedule changes (a new
-    block begins), so its block ids are computed once per block, not once per query.
+    Reads no data.  The windows object of a table is kept, with the span of time during which
+    the schedule keeps it (until the next block begins), so a query costs one clock read and a
+    comparison, and block ids are computed once per block, not once per query.
     """
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock  # None: ``utc_now``, looked up at each call
-        self._cache: dict[str, BlockWindows] = {}
+        self._cache: dict[str, tuple[BlockConfig, datetime, datetime, BlockWindows]] = {}
         self._lock = threading.Lock()
 
     def windows(self, table: str, block: BlockConfig) -> BlockWindows:
         """The windows of ``table`` now."""
-        fresh = scheduled_windows(table, block, (self._clock or utc_now)())
+        now = (self._clock or utc_now)()
         with self._lock:
             kept = self._cache.get(table)
-            if kept == fresh:
-                return kept  # type: ignore[return-value]
-            self._cache[table] = fresh
+        if kept is not None and kept[0] is block and kept[1] <= now < kept[2]:
+            return kept[3]
+        fresh = scheduled_windows(table, block, now)
+        if kept is not None and kept[3] == fresh:
+            fresh = kept[3]  # keep the object whose ids are already computed
+        valid_from, valid_until = _unchanged_between(block, fresh)
+        with self._lock:
+            self._cache[table] = (block, valid_from, valid_until, fresh)
         return fresh
+
+
+def _unchanged_between(block: BlockConfig, windows: BlockWindows) -> tuple[datetime, datetime]:
+    """The clock times at which the schedule has exactly ``windows.count`` blocks."""
+    if block.ids_per_block is not None:
+        return datetime.min, datetime.max  # a declared range: no clock involved
+    assert isinstance(block.start, datetime)
+    width, count = block.width, windows.count
+    if count == 0:
+        return datetime.min, block.start
+    begun = block.start + width * (count - 1)  # the last block's start
+    if isinstance(block.end, datetime) and count == (block.end - block.start) // width:
+        return begun, datetime.max  # complete: no block begins any more
+    return begun, begun + width

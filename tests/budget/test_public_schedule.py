@@ -378,6 +378,33 @@ def test_windows_and_reads_are_functions_of_the_schedule_alone(
     assert all(start <= b and b <= now and (end is None or b < end) for b in charged)
 
 
+@settings(max_examples=100, deadline=None)
+@given(schedule=schedules(), moves=st.lists(st.integers(-5 * 86400, 50 * 7 * 86400),
+                                            min_size=1, max_size=12))
+def test_the_catalog_follows_the_clock(
+        schedule: tuple[str, datetime, datetime | None, datetime], moves: list[int]) -> None:
+    """One catalog whose clock jumps back and forth (the cache keeps a table's windows while
+    no block begins or ends) always answers what the schedule says at that time."""
+    size, start, end, _ = schedule
+    block = parse_policy({
+        "backend": {"url": "duckdb:///:memory:"},
+        "tables": {"t": {"columns": {"ts": {"type": "timestamp"}},
+                         "block": {"column": "ts", "size": size, "start": start.isoformat(),
+                                   **({"end": end.isoformat()} if end else {})}}},
+        "privacy": {"epsilon_per_block": 1.0}}).tables["t"].block
+    assert block is not None
+    now = [start]
+    catalog = BlockCatalog(clock=lambda: now[0])
+    for seconds in moves:
+        now[0] = start + timedelta(seconds=seconds)
+        assert catalog.windows("t", block) == scheduled_windows("t", block, now[0])
+        # Just before and at the next boundary too.
+        boundary = start + block.width * max(0, (now[0] - start) // block.width + 1)
+        for moment in (boundary - timedelta(microseconds=1), boundary):
+            now[0] = moment
+            assert catalog.windows("t", block) == scheduled_windows("t", block, moment)
+
+
 def _label(point: datetime, width: timedelta) -> str:
     daily = width % timedelta(days=1) == timedelta(0)
     return point.date().isoformat() if daily else point.isoformat(timespec="minutes")
