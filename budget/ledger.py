@@ -2,7 +2,7 @@
 
 The engine's whole use of it (DESIGN.md section 3, steps 6 and 10)::
 
-    ledger.ensure_blocks(ids)                 # blocks appear as data arrives: fresh budget
+    ledger.ensure_blocks(ids)                 # blocks appear on their schedule: fresh budget
     claim = ledger.claim(analyst, ids, epsilon, delta, events=..., wait_seconds=...)
     ...                                       # run the rewritten query
     ledger.consume(claim)                     # before any row is returned

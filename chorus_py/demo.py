@@ -390,8 +390,10 @@ clipping = "auto"
 # reused by every query (much faster on large tables; filtered answers keep fewer trips of heavy
 # riders). It is rebuilt when the table changes.
 bounding = "per-query"
-# Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget.
-block = {{ column = "pickup_time", size = "1 day" }}
+# Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget,
+# on a public schedule: the demo's quarter, [start, end) in UTC (without end: up to today).
+# Blocks never come from the data; trips outside the schedule belong to no block, never read.
+block = {{ column = "pickup_time", size = "1 day", start = "{block_start}", end = "{block_end}" }}
 
 [tables.trips.columns]
 # Every column an analyst may use. "lower"/"upper" clip values before summing or averaging (they
@@ -514,8 +516,11 @@ def _toml_string(value: str) -> str:
 def render_policy(url: str, backend_note: str = "") -> str:
     """The demo policy text for a backend URL."""
     note = f"\n# {backend_note}" if backend_note else ""
+    end = START + np.timedelta64(DAYS, "D")
     return _POLICY.format(url=_toml_string(url), backend_note=note,
-                          demo_verifier=_DEMO_VERIFIER)
+                          demo_verifier=_DEMO_VERIFIER,
+                          block_start=str(START.astype("datetime64[D]")),
+                          block_end=str(end.astype("datetime64[D]")))
 
 
 # ---------------------------------------------------------------------------------------------

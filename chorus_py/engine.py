@@ -231,8 +231,8 @@ class Engine:
         # Caps, clipping bounds and groups per unit chosen by an identical query's noisy
         # selection: reused for privacy.choice_reuse_seconds (post-processing, no budget).
         self.choices = AnswerCache(policy.privacy.choice_reuse_seconds)
-        self.blocks = BlockCatalog(self.backend, block_ttl_seconds)
-        self.samples = BoundedSamples(self.backend, block_ttl_seconds)
+        self.blocks = BlockCatalog()  # the policy's public schedules: reads no data
+        self.samples = BoundedSamples(self.backend, block_ttl_seconds, self.blocks)
         self.random_dp = RandomDP(self)  # sensitivity sampling, opt-in per query
         # Max frequencies of join keys (chorus_py.frequencies), re-checked at most once per TTL.
         self.frequencies = FrequencyCatalog(self.backend, block_ttl_seconds)

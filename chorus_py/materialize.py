@@ -10,6 +10,9 @@ The sample is versioned by a fingerprint of its source table and rebuilt when th
 on Postgres the ``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the
 statistics collector within about a second); on DuckDB the row count with a hash checksum of the
 unit and block columns (one scan of two columns).  The fingerprint is read at most once per TTL.
+The sample holds only the rows of the table's scheduled blocks (``chorus_py.statistics``): a row
+outside the schedule belongs to no block and takes no part in the ranking; the schedule's span is
+part of the version, so the sample is rebuilt when a new block begins.
 
 The sample's name appears in the rewritten SQL that reports show to analysts, and the counters
 behind the fingerprint are exact data-derived numbers (an unkeyed hash of a small insert count
@@ -33,6 +36,8 @@ from sqlglot import exp
 
 from chorus_py.backends import Backend
 from chorus_py.policy import TablePolicy
+from chorus_py.statistics import BlockCatalog, BlockWindows
+from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import sample_table
 
 SCHEMA = "chorus_private"
@@ -43,9 +48,11 @@ log = logging.getLogger("chorus.materialize")
 class BoundedSamples:
     """Keeps one up-to-date bounded sample per table (thread-safe)."""
 
-    def __init__(self, backend: Backend, ttl_seconds: float = 60.0) -> None:
+    def __init__(self, backend: Backend, ttl_seconds: float = 60.0,
+                 blocks: BlockCatalog | None = None) -> None:
         self._backend = backend
         self._ttl = ttl_seconds
+        self._blocks = blocks or BlockCatalog()
         self._current: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
         self._key: bytes | None = None  # names the samples; see the module docstring
@@ -57,11 +64,13 @@ class BoundedSamples:
             hit = self._current.get(table)
             if hit is not None and now - hit[0] < self._ttl:
                 return hit[1]
-            digest = hmac.new(self._naming_key(), self._fingerprint(table, policy).encode(),
+            span = self._span(table, policy)
+            digest = hmac.new(self._naming_key(),
+                              f"{self._fingerprint(table, policy)}|{span}".encode(),
                               hashlib.sha256).hexdigest()[:16]
             name = f"{table}__bounded_{digest}"
             if hit is None or hit[1] != name:
-                self._build(table, policy, name)
+                self._build(table, policy, name, span)
             self._current[table] = (now, name)
             return name
 
@@ -99,10 +108,23 @@ class BoundedSamples:
         # its layout ("ordered": in block order, indexed), so that older samples are rebuilt.
         return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered"
 
-    def _build(self, table: str, policy: TablePolicy, name: str) -> None:
+    def _span(self, table: str, policy: TablePolicy) -> BlockWindows | None:
+        """The table's scheduled windows now (None: no blocks): the sample holds only their
+        rows, so rows outside the schedule never take part in the ranking."""
+        return None if policy.block is None else self._blocks.windows(table, policy.block)
+
+    def _build(self, table: str, policy: TablePolicy, name: str,
+               span: BlockWindows | None) -> None:
         assert policy.privacy_unit is not None
         started = time.perf_counter()
-        select = sample_table(table, policy.privacy_unit, policy.contribution_bound)
+        where = None
+        if span is not None:
+            assert policy.block is not None
+            where = restrict_blocks(None, exp.column(policy.block.column, table="t",
+                                                     quoted=True),
+                                    span.start, span.end,
+                                    policy.columns[policy.block.column].type)
+        select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = self._backend.run(
             "SELECT table_name FROM information_schema.tables "
             f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}__bounded_%'").rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -24,9 +24,14 @@ from chorus_py.errors import PolicyError
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$")
+_SIZE_RE = re.compile(r"^\s*([1-9]\d*)\s*(second|minute|hour|day|week)s?\s*$")
 _IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")
 _SIZE_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+# Block boundaries lie on the grid of their size counted from here (UTC), as they always have.
+_EPOCH = datetime(1970, 1, 1)
+# The most blocks a schedule may have (a query with no filter on the block column is charged
+# on all of them).
+MAX_BLOCKS = 100_000
 
 
 class _Strict(BaseModel):
@@ -238,14 +243,24 @@ class ColumnPolicy(_Strict):
 
 
 class BlockConfig(_Strict):
-    """How a table is cut into private blocks.
+    """How a table is cut into private blocks, on a public schedule.
 
     Time windows of ``size`` ("1 hour", "1 day", "1 week") on a date/timestamp ``column`` (Event
     and User-Time DP), or ranges of ``size`` ids ("10000 ids") of the privacy unit (User DP).
+
+    The blocks are declared, never read from the data (DESIGN.md section 11, wall 7): time
+    blocks run from ``start`` to ``end`` (exclusive; unset: up to the block holding the current
+    UTC time, so a new block appears when its window begins, whatever the data holds); id-range
+    blocks cover ``[start, end)``.  Rows outside the schedule belong to no block and are never
+    read.  Boundaries lie on the grid of ``size`` counted from 1970-01-01 00:00 UTC (for ids,
+    from 0), so that editing ``start`` or ``end`` adds or removes whole blocks and never creates
+    a block overlapping an existing one (which would bring fresh budget for the same rows).
     """
 
     column: str
     size: str = "1 day"
+    start: datetime | int | None = None
+    end: datetime | int | None = None
 
     @field_validator("size")
     @classmethod
@@ -254,6 +269,76 @@ class BlockConfig(_Strict):
             raise ValueError("expected a window such as '1 hour', '1 day' or '1 week', or a "
                              "range of ids such as '10000 ids'")
         return size
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _parse_bound(cls, value: object) -> object:
+        """A TOML date or datetime, an ISO string (UTC unless it has an offset) or an integer
+        id; datetimes are kept as naive UTC (the block windows' convention)."""
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value.strip())
+            except ValueError:
+                raise ValueError("expected a date or timestamp such as \"2026-01-01\" or "
+                                 "\"2026-01-01T06:00:00Z\" (UTC unless an offset is given), or "
+                                 "an integer id for id-range blocks") from None
+        if isinstance(value, datetime):
+            if value.tzinfo is not None:
+                value = value.astimezone(UTC).replace(tzinfo=None)
+            return value
+        if isinstance(value, date):
+            return datetime(value.year, value.month, value.day)
+        raise ValueError("expected a date, a timestamp or an integer id")
+
+    @model_validator(mode="after")
+    def _public_schedule(self) -> BlockConfig:
+        per = self.ids_per_block
+        if per is not None:
+            if not isinstance(self.start, int) or not isinstance(self.end, int):
+                raise ValueError(
+                    f"id-range blocks need their declared range of ids, never derived from the "
+                    f"data: add start and end (integers, multiples of {per}), e.g. "
+                    f"block = {{ column = \"{self.column}\", size = \"{self.size.strip()}\", "
+                    f"start = 0, end = {per * 100} }}")
+            for name, bound in (("start", self.start), ("end", self.end)):
+                if bound % per:
+                    raise ValueError(f"{name} = {bound} is not a multiple of the block size "
+                                     f"{per}: use {bound - bound % per} or "
+                                     f"{bound - bound % per + per}")
+            if self.end <= self.start:
+                raise ValueError("end must be greater than start")
+        else:
+            if self.start is None:
+                raise ValueError(
+                    "time blocks need the public start of their schedule, never derived from "
+                    "the data: add start (UTC), e.g. block = { column = "
+                    f"\"{self.column}\", size = \"{self.size.strip()}\", start = \"2026-01-01\" }}"
+                    ", and end = \"...\" (exclusive) for data that stops; without end, blocks "
+                    "run up to the current time")
+            if not isinstance(self.start, datetime) or not isinstance(self.end,
+                                                                       datetime | None):
+                raise ValueError("start and end of time blocks are dates or timestamps (UTC), "
+                                 "e.g. start = \"2026-01-01\"")
+            width = self.width
+            for name, point in (("start", self.start), ("end", self.end)):
+                if point is None:
+                    continue
+                if (point - _EPOCH) % width:
+                    below = point - (point - _EPOCH) % width
+                    raise ValueError(
+                        f"{name} = {point.isoformat()} is not on a boundary of "
+                        f"'{self.size.strip()}' blocks (counted from 1970-01-01 00:00 UTC): use "
+                        f"{below.isoformat()} or {(below + width).isoformat()}")
+            if self.end is not None and self.end <= self.start:
+                raise ValueError("end must be later than start")
+        count = self.count_at(datetime.now(UTC).replace(tzinfo=None))
+        if count > MAX_BLOCKS:
+            raise ValueError(f"the schedule has {count} blocks, more than {MAX_BLOCKS} (each "
+                             "query reads and charges up to all of them): use larger blocks or "
+                             "a later start")
+        return self
 
     @property
     def ids_per_block(self) -> int | None:
@@ -273,6 +358,22 @@ class BlockConfig(_Strict):
     def width(self) -> timedelta:
         """The window length."""
         return timedelta(seconds=self.seconds)
+
+    def count_at(self, now: datetime) -> int:
+        """How many blocks the schedule has at ``now`` (naive UTC): a function of the policy
+        and the clock only.  Time blocks: those that have begun by ``now``, before ``end``;
+        id-range blocks: all of ``[start, end)``."""
+        per = self.ids_per_block
+        if per is not None:
+            assert isinstance(self.start, int) and isinstance(self.end, int)
+            return (self.end - self.start) // per
+        assert isinstance(self.start, datetime)
+        if now < self.start:
+            return 0
+        count = (now - self.start) // self.width + 1
+        if isinstance(self.end, datetime):
+            count = min(count, (self.end - self.start) // self.width)
+        return count
 
 
 class SamplingColumn(_Strict):
@@ -448,6 +549,11 @@ class TablePolicy(_Strict):
             elif col.type not in ("date", "timestamp"):
                 raise ValueError("block column must be of type date or timestamp (or the int "
                                  "privacy_unit with size = 'N ids')")
+            elif col.type == "date" and self.block.seconds % 86400:
+                # A date is its midnight: a sub-day window could only be restricted by whole
+                # days, reading rows of the day's first block while charging another.
+                raise ValueError("blocks of a date column must be whole days (e.g. '1 day', "
+                                 "'1 week'); use a timestamp column for shorter blocks")
         return self
 
     @property

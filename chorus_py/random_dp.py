@@ -593,7 +593,7 @@ class RandomDP:
                          note="the value of the aggregate over no row")
             for o in query.outputs)
         note = (f"the query reads no block of '{query.table}' (its WHERE reaches no window of "
-                f"{block.column} that holds data): the answer depends on no row, so it is "
+                f"{block.column} in its schedule): the answer depends on no row, so it is "
                 "released without sampling or noise and charges nothing")
         return PrivacyReport(
             analyst=analyst, verdict="allowed", charged=False, epsilon=0.0, delta=0.0,

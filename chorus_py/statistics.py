@@ -1,24 +1,27 @@
-"""Metadata the engine reads from the database and caches: which block windows exist.
+"""Block windows: public metadata, from the policy's schedule and the clock, never from the data.
 
-Block windows are the days (hours, weeks) between the first and the last value of a table's
-block column, aligned to the Unix epoch (UTC; a ``timestamp`` without time zone is read as UTC).
-As in PrivateKube, the set of blocks is public metadata: it says when data exists, not what it is.
-It is re-read after ``ttl_seconds`` so new data gets new blocks with fresh budget.
+A table's blocks are declared in its policy (``chorus_py.policy.BlockConfig``): time windows of
+``size`` from ``start`` up to ``end``, or, without ``end``, up to the window holding the current
+UTC time (a new block appears when its window begins, whatever rows exist); id-range blocks over
+the declared ``[start, end)``.  Boundaries lie on the grid of the size counted from 1970-01-01
+00:00 UTC (a ``timestamp`` without time zone is read as UTC).  As in PrivateKube, the set of
+blocks is public; here it is public by declaration (DESIGN.md section 11, wall 7): which blocks
+exist, and so which blocks a query is charged on, is the same whether or not any one person's
+rows are in the database.  Rows outside the schedule belong to no block: every query is
+restricted to the windows of the blocks it is charged on (``rewriters.blocks``), so they are
+never read.
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from chorus_py.backends import Backend
 from chorus_py.policy import BlockConfig
-
-_EPOCH = datetime(1970, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class BlockWindows:
 
     @cached_property
     def _ids(self) -> tuple[str, ...]:
-        # Computed once per windows object (cached per table for the catalog's TTL): every
+        # Computed once per windows object (kept per table until the schedule grows): every
         # query over the table asks for them (about 90 date labels for a quarter of days).
         if isinstance(self.width, int):
             return tuple(f"{self.table}/{self.column}:{lo}-{lo + self.width - 1}"
@@ -62,57 +65,57 @@ class BlockWindows:
         return tuple(out)
 
 
-class BlockCatalog:
-    """Caches the block windows of each table (thread-safe)."""
+def utc_now() -> datetime:
+    """The current time as a naive UTC datetime (the block windows' convention)."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
-    def __init__(self, backend: Backend, ttl_seconds: float = 60.0) -> None:
-        self._backend = backend
-        self._ttl = ttl_seconds
-        self._cache: dict[str, tuple[float, BlockWindows]] = {}
+
+def scheduled_windows(table: str, block: BlockConfig, now: datetime) -> BlockWindows:
+    """The windows of ``table``'s schedule at ``now``: a function of the policy and the clock."""
+    per = block.ids_per_block
+    if per is not None:
+        return BlockWindows(table, block.start, per, block.count_at(now), block.column)
+    return BlockWindows(table, block.start, block.width, block.count_at(now))
+
+
+class BlockCatalog:
+    """The block windows of each table on its public schedule (thread-safe).
+
+    Reads no data.  The windows object of a table is kept, with the span of time during which
+    the schedule keeps it (until the next block begins), so a query costs one clock read and a
+    comparison, and block ids are computed once per block, not once per query.
+    """
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self._clock = clock  # None: ``utc_now``, looked up at each call
+        self._cache: dict[str, tuple[BlockConfig, datetime, datetime, BlockWindows]] = {}
         self._lock = threading.Lock()
 
     def windows(self, table: str, block: BlockConfig) -> BlockWindows:
-        """The windows of ``table``, read from the database at most once per TTL."""
-        now = time.monotonic()
+        """The windows of ``table`` now."""
+        now = (self._clock or utc_now)()
         with self._lock:
-            hit = self._cache.get(table)
-            if hit is not None and now - hit[0] < self._ttl:
-                return hit[1]
-        col = f'"{block.column}"'
-        result = self._backend.run(f'SELECT MIN({col}), MAX({col}) FROM "{table}"')
-        low, high = result.rows[0]
-        windows = _windows(table, block, low, high)
+            kept = self._cache.get(table)
+        if kept is not None and kept[0] is block and kept[1] <= now < kept[2]:
+            return kept[3]
+        fresh = scheduled_windows(table, block, now)
+        if kept is not None and kept[3] == fresh:
+            fresh = kept[3]  # keep the object whose ids are already computed
+        valid_from, valid_until = _unchanged_between(block, fresh)
         with self._lock:
-            self._cache[table] = (now, windows)
-        return windows
-
-    def invalidate(self) -> None:
-        """Forget cached windows (after loading data, in tests)."""
-        with self._lock:
-            self._cache.clear()
+            self._cache[table] = (block, valid_from, valid_until, fresh)
+        return fresh
 
 
-def _windows(table: str, block: BlockConfig, low: object, high: object) -> BlockWindows:
-    ids = block.ids_per_block
-    if ids is not None:  # User DP: ranges of ids aligned to multiples of the width
-        if low is None or high is None:
-            return BlockWindows(table, 0, ids, 0, block.column)
-        first, last = int(low) // ids, int(high) // ids  # type: ignore[call-overload]
-        return BlockWindows(table, first * ids, ids, last - first + 1, block.column)
-    width = block.width
-    if low is None or high is None:
-        return BlockWindows(table, _EPOCH, width, 0)
-    lo, hi = _as_datetime(low), _as_datetime(high)
-    first = (lo - _EPOCH) // width
-    last = (hi - _EPOCH) // width
-    return BlockWindows(table, _EPOCH + width * first, width, int(last - first + 1))
-
-
-def _as_datetime(value: object) -> datetime:
-    if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC).replace(tzinfo=None)
-        return value
-    if isinstance(value, date):
-        return datetime(value.year, value.month, value.day)
-    raise TypeError(f"block column value of unexpected type {type(value).__name__}")
+def _unchanged_between(block: BlockConfig, windows: BlockWindows) -> tuple[datetime, datetime]:
+    """The clock times at which the schedule has exactly ``windows.count`` blocks."""
+    if block.ids_per_block is not None:
+        return datetime.min, datetime.max  # a declared range: no clock involved
+    assert isinstance(block.start, datetime)
+    width, count = block.width, windows.count
+    if count == 0:
+        return datetime.min, block.start
+    begun = block.start + width * (count - 1)  # the last block's start
+    if isinstance(block.end, datetime) and count == (block.end - block.start) // width:
+        return begun, datetime.max  # complete: no block begins any more
+    return begun, begun + width

@@ -98,12 +98,15 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -
             .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g)))
 
 
-def sample_table(table: str, unit: str, k: int) -> exp.Select:
-    """The rows of ``table`` that contribution bounding keeps, for the proxy to store once.
+def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -> exp.Select:
+    """The rows of ``table`` (those satisfying ``where``, over alias ``t``, if given) that
+    contribution bounding keeps, for the proxy to store once.
 
     >>> sample_table("trips", "rider_id", 2).sql("duckdb")
     'SELECT * FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM trips AS t) AS r) AS b WHERE b.__chorus_rank <= 2'
     """
     rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("t"))).from_(
         exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
+    if where is not None:
+        rows = rows.where(where, copy=False)
     return contribution(rows, unit, k)

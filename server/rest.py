@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -244,6 +245,10 @@ class TableInfo(_Model):
     max_rows_per_unit: int | None = None
     block_column: str | None = None
     block_size: str | None = None
+    # The blocks' public schedule: a UTC timestamp (time blocks) or an id (id ranges); end None:
+    # time blocks run up to the current one.
+    block_start: str | int | None = None
+    block_end: str | int | None = None
     columns: dict[str, ColumnInfo]
 
 
@@ -815,6 +820,11 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
     return app
 
 
+def _schedule_bound(value: datetime | int | None) -> str | int | None:
+    """A block schedule's start or end as shown to analysts (ISO timestamp, UTC)."""
+    return value.isoformat() + "Z" if isinstance(value, datetime) else value
+
+
 def _info(engine: Any, who: Principal) -> dict[str, Any]:
     policy = engine.policy
     privacy = policy.privacy
@@ -830,6 +840,8 @@ def _info(engine: Any, who: Principal) -> dict[str, Any]:
             "max_rows_per_unit": table.max_rows_per_unit,
             "block_column": table.block.column if table.block else None,
             "block_size": table.block.size if table.block else None,
+            "block_start": _schedule_bound(table.block.start) if table.block else None,
+            "block_end": _schedule_bound(table.block.end) if table.block else None,
             "columns": {c: {"type": cp.type, "lower": cp.lower, "upper": cp.upper,
                             "public_values": list(cp.public_values)
                             if cp.public_values is not None else None,

@@ -45,7 +45,7 @@ noise = "{noise}"
 privacy_unit = "rider_id"
 max_rows_per_unit = {k}
 contribution = "{contribution}"
-block = {{ column = "pickup_time", size = "1 day" }}
+block = {{ column = "pickup_time", size = "1 day", start = "2026-01-01", end = "2026-04-01" }}
 
 [tables.trips.columns]
 trip_id     = {{ type = "int" }}

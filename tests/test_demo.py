@@ -128,7 +128,8 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
     assert trips["max_rows_per_unit"] == 200
     assert trips["contribution"] == "auto"
     assert trips["bounding"] == "per-query"
-    assert trips["block"] == {"column": "pickup_time", "size": "1 day"}
+    assert trips["block"] == {"column": "pickup_time", "size": "1 day", "start": "2026-01-01",
+                              "end": "2026-04-01"}
     assert trips["columns"] == {
         "trip_id": {"type": "int"},
         "rider_id": {"type": "int", "private_id": True},

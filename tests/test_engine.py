@@ -281,7 +281,7 @@ max_epsilon_per_query = 1e5
 privacy_unit = "rider_id"
 max_rows_per_unit = {k}
 bounding = "materialized"
-block = {{ column = "pickup_time", size = "1 day" }}
+block = {{ column = "pickup_time", size = "1 day", start = "2026-01-01", end = "2026-04-01" }}
 
 [tables.rides.columns]
 rider_id    = {{ type = "int" }}
@@ -340,24 +340,27 @@ def test_materialized_sample_is_rebuilt_when_the_table_changes(
     assert len(tables) == 1  # the stale sample was dropped
 
 
-def test_new_days_of_data_are_new_blocks_of_the_same_query(
-    rides: Callable[[int], Engine],
-) -> None:
-    """The blocks a query reads are cached per block windows: rows of a later day widen the
-    windows, and the same query is then charged on the new day too."""
+def test_new_days_of_data_add_no_block(rides: Callable[[int], Engine]) -> None:
+    """Blocks come from the policy's public schedule, never from the data (wall 7): rows after
+    its end add no block, are never read (not even by the stored sample) and charge nothing.
+    (Blocks used to run from MIN to MAX of the column: such rows added blocks.)"""
     engine = rides(200)
     sql = "SELECT COUNT(*) FROM rides WHERE pickup_time >= '2026-03-30'"
     first = engine.execute(sql, epsilon=1.0)
     assert first.report.blocks == ("rides/2026-03-30", "rides/2026-03-31")
-    assert engine.execute(sql, epsilon=1.0).report.blocks == first.report.blocks
     engine.backend.run_owned([
         "INSERT INTO rides SELECT rider_id, pickup_time + INTERVAL '2 days', fare FROM rides "
         "WHERE pickup_time >= '2026-03-31'"])
-    third = engine.execute(sql, epsilon=1.0)
-    assert third.report.blocks == ("rides/2026-03-30", "rides/2026-03-31", "rides/2026-04-01",
-                                   "rides/2026-04-02")
-    assert [b.epsilon_consumed for b in engine.ledger.blocks(third.report.blocks)] == [
-        3.0, 3.0, 1.0, 1.0]
+    again = engine.execute(sql, epsilon=1.0)
+    assert again.report.blocks == first.report.blocks
+    assert [b.epsilon_consumed for b in engine.ledger.blocks()
+            if b.epsilon_consumed] == [2.0, 2.0]
+    # The sample was rebuilt (the table changed) from the scheduled rows only.
+    (name,) = [r[0] for r in exact(engine, SAMPLES)]
+    stored = exact(engine, f'SELECT COUNT(*) FROM chorus_private."{name}" '
+                           "WHERE pickup_time >= '2026-04-01'")
+    assert stored == [(0,)]
+    assert exact(engine, "SELECT COUNT(*) FROM rides WHERE pickup_time >= '2026-04-01'")[0][0]
 
 
 def test_materialized_sample_is_stored_in_block_order(rides: Callable[[int], Engine]) -> None:

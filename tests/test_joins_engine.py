@@ -55,7 +55,7 @@ max_delta_per_query = 1e-4
 noise = "{noise}"
 
 [tables.j_orders]
-block = {{ column = "day", size = "1 day" }}
+block = {{ column = "day", size = "1 day", start = "2026-01-01", end = "2026-01-04" }}
 [tables.j_orders.columns]
 order_id = {{ type = "int" }}
 customer_id = {{ type = "int" }}

@@ -72,7 +72,10 @@ def test_valid_policy_loads(duckdb_data: str, write_policy: WritePolicy) -> None
                                                ("1 week", 604800), (" 30 minutes ", 1800)])
 def test_block_sizes(duckdb_data: str, write_policy: WritePolicy, size: str,
                      seconds: int) -> None:
-    path = _variant(write_policy(duckdb_data), ('size = "1 day"', f'size = "{size}"'))
+    # Boundaries lie on the size's grid from 1970-01-01 (a Thursday): weeks end on 2026-04-02.
+    end = "2026-04-02" if size == "1 week" else "2026-04-01"
+    path = _variant(write_policy(duckdb_data), ('size = "1 day"', f'size = "{size}"'),
+                    ('end = "2026-04-01"', f'end = "{end}"'))
     block = load_policy(path).tables["trips"].block
     assert block is not None
     assert block.seconds == seconds and block.width.total_seconds() == seconds

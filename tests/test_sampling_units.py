@@ -41,7 +41,7 @@ epsilon_per_block = 100
 ledger = "memory"
 max_epsilon_per_query = 100
 [tables.rdp_days]
-block = {{ column = "ts", size = "1 day" }}
+block = {{ column = "ts", size = "1 day", start = "2026-01-01", end = "2026-01-06" }}
 [tables.rdp_days.columns]
 ts = {{ type = "timestamp" }}
 amount = {{ type = "float" }}

@@ -62,12 +62,13 @@ def test_durations() -> None:
 
 
 def test_id_range_blocks_are_on_the_privacy_unit() -> None:
-    p = policy({}, {"column": "uid", "size": "1000 ids"})
+    ids = {"size": "1000 ids", "start": 0, "end": 10000}
+    p = policy({}, {"column": "uid", **ids})
     assert p.tables["t"].block.ids_per_block == 1000  # type: ignore[attr-defined]
     with pytest.raises(PolicyError, match="on the privacy_unit column"):
-        policy({}, {"column": "ts", "size": "1000 ids"})
+        policy({}, {"column": "ts", **ids})
     with pytest.raises(PolicyError, match="date or timestamp"):
-        policy({}, {"column": "uid", "size": "1 day"})
+        policy({}, {"column": "uid", "size": "1 day", "start": "2026-01-01"})
 
 
 def test_analyst_limit_per_block() -> None:

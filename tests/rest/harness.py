@@ -41,7 +41,7 @@ max_delta_per_query = 1e-4
 [tables.trips]
 privacy_unit = "rider_id"
 max_rows_per_unit = 10
-block = {{ column = "pickup_time", size = "1 day" }}
+block = {{ column = "pickup_time", size = "1 day", start = "2026-01-01", end = "2026-04-01" }}
 
 [tables.trips.columns]
 trip_id     = {{ type = "int" }}

@@ -233,6 +233,9 @@ def test_info(live: ServerThread) -> None:
     assert info["max_epsilon_per_query"] == 0.5  # bob's own limit
     trips = info["tables"]["trips"]
     assert trips["privacy_unit"] == "rider_id" and trips["block_column"] == "pickup_time"
+    # The public block schedule (never derived from the data).
+    assert (trips["block_start"], trips["block_end"]) == ("2026-01-01T00:00:00Z",
+                                                          "2026-04-01T00:00:00Z")
     assert trips["columns"]["fare"] == {"type": "float", "lower": 0.0, "upper": 200.0,
                                         "public_values": None, "private_id": False}
     assert info["tables"]["cities"]["public"] is True
