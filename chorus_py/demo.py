@@ -335,6 +335,9 @@ default_epsilon = 0.5
 default_delta = 1e-8
 # The most a single query may ask for; larger requests are refused before anything is spent.
 max_epsilon_per_query = 2.0
+# The least a single query may ask for (default 0.001): probing with tiny queries is never
+# nearly free. An analyst's own max_epsilon_per_query must not be below it.
+min_epsilon_per_query = 0.001
 max_delta_per_query = 1e-6
 noise = "sql"            # "sql": the database adds the noise; "proxy": Python adds it
 # Share of a query's epsilon spent on the noisy count that decides which group keys without

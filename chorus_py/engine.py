@@ -11,8 +11,12 @@ It ties together the steps of DESIGN.md section 3, each owned by its package:
 9. post-process           -> proxy-side noise when the policy asks for it
 10. consume               -> ``budget.ledger``, before any row is returned
 
-Anything that fails before step 6 costs nothing.  A failure after the backend started reading
-rows is charged (the data was touched) and reported without any data value in the message.
+Anything that fails before step 6 costs nothing.  Before it, the database plans (EXPLAIN) every
+statement the query will run, so one that cannot plan is refused free (Wall 6, "charge before
+touching").  After it, a failure is refunded only if no statement of the query read a row
+(``QueryRun``): once a selection histogram or the answer read the data, the whole charge stays,
+and the message holds no data value.  Choices made on the data are kept only from answered
+queries.
 """
 
 from __future__ import annotations

@@ -113,6 +113,7 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
         "default_epsilon": 0.5,
         "default_delta": 1e-8,
         "max_epsilon_per_query": 2.0,
+        "min_epsilon_per_query": 0.001,
         "max_delta_per_query": 1e-6,
         "noise": "sql",
         "threshold_epsilon_share": 0.2,
