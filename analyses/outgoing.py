@@ -213,7 +213,8 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
         raise Refused(f"private table '{name}' is read outside any aggregation")
     barrier = chain[index]
     _check_barrier(barrier, name, allowed)
-    sample = table.args.get("db") is not None
+    db = table.args.get("db")
+    sample = db is not None and db.name == rules.private_schema  # bounded when it was stored
     if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit}")

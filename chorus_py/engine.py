@@ -397,7 +397,8 @@ class Engine:
             return hit
         parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
         try:
-            analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns)
+            analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns,
+                                     self.schema)
         except RecursionError:
             raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
         self._analyses.put(sql, analysis)
