@@ -11,8 +11,9 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
 
 1. *Binding.*  Names are resolved by scope in the statement; a CTE may not carry the name of a
    table (declared or referenced), so no CTE can stand in for a table or the other way round.
-   Every base table is declared in the policy (bare, or in the proxy's own schema) or is a
-   sample in the private schema; anything else is refused.
+   Every base table is a declared one qualified by the proxy's schema (the proxy generates
+   every statement so, wall 3) or a stored sample in its private schema; anything else, a bare
+   name included, is refused.
 2. *Direct read.*  T is a source (FROM / JOIN) of a SELECT, and when the policy gives T a block
    column, that SELECT's WHERE restricts it to literal windows (``lo <= a.col AND a.col < hi``,
    or an OR of such windows): the claimed blocks.
@@ -184,8 +185,10 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
             if marker in name and base in rules.private:
                 return base
         raise Refused(f"an unknown relation of the private schema ({table.sql()})")
-    if db is not None and db.name != rules.schema:
-        raise Refused(f"a table of another schema ({table.sql()})")
+    if db is None or db.name != rules.schema:
+        # The proxy generates every statement with each table qualified (wall 3): a bare name
+        # is one a CTE or the search path could resolve to something else.
+        raise Refused(f"a table not qualified by the proxy's schema ({table.sql()})")
     if name in rules.public or name in rules.private:
         return name
     raise Refused(f"a table the policy does not declare ({table.sql()})")
@@ -213,7 +216,8 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
         raise Refused(f"private table '{name}' is read outside any aggregation")
     barrier = chain[index]
     _check_barrier(barrier, name, allowed)
-    sample = table.args.get("db") is not None
+    db = table.args.get("db")
+    sample = db is not None and db.name == rules.private_schema  # bounded when it was stored
     if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit}")

@@ -125,6 +125,10 @@ class AggregateQuery:
     # The most distinct groups a unit's rows may reach (``rewriters.contribution.group_bound``),
     # chosen with the cap for keys released by thresholding; None: only the row cap bounds them.
     max_groups: int | None = None
+    # The schema the proxy reads (``Backend`` current schema): generated SQL qualifies every
+    # base table with it, so the statement reads exactly the tables the binding found.  None:
+    # bare names (analyses and rewriters used without an engine, e.g. doctests).
+    schema: str | None = None
 
     @property
     def groups_per_unit(self) -> int:
@@ -238,9 +242,11 @@ class PublicQuery:
 
 def analyze_query(
     parsed: ParsedStatement, policy: Policy, dialect: str,
-    public_columns: dict[str, dict[str, str]],
+    public_columns: dict[str, dict[str, str]], db: str | None = None,
 ) -> AggregateQuery | PublicQuery:
-    """Analyse a validated statement against the policy (pure: the input is not changed)."""
+    """Analyse a validated statement against the policy (pure: the input is not changed);
+    ``db``, the backend's schema, qualifies the tables of the generated SQL
+    (``AggregateQuery.schema``)."""
     private = [t for t in parsed.tables if not policy.tables[t].public]
     if not private:
         return PublicQuery(tree=parsed.tree, tables=parsed.tables)
@@ -251,11 +257,13 @@ def analyze_query(
               for t in parsed.tables}
     flat = _normalize(parsed.tree, table_name, table_policy, dialect, schema)
     if not flat.args.get("joins"):
-        return _Reader(flat, table_name, table_policy, names).read()
+        return dataclasses.replace(_Reader(flat, table_name, table_policy, names).read(),
+                                   schema=db)
     join = analyze_joins(flat, policy)
     columns = {s.alias: _column_policies(s.policy, public_columns.get(s.table, {}))
                for s in join.sources}
-    return _Reader(flat, table_name, table_policy, names, join, columns).read()
+    return dataclasses.replace(_Reader(flat, table_name, table_policy, names, join,
+                                       columns).read(), schema=db)
 
 
 _PORTABLE = {"integer": "int", "float": "float", "text": "text", "boolean": "bool",

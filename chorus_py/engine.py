@@ -7,7 +7,8 @@ It ties together the steps of DESIGN.md section 3, each owned by its package:
 5. plan noise             -> ``mechanisms.planning``
 6. claim                  -> ``budget.ledger``
 7. rewrite                -> ``rewriters.pipeline``
-8. execute                -> ``chorus_py.backends``
+8. execute                -> ``chorus_py.backends``, each statement first checked by
+                             ``analyses.outgoing`` (wall 4 of DESIGN.md section 11)
 9. post-process           -> proxy-side noise when the policy asks for it
 10. consume               -> ``budget.ledger``, before any row is returned
 
@@ -467,7 +468,8 @@ class Engine:
             return hit
         parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
         try:
-            analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns)
+            analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns,
+                                     self.schema)
         except RecursionError:
             raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
         self._analyses.put(sql, analysis)

@@ -405,7 +405,9 @@ class RandomDP:
         k rows of; ``rewriters.contribution``, or the stored sample of bounding =
         "materialized", which keeps k random rows per unit of the whole table)."""
         dialect, tp = self.engine.dialect, query.table_policy
-        table = exp.to_table(f'"{query.table}"')
+        # Qualified by the proxy's schema: generated SQL names exactly the table it means.
+        table = exp.Table(this=exp.to_identifier(query.table, quoted=True),
+                          db=exp.to_identifier(self.engine.schema, quoted=True))
         if query.unit is None:
             return query.sql(dialect, table, where=where)
         if tp.bounding == "materialized":
@@ -481,8 +483,10 @@ class RandomDP:
             raise QueryRefused(
                 f"the reference table '{table}' has no column '{missing[0]}'",
                 hint="the reference table needs every column the query reads")
-        cols = ", ".join(f'"{c}"' for c in query.columns)
-        sql = f'SELECT {cols} FROM "{table}"'
+        sql = exp.select(*(exp.column(c, quoted=True) for c in query.columns)).from_(
+            exp.Table(this=exp.to_identifier(table, quoted=True),
+                      db=exp.to_identifier(self.engine.schema, quoted=True))
+        ).sql(self.engine.dialect)
         self.engine.verify_outgoing(sql, "exact", (table,))  # a public reference table
         rows = self.engine._run(sql, None).rows
         if len(rows) < 1:

@@ -63,6 +63,8 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
         src = next(s for s in join.sources if s.alias == src_alias)
         sample = (samples or {}).get(src.alias)
         table = exp.Table(this=exp.to_identifier(src.table),
+                          db=exp.to_identifier(query.schema, quoted=True)
+                          if query.schema is not None else None,
                           alias=exp.TableAlias(this=exp.to_identifier(src.alias)))
         if sample is not None:
             table = exp.Table(this=exp.to_identifier(sample[1], quoted=True),

@@ -167,7 +167,9 @@ def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,
     if restriction is not None:
         where = blocks(where, exp.column(restriction.column, table=alias), restriction.start,
                        restriction.end, restriction.column_type, restriction.windows)
-    source = exp.Table(this=exp.to_identifier(query.table))
+    # Qualified by the proxy's schema when known: the statement reads exactly this table.
+    source = exp.Table(this=exp.to_identifier(query.table), db=exp.to_identifier(
+        query.schema, quoted=True) if query.schema is not None else None)
     if sample is not None:
         source = exp.Table(this=exp.to_identifier(sample[1], quoted=True),
                            db=exp.to_identifier(sample[0]))

@@ -241,3 +241,19 @@ def test_shadowing_never_answers_a_private_read_exactly(engine: Engine, data: st
         assert reads <= {"cities"}, sql
     if outcome == "noisy":
         assert private and set(report.tables) & PRIVATE, sql
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT city, COUNT(*), AVG(fare) FROM trips GROUP BY city",
+    "WITH cities AS (SELECT * FROM trips) SELECT COUNT(*) FROM cities",
+    "SELECT COUNT(*) FROM trips t JOIN cities c ON t.city = c.city",
+])
+def test_private_statements_qualify_every_table(engine: Engine, query: str) -> None:
+    """Wall 3 on the private path: the rewrite names each table in the proxy's schema."""
+    text = engine.explain(query, analyst="alice", epsilon=1.0, delta=1e-6).rewritten_sql
+    assert text is not None
+    tree = sqlglot.parse_one(text, read=engine.dialect)
+    ctes = {c.alias for c in tree.find_all(sqlglot.exp.CTE)}
+    bases = [t for t in tree.find_all(sqlglot.exp.Table) if t.name not in ctes]
+    assert bases and all(t.args.get("db") is not None and t.args["db"].name == engine.schema
+                         for t in bases), text

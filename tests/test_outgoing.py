@@ -188,6 +188,7 @@ def test_public_statements(engine: Engine) -> None:
         "WITH trips AS (SELECT * FROM cities) SELECT COUNT(*) FROM trips",   # shadowing
         "SELECT COUNT(*) FROM users",                                        # undeclared
         "SELECT COUNT(*) FROM other.cities",                                 # another schema
+        "SELECT COUNT(*) FROM cities",                                       # not qualified
         "SELECT * FROM read_csv('/etc/passwd')",                             # table function
     ):
         with pytest.raises(Refused):
@@ -216,12 +217,18 @@ def test_verifier_cost(engine: Engine) -> None:
 
 
 def test_the_attack_text_would_be_stopped_even_without_binding(engine: Engine) -> None:
-    """Were the analyst's text of the CTE attack run as a public query (the old behaviour),
-    the verifier would refuse it on its own: it reads trips, and a CTE carries a table's name."""
-    attack = ("SELECT x.rider_id, x.fare FROM trips x, "
-              "(WITH trips AS (SELECT 1 AS a FROM cities) SELECT a FROM trips) s")
+    """Were the CTE attack run as a public query (the old behaviour), the verifier would
+    refuse it on its own: a CTE carries a table's name, it reads trips, and (as the analyst
+    wrote it) its names are not qualified."""
+    schema = f'"{engine.schema}"'
+    attack = (f"SELECT x.rider_id, x.fare FROM {schema}.trips x, "
+              f"(WITH trips AS (SELECT 1 AS a FROM {schema}.cities) SELECT a FROM trips) s")
     with pytest.raises(Refused, match="CTE is named like a table"):
         _check(engine, attack, "exact", frozenset({"cities"}))
     renamed = attack.replace("WITH trips", "WITH c").replace("FROM trips) s", "FROM c) s")
     with pytest.raises(Refused, match="private table 'trips'"):
         _check(engine, renamed, "exact", frozenset({"cities"}))
+    bare = ("SELECT x.rider_id, x.fare FROM trips x, "
+            "(WITH c AS (SELECT 1 AS a FROM cities) SELECT a FROM c) s")
+    with pytest.raises(Refused, match="not qualified"):
+        _check(engine, bare, "exact", frozenset({"cities"}))
