@@ -30,8 +30,9 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
-   expression with RANDOM() (noise), every barrier lies inside E, and E is the barrier itself or
-   the public-values grid LEFT JOIN the barrier.  Keys that come from rows (not from the grid)
+   expression with RANDOM() (noise), every barrier lies inside E, and E is the barrier itself,
+   the public-values grid LEFT JOIN the barrier, or ``SELECT ... FROM (barrier) AS e WHERE
+   FALSE`` (no declared key left: no row).  Keys that come from rows (not from the grid)
    need a ``noisy column > literal`` threshold in the outer WHERE.  A statement whose exact
    result goes to the proxy's noise (``noised_by_proxy``: answers in proxy mode, selection
    histograms; ``sampled`` for sampled sensitivity, which may also take percentiles) needs 1-4
@@ -392,6 +393,8 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
             or not isinstance(inner.this, exp.Select):
         raise Refused(f"{NOISY} does not read ({EXACT})")
     exact = inner.this
+    if len(barriers) == 1 and _released_empty(exact, barriers[0]):
+        return  # WHERE FALSE over the aggregation: no row reaches the noise, nothing is released
     for barrier in barriers:
         if barrier is not exact and not _grid_over(exact, barrier):
             raise Refused("an aggregation of a private table is not the exact measurements "
@@ -417,6 +420,17 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
         if not gate:
             raise Refused(f"group key {from_rows[0]} comes from private rows but is released "
                           "without the noisy threshold")
+
+
+def _released_empty(exact: exp.Select, barrier: exp.Select) -> bool:
+    """``exact`` is ``SELECT ... FROM (barrier) AS e WHERE FALSE``: the rewriter's form for a
+    query whose WHERE left no declared public key (``rewriters.groups.complete_groups``)."""
+    source = exact.args["from_"].this if exact.args.get("from_") else None
+    where = exact.args.get("where")
+    return isinstance(source, exp.Subquery) and source.this is barrier \
+        and not exact.args.get("joins") and not exact.args.get("group") \
+        and where is not None and isinstance(where.this, exp.Boolean) \
+        and where.this.this is False
 
 
 def _grid_over(exact: exp.Select, barrier: exp.Select) -> bool:
