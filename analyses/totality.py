@@ -47,6 +47,9 @@ ColumnType = Callable[[exp.Column], str | None]
 
 _MAX = 1.7976931348623157e308
 _TINIEST = 5e-324  # the smallest positive double (a denormal)
+# The least magnitude of a non-zero float column value under * or /: rewriters.safety reads
+# denormals there as 0 (the smallest normal double, 2^-1022).
+FLOAT_COLUMN_LEAST = 2.2250738585072014e-308
 _BIGINT = 2.0 ** 63
 
 # Node kinds with a rule on rows.  Anything else is refused, naming the kind.
@@ -356,7 +359,7 @@ class _Totality:
             if kind == "int":  # the rewriter widens integer arithmetic to DOUBLE
                 return Num(-_BIGINT, _BIGINT, 1.0)
             if kind == "float":  # any double: the data is not clamped before this expression
-                return Num(-_MAX, _MAX, _TINIEST)
+                return Num(-_MAX, _MAX, FLOAT_COLUMN_LEAST)
             return None
         if isinstance(node, exp.Literal):
             if node.is_string:

@@ -1,13 +1,17 @@
 """Neutralise row-level expressions that could fail on some values.
 
-An error raised by one row would tell the analyst that row exists, whatever the noise.  Two
-rewrites close the arithmetic routes the analyser lets through:
+An error raised by one row would tell the analyst that row exists, whatever the noise.  Three
+rewrites close the arithmetic routes the analyser (``analyses.totality``) counts on:
 
 - every division and modulo gets ``NULLIF(denominator, 0)`` (NULL instead of a division-by-zero
   error, as DuckDB already does), and
 - integer-typed operands of +, -, *, /, unary minus and ABS (columns, literals, CASE results) are
   cast to DOUBLE, so no result can overflow a BIGINT.  (Modulo keeps its integers: it cannot
   overflow once its divisor is not zero, and Postgres has no modulo on doubles.)
+- a float column read below a multiplication or division is sanitised: a denormal value (below
+  ``FLOAT_COLUMN_LEAST`` = 2^-1022 in magnitude) reads as 0, so that a product or quotient of
+  non-zero values cannot underflow to 0, which Postgres reports as an error.  This is the one
+  place where column reads are changed; NaN and +/-Infinity pass unchanged (they never raise).
 
 Types come from the analyser's ``annotate_types`` pass; nodes without a type are left alone.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from analyses.totality import FLOAT_COLUMN_LEAST
 from analyses.typecheck import is_integer
 
 _WIDENED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Abs)
@@ -30,6 +35,9 @@ def safety(node: exp.Expr) -> exp.Expr:
     """
 
     def visit(sub: exp.Expr) -> exp.Expr:
+        if isinstance(sub, exp.Mul | exp.Div):
+            for key in ("this", "expression"):
+                _sanitise_floats(sub.args[key])
         if isinstance(sub, exp.Div | exp.Mod) and not _is_guarded(sub.expression):
             sub.set("expression", exp.Nullif(this=sub.expression, expression=exp.Literal.number(0)))
         if isinstance(sub, _WIDENED):
@@ -47,3 +55,17 @@ def _is_guarded(node: exp.Expr) -> bool:
         isinstance(node, exp.Greatest) and isinstance(node.expressions[0], exp.Literal)
         and float(node.expressions[0].name) > 0
     )
+
+
+def _sanitise_floats(node: exp.Expr) -> None:
+    """Replace, in place, each float column under ``node`` by its denormal-free read."""
+    for col in list(node.find_all(exp.Column)):
+        if col.type is None or not col.type.is_type(exp.DType.DOUBLE, exp.DType.FLOAT):
+            continue
+        # The reads inside carry no type: a second pass leaves them alone.
+        plain = col.copy()
+        plain.type = None
+        least = exp.Literal.number(repr(FLOAT_COLUMN_LEAST))
+        tiny = exp.LT(this=exp.Abs(this=plain), expression=least)
+        col.replace(exp.Case(ifs=[exp.If(this=tiny, true=exp.Literal.number("0.0"))],
+                             default=plain.copy()))
