@@ -242,12 +242,23 @@ class _Totality:
                 f"subtracting dates or timestamps ({_short(node)}) is not allowed on rows "
                 f"({self.clause}): the difference of far-apart values overflows",
                 hint="compare each timestamp with a literal instead")
-        elif isinstance(node, exp.Round):
+        if isinstance(node, _MIXING) and not _constant(node):
+            self._same_time_type(node)
+        if isinstance(node, exp.Round):
             digits = node.args.get("decimals")
             if digits is not None and (literal_value(digits) is None
                                        or not _is_int(literal_value(digits)[1])):
                 raise QueryRefused(f"ROUND's digits must be an integer literal ({self.clause})")
         self._num(node)  # the numeric rule (overflow, underflow) for every numeric node
+
+    def _same_time_type(self, node: exp.Expr) -> None:
+        # A DATE next to a TIMESTAMP is converted to one: the latest dates do not fit.
+        kinds = {_annotated_time(p) for p in _compared(node)} - {None}
+        if len(kinds) > 1:
+            raise QueryRefused(
+                f"{_short(node)} in {self.clause} mixes a DATE with a TIMESTAMP: the backend "
+                "converts the date, which fails for dates beyond the timestamp range",
+                hint="compare values of one type, e.g. a DATE column with a DATE literal")
 
     def _like(self, node: exp.Like | exp.ILike) -> None:
         pattern = literal_value(node.expression)
@@ -422,7 +433,8 @@ class _Totality:
             return Num(-1.0, 1.0, 1.0)
         if isinstance(node, exp.Floor | exp.Ceil):
             inner = self._num(node.this)
-            return None if inner is None else Num(math.floor(inner.lo), math.ceil(inner.hi), 1.0)
+            # (Infinite ends stay infinite: only DuckDB gets here with them, where they are fine.)
+            return None if inner is None else Num(_floor(inner.lo), _ceil(inner.hi), 1.0)
         if isinstance(node, exp.Round):
             inner = self._num(node.this)
             if inner is None:
@@ -431,6 +443,11 @@ class _Totality:
             places = int(float(literal_value(digits)[1])) if digits is not None else 0
             step = 10.0 ** -places if -308 < places < 308 else (0.0 if places > 0 else _MAX)
             lo, hi = inner.lo - step, inner.hi + step
+            if digits is not None and self.ctx.dialect == "postgres":
+                # Postgres rounds in NUMERIC (rewriters.dialect); a double converts to NUMERIC
+                # with 15 significant digits, so the largest doubles come back above the
+                # largest double, and converting back raises.
+                lo, hi = lo * (1 + 1e-14), hi * (1 + 1e-14)
             self._finite(node, lo, hi)
             return Num(lo, hi, min(inner.tiny, step) if step else inner.tiny)
         if isinstance(node, exp.Length):
@@ -550,6 +567,23 @@ class _Totality:
         return found
 
 
+_MIXING = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Least,
+           exp.Greatest, exp.Coalesce, exp.Nullif, exp.Case, exp.If)
+
+
+def _compared(node: exp.Expr) -> list[exp.Expr]:
+    """The operands whose values ``node`` compares or chooses among (one type in the end)."""
+    if isinstance(node, exp.Between):
+        return [node.this, node.args["low"], node.args["high"]]
+    if isinstance(node, exp.In):
+        return [node.this, *node.expressions]
+    if isinstance(node, exp.Nullif):
+        return [node.this, node.expression]
+    if isinstance(node, exp.Case | exp.If | exp.Least | exp.Greatest | exp.Coalesce):
+        return _results(node)
+    return [node.this, node.expression]
+
+
 def _results(node: exp.Expr) -> list[exp.Expr]:
     """The expressions whose value ``node`` can return (CASE branches, function arguments)."""
     if isinstance(node, exp.Case):
@@ -592,6 +626,14 @@ def _quantum(tiny: float) -> float:
         return _MAX
     exponent = math.frexp(tiny)[1] - 1  # tiny is in [2^exponent, 2^(exponent+1))
     return max(math.ldexp(1.0, exponent - 52), _TINIEST)
+
+
+def _floor(value: float) -> float:
+    return float(math.floor(value)) if math.isfinite(value) else value
+
+
+def _ceil(value: float) -> float:
+    return float(math.ceil(value)) if math.isfinite(value) else value
 
 
 def _is_int(text: str) -> bool:
