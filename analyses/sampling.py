@@ -40,7 +40,7 @@ from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
 from analyses.query import SQL_TYPES, _Reader, display_sql, row_context
-from analyses.totality import ConstantCheck
+from analyses.totality import ConstantCheck, check_statement_limits
 from analyses.validate import TOO_DEEP, _check_node, _referenced_tables
 from chorus_py.errors import (
     NotSupportedError,
@@ -160,7 +160,9 @@ def wants_sampling(sql: str, dialect: str, policy: Policy) -> bool:
 def analyze_sampled(sql: str, policy: Policy, dialect: str,
                     constants: ConstantCheck | None = None) -> SampledQuery:
     """Validate ``sql`` for sampled mode and build its guarded f (refusals cost nothing)."""
+    check_statement_limits(sql, None, policy.limits)
     tree = _parse(sql, dialect)
+    check_statement_limits(sql, tree, policy.limits)
     for node in tree.walk():
         if not isinstance(node, _SAMPLED_ONLY):
             _check_node(node)

@@ -253,8 +253,16 @@ class _Totality:
 
     def _same_time_type(self, node: exp.Expr) -> None:
         # A DATE next to a TIMESTAMP is converted to one: the latest dates do not fit.
-        kinds = {_annotated_time(p) for p in _compared(node)} - {None}
-        if len(kinds) > 1:
+        operands = _compared(node)
+        kinds = {_annotated_time(p) for p in operands} - {None}
+        if len(kinds) < 2:
+            return
+        dates = [p for p in operands if _annotated_time(p) == "date"]
+        if all(_constant(p) for p in dates):
+            for date in dates:  # a date constant: the backend converts it, once, here
+                self._run(exp.Cast(this=date.copy(), to=exp.DataType.build("TIMESTAMP")),
+                          f"{_short(date)} as a timestamp")
+        else:
             raise QueryRefused(
                 f"{_short(node)} in {self.clause} mixes a DATE with a TIMESTAMP: the backend "
                 "converts the date, which fails for dates beyond the timestamp range",
