@@ -261,14 +261,14 @@ def analyze_query(
     return _Reader(flat, table_name, table_policy, names, join, columns, rows=rows).read()
 
 
-def row_context(dialect: str, constants: ConstantCheck | None,
-                limits: LimitsConfig) -> RowContext:
+def row_context(dialect: str, constants: ConstantCheck | None, limits: LimitsConfig,
+                tamed: tuple[float, float] | None = None) -> RowContext:
     """The totality analysis' context (column types are filled in by the reader)."""
     if constants is None:
         if dialect != "duckdb":
             raise ValueError(f"the {dialect} dialect needs a constant checker on its backend")
         constants = duckdb_constants()
-    return RowContext(dialect, lambda col: None, constants, limits)
+    return RowContext(dialect, lambda col: None, constants, limits, tamed)
 
 
 _PORTABLE = {"integer": "int", "float": "float", "text": "text", "boolean": "bool",

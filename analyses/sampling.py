@@ -228,7 +228,8 @@ class _Builder:
         assert isinstance(flat, exp.Select)
         self.flat = annotate_types(flat, schema=schema, dialect=dialect)
         self.checker = _Reader(self.flat, table, tp, [],
-                               rows=row_context(dialect, constants, policy.limits))
+                               rows=row_context(dialect, constants, policy.limits,
+                                                tamed=(COLUMN_LIMIT, COLUMN_FLOOR)))
         self.columns: list[str] = []
 
     def build(self) -> SampledQuery:

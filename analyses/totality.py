@@ -121,6 +121,9 @@ class RowContext:
     column_type: ColumnType
     constants: ConstantCheck
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # (largest magnitude, least non-zero magnitude) of numeric column reads when the rewriter
+    # tames them first (sampled mode, ``analyses.sampling``); None: any value of the type.
+    tamed: tuple[float, float] | None = None
 
 
 def check_row(node: exp.Expr, clause: str, ctx: RowContext, boolean: bool = False) -> None:
@@ -375,6 +378,9 @@ class _Totality:
             return self._num(node.this)
         if isinstance(node, exp.Column):
             kind = self.ctx.column_type(node)
+            if kind in ("int", "float") and self.ctx.tamed is not None:
+                top, least = self.ctx.tamed
+                return Num(-top, top, least)
             if kind == "int":  # the rewriter widens integer arithmetic to DOUBLE
                 return Num(-_BIGINT, _BIGINT, 1.0)
             if kind == "float":  # any double: the data is not clamped before this expression
