@@ -74,14 +74,15 @@ TIME_UNITS = frozenset({
     "year", "decade", "century", "millennium", "dow", "doy", "epoch", "isodow", "isoyear",
 })
 
-# The edge values of each time type per backend: a time function of a column is tried on each.
-_TIME_EDGES = {
-    ("postgres", "date"): ("4713-01-01 BC", "5874897-12-31", "infinity", "-infinity"),
-    ("postgres", "timestamp"): ("4713-01-01 00:00:00 BC", "294276-12-31 23:59:59.999999",
-                                "infinity", "-infinity"),
-    ("duckdb", "date"): ("5877642-06-25 (BC)", "5881580-07-10", "infinity", "-infinity"),
-    ("duckdb", "timestamp"): ("290309-12-22 (BC) 00:00:00", "294247-01-10 04:00:54.775806",
-                              "infinity", "-infinity"),
+# A date or timestamp column read under a time function (DATE_TRUNC, EXTRACT, a cast) is clamped
+# into years 1-9999 first (``rewriters.safety``): the types' extremes and +/-infinity make those
+# functions fail on some backends (DATE_TRUNC('month', <earliest DuckDB timestamp>) leaves the
+# range).  The function is tried on both ends of that range.
+# What a policy "timestamp" column annotates as (sqlglot's duckdb dialect says TIMESTAMPNTZ).
+TIMESTAMP_TYPES = (exp.DType.TIMESTAMP, exp.DType.TIMESTAMPNTZ, exp.DType.DATETIME)
+TIME_READ_RANGE = {
+    "date": ("0001-01-01", "9999-12-31"),
+    "timestamp": ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
 }
 
 
@@ -525,11 +526,13 @@ class _Totality:
         """Run ``node`` with its time argument replaced by each edge value of its type."""
         if _constant(arg):
             return
-        kind = _policy_type(arg, self.ctx) or _annotated_time(arg)
-        edges = _TIME_EDGES.get((self.ctx.dialect, kind or ""))
-        if edges is None:
-            raise QueryRefused(f"{what} in {self.clause}: the proxy cannot check it on a value "
-                               f"of this type", hint="apply it to a DATE or TIMESTAMP column")
+        while isinstance(arg, exp.Paren):
+            arg = arg.this
+        kind = _policy_type(arg, self.ctx)
+        if not isinstance(arg, exp.Column) or kind not in TIME_READ_RANGE:
+            raise QueryRefused(f"{what} in {self.clause}: the proxy can check it only on a DATE "
+                               "or TIMESTAMP column", hint="apply it to the column itself")
+        edges = TIME_READ_RANGE[kind]
         target = exp.DataType.build("DATE" if kind == "date" else "TIMESTAMP")
         for edge in edges:
             probe = node.copy()
@@ -623,7 +626,7 @@ def _time(node: exp.Expr) -> bool:
 def _annotated_time(node: exp.Expr) -> str | None:
     if node.type is not None and node.type.is_type(exp.DType.DATE):
         return "date"
-    if node.type is not None and node.type.is_type(exp.DType.TIMESTAMP):
+    if node.type is not None and node.type.is_type(*TIMESTAMP_TYPES):
         return "timestamp"
     return None
 

@@ -223,3 +223,51 @@ def test_postgres_float_rules(where: str) -> None:
 ])
 def test_postgres_float_rules_accept(where: str) -> None:
     check_row(_annotated(where), "WHERE", _ctx("postgres"), boolean=True)
+
+
+# -- the sanitised column reads of rewriters.safety ---------------------------------------------
+
+def _rewritten(select: str, schema: dict[str, str], dialect: str) -> str:
+    from sqlglot.optimizer.annotate_types import annotate_types
+    from sqlglot.optimizer.qualify import qualify
+
+    from rewriters.dialect import dialect as for_dialect
+    from rewriters.safety import safety
+
+    tables = {"r": schema}
+    tree = annotate_types(qualify(parse_one(select, read=dialect), schema=tables,
+                                  dialect=dialect), schema=tables, dialect=dialect)
+    tree.set("expressions", [for_dialect(safety(e), dialect) for e in tree.expressions])
+    return tree.sql(dialect)
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_sanitised_reads_cannot_fail(request: pytest.FixtureRequest, backend: str) -> None:
+    """Denormal floats read as 0 under * and /; dates and timestamps under DATE_TRUNC, EXTRACT and
+    casts are clamped into years 1-9999 (the earliest DuckDB timestamp would otherwise make
+    DATE_TRUNC('month', ...) fail); NULL stays NULL."""
+    import duckdb
+    import psycopg
+
+    from tests.conftest import PG_ADMIN_URL
+
+    earliest = {"duckdb": "290309-12-22 (BC) 00:00:00", "postgres": "4713-01-01 00:00:00 BC"}
+    rows = (f"(CAST('5e-324' AS DOUBLE PRECISION), CAST('{earliest[backend]}' AS TIMESTAMP)), "
+            "(NULL, NULL), (CAST('1.5' AS DOUBLE PRECISION), CAST('infinity' AS TIMESTAMP))")
+    select = _rewritten("SELECT f * 0.5, f / 3, DATE_TRUNC('month', ts), EXTRACT(year FROM ts), "
+                        "CAST(ts AS DATE) FROM r", {"f": "DOUBLE", "ts": "TIMESTAMP"}, backend)
+    ddl = "CREATE TEMP TABLE r (f DOUBLE PRECISION, ts TIMESTAMP)"
+    if backend == "duckdb":
+        con = duckdb.connect()
+        con.execute(ddl)
+        con.execute(f"INSERT INTO r VALUES {rows}")
+        found = con.execute(select).fetchall()
+    else:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as con:
+            con.execute(ddl)
+            con.execute(f"INSERT INTO r VALUES {rows}")
+            found = con.execute(select).fetchall()
+    assert found[0][0] == 0 and found[0][1] == 0  # the denormal read as 0
+    assert found[0][2].year == 1 and int(found[0][3]) == 1
+    assert found[1] == (None,) * 5
+    assert found[2][2].year == 9999 and int(found[2][3]) == 9999
