@@ -271,3 +271,14 @@ def test_sanitised_reads_cannot_fail(request: pytest.FixtureRequest, backend: st
     assert found[0][2].year == 1 and int(found[0][3]) == 1
     assert found[1] == (None,) * 5
     assert found[2][2].year == 9999 and int(found[2][3]) == 9999
+
+
+@pytest.mark.postgres
+def test_join_condition_is_checked_for_totality(postgres_data: str,
+                                                make_engine: Callable[..., Engine]) -> None:
+    """ON is evaluated per pair of rows too: its expressions are held to the same rules."""
+    engine = make_engine(postgres_data)
+    with pytest.raises(QueryRefused, match="JOIN ON"):
+        engine.execute("SELECT COUNT(*) FROM trips JOIN cities ON trips.city = cities.city "
+                       "AND trips.fare * 1e300 * 1e300 > 0", **ALICE)
+    assert nothing_spent(engine)
