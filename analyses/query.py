@@ -28,17 +28,16 @@ from sqlglot.optimizer.qualify import qualify
 
 from analyses.bounds import expression_bounds
 from analyses.joins import JoinInfo, analyze_joins
-from analyses.literals import fits, literal_casts, literal_value
 from analyses.sensitivity import (
     count_sensitivity,
     count_units_sensitivity,
     square_bounds,
     sum_sensitivity,
 )
-from analyses.typecheck import check_row_types
-from analyses.validate import AGGREGATES, ParsedStatement, check_row_expression
+from analyses.totality import ConstantCheck, RowContext, check_row, duckdb_constants
+from analyses.validate import AGGREGATES, ParsedStatement
 from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
-from chorus_py.policy import NUMERIC_TYPES, ColumnPolicy, Policy, TablePolicy
+from chorus_py.policy import ColumnPolicy, LimitsConfig, Policy, TablePolicy
 
 MeasurementKind = Literal["count", "count_units", "sum", "sum_squares"]
 
@@ -242,11 +241,15 @@ class PublicQuery:
 
 def analyze_query(
     parsed: ParsedStatement, policy: Policy, dialect: str,
-    public_columns: dict[str, dict[str, str]], db: str | None = None,
+    public_columns: dict[str, dict[str, str]], constants: ConstantCheck | None = None,
+    db: str | None = None,
 ) -> AggregateQuery | PublicQuery:
-    """Analyse a validated statement against the policy (pure: the input is not changed);
-    ``db``, the backend's schema, qualifies the tables of the generated SQL
-    (``AggregateQuery.schema``)."""
+    """Analyse a validated statement against the policy (pure: the input is not changed).
+
+    ``constants`` runs table-free statements on the backend (``analyses.totality``); only the
+    duckdb dialect has a default (an in-memory DuckDB).  ``db``, the backend's schema,
+    qualifies the tables of the generated SQL (``AggregateQuery.schema``).
+    """
     private = [t for t in parsed.tables if not policy.tables[t].public]
     if not private:
         return PublicQuery(tree=parsed.tree, tables=parsed.tables)
@@ -256,14 +259,25 @@ def analyze_query(
     schema = {t: _table_schema(policy.tables[t], public_columns.get(t, {}))
               for t in parsed.tables}
     flat = _normalize(parsed.tree, table_name, table_policy, dialect, schema)
+    rows = row_context(dialect, constants, policy.limits)
     if not flat.args.get("joins"):
-        return dataclasses.replace(_Reader(flat, table_name, table_policy, names).read(),
-                                   schema=db)
+        return dataclasses.replace(_Reader(flat, table_name, table_policy, names,
+                                           rows=rows).read(), schema=db)
     join = analyze_joins(flat, policy)
     columns = {s.alias: _column_policies(s.policy, public_columns.get(s.table, {}))
                for s in join.sources}
     return dataclasses.replace(_Reader(flat, table_name, table_policy, names, join,
-                                       columns).read(), schema=db)
+                                       columns, rows=rows).read(), schema=db)
+
+
+def row_context(dialect: str, constants: ConstantCheck | None, limits: LimitsConfig,
+                tamed: tuple[float, float] | None = None) -> RowContext:
+    """The totality analysis' context (column types are filled in by the reader)."""
+    if constants is None:
+        if dialect != "duckdb":
+            raise ValueError(f"the {dialect} dialect needs a constant checker on its backend")
+        constants = duckdb_constants()
+    return RowContext(dialect, lambda col: None, constants, limits, tamed)
 
 
 _PORTABLE = {"integer": "int", "float": "float", "text": "text", "boolean": "bool",
@@ -352,7 +366,8 @@ class _Reader:
 
     def __init__(self, flat: exp.Select, table: str, tp: TablePolicy, names: list[str],
                  join: JoinInfo | None = None,
-                 columns: dict[str, dict[str, ColumnPolicy]] | None = None) -> None:
+                 columns: dict[str, dict[str, ColumnPolicy]] | None = None, *,
+                 rows: RowContext) -> None:
         self.flat = flat
         self.table = table
         self.tp = tp
@@ -367,6 +382,7 @@ class _Reader:
         self.measurements: dict[tuple[str, str], Measurement] = {}
         self.keys: list[GroupKey] = []
         self.aliases: dict[str, exp.Expr] = {}
+        self.rows = dataclasses.replace(rows, column_type=self._column_type)
 
     # -- reading ------------------------------------------------------------------------------
     def read(self) -> AggregateQuery:
@@ -376,6 +392,9 @@ class _Reader:
         where = flat.args["where"].this if flat.args.get("where") else None
         if where is not None:
             self._check_row(where, "WHERE")
+        for join in flat.args.get("joins") or []:
+            if join.args.get("on") is not None:
+                self._check_row(join.args["on"], "JOIN ON")
         group = flat.args.get("group")
         for i, key in enumerate(group.expressions if group else []):
             self._check_row(key, "GROUP BY")
@@ -639,18 +658,8 @@ class _Reader:
 
     # -- row-level safety -------------------------------------------------------------------
     def _check_row(self, node: exp.Expr, clause: str) -> None:
-        check_row_expression(node, clause)
-        check_row_types(node, clause, boolean=clause == "WHERE")
-        for cast in node.find_all(exp.Cast):
-            self._check_cast(cast, clause)
-        for cmp in node.find_all(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE):
-            self._check_comparison(cmp.this, cmp.expression, clause)
-        for cmp in node.find_all(exp.In):
-            for item in cmp.expressions:
-                self._check_comparison(cmp.this, item, clause)
-        for cmp in node.find_all(exp.Between):
-            for item in (cmp.args["low"], cmp.args["high"]):
-                self._check_comparison(cmp.this, item, clause)
+        """Refuse a row-level expression that could raise on some row (analyses.totality)."""
+        check_row(node, clause, self.rows, boolean=clause in ("WHERE", "JOIN ON"))
 
     def _column(self, col: exp.Column) -> ColumnPolicy | None:
         """The policy of a (qualified) column: of its table alias."""
@@ -659,68 +668,9 @@ class _Reader:
             table = next(iter(self.columns.values()))
         return None if table is None else table.get(col.name)
 
-    def _type_of(self, node: exp.Expr) -> str | None:
-        if isinstance(node, exp.Column):
-            cp = self._column(node)
-            return None if cp is None else cp.type
-        return None
-
-    def _check_cast(self, cast: exp.Cast, clause: str) -> None:
-        # A cast that can fail on some value (text -> number, a narrowing numeric cast) would
-        # turn one row's value into a visible error, so only total casts are allowed; a cast of
-        # a literal is tried here, before anything runs.
-        literal = literal_value(cast.this)
-        if literal is not None:
-            if not literal_casts(literal[1], cast.to):
-                raise QueryRefused(
-                    f"the cast {cast.sql()} in {clause} cannot succeed",
-                    hint="write a value of the target type, e.g. DATE '2026-01-31'",
-                )
-            return
-        to = cast.to
-        if to.is_type(*exp.DataType.TEXT_TYPES) or to.is_type(
-            exp.DType.DOUBLE, exp.DType.FLOAT
-        ):
-            src = self._type_of(cast.this)
-            if to.is_type(*exp.DataType.TEXT_TYPES) or src in NUMERIC_TYPES:
-                return
-        src = self._type_of(cast.this)
-        if src in ("date", "timestamp") and to.is_type(exp.DType.DATE, exp.DType.TIMESTAMP):
-            return
-        raise QueryRefused(
-            f"the cast {cast.sql()} in {clause} may fail on some rows",
-            hint="casts on rows may only go to TEXT, to DOUBLE from a number, or between "
-            "DATE and TIMESTAMP",
-        )
-
-    def _check_comparison(self, left: exp.Expr, right: exp.Expr, clause: str) -> None:
-        # The database would convert the literal (or, worse, every row) to the column's type;
-        # a conversion that fails must be refused here, before the budget is claimed.
-        for a, b in ((left, right), (right, left)):
-            kind = self._type_of(a)
-            literal = literal_value(b)
-            if kind is None or literal is None:
-                continue
-            form, text = literal
-            if kind == "text" and form == "number":
-                raise QueryRefused(
-                    f"{a.name} is text but is compared with the number {text} in {clause}",
-                    hint=f"quote the value: '{text}'",
-                )
-            if kind in NUMERIC_TYPES and form == "string":
-                raise QueryRefused(
-                    f"{a.name} is a number but is compared with the text {b.sql()} in {clause}",
-                    hint="write the number without quotes",
-                )
-            if kind in ("date", "timestamp"):
-                if form == "number":
-                    raise QueryRefused(
-                        f"{a.name} is a {kind} but is compared with the number {text} in "
-                        f"{clause}", hint=f"compare with a {kind} such as '2026-01-31'")
-                if not fits(text, kind):
-                    raise QueryRefused(
-                        f"'{text}' is not a valid {kind} (compared with {a.name} in {clause})",
-                        hint="use ISO format, e.g. '2026-01-31' or '2026-01-31 08:00:00'")
+    def _column_type(self, col: exp.Column) -> str | None:
+        cp = self._column(col)
+        return None if cp is None else cp.type
 
 
 # A sum over a join is measured as SUM(ROUND(v / g)) with g = max|v| / _JOIN_GRID_STEPS: an

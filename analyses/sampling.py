@@ -39,7 +39,8 @@ from sqlglot.errors import OptimizeError, ParseError, TokenError
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
-from analyses.query import SQL_TYPES, _Reader, display_sql
+from analyses.query import SQL_TYPES, _Reader, display_sql, row_context
+from analyses.totality import ConstantCheck, check_statement_limits
 from analyses.validate import TOO_DEEP, _check_node, _referenced_tables
 from chorus_py.errors import (
     NotSupportedError,
@@ -156,9 +157,12 @@ def wants_sampling(sql: str, dialect: str, policy: Policy) -> bool:
     return any(not policy.tables[t].public for t in tables)
 
 
-def analyze_sampled(sql: str, policy: Policy, dialect: str) -> SampledQuery:
+def analyze_sampled(sql: str, policy: Policy, dialect: str,
+                    constants: ConstantCheck | None = None) -> SampledQuery:
     """Validate ``sql`` for sampled mode and build its guarded f (refusals cost nothing)."""
+    check_statement_limits(sql, None, policy.limits)
     tree = _parse(sql, dialect)
+    check_statement_limits(sql, tree, policy.limits)
     for node in tree.walk():
         if not isinstance(node, _SAMPLED_ONLY):
             _check_node(node)
@@ -190,7 +194,7 @@ def analyze_sampled(sql: str, policy: Policy, dialect: str) -> SampledQuery:
     if any(s is not tree for s in tree.find_all(exp.Select)):
         raise NotSupportedError("subqueries are not supported with sampled sensitivity")
     try:
-        return _Builder(tree, table, tp, dialect).build()
+        return _Builder(tree, table, tp, dialect, constants, policy).build()
     except RecursionError:
         raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
 
@@ -210,7 +214,8 @@ def _parse(sql: str, dialect: str) -> exp.Select:
 
 
 class _Builder:
-    def __init__(self, tree: exp.Select, table: str, tp: TablePolicy, dialect: str) -> None:
+    def __init__(self, tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
+                 constants: ConstantCheck | None, policy: Policy) -> None:
         self.table, self.tp, self.dialect = table, tp, dialect
         schema = {table: {c: SQL_TYPES[col.type] for c, col in tp.columns.items()}}
         try:
@@ -222,7 +227,9 @@ class _Builder:
                                   f"{', '.join(tp.columns)}") from None
         assert isinstance(flat, exp.Select)
         self.flat = annotate_types(flat, schema=schema, dialect=dialect)
-        self.checker = _Reader(self.flat, table, tp, [])
+        self.checker = _Reader(self.flat, table, tp, [],
+                               rows=row_context(dialect, constants, policy.limits,
+                                                tamed=(COLUMN_LIMIT, COLUMN_FLOOR)))
         self.columns: list[str] = []
 
     def build(self) -> SampledQuery:

@@ -4,10 +4,9 @@ Everything here runs before any budget is touched, so a refusal costs nothing.  
 allowlists, never denylists: a node type or function sqlglot learns in a later release is refused
 until someone decides it is safe.
 
-Row-level expressions (WHERE, GROUP BY keys, aggregate arguments) are held to a stricter list than
-post-processing expressions (arithmetic on the noisy aggregates): a row-level function that can
-raise an error on some values (LN of zero, SQRT of a negative, a failing cast) would let the
-presence of one row leak through the error itself.
+Row-level expressions (WHERE, GROUP BY keys, aggregate arguments, join ON) are held to a
+stricter standard than post-processing expressions (arithmetic on the noisy aggregates): they must
+be proven total by ``analyses.totality``, since an error raised by one row would reveal it.
 """
 
 from __future__ import annotations
@@ -59,11 +58,6 @@ _REFUSED_AGGREGATES = {
 
 TOO_DEEP = "the query nests too deeply to analyse"
 
-# Units DATE_TRUNC and EXTRACT accept (singular, lower case); anything else could fail at run time.
-_TIME_UNITS = frozenset({
-    "microsecond", "millisecond", "second", "minute", "hour", "day", "week", "month", "quarter",
-    "year", "decade", "century", "millennium", "dow", "doy", "epoch", "isodow", "isoyear",
-})
 
 @dataclass(frozen=True)
 class ParsedStatement:
@@ -111,50 +105,6 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
     # every later pass reads the same tables (analyses.binding).
     bound = bind_tables(tree, dialect, known_tables)
     return ParsedStatement(tree=bound.tree, tables=bound.tables)
-
-
-def check_row_expression(node: exp.Expr, where: str) -> None:
-    """Refuse functions that may not run on raw rows (``where`` names the clause)."""
-    for sub in node.walk():
-        if isinstance(sub, POST_FUNCTIONS):
-            raise QueryRefused(
-                f"{sub.sql_name()} is not allowed on rows ({where}): it can fail on some values, "
-                "and an error would reveal the row",
-                hint="apply it to the aggregate's result instead, e.g. SQRT(SUM(x))",
-            )
-        if isinstance(sub, exp.Cast) and not isinstance(sub.this, exp.Literal):
-            continue  # casts are checked with column types in analyses.query
-        if isinstance(sub, exp.Like | exp.ILike) and not isinstance(sub.expression, exp.Literal):
-            raise QueryRefused(f"LIKE patterns must be literals ({where})")
-        decimals = sub.args.get("decimals") if isinstance(sub, exp.Round) else None
-        if decimals is not None and not isinstance(decimals, exp.Literal | exp.Neg):
-            raise QueryRefused(f"ROUND's digits must be a literal ({where})")
-        if isinstance(sub, exp.TimestampTrunc | exp.DateTrunc | exp.Extract):
-            unit = sub.args.get("unit") if not isinstance(sub, exp.Extract) else sub.this
-            name = unit.name.lower().rstrip("s") if isinstance(unit, exp.Literal | exp.Var) else ""
-            if name not in _TIME_UNITS:
-                fname = "EXTRACT" if isinstance(sub, exp.Extract) else "DATE_TRUNC"
-                raise QueryRefused(
-                    f"{fname}'s unit must be a literal time unit ({where})",
-                    hint="one of: " + ", ".join(sorted(_TIME_UNITS)),
-                )
-        if isinstance(sub, exp.Interval) and _next_to_column(sub):
-            # column + interval can overflow for late enough rows: a data-dependent error.
-            raise QueryRefused(
-                f"interval arithmetic is not allowed on rows ({where})",
-                hint="compare the timestamp with a literal instead, e.g. "
-                "pickup_time >= '2026-03-01'",
-            )
-
-
-def _next_to_column(interval: exp.Interval) -> bool:
-    """Whether an interval is added to / subtracted from something that reads a row."""
-    parent = interval.parent
-    while isinstance(parent, exp.Paren):
-        parent = parent.parent
-    if not isinstance(parent, exp.Add | exp.Sub):
-        return False
-    return any(side.find(exp.Column) is not None for side in (parent.this, parent.expression))
 
 
 def _check_node(node: exp.Expr) -> None:

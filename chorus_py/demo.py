@@ -502,6 +502,17 @@ idle_timeout_seconds = 3600
 # Statements running longer are cancelled (and charged once the database started reading).
 # Unset: backend.statement_timeout_seconds.
 #   statement_timeout_seconds = 300
+
+# Bounded cost (wall 8): how large a query may be and how much work it may ask per row, so that
+# no CASE branch one person's row takes can be made much slower than another.  Each refusal names
+# its key.  The defaults suit most uses.
+[limits]
+max_sql_chars = 100000         # characters of SQL text in one query
+max_literal_chars = 1024       # characters of one string or number literal
+max_expression_nodes = 2000    # syntax nodes of one statement
+max_expression_depth = 64      # how deeply they may nest
+max_row_cost = 100000          # work units per row of one row-level expression (every branch)
+text_column_chars = 256        # characters a text column counts for in that cost
 """
 
 

@@ -44,6 +44,7 @@ from analyses.binding import generated_sql
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.outgoing import Release, check_outgoing, rules_from_policy
 from analyses.query import AggregateQuery, PublicQuery, analyze_query, display_sql
+from analyses.totality import check_statement_limits
 from analyses.validate import TOO_DEEP, parse_statement
 from budget.accounting import Event, events_for_plan
 from budget.answers import AnswerCache
@@ -247,6 +248,7 @@ class Engine:
         # Steps 1-5 and 7 are pure functions of (SQL, policy, block windows, epsilon, delta):
         # cache them.  The noise is drawn when the SQL runs, and the budget is charged per call.
         self._analyses: _LRU[str, AggregateQuery | PublicQuery] = _LRU(1024)
+        self._constants: _LRU[str, bool] = _LRU(4096)  # verdicts of run_constant
         self._prepared: _LRU[tuple[object, ...], _Prepared] = _LRU(1024)
         self._histograms: _LRU[tuple[object, ...], str] = _LRU(1024)
         # Statement texts the database planned without error (_check_plans).
@@ -466,14 +468,33 @@ class Engine:
         hit = self._analyses.get(sql)
         if hit is not None:
             return hit
+        limits = self.policy.limits
+        check_statement_limits(sql, None, limits)  # the text's length, before parsing it
         parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
+        check_statement_limits(sql, parsed.tree, limits)
         try:
             analysis = analyze_query(parsed, self.policy, self.dialect, self.public_columns,
-                                     self.schema)
+                                     self.run_constant, self.schema)
         except RecursionError:
             raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
         self._analyses.put(sql, analysis)
         return analysis
+
+    def run_constant(self, sql: str) -> bool:
+        """Run a statement that reads no table on the backend: True when it succeeds.
+
+        The totality analysis (``analyses.totality``) judges literals, LIKE patterns and time
+        functions by what the backend itself does; verdicts are cached per statement.
+        """
+        verdict = self._constants.get(sql)
+        if verdict is None:
+            try:
+                self.backend.run(sql)
+                verdict = True
+            except StatementFailed:
+                verdict = False
+            self._constants.put(sql, verdict)
+        return verdict
 
     def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float, delta: float,
                  cap: int | None = None,

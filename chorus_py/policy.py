@@ -209,6 +209,28 @@ class PrivacyConfig(_Strict):
         return self
 
 
+class LimitsConfig(_Strict):
+    """Bounded cost (DESIGN.md section 11, wall 8): how large a query and its per-row work may be.
+
+    No CASE branch taken for one person's row may be made much slower than another, or the
+    query's run time would tell whether that row exists; and no query may make the analyser or
+    the database do unbounded work.  Each limit is checked before any budget is touched.
+    """
+
+    # Characters of SQL text in one query.
+    max_sql_chars: int = Field(default=100_000, ge=100, le=10_000_000)
+    # Characters of one literal (a string or a number).
+    max_literal_chars: int = Field(default=1024, ge=16, le=1_000_000)
+    # Nodes of the parsed statement, and how deeply they nest.
+    max_expression_nodes: int = Field(default=2000, ge=10, le=1_000_000)
+    max_expression_depth: int = Field(default=64, ge=4, le=1000)
+    # Work units per row of one row-level expression, every CASE branch counted (a string
+    # function costs the length bound of its input in characters, other nodes 1; a text column
+    # is counted as text_column_chars characters).
+    max_row_cost: int = Field(default=100_000, ge=100, le=100_000_000)
+    text_column_chars: int = Field(default=256, ge=1, le=1_000_000)
+
+
 class ColumnPolicy(_Strict):
     """One column: its type, and for numbers the clipping bounds that make SUM/AVG possible."""
 
@@ -714,6 +736,7 @@ class Policy(_Strict):
     tables: dict[str, TablePolicy]
     analysts: dict[str, AnalystPolicy] = Field(default_factory=dict)
     server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
     source: str = "<memory>"
 
     @field_validator("tables")

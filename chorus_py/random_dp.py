@@ -375,7 +375,7 @@ class RandomDP:
             return None
         eps, _ = engine._parameters(analyst, epsilon, delta)
         g = self._gamma(gamma)
-        query = analyze_sampled(sql, engine.policy, engine.dialect)
+        query = analyze_sampled(sql, engine.policy, engine.dialect, engine.run_constant)
         reads, where = self._blocks(query)
         backend_sql = self._backend_sql(query, where)
         engine.verify_outgoing(backend_sql, "sampled", (query.table,))  # before any claim

@@ -1,13 +1,20 @@
 """Neutralise row-level expressions that could fail on some values.
 
-An error raised by one row would tell the analyst that row exists, whatever the noise.  Two
-rewrites close the arithmetic routes the analyser lets through:
+An error raised by one row would tell the analyst that row exists, whatever the noise.  Three
+rewrites close the arithmetic routes the analyser (``analyses.totality``) counts on:
 
 - every division and modulo gets ``NULLIF(denominator, 0)`` (NULL instead of a division-by-zero
   error, as DuckDB already does), and
 - integer-typed operands of +, -, *, /, unary minus and ABS (columns, literals, CASE results) are
   cast to DOUBLE, so no result can overflow a BIGINT.  (Modulo keeps its integers: it cannot
   overflow once its divisor is not zero, and Postgres has no modulo on doubles.)
+- a float column read below a multiplication or division is sanitised: a denormal value (below
+  ``FLOAT_COLUMN_LEAST`` = 2^-1022 in magnitude) reads as 0, so that a product or quotient of
+  non-zero values cannot underflow to 0, which Postgres reports as an error.  This is the one
+  place where column reads are changed; NaN and +/-Infinity pass unchanged (they never raise).
+  Likewise a date or timestamp column read under DATE_TRUNC, EXTRACT or a cast is clamped into
+  years 1-9999 (``TIME_READ_RANGE``; +/-infinity land on the ends, NULL stays NULL), where
+  those functions cannot fail.
 
 Types come from the analyser's ``annotate_types`` pass; nodes without a type are left alone.
 """
@@ -16,9 +23,11 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from analyses.totality import FLOAT_COLUMN_LEAST, TIME_READ_RANGE, TIMESTAMP_TYPES
 from analyses.typecheck import is_integer
 
 _WIDENED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Abs)
+_TIME_FUNCTIONS = (exp.TimestampTrunc, exp.DateTrunc, exp.Extract)
 
 
 def safety(node: exp.Expr) -> exp.Expr:
@@ -30,6 +39,12 @@ def safety(node: exp.Expr) -> exp.Expr:
     """
 
     def visit(sub: exp.Expr) -> exp.Expr:
+        if isinstance(sub, _TIME_FUNCTIONS) or (isinstance(sub, exp.Cast) and \
+                sub.to.is_type(*exp.DataType.TEMPORAL_TYPES, *exp.DataType.TEXT_TYPES)):
+            _clamp_times(sub.expression if isinstance(sub, exp.Extract) else sub.this)
+        if isinstance(sub, exp.Mul | exp.Div):
+            for key in ("this", "expression"):
+                _sanitise_floats(sub.args[key])
         if isinstance(sub, exp.Div | exp.Mod) and not _is_guarded(sub.expression):
             sub.set("expression", exp.Nullif(this=sub.expression, expression=exp.Literal.number(0)))
         if isinstance(sub, _WIDENED):
@@ -47,3 +62,36 @@ def _is_guarded(node: exp.Expr) -> bool:
         isinstance(node, exp.Greatest) and isinstance(node.expressions[0], exp.Literal)
         and float(node.expressions[0].name) > 0
     )
+
+
+def _sanitise_floats(node: exp.Expr) -> None:
+    """Replace, in place, each float column under ``node`` by its denormal-free read."""
+    for col in list(node.find_all(exp.Column)):
+        if col.type is None or not col.type.is_type(exp.DType.DOUBLE, exp.DType.FLOAT):
+            continue
+        # The reads inside carry no type: a second pass leaves them alone.
+        plain = col.copy()
+        plain.type = None
+        least = exp.Literal.number(repr(FLOAT_COLUMN_LEAST))
+        tiny = exp.LT(this=exp.Abs(this=plain), expression=least)
+        col.replace(exp.Case(ifs=[exp.If(this=tiny, true=exp.Literal.number("0.0"))],
+                             default=plain.copy()))
+
+
+def _clamp_times(node: exp.Expr) -> None:
+    """Replace, in place, a date or timestamp column ``node`` by its clamped read."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if not isinstance(node, exp.Column) or node.type is None:
+        return
+    kind = "date" if node.type.is_type(exp.DType.DATE) else (
+        "timestamp" if node.type.is_type(*TIMESTAMP_TYPES) else None)
+    if kind is None:
+        return
+    plain = node.copy()
+    plain.type = None  # a second pass leaves the clamped read alone
+    lo, hi = (exp.Cast(this=exp.Literal.string(v), to=exp.DataType.build(kind.upper()))
+              for v in TIME_READ_RANGE[kind])
+    low = exp.If(this=exp.LT(this=plain.copy(), expression=lo), true=lo.copy())
+    high = exp.If(this=exp.GT(this=plain.copy(), expression=hi), true=hi.copy())
+    node.replace(exp.Case(ifs=[low, high], default=plain))

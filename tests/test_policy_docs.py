@@ -21,7 +21,7 @@ def _fields(model: type[BaseModel]) -> set[str]:
 def test_every_policy_option_appears_in_the_example() -> None:
     models = [policy.BackendConfig, policy.PrivacyConfig, policy.SchedulerConfig,
               policy.ColumnPolicy, policy.BlockConfig, policy.TablePolicy,
-              policy.AnalystPolicy, policy.ServerConfig, policy.Policy]
+              policy.AnalystPolicy, policy.ServerConfig, policy.LimitsConfig, policy.Policy]
     missing = sorted(
         f"{m.__name__}.{name}" for m in models for name in _fields(m) - _NOT_YET
         if name not in EXAMPLE

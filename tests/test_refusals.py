@@ -212,7 +212,8 @@ REFUSALS = [
          id="like-non-literal"),
     case("SELECT COUNT(*) FROM trips WHERE ROUND(fare, trip_id) > 1", QueryRefused, "ROUND",
          id="round-non-literal-digits"),
-    case("SELECT SUM(fare / (fare - 10)) FROM trips", QueryRefused, "cannot bound",
+    # DuckDB: no bound on the value; Postgres refuses it sooner, as the division can overflow.
+    case("SELECT SUM(fare / (fare - 10)) FROM trips", QueryRefused, "fare", "- 10",
          id="sum-unbounded-division"),
     case("SELECT COUNT(*) FROM trips WHERE CASE WHEN trip_id = 17 THEN CAST('x' AS INT) "
          "ELSE 1 END = 1", QueryRefused, "cast", id="failing-literal-cast-in-case"),
