@@ -245,8 +245,9 @@ def _rewritten(select: str, schema: dict[str, str], dialect: str) -> str:
 def test_sanitised_reads_cannot_fail(request: pytest.FixtureRequest, backend: str) -> None:
     """Under arithmetic, floats below 1e-150 in magnitude read as 0 and above 1e150 (infinities
     and NaN too) as +/-1e150, so f * 2 and f + f cannot overflow on the largest doubles; dates
-    and timestamps under DATE_TRUNC, EXTRACT and casts are clamped into years 1-9999 (the earliest DuckDB timestamp would otherwise make
-    DATE_TRUNC('month', ...) fail); NULL stays NULL."""
+    and timestamps under DATE_TRUNC, EXTRACT and casts are clamped into years 1-9999 (the
+    earliest DuckDB timestamp would otherwise make DATE_TRUNC('month', ...) fail); NULL stays
+    NULL."""
     import duckdb
     import psycopg
 
