@@ -305,7 +305,7 @@ class _Builder:
     # -- row-level expressions ---------------------------------------------------------------
     def _row(self, node: exp.Expr) -> tuple[exp.Expr, tuple[float, float] | None]:
         """A guarded copy of a row expression and its magnitude interval (None: not numeric)."""
-        node = safety(node)
+        node = safety(node, tame_floats=False)  # _Magnitudes tames numeric reads itself
         return _Magnitudes(self.tp, row=True).guard(node)
 
     def _post(self, expr: exp.Expr) -> tuple[exp.Expr, tuple[float, float] | None]:
@@ -326,7 +326,7 @@ class _Builder:
             return self._row(agg.this)
 
         mags = _Magnitudes(self.tp, row=False, aggregate=argument)
-        return mags.guard(safety(canon))
+        return mags.guard(safety(canon, tame_floats=False))
 
 
 def _canonical_percentiles(expr: exp.Expr) -> exp.Expr:

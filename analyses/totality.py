@@ -47,9 +47,17 @@ ColumnType = Callable[[exp.Column], str | None]
 
 _MAX = 1.7976931348623157e308
 _TINIEST = 5e-324  # the smallest positive double (a denormal)
-# The least magnitude of a non-zero float column value under * or /: rewriters.safety reads
-# denormals there as 0 (the smallest normal double, 2^-1022).
-FLOAT_COLUMN_LEAST = 2.2250738585072014e-308
+# The least magnitude of a non-zero float column value under arithmetic: rewriters.safety reads
+# smaller ones there as 0, so that the product of two such reads (>= 1e-300) stays a normal
+# double and cannot underflow, which Postgres reports as an error.
+FLOAT_COLUMN_LEAST = 1e-150
+# The largest magnitude of a float column read as an operand of arithmetic (TAMED_BY): the
+# rewriter clamps larger values (and +/-Infinity, NaN) to +/-1e150 there, so that the product
+# of two such reads, or one times a literal below 1e158, stays finite: without it a float
+# column may hold any double and ``fare * 2`` could overflow, which Postgres reports as an error.
+FLOAT_COLUMN_MOST = 1e150
+# The parents under which rewriters.safety tames a float column read (see FLOAT_COLUMN_MOST).
+TAMED_BY: tuple[type[exp.Expr], ...] = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Round)
 _BIGINT = 2.0 ** 63
 
 # Node kinds with a rule on rows.  Anything else is refused, naming the kind.
@@ -384,6 +392,8 @@ class _Totality:
                 return Num(-top, top, least)
             if kind == "int":  # the rewriter widens integer arithmetic to DOUBLE
                 return Num(-_BIGINT, _BIGINT, 1.0)
+            if kind == "float" and _operand_of(node, TAMED_BY):  # rewriters.safety tames it
+                return Num(-FLOAT_COLUMN_MOST, FLOAT_COLUMN_MOST, FLOAT_COLUMN_LEAST)
             if kind == "float":  # any double: the data is not clamped before this expression
                 return Num(-_MAX, _MAX, FLOAT_COLUMN_LEAST)
             return None
@@ -668,3 +678,11 @@ def _nonzero_digits(text: str) -> bool:
 def _short(node: exp.Expr) -> str:
     text = node.sql()
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _operand_of(node: exp.Expr, kinds: tuple[type[exp.Expr], ...]) -> bool:
+    """Whether ``node``'s nearest parent that is not a parenthesis is one of ``kinds``."""
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    return isinstance(parent, kinds)

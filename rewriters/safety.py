@@ -8,10 +8,13 @@ rewrites close the arithmetic routes the analyser (``analyses.totality``) counts
 - integer-typed operands of +, -, *, /, unary minus and ABS (columns, literals, CASE results) are
   cast to DOUBLE, so no result can overflow a BIGINT.  (Modulo keeps its integers: it cannot
   overflow once its divisor is not zero, and Postgres has no modulo on doubles.)
-- a float column read below a multiplication or division is sanitised: a denormal value (below
-  ``FLOAT_COLUMN_LEAST`` = 2^-1022 in magnitude) reads as 0, so that a product or quotient of
-  non-zero values cannot underflow to 0, which Postgres reports as an error.  This is the one
-  place where column reads are changed; NaN and +/-Infinity pass unchanged (they never raise).
+- a float column read below arithmetic (+, -, *, /, ROUND) is tamed: a value below
+  ``FLOAT_COLUMN_LEAST`` = 1e-150 in magnitude (denormals included) reads as 0, so that a
+  product or quotient of non-zero values cannot underflow to 0, and a value beyond ``FLOAT_COLUMN_MOST`` = 1e150 in
+  magnitude (+/-Infinity and NaN included) reads as +/-1e150, so that ``fare * 2`` or a
+  product of two columns cannot overflow; Postgres reports both as errors.  Declared bounds are
+  far inside these limits, so no real value changes.  This is the one place where column
+  reads are changed; comparisons and aggregates read the column as it is.
   Likewise a date or timestamp column read under DATE_TRUNC, EXTRACT or a cast is clamped into
   years 1-9999 (``TIME_READ_RANGE``; +/-infinity land on the ends, NULL stays NULL), where
   those functions cannot fail.
@@ -23,15 +26,24 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from analyses.totality import FLOAT_COLUMN_LEAST, TIME_READ_RANGE, TIMESTAMP_TYPES
+from analyses.totality import (
+    FLOAT_COLUMN_LEAST,
+    FLOAT_COLUMN_MOST,
+    TAMED_BY,
+    TIME_READ_RANGE,
+    TIMESTAMP_TYPES,
+)
 from analyses.typecheck import is_integer
 
 _WIDENED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Abs)
 _TIME_FUNCTIONS = (exp.TimestampTrunc, exp.DateTrunc, exp.Extract)
 
 
-def safety(node: exp.Expr) -> exp.Expr:
+def safety(node: exp.Expr, tame_floats: bool = True) -> exp.Expr:
     """Return a copy of ``node`` with guarded divisions and overflow-free integer arithmetic.
+
+    ``tame_floats=False`` leaves float column reads as they are: sampled sensitivity
+    (``analyses.sampling``) tames every numeric read itself, to a narrower range.
 
     >>> from sqlglot import parse_one
     >>> safety(parse_one("a / b + n % 2")).sql()
@@ -42,9 +54,10 @@ def safety(node: exp.Expr) -> exp.Expr:
         if isinstance(sub, _TIME_FUNCTIONS) or (isinstance(sub, exp.Cast) and \
                 sub.to.is_type(*exp.DataType.TEMPORAL_TYPES, *exp.DataType.TEXT_TYPES)):
             _clamp_times(sub.expression if isinstance(sub, exp.Extract) else sub.this)
-        if isinstance(sub, exp.Mul | exp.Div):
+        if tame_floats and isinstance(sub, TAMED_BY):
             for key in ("this", "expression"):
-                _sanitise_floats(sub.args[key])
+                if sub.args.get(key) is not None:
+                    _sanitise_floats(sub.args[key])
         if isinstance(sub, exp.Div | exp.Mod) and not _is_guarded(sub.expression):
             sub.set("expression", exp.Nullif(this=sub.expression, expression=exp.Literal.number(0)))
         if isinstance(sub, _WIDENED):
@@ -65,7 +78,8 @@ def _is_guarded(node: exp.Expr) -> bool:
 
 
 def _sanitise_floats(node: exp.Expr) -> None:
-    """Replace, in place, each float column under ``node`` by its denormal-free read."""
+    """Replace, in place, each float column under ``node`` by its tamed read (below 1e-150 as 0,
+    magnitudes above FLOAT_COLUMN_MOST, infinities and NaN as +/-FLOAT_COLUMN_MOST)."""
     for col in list(node.find_all(exp.Column)):
         if col.type is None or not col.type.is_type(exp.DType.DOUBLE, exp.DType.FLOAT):
             continue
@@ -73,8 +87,14 @@ def _sanitise_floats(node: exp.Expr) -> None:
         plain = col.copy()
         plain.type = None
         least = exp.Literal.number(repr(FLOAT_COLUMN_LEAST))
+        most = exp.Literal.number(repr(FLOAT_COLUMN_MOST))
         tiny = exp.LT(this=exp.Abs(this=plain), expression=least)
-        col.replace(exp.Case(ifs=[exp.If(this=tiny, true=exp.Literal.number("0.0"))],
+        # NaN compares above every number on both backends: it reads as +1e150.
+        high = exp.GT(this=plain.copy(), expression=most)
+        low = exp.LT(this=plain.copy(), expression=exp.Neg(this=most.copy()))
+        col.replace(exp.Case(ifs=[exp.If(this=tiny, true=exp.Literal.number("0.0")),
+                                  exp.If(this=high, true=most.copy()),
+                                  exp.If(this=low, true=exp.Neg(this=most.copy()))],
                              default=plain.copy()))
 
 
