@@ -14,7 +14,9 @@ never read.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -88,23 +90,36 @@ class BlockCatalog:
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._clock = clock  # None: ``utc_now``, looked up at each call
-        self._cache: dict[str, tuple[BlockConfig, datetime, datetime, BlockWindows]] = {}
+        # table -> (block config, valid from, valid until (POSIX seconds), windows)
+        self._cache: dict[str, tuple[BlockConfig, float, float, BlockWindows]] = {}
         self._lock = threading.Lock()
 
     def windows(self, table: str, block: BlockConfig) -> BlockWindows:
         """The windows of ``table`` now."""
-        now = (self._clock or utc_now)()
+        # Every query asks: the common case is one float clock read and two comparisons
+        # (time.time() takes ~50 ns, a UTC datetime ~1.3 us).
+        stamp = time.time() if self._clock is None else _posix(self._clock())
         with self._lock:
             kept = self._cache.get(table)
-        if kept is not None and kept[0] is block and kept[1] <= now < kept[2]:
+        if kept is not None and kept[0] is block and kept[1] <= stamp < kept[2]:
             return kept[3]
+        now = utc_now() if self._clock is None else self._clock()
         fresh = scheduled_windows(table, block, now)
         if kept is not None and kept[3] == fresh:
             fresh = kept[3]  # keep the object whose ids are already computed
         valid_from, valid_until = _unchanged_between(block, fresh)
         with self._lock:
-            self._cache[table] = (block, valid_from, valid_until, fresh)
+            self._cache[table] = (block, _posix(valid_from), _posix(valid_until), fresh)
         return fresh
+
+
+def _posix(moment: datetime) -> float:
+    """A naive UTC datetime (or datetime.min / max) as POSIX seconds."""
+    if moment == datetime.min:
+        return -math.inf
+    if moment == datetime.max:
+        return math.inf
+    return moment.replace(tzinfo=UTC).timestamp()
 
 
 def _unchanged_between(block: BlockConfig, windows: BlockWindows) -> tuple[datetime, datetime]:
