@@ -17,7 +17,15 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from chorus_py.errors import PolicyError
 
@@ -704,7 +712,9 @@ class ServerConfig(_Strict):
     tls_key: str | None = None
     # Wire protocol: "require" refuses every connection that did not start TLS first (passwords
     # and answers never cross the network in the clear); "optional" lets the client choose.
-    tls: Literal["optional", "require"] = "optional"
+    # Also accepted as ``ssl`` (Postgres's own word for it).
+    tls: Literal["optional", "require"] = Field(
+        default="optional", validation_alias=AliasChoices("tls", "ssl"))
     max_connections: int = Field(default=100, gt=0)
     # A client must finish logging in within login_timeout_seconds; an idle one is disconnected
     # after idle_timeout_seconds; a statement running longer than statement_timeout_seconds is

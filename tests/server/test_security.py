@@ -128,7 +128,8 @@ def test_tls_required_with_psql(duckdb_data: str, write_policy: Callable[..., Pa
     if psql is None:
         pytest.skip("psql is not installed")
     cert, key = certificate
-    server = f'tls_cert = "{cert}"\ntls_key = "{key}"\ntls = "require"'
+    # ``ssl``, Postgres's word, is accepted for ``tls``.
+    server = f'tls_cert = "{cert}"\ntls_key = "{key}"\nssl = "require"'
     with start_wire(write_policy(duckdb_data), server=server) as wire:
         def run(mode: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([psql, wire.url(sslmode=mode), "-XAtc", "SELECT 1"],
@@ -144,7 +145,10 @@ def test_tls_require_needs_a_certificate(duckdb_data: str,
     path.write_text(path.read_text() + '\n[server]\ntls = "require"\n')
     with pytest.raises(PolicyError, match=r'tls = "require" needs a certificate'):
         load_policy(path)
-    path.write_text(path.read_text().replace('tls = "require"', 'tls = "always"'))
+    path.write_text(path.read_text().replace('tls = "require"', 'ssl = "require"'))
+    with pytest.raises(PolicyError, match=r'tls = "require" needs a certificate'):
+        load_policy(path)
+    path.write_text(path.read_text().replace('ssl = "require"', 'tls = "always"'))
     with pytest.raises(PolicyError, match="tls"):
         load_policy(path)
 
