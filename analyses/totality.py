@@ -39,6 +39,15 @@ from analyses.literals import literal_value
 from analyses.typecheck import check_row_types
 from chorus_py.errors import QueryRefused
 from chorus_py.policy import LimitsConfig
+from rewriters.dialect import dialect
+from rewriters.safety import (
+    FLOAT_COLUMN_LEAST,
+    FLOAT_COLUMN_MOST,
+    TAMED_BY,
+    TIME_READ_RANGE,
+    TIMESTAMP_TYPES,
+    safety,
+)
 
 # Runs ``SELECT <expression> IS NULL`` (reading no table) on the backend; True when it ran.
 ConstantCheck = Callable[[str], bool]
@@ -47,17 +56,6 @@ ColumnType = Callable[[exp.Column], str | None]
 
 _MAX = 1.7976931348623157e308
 _TINIEST = 5e-324  # the smallest positive double (a denormal)
-# The least magnitude of a non-zero float column value under arithmetic: rewriters.safety reads
-# smaller ones there as 0, so that the product of two such reads (>= 1e-300) stays a normal
-# double and cannot underflow, which Postgres reports as an error.
-FLOAT_COLUMN_LEAST = 1e-150
-# The largest magnitude of a float column read as an operand of arithmetic (TAMED_BY): the
-# rewriter clamps larger values (and +/-Infinity, NaN) to +/-1e150 there, so that the product
-# of two such reads, or one times a literal below 1e158, stays finite: without it a float
-# column may hold any double and ``fare * 2`` could overflow, which Postgres reports as an error.
-FLOAT_COLUMN_MOST = 1e150
-# The parents under which rewriters.safety tames a float column read (see FLOAT_COLUMN_MOST).
-TAMED_BY: tuple[type[exp.Expr], ...] = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Round)
 _BIGINT = 2.0 ** 63
 
 # Node kinds with a rule on rows.  Anything else is refused, naming the kind.
@@ -82,16 +80,6 @@ TIME_UNITS = frozenset({
     "year", "decade", "century", "millennium", "dow", "doy", "epoch", "isodow", "isoyear",
 })
 
-# A date or timestamp column read under a time function (DATE_TRUNC, EXTRACT, a cast) is clamped
-# into years 1-9999 first (``rewriters.safety``): the types' extremes and +/-infinity make those
-# functions fail on some backends (DATE_TRUNC('month', <earliest DuckDB timestamp>) leaves the
-# range).  The function is tried on both ends of that range.
-# What a policy "timestamp" column annotates as (sqlglot's duckdb dialect says TIMESTAMPNTZ).
-TIMESTAMP_TYPES = (exp.DType.TIMESTAMP, exp.DType.TIMESTAMPNTZ, exp.DType.DATETIME)
-TIME_READ_RANGE = {
-    "date": ("0001-01-01", "9999-12-31"),
-    "timestamp": ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
-}
 
 
 @dataclass(frozen=True)
@@ -501,8 +489,8 @@ class _Totality:
             f"{_short(node)} in {self.clause} can overflow a double precision value for some "
             "values of its columns (Postgres raises an error instead of returning Infinity, "
             "and that error would reveal the row)",
-            hint="use smaller constants; declared bounds do not hold in the data until the "
-            "value is clipped, so assume any value of the column's type")
+            hint="use smaller constants: a float column read in arithmetic may be as large as "
+            "1e150 in magnitude (declared bounds hold only once a value is clipped)")
 
     def _underflow(self, node: exp.Expr) -> None:
         if self.ctx.dialect != "postgres":
@@ -511,8 +499,8 @@ class _Totality:
             f"{_short(node)} in {self.clause} can underflow a double precision value (a "
             "non-zero result too small to represent) for some values of its columns, which "
             "Postgres reports as an error that would reveal the row",
-            hint="avoid multiplying or dividing by very small or very large constants; a float "
-            "column can hold any double, denormals included")
+            hint="avoid multiplying or dividing by very small or very large constants: a float "
+            "column read in arithmetic may be as small as 1e-150 in magnitude")
 
     def _refuse_number(self, node: exp.Expr) -> None:
         raise QueryRefused(f"the number {node.name[:40]} in {self.clause} is out of range of "
@@ -554,9 +542,6 @@ class _Totality:
 
     def _run(self, node: exp.Expr, what: str, hint: str | None = None) -> None:
         # As the rewriter will run it: integer arithmetic widened, divisors guarded.
-        from rewriters.dialect import dialect
-        from rewriters.safety import safety
-
         guarded = dialect(safety(node), self.ctx.dialect)
         sql = exp.select(exp.Is(this=exp.Paren(this=guarded), expression=exp.Null())).sql(
             self.ctx.dialect)

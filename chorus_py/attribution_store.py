@@ -36,9 +36,8 @@ from typing import cast
 import numpy as np
 from sqlglot import exp
 
-from chorus_py.backends import Backend
+from chorus_py.backends import SCHEMA, Backend
 from chorus_py.errors import InvalidParameter, OperationalError, PolicyError
-from chorus_py.materialize import SCHEMA
 from chorus_py.policy import AttributionTable, TablePolicy
 from chorus_py.report import ContributionReport
 from rewriters.attribution import METHODS, Attribution, Method, Selection, select, sql_rank

@@ -29,6 +29,10 @@ from chorus_py.errors import OperationalError
 
 log = logging.getLogger("chorus.backends")
 
+# The proxy's own schema, written only by ``Backend.run_owned`` (bounded samples, kept sets,
+# the naming key): analysts can never name it.
+SCHEMA = "chorus_private"
+
 
 @dataclass(frozen=True)
 class ResultSet:
@@ -613,8 +617,6 @@ class PostgresBackend(Backend):
 
     def _write_warnings(self, declared: Sequence[str]) -> list[str]:
         """What the main connection's role can do beyond reading the declared tables."""
-        from chorus_py.materialize import SCHEMA  # the proxy's own schema
-
         row = self.run(
             "SELECT r.rolsuper, has_database_privilege(current_database(), 'CREATE'), "
             "has_schema_privilege(current_schema(), 'CREATE'), current_user::text "

@@ -24,8 +24,8 @@ from analyses.blocks import BlocksRead, interval_set, read_windows
 from analyses.joins import JoinInfo, ResolvedJoin, resolve
 from analyses.query import AggregateQuery
 from budget.accounting import Event
+from chorus_py.backends import SCHEMA
 from chorus_py.errors import InvalidParameter
-from chorus_py.materialize import SCHEMA
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statistics import BlockCatalog
 from chorus_py.templates import TextTemplate

@@ -34,13 +34,11 @@ import time
 
 from sqlglot import exp
 
-from chorus_py.backends import Backend
+from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
 from chorus_py.statistics import BlockCatalog, BlockWindows
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import sample_table
-
-SCHEMA = "chorus_private"
 
 log = logging.getLogger("chorus.materialize")
 

@@ -79,8 +79,8 @@ from analyses.blocks import BlocksRead, interval_set, read_windows
 from analyses.sampling import SampledQuery, analyze_sampled, wants_sampling
 from budget.accounting import events_for_plan
 from budget.ledger import Claim
+from chorus_py.backends import SCHEMA
 from chorus_py.errors import InvalidParameter, QueryRefused
-from chorus_py.materialize import SCHEMA
 from chorus_py.policy import SamplingColumn, TablePolicy
 from chorus_py.report import (
     ColumnReport,

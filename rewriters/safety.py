@@ -26,14 +26,33 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from analyses.totality import (
-    FLOAT_COLUMN_LEAST,
-    FLOAT_COLUMN_MOST,
-    TAMED_BY,
-    TIME_READ_RANGE,
-    TIMESTAMP_TYPES,
-)
 from analyses.typecheck import is_integer
+
+# The domains the rewrite below guarantees; the totality analysis (analyses.totality) assumes
+# them of the column reads it tames.
+
+# The least magnitude of a non-zero float column value under arithmetic: this module reads
+# smaller ones there as 0, so that the product of two such reads (>= 1e-300) stays a normal
+# double and cannot underflow, which Postgres reports as an error.
+FLOAT_COLUMN_LEAST = 1e-150
+# The largest magnitude of a float column read as an operand of arithmetic (TAMED_BY): it
+# clamps larger values (and +/-Infinity, NaN) to +/-1e150 there, so that the product
+# of two such reads, or one times a literal below 1e158, stays finite: without it a float
+# column may hold any double and ``fare * 2`` could overflow, which Postgres reports as an error.
+FLOAT_COLUMN_MOST = 1e150
+# The parents under which this module tames a float column read (see FLOAT_COLUMN_MOST).
+TAMED_BY: tuple[type[exp.Expr], ...] = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Round)
+
+# A date or timestamp column read under a time function (DATE_TRUNC, EXTRACT, a cast) is clamped
+# into years 1-9999 first: the types' extremes and +/-infinity make those functions fail on some
+# backends (DATE_TRUNC('month', <earliest DuckDB timestamp>) leaves the range).  The totality
+# analysis tries the function on both ends of that range.
+# What a policy "timestamp" column annotates as (sqlglot's duckdb dialect says TIMESTAMPNTZ).
+TIMESTAMP_TYPES = (exp.DType.TIMESTAMP, exp.DType.TIMESTAMPNTZ, exp.DType.DATETIME)
+TIME_READ_RANGE = {
+    "date": ("0001-01-01", "9999-12-31"),
+    "timestamp": ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
+}
 
 _WIDENED = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Abs)
 _TIME_FUNCTIONS = (exp.TimestampTrunc, exp.DateTrunc, exp.Extract)
