@@ -15,9 +15,9 @@ cannot be true, and returns the blocks those intervals touch, as runs of consecu
 - The column may be wrapped in a cast to its own type, or cast to ``DATE`` (``c::date``,
   ``CAST(c AS DATE)``, ``DATE(c)``): ``c::date = d`` reads the day ``[d, d + 1 day)``, etc.
 
-**Time zones.**  Block windows are UTC (``chorus_py.statistics``: a ``timestamp`` without time zone
-is read as UTC).  A literal without an offset is taken as written (UTC).  When the database could
-read a literal in more than one way, the analysis takes every reading and covers them all:
+**Time zones.**  Block windows are UTC (``chorus_py.stores.schedules``: a ``timestamp`` without time
+zone is read as UTC).  A literal without an offset is taken as written (UTC).  When the database
+could read a literal in more than one way, the analysis takes every reading and covers them all:
 
 - a literal with an offset compared with a ``timestamp`` column: Postgres drops the offset
   (``'2026-01-01 00:00+02'::timestamp`` is midnight), DuckDB converts to UTC (22:00 the day
@@ -42,7 +42,7 @@ from typing import Any
 from sqlglot import exp
 
 from analyses.query import AggregateQuery
-from chorus_py.statistics import BlockWindows
+from chorus_py.stores.schedules import BlockWindows
 
 Point = Any  # datetime (time windows) or int/float (id ranges)
 # An interval: (low, low inclusive, high, high inclusive); None = unbounded on that side.

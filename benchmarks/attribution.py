@@ -3,7 +3,7 @@
     python -m benchmarks.attribution [--rows 1000000] [--papers 50000] [--quick]
 
 1. Rows per second on 1M rows: the demo trips with privacy_unit = ["rider_id", "driver_id"]
-   and a 1M-paper co-authorship hypergraph (``chorus_py.demo_papers``): the vectorised greedy,
+   and a 1M-paper co-authorship hypergraph (``chorus_py.demo.papers``): the vectorised greedy,
    the plain Python loop it replaces, and the whole ``chorus bound`` path on DuckDB (read the
    structure, choose, store S, check it in SQL) for greedy and for sql-rank (all in the database).
 2. |S_greedy| / |S_ilp| for k = 2 and 3 on co-authorship instances where HiGHS proves the optimum
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.demo import generate_demo, generate_trips  # noqa: E402
-from chorus_py.demo_papers import generate_papers  # noqa: E402
+from chorus_py.demo.papers import generate_papers  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 from rewriters.attribution import (  # noqa: E402
     Attribution,

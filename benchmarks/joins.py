@@ -30,7 +30,7 @@ from pathlib import Path
 from benchmarks.results import write_section
 from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
-from chorus_py.frequencies import frequency_sql
+from chorus_py.stores.frequencies import frequency_sql
 
 QUERIES = {
     "trips JOIN cities (public)": "SELECT COUNT(*) FROM trips t JOIN cities c "

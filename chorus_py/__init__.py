@@ -1,5 +1,5 @@
 """Chorus: a differential-privacy SQL proxy.  ``chorus_py.connect`` is its DB-API 2.0 driver."""
 
-from chorus_py.dbapi import connect
+from chorus_py.clients.dbapi import connect
 
 __all__ = ["connect"]

@@ -86,7 +86,7 @@ def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | N
       chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo
     """
     from chorus_py.demo import generate_demo
-    from chorus_py.demo_people import JOIN_QUERIES
+    from chorus_py.demo.people import JOIN_QUERIES
 
     def progress(message: str, fraction: float) -> None:
         click.echo(f"[{fraction:4.0%}] {message}", err=True)
@@ -273,7 +273,7 @@ def bound(policy_path: Path, table: str, method: str | None, seed: int | None,
     """
     from dataclasses import asdict
 
-    from chorus_py.attribution_store import summary_lines
+    from chorus_py.stores.attribution import summary_lines
 
     engine = _engine(policy_path, as_json)
     try:

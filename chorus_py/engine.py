@@ -49,7 +49,6 @@ from analyses.validate import TOO_DEEP, parse_statement
 from budget.accounting import Event, events_for_plan
 from budget.answers import AnswerCache
 from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
-from chorus_py.attribution_store import AttributionStore, attribution_report
 from chorus_py.backends import (
     Backend,
     ResultSet,
@@ -65,9 +64,7 @@ from chorus_py.errors import (
     QueryRefused,
     StatementCanceled,
 )
-from chorus_py.frequencies import FrequencyCatalog
 from chorus_py.joined import join_events, prepare_join
-from chorus_py.materialize import SCHEMA, BoundedSamples
 from chorus_py.policy import Policy, load_policy
 from chorus_py.random_dp import RandomDP
 from chorus_py.report import (
@@ -80,7 +77,10 @@ from chorus_py.report import (
     QueryResult,
     SelectionStep,
 )
-from chorus_py.statistics import BlockCatalog
+from chorus_py.stores.attribution import AttributionStore, attribution_report
+from chorus_py.stores.frequencies import FrequencyCatalog
+from chorus_py.stores.samples import SCHEMA, BoundedSamples
+from chorus_py.stores.schedules import BlockCatalog
 from chorus_py.templates import one_table_sql
 from mechanisms import DiscreteLaplace, Snapping
 from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups
@@ -240,7 +240,8 @@ class Engine:
         self.blocks = BlockCatalog()  # the policy's public schedules: reads no data
         self.samples = BoundedSamples(self.backend, block_ttl_seconds, self.blocks)
         self.random_dp = RandomDP(self)  # sensitivity sampling, opt-in per query
-        # Max frequencies of join keys (chorus_py.frequencies), re-checked at most once per TTL.
+        # Max frequencies of join keys (chorus_py.stores.frequencies), re-checked at most once
+        # per TTL.
         self.frequencies = FrequencyCatalog(self.backend, block_ttl_seconds)
         # Tables whose rows belong to several units: queries read a stored kept set S.
         self.attribution = AttributionStore(self.backend, self.samples.naming_key,

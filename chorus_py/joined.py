@@ -27,7 +27,7 @@ from budget.accounting import Event
 from chorus_py.backends import SCHEMA
 from chorus_py.errors import InvalidParameter
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
-from chorus_py.statistics import BlockCatalog
+from chorus_py.stores.schedules import BlockCatalog
 from chorus_py.templates import TextTemplate
 from mechanisms import DiscreteLaplace, Mechanism
 from mechanisms.planning import NoisePlan

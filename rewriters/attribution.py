@@ -15,7 +15,7 @@ mechanism protects the *contents* of each unit's rows, and a neighbouring databa
 the rows of S attributed to one unit, at most k of them.  That is stability k, and every
 sensitivity of ``analyses.sensitivity`` applies with s = k.  S must therefore be chosen once, on
 the whole table, before any filter (a per-query selection on filtered rows would depend on row
-contents), which is why it is materialised (``chorus_py.attribution_store``).  It is not node-level
+contents), which is why it is materialised (``chorus_py.stores.attribution``).  It is not node-level
 DP: removing a unit from the *structure* can change which rows of other units the greedy keeps (a
 kept row of the removed unit frees a slot, the freed slot admits another row, and so on), so
 neither |S| nor S is released to analysts; the structure stays confidential.

@@ -44,7 +44,7 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
 
     ``samples`` maps the alias of a table with ``bounding = "materialized"`` to its stored
     bounded sample (schema, table), which already keeps at most c rows per unit, chosen at
-    random before any filter (``chorus_py.materialize``): that occurrence reads the sample and
+    random before any filter (``chorus_py.stores.samples``): that occurrence reads the sample and
     is not bounded again.  The select list is left empty for the caller to fill.
     """
     join = query.join

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from chorus_py.attribution_store import AttributionStore
 from chorus_py.cli import main
 from chorus_py.engine import Engine
 from chorus_py.errors import (
@@ -20,6 +19,7 @@ from chorus_py.errors import (
     QueryRefused,
 )
 from chorus_py.policy import parse_policy
+from chorus_py.stores.attribution import AttributionStore
 from tests.conftest import nothing_spent, tolerance
 
 K = 3

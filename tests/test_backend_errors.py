@@ -63,16 +63,16 @@ def test_a_cancel_after_the_statement_ended_is_dropped(engine: Engine) -> None:
     """A late cancel must not reach the connection's next statement (another query's)."""
     import threading
 
-    from chorus_py import backends
+    from chorus_py.backends import cancel
 
     sent: list[str] = []
     me = threading.get_ident()
-    with backends.cancellable(lambda: sent.append("during")):
+    with cancel.cancellable(lambda: sent.append("during")):
         assert engine.backend.interrupt(me)
-    assert backends._RUNNING.get(me) is None and not engine.backend.interrupt(me)
+    assert cancel._RUNNING.get(me) is None and not engine.backend.interrupt(me)
     # A cancel looked up while the statement ran but sent after it ended: dropped.
-    with backends.cancellable(lambda: sent.append("late")):
-        looked_up = backends._RUNNING[me]
+    with cancel.cancellable(lambda: sent.append("late")):
+        looked_up = cancel._RUNNING[me]
     assert not looked_up.cancel("user request")
     assert sent == ["during"]
 

@@ -325,7 +325,7 @@ def _check_people(fetch) -> tuple:
 
 def _check_join_answers(policy_path: pathlib.Path) -> None:
     """The demo's join questions through the engine, with hand-derived sensitivities."""
-    from chorus_py.demo_people import JOIN_QUERIES
+    from chorus_py.demo.people import JOIN_QUERIES
     from chorus_py.engine import Engine
     from chorus_py.errors import QueryRefused
     from tests.conftest import tolerance

@@ -16,8 +16,8 @@ from analyses.joins import resolve
 from analyses.query import AggregateQuery, analyze_query
 from analyses.validate import parse_statement
 from chorus_py.errors import InvalidParameter, NotSupportedError, QueryRefused
-from chorus_py.frequencies import frequency_sql
 from chorus_py.policy import Policy, parse_policy
+from chorus_py.stores.frequencies import frequency_sql
 
 COLUMNS = {
     "orders": {"order_id": {"type": "int"}, "customer_id": {"type": "int"},

@@ -18,8 +18,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from chorus_py import dbapi
 from chorus_py.backends import StatementFailed
+from chorus_py.clients import dbapi
 from chorus_py.engine import Engine
 from chorus_py.errors import OperationalError, StatementCanceled
 from chorus_py.policy import load_policy

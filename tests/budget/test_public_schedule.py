@@ -28,7 +28,7 @@ from chorus_py.backends import open_backend
 from chorus_py.engine import Engine
 from chorus_py.errors import PolicyError
 from chorus_py.policy import load_policy, parse_policy
-from chorus_py.statistics import BlockCatalog, scheduled_windows
+from chorus_py.stores.schedules import BlockCatalog, scheduled_windows
 
 BASE, EDGE, SHOPS = "ps_base", "ps_edge", "ps_shops"
 START, END = "2026-01-01", "2026-01-11"  # ten daily blocks
@@ -298,7 +298,7 @@ def test_open_schedule_grows_with_the_clock_not_the_data(
         twins: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
     """Without end, blocks run up to the one holding the current UTC time: a new day's block
     appears when the day begins, whatever the data holds; rows after now are not read."""
-    import chorus_py.statistics as statistics
+    import chorus_py.stores.schedules as statistics
 
     now = [datetime(2026, 1, 6, 23, 59)]
     monkeypatch.setattr(statistics, "utc_now", lambda: now[0])

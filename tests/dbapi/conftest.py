@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import chorus_py
-from chorus_py.dbapi import Connection
+from chorus_py.clients.dbapi import Connection
 from chorus_py.engine import Engine
 from tests.rest.harness import ALICE_TOKEN, ServerThread, policy_with_tokens, serve_engine
 
@@ -66,7 +66,7 @@ def connect(request: pytest.FixtureRequest) -> Iterator[Connect]:
         """The engine (and ledger) the connections of this parameter charge."""
         if request.param == "remote-duckdb":
             return request.getfixturevalue("remote").engine
-        from chorus_py.dbapi import _shared_engine
+        from chorus_py.clients.dbapi import _shared_engine
 
         return _shared_engine(request.getfixturevalue(f"{request.param.split('-')[1]}_policy"))
 

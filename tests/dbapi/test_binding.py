@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from chorus_py import dbapi
-from chorus_py.dbapi import bind_parameters
+from chorus_py.clients import dbapi
+from chorus_py.clients.dbapi import bind_parameters
 
 DIALECTS = ["duckdb", "postgres"]
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 import chorus_py
-from chorus_py import dbapi
+from chorus_py.clients import dbapi
 from chorus_py.errors import BudgetExhausted, QueryRefused, QuerySyntaxError, UndefinedTable
 from chorus_py.report import PrivacyReport
 

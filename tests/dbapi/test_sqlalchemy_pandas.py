@@ -16,9 +16,9 @@ from tests.rest.harness import ALICE_TOKEN, ServerThread
 
 def test_dialects_are_registered_by_entry_point() -> None:
     names = {ep.name: ep.value for ep in entry_points(group="sqlalchemy.dialects")}
-    assert names["chorus"] == "chorus_py.sqlalchemy_dialect:ChorusDialect"
-    assert names["chorus.http"] == "chorus_py.sqlalchemy_dialect:ChorusHTTPDialect"
-    assert names["chorus.https"] == "chorus_py.sqlalchemy_dialect:ChorusHTTPSDialect"
+    assert names["chorus"] == "chorus_py.clients.sqlalchemy_dialect:ChorusDialect"
+    assert names["chorus.http"] == "chorus_py.clients.sqlalchemy_dialect:ChorusHTTPDialect"
+    assert names["chorus.https"] == "chorus_py.clients.sqlalchemy_dialect:ChorusHTTPSDialect"
 
 
 @pytest.fixture(params=["local", "remote"])

@@ -3,11 +3,11 @@
 ``rewriters.attribution`` chooses S from the attribution structure alone; this module keeps the
 rows of S in the proxy's own schema, as ``chorus_private.<table>__attr_<keyed digest>``, a copy of
 the kept rows with every column, and queries read that copy instead of the table (exactly like
-``chorus_py.materialize`` samples, and through the same ``sample`` argument of the pipeline).  A
+``chorus_py.stores.samples`` samples, and through the same ``sample`` argument of the pipeline).  A
 copy rather than a list of ids: a row whose units change after S was built cannot push a unit
 past k, since queries see the snapshot whose bound was checked.
 
-Versioning and naming follow ``chorus_py.materialize``: a fingerprint of the table (and of the
+Versioning and naming follow ``chorus_py.stores.samples``: a fingerprint of the table (and of the
 attribution table) is read at most once per TTL (Postgres statistics counters, or on DuckDB a row
 count and a hash checksum of the declared columns, since S copies them); the name carries an
 HMAC of it under the proxy's secret key, so analysts, who see the name in the rewritten SQL,

@@ -53,7 +53,7 @@ class ChorusDialect(default.DefaultDialect):
 
     @classmethod
     def import_dbapi(cls) -> Any:
-        from chorus_py import dbapi
+        from chorus_py.clients import dbapi
 
         return dbapi
 

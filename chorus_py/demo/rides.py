@@ -1,6 +1,6 @@
 """The demo data set behind ``chorus demo``: a synthetic ride-sharing database and its policy.
 
-:func:`generate_demo` builds these tables (and the papers of :mod:`chorus_py.demo_papers`)
+:func:`generate_demo` builds these tables (and the papers of :mod:`chorus_py.demo.papers`)
 and writes ``DIR/policy.toml`` describing them:
 
 ``trips`` (private; one row per ride, the privacy unit is the rider)
@@ -10,7 +10,7 @@ and writes ``DIR/policy.toml`` describing them:
 ``cities`` (public)
     ``city TEXT``, ``state TEXT``, ``population BIGINT`` for the five cities.
 ``riders`` and ``drivers`` (private; one row per rider / driver of the trips)
-    derived from the trips by :mod:`chorus_py.demo_people` (consistent foreign keys).
+    derived from the trips by :mod:`chorus_py.demo.people` (consistent foreign keys).
 
 Distributions (all drawn from one ``numpy.random.Generator`` seeded with ``seed``, so a given
 ``(seed, rows)`` always yields the same rows):
@@ -50,13 +50,13 @@ from collections.abc import Callable
 import duckdb
 import numpy as np
 
-from chorus_py.demo_papers import (
+from chorus_py.demo.papers import (
     demo_paper_count,
     generate_papers,
     load_papers_duckdb,
     load_papers_postgres,
 )
-from chorus_py.demo_people import generate_people, load_people_duckdb, load_people_postgres
+from chorus_py.demo.people import generate_people, load_people_duckdb, load_people_postgres
 from chorus_py.errors import InvalidParameter, OperationalError
 
 __all__ = ["CITIES", "DEFAULT_ROWS", "DEFAULT_SEED", "generate_demo", "generate_trips"]
@@ -440,7 +440,7 @@ vehicle   = {{ type = "text", public_values = ["sedan", "suv", "ev", "van"] }}
 rating    = {{ type = "float", lower = 1, upper = 5 }}
 
 [tables.papers]
-# A paper belongs to all its authors (the co-authorship data of chorus_py/demo_papers.py): the
+# A paper belongs to all its authors (the co-authorship data of chorus_py/demo/papers.py): the
 # privacy unit is an attribution table of (paper, author) pairs, which analysts cannot read.
 privacy_unit = {{ table = "paper_authors", row_id = "paper_id", unit_id = "author_id" }}
 # At most 3 papers of any author reach a query. With several units per row the proxy stores one

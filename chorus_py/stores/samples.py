@@ -10,7 +10,8 @@ The sample is versioned by a fingerprint of its source table and rebuilt when th
 on Postgres the ``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the
 statistics collector within about a second); on DuckDB the row count with a hash checksum of the
 unit and block columns (one scan of two columns).  The fingerprint is read at most once per TTL.
-The sample holds only the rows of the table's scheduled blocks (``chorus_py.statistics``): a row
+The sample holds only the rows of the table's scheduled blocks
+(``chorus_py.stores.schedules``): a row
 outside the schedule belongs to no block and takes no part in the ranking; the schedule's span is
 part of the version, so the sample is rebuilt when a new block begins.
 
@@ -36,7 +37,7 @@ from sqlglot import exp
 
 from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
-from chorus_py.statistics import BlockCatalog, BlockWindows
+from chorus_py.stores.schedules import BlockCatalog, BlockWindows
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import sample_table
 
@@ -73,7 +74,7 @@ class BoundedSamples:
             return name
 
     def naming_key(self) -> bytes:
-        """The proxy's secret key; it also names ``chorus_py.attribution_store``'s kept sets."""
+        """The proxy's secret key; it also names ``chorus_py.stores.attribution``'s kept sets."""
         return self._naming_key()
 
     def _naming_key(self) -> bytes:

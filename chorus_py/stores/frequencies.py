@@ -18,9 +18,9 @@ Change detection (a cached value is re-read when its table changed): at most onc
 ``pg_stat_user_tables`` counters (inserts, updates, deletes; no scan: the statistics collector
 publishes them within about a second of a commit), on DuckDB the row count with a hash checksum of
 the column (one scan of one column, far cheaper than the GROUP BY).  The fingerprint is the same
-kind the stored bounded samples use (``chorus_py.materialize``).  So a value can lag a write by at
-most the TTL (plus the collector's delay on Postgres); owners whose tables change under running
-queries should use a short TTL or pin ``max_frequency``.
+kind the stored bounded samples use (``chorus_py.stores.samples``).  So a value can lag a write
+by at most the TTL (plus the collector's delay on Postgres); owners whose tables change under
+running queries should use a short TTL or pin ``max_frequency``.
 """
 
 from __future__ import annotations

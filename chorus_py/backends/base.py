@@ -1,0 +1,123 @@
+"""What every backend is: a database that runs the proxy's rewritten SQL read-only, and
+classifies its failures so the engine can tell "the data was touched" (charge the budget) from
+"the statement never ran" (release it)."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chorus_py.backends.cancel import interrupt
+
+log = logging.getLogger("chorus.backends")
+
+# The proxy's own schema, written only by ``Backend.run_owned`` (bounded samples, kept sets,
+# the naming key): analysts can never name it.
+SCHEMA = "chorus_private"
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """Rows as returned by the backend, with column names and portable type names."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+class StatementFailed(Exception):
+    """The backend refused or failed a statement.
+
+    ``touched_data`` is False only when the failure happened before any row was read (parse,
+    bind or plan errors), so releasing the budget claim is safe.  ``detail`` is for the server
+    log only: it may quote data values and must never reach an analyst.
+    """
+
+    def __init__(self, touched_data: bool, detail: str, cancelled: str | None = None) -> None:
+        super().__init__(detail)
+        self.touched_data = touched_data
+        self.detail = detail
+        # Why the statement was cancelled ("statement timeout", "user request"), if it was.
+        self.cancelled = cancelled
+
+
+class Backend(ABC):
+    """A database that runs the proxy's rewritten SQL."""
+
+    dialect: str
+    # What the start-up checks found worth telling the data owner (see restrict_public).
+    warnings: tuple[str, ...] = ()
+
+    @abstractmethod
+    def run(self, sql: str) -> ResultSet:
+        """Run one statement; raise :class:`StatementFailed` on any database error."""
+
+    @abstractmethod
+    def run_owned(self, statements: Sequence[str]) -> None:
+        """Run statements that write the proxy's own schema, in one transaction.
+
+        Only the proxy calls this (never with analyst SQL): it materialises data the proxy
+        owns, such as bounded samples, in a schema analysts cannot name.
+        """
+
+    @abstractmethod
+    def table_columns(self) -> dict[str, dict[str, str]]:
+        """Every table of the default schema, with its columns and their portable types."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def interrupt(self, thread_id: int) -> bool:
+        """Cancel the statement thread ``thread_id`` is running, if any (:func:`interrupt`)."""
+        return interrupt(thread_id)
+
+    def restrict_public(self, public: Sequence[str], private: Sequence[str],
+                        public_url: str | None = None,
+                        refresh_seconds: float = 60.0) -> tuple[str, ...]:
+        """Set up the connection :meth:`run_public` uses, which can read only the ``public``
+        tables of the policy (``private``: its other tables).
+
+        Checks what that connection can read and refuses (:class:`OperationalError`) when it
+        could read anything else.  Returns (and keeps in :attr:`warnings`) what the data owner
+        should know about the main connection, e.g. that it can write.  The base backend has no
+        restricted connection: its :meth:`run_public` refuses every statement.
+        """
+        return ()
+
+    def run_public(self, sql: str) -> ResultSet:
+        """Run a statement that reads only public tables, on the restricted connection.
+
+        The second wall behind the analyser (DESIGN.md section 11, wall 5): even SQL that names
+        a private table fails there, as that connection cannot read it.
+        """
+        raise StatementFailed(False, "this backend has no connection restricted to the "
+                                     "public tables")
+
+
+def portable_type(name: str) -> str:
+    """Map a backend type name to the small set the report uses."""
+    n = name.lower()
+    if any(s in n for s in ("int", "serial")) and "interval" not in n:
+        return "integer"
+    if any(s in n for s in ("double", "float", "real", "numeric", "decimal")):
+        return "float"
+    if "timestamp" in n:
+        return "timestamp"
+    if n == "date":
+        return "date"
+    if n in ("bool", "boolean"):
+        return "boolean"
+    if any(s in n for s in ("char", "text", "string")):
+        return "text"
+    return n
+
+
+def group_columns(rows: Sequence[tuple[Any, ...]]) -> dict[str, dict[str, str]]:
+    tables: dict[str, dict[str, str]] = {}
+    for table, column, dtype in rows:
+        tables.setdefault(str(table), {})[str(column)] = portable_type(str(dtype))
+    return tables
