@@ -64,7 +64,7 @@ _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
     exp.StddevSamp)
-# Sampled sensitivity (``chorus_py.random_dp``) calibrates the noise of any statistic from
+# Sampled sensitivity (``chorus_py.kinds.sampled``) calibrates the noise of any statistic from
 # samples, percentiles included.
 _SAMPLED_AGGREGATES = (*_BARRIER_AGGREGATES, exp.Median, exp.PercentileCont,
                        exp.PercentileDisc, exp.Quantile)

@@ -2,7 +2,7 @@
 ``f`` it evaluates, both on the private table and on databases drawn from the policy's P.
 
 Accepted: one SELECT over one private table (event-level, or one privacy unit column per row:
-``chorus_py.random_dp`` bounds contributions and samples unit-level neighbours; rows of several
+``chorus_py.kinds.sampled`` bounds contributions and samples unit-level neighbours; rows of several
 units and queries that read the unit column are refused), an optional WHERE,
 an optional GROUP BY over columns with declared ``public_values``, and outputs that are group
 keys or expressions over aggregates: COUNT, SUM, AVG, VARIANCE/STDDEV, MEDIAN,

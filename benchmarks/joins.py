@@ -78,15 +78,15 @@ def main(rows: int = 1_000_000) -> str:
                   "|---|---|---|---|---|---|---|"]
 
         def prepare(sql: str, epsilon: float) -> None:
-            engine._prepare(engine._analyse(sql), "demo", epsilon, 1e-8)
+            engine.prepare(sql, "demo", epsilon, 1e-8)
 
         for name, sql in QUERIES.items():
             prepare(sql, 0.5)  # reads and caches the metrics and block windows
 
             def new_query(i: int, sql: str = sql) -> None:
                 engine._analyses.clear()
-                engine._prepared.clear()
-                engine._templates.clear()
+                engine.join._prepared.clear()
+                engine.join._templates.clear()
                 prepare(sql, 0.5)
 
             def new_epsilon(i: int, sql: str = sql) -> None:
@@ -103,7 +103,7 @@ def main(rows: int = 1_000_000) -> str:
         "", "A new query text costs the parse, the analysis (sqlglot qualify and type "
         "annotation) and one rewrite rendered to SQL: above the 2 ms target. The rewrite and "
         "its SQL text are then kept as a template whose noise scales are substituted "
-        "(chorus_py.joined.JoinTemplate), so a new epsilon or refreshed metrics and a repeated "
+        "(chorus_py.kinds.join.JoinTemplate), so a new epsilon or refreshed metrics and a repeated "
         "query meet it. The timings exclude the ledger transaction and the database."]
     return "\n".join(lines)
 

@@ -56,7 +56,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def analyse_and_rewrite(engine: Engine, sql: str) -> None:
     """Steps 1-5 and 7 only: parse, validate, analyse, plan noise, rewrite (no ledger, no I/O)."""
-    engine._prepare(engine._analyse(sql), "demo", 0.5, 1e-8)
+    engine.prepare(sql, "demo", 0.5, 1e-8)
 
 
 def bench_latency(engine: Engine, rounds: int) -> list[str]:
@@ -67,7 +67,8 @@ def bench_latency(engine: Engine, rounds: int) -> list[str]:
     for _ in range(rounds):
         for sql in QUERIES:
             engine._analyses.clear()
-            engine._prepared.clear()
+            engine.single._prepared.clear()
+            engine.join._prepared.clear()
             start = time.perf_counter()
             analyse_and_rewrite(engine, sql)
             cold.append((time.perf_counter() - start) * 1000)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.sampling [--repeat 5]
 
-1. Time to sample the sensitivity (chorus_py.random_dp.sampled_differences plus the order
+1. Time to sample the sensitivity (chorus_py.kinds.sampled.sampled_differences plus the order
    statistic) with n = 1,000 rows per database and m = 1,305 (the fewest for gamma = 0.05),
    2,000 and 5,000 databases, for a clipped SUM, a MEDIAN and SUM(LN(1 + x)); all m databases
    are evaluated in one in-memory DuckDB query.  Target: under 2 s at m >= 1,000.
@@ -11,7 +11,7 @@
    and the analytic high-probability sensitivity 600 (1 - sqrt(gamma)) it approaches
    (G = 600 |U1 - U2| has P(G <= t) = 1 - (1 - t / 600)^2).  Median of --repeat draws.
 3. A table with a privacy unit, k = 2 rows per unit: neighbours differ in one unit's 2 rows
-   (chorus_py.random_dp), so the analytic sensitivity of the clipped SUM is k * 600 = 1,200.
+   (chorus_py.kinds.sampled), so the analytic sensitivity of the clipped SUM is k * 600 = 1,200.
    With x uniform, G = 600 |IH(4) - 2| (IH: Irwin-Hall), P(G > 600 t) = (2 - t)^4 / 12 on
    [1, 2], whose level-q quantile is 600 (2 - (12 (1 - q))^(1/4)); with x in {0, 600} the
    sampled value is the analytic 1,200 (|X - Y| = 2 for X, Y ~ Binomial(2, 1/2) has probability
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from analyses.sampling import analyze_sampled  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
+from chorus_py.kinds.sampled import sampled_differences  # noqa: E402
 from chorus_py.policy import parse_policy  # noqa: E402
-from chorus_py.random_dp import sampled_differences  # noqa: E402
 from mechanisms.sampling import order_statistic, sampler_parameters  # noqa: E402
 
 GAMMA = 0.05

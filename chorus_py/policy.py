@@ -186,7 +186,7 @@ class PrivacyConfig(_Strict):
     # the analyser cannot bound; "sampled" makes sampled sensitivity the analysts' default.  The
     # analyst's gamma (the chance the guarantee fails over databases drawn from the table's
     # sampling distribution) is at most max_gamma; sampling_m databases are drawn (more if
-    # gamma needs it: chorus_py.random_dp).
+    # gamma needs it: chorus_py.kinds.sampled).
     sensitivity: Literal["analytic", "sampled"] = "analytic"
     default_gamma: float = Field(default=0.05, gt=0, lt=1)
     max_gamma: float = Field(default=0.05, gt=0, lt=1)

@@ -115,7 +115,7 @@ class ElasticReport:
 
 @dataclass(frozen=True)
 class RandomDPReport:
-    """A sampled-sensitivity answer: (epsilon, delta, gamma)-random DP (chorus_py.random_dp).
+    """A sampled-sensitivity answer: (epsilon, delta, gamma)-random DP (chorus_py.kinds.sampled).
 
     Everything here depends only on the sampling distribution P, never on the private data:
     ``sensitivity`` is the k-th smallest of m sampled L1 differences ||f(D) - f(D')||_1 over

@@ -24,7 +24,7 @@ rho is free.  Two ways to choose it (Corollaries 20 and 21):
   (0, 1/2) with q'(rho) = 1 - 1 / (2 rho sqrt(2 m ln(1/rho))); rho sqrt(ln(1/rho)) increases on
   (0, e^-1/2), so q' has one root there: bisection.  The rho is feasible when q(rho) <= gamma.
 
-This module knows nothing about SQL: the engine (``chorus_py.random_dp``) draws the databases.
+This module knows nothing about SQL: the engine (``chorus_py.kinds.sampled``) draws the databases.
 """
 
 from __future__ import annotations

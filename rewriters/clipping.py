@@ -18,12 +18,14 @@ def clipping(value: exp.Expr, lower: float, upper: float) -> exp.Expr:
     """
     if lower > upper:
         raise ValueError("lower must be <= upper")
-    low = exp.Greatest(this=value.copy(), expressions=[_number(lower)])
-    clipped = exp.Least(this=low, expressions=[_number(upper)])
+    low = exp.Greatest(this=value.copy(), expressions=[bound_literal(lower)])
+    clipped = exp.Least(this=low, expressions=[bound_literal(upper)])
     return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
                                 true=exp.Null())], default=clipped)
 
 
-def _number(value: float) -> exp.Expr:
+def bound_literal(value: float) -> exp.Expr:
+    """A clipping bound as SQL: integral values print without a fraction, negative ones as a
+    negation (``kinds.templates`` relies on this exact form to fill its holes)."""
     literal = exp.Literal.number(int(value) if float(value).is_integer() else value)
     return exp.Neg(this=exp.Literal.number(-value)) if value < 0 else literal

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from chorus_py.backends import StatementFailed
-from chorus_py.engine import Engine, QueryRun
+from chorus_py.engine import Engine
 from chorus_py.errors import BackendError, InternalError
+from chorus_py.statements import QueryRun
 
 # Fails while reading values: the error text would quote 'secret-value-42'.
 DATA_ERROR = "SELECT CAST(x AS INTEGER) FROM (VALUES ('secret-value-42')) AS t(x)"
@@ -32,7 +33,7 @@ def test_data_error_after_claim_is_charged_and_sanitised(engine: Engine) -> None
     # The engine's claims are consumed when granted, before the query runs.
     claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0, consume_on_grant=True)
     with pytest.raises(BackendError) as info:
-        engine._run(DATA_ERROR, QueryRun(claim))
+        engine.statements.run(DATA_ERROR, QueryRun(claim))
     assert "secret-value-42" not in str(info.value)
     assert claim.state == "consumed"
     assert engine.ledger.blocks()[0].epsilon_consumed == 0.5
@@ -42,7 +43,7 @@ def test_plan_error_after_claim_is_refunded(engine: Engine) -> None:
     engine.ledger.ensure_blocks(["b"])
     claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0, consume_on_grant=True)
     with pytest.raises(InternalError):
-        engine._run(PLAN_ERROR, QueryRun(claim))
+        engine.statements.run(PLAN_ERROR, QueryRun(claim))
     assert claim.state == "released"
     assert engine.ledger.blocks()[0].epsilon_consumed == 0.0
     assert engine.ledger.history()[-1]["event"] == "claim_refunded"

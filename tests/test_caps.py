@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import chorus_py.kinds.selection as selection_module
 from chorus_py.engine import Engine
 from mechanisms.caps import (
     CapTerm,
@@ -214,13 +215,13 @@ def test_identical_query_reuses_the_choices_and_spends_all_epsilon_on_the_answer
     engine = exact_units(6, extra="choice_reuse_seconds = 600\n")
     sql = "SELECT COUNT(*), SUM(value) FROM exact"
     histograms: list[object] = []
-    run = engine._histogram
+    run = selection_module.histogram
 
     def counting(*args: object, **kwargs: object) -> object:
-        histograms.append(args[2])
+        histograms.append(args[3])
         return run(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine, "_histogram", counting)
+    monkeypatch.setattr(selection_module, "histogram", counting)
     first = engine.execute(sql, epsilon=2.0, **ALICE).report
     ran = len(histograms)
     assert ran >= 1 and first.contribution.epsilon == pytest.approx(1.0)  # share 0.5

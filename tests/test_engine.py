@@ -243,9 +243,9 @@ def test_proxy_noise_from_many_threads_keeps_each_answer_apart(
     for name, rows in answers:
         assert len(rows) == len(truth[name])
         assert sorted(r[:-1] for r in rows) == sorted(r[:-1] for r in truth[name])
-    assert engine._scratch is not None  # one in-memory database, opened once
+    assert engine.statements._scratch is not None  # one in-memory database, opened once
     engine.close()
-    assert engine._scratch is None
+    assert engine.statements._scratch is None
 
 
 def test_proxy_noise_mode_thresholds_keys(backend_url: str,

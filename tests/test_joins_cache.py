@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import chorus_py.joined as joined
+import chorus_py.kinds.join as joined
 from chorus_py.engine import Engine
-from chorus_py.joined import JoinTemplate, discrete_laplace_of_scale
+from chorus_py.kinds.join import JoinTemplate, discrete_laplace_of_scale
 from chorus_py.policy import load_policy
 from mechanisms.planning import NoisePlan
 from rewriters.pipeline import RewrittenQuery
@@ -56,9 +56,9 @@ def test_repeated_join_hits_the_cache_and_is_charged_each_time(
     engine = joins()
     calls = Calls(monkeypatch)
     query = engine._analyse(SQL)
-    first = engine._prepare(query, "a", 1.0, 1e-8)
+    first = engine.join.prepare(query, "a", 1.0, 1e-8).detail
     assert (calls.pipeline, calls.renders) == (1, 1)
-    again = engine._prepare(query, "a", 1.0, 1e-8)
+    again = engine.join.prepare(query, "a", 1.0, 1e-8).detail
     assert (calls.pipeline, calls.renders) == (1, 1)  # no rewrite, no rendering
     assert again.sql is first.sql and again.plan is first.plan and again.rewritten is \
         first.rewritten
@@ -75,11 +75,11 @@ def test_new_epsilon_reuses_the_rewrite_with_exact_scales(
         joins: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     engine = joins()
     query = engine._analyse(SQL)
-    engine._prepare(query, "a", 1.0, 1e-8)
+    engine.join.prepare(query, "a", 1.0, 1e-8)
     calls = Calls(monkeypatch)
     seen = set()
     for epsilon, delta in ((2.0, 1e-8), (3.7, 1e-8), (1.0, 1e-6), (0.31, 1e-7)):
-        prepared = engine._prepare(query, "a", epsilon, delta)
+        prepared = engine.join.prepare(query, "a", epsilon, delta).detail
         assert calls.pipeline == 0 and calls.renders == 0
         # The substituted text is character for character the full rendering of this plan.
         assert prepared.sql == prepared.rewritten.sql_with_noise(prepared.plan)
@@ -89,14 +89,14 @@ def test_new_epsilon_reuses_the_rewrite_with_exact_scales(
     proxy = joins(noise="proxy")
     q = proxy._analyse(SQL)
     for epsilon in (1.0, 2.0):
-        prepared = proxy._prepare(q, "a", epsilon, 1e-8)
+        prepared = proxy.join.prepare(q, "a", epsilon, 1e-8).detail
         assert prepared.sql == prepared.rewritten.measure_sql()
 
 
 def test_template_equals_full_rendering_for_any_scales(
         joins: Callable[..., Engine]) -> None:  # noqa: F811
     engine = joins()
-    prepared = engine._prepare(engine._analyse(SQL), "a", 1.0, 1e-8)
+    prepared = engine.join.prepare(engine._analyse(SQL), "a", 1.0, 1e-8).detail
     template = JoinTemplate.build(prepared.rewritten, with_noise=True)
     assert template._holes is not None
     ids = prepared.rewritten.measure_ids
@@ -116,7 +116,7 @@ def test_analyst_literal_equal_to_a_placeholder_falls_back_to_full_rendering(
     engine = joins()
     sql = ("SELECT COUNT(*) FROM j_rides r JOIN j_shops s ON r.shop_id = s.shop_id "
            "WHERE s.city <> '1234567.5'")
-    prepared = engine._prepare(engine._analyse(sql), "a", 1.0, 1e-8)
+    prepared = engine.join.prepare(engine._analyse(sql), "a", 1.0, 1e-8).detail
     draws = iter([1234567.5, 2234567.5, 3234567.5])
     monkeypatch.setattr(joined.secrets.SystemRandom, "uniform", lambda self, a, b: next(draws))
     template = JoinTemplate.build(prepared.rewritten, with_noise=True)

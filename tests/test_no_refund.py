@@ -19,9 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chorus_py.engine import Engine, QueryRun
+from chorus_py.engine import Engine
 from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
 from chorus_py.policy import load_policy
+from chorus_py.statements import QueryRun
 from tests.conftest import nothing_spent
 from tests.test_sampling import P_VISITS
 
@@ -67,7 +68,7 @@ class _Statements:
         engine.explain("SELECT COUNT(*) FROM trips", epsilon=1.0, **ALICE)
         self.sent: list[str] = []
         real = engine.backend.run
-        real_constant = engine.run_constant
+        real_constant = engine.statements.run_constant
         constant = False  # inside the totality analysis' constant checks: they read no table
 
         def run(sql: str) -> Any:
@@ -86,7 +87,7 @@ class _Statements:
                 constant = False
 
         monkeypatch.setattr(engine.backend, "run", run)
-        monkeypatch.setattr(engine, "run_constant", run_constant)
+        monkeypatch.setattr(engine.statements, "run_constant", run_constant)
 
     def reading(self) -> list[str]:
         """The statements that could read a row (everything but EXPLAIN)."""
@@ -156,9 +157,9 @@ def test_a_failure_after_a_statement_read_rows_is_never_refunded(engine: Engine)
     engine.ledger.ensure_blocks(["b"])
     claim = engine.ledger.claim("alice", ["b"], 0.5, 0.0, consume_on_grant=True)
     run = QueryRun(claim)
-    engine._run("SELECT COUNT(*) FROM trips", run)  # a histogram, say: it read the data
+    engine.statements.run("SELECT COUNT(*) FROM trips", run)  # a histogram, say: it read the data
     with pytest.raises(BackendError, match="charged"):
-        engine._run("SELECT no_such_column FROM trips", run)
+        engine.statements.run("SELECT no_such_column FROM trips", run)
     assert claim.state == "consumed"
     assert engine.ledger.blocks()[0].epsilon_consumed == 0.5
     assert all(e["event"] != "claim_refunded" for e in engine.ledger.history())
@@ -174,7 +175,7 @@ def test_a_run_time_failure_after_the_histograms_keeps_the_whole_charge(
     renamed: list[bool] = []
 
     def rename_before_the_final_statement(statement: str) -> None:
-        histograms = set(engine._histograms._items.values())
+        histograms = set(engine.single._histograms._items.values())
         if not statement.startswith("EXPLAIN ") and statement not in histograms and not renamed:
             engine.backend.run_owned(["ALTER TABLE trips RENAME TO trips_away"])
             renamed.append(True)

@@ -33,7 +33,7 @@ def _sql(engine: Engine, query: str) -> str:
 
 def _check(engine: Engine, sql: str, release: str = "noised_in_sql",
            tables: frozenset[str] = frozenset({"trips"})) -> None:
-    verify(sql, engine.dialect, engine._outgoing, release, tables)  # type: ignore[arg-type]
+    verify(sql, engine.dialect, engine.statements.outgoing, release, tables)  # type: ignore[arg-type]
 
 
 def _tree(engine: Engine, sql: str) -> exp.Select:
@@ -197,7 +197,7 @@ def test_the_engine_hook_refuses_and_charges_nothing(engine: Engine) -> None:
     sql = _drop_bounding(engine, _sql(engine, GROUPED))
     before = len(engine.ledger.claims())
     with pytest.raises(InternalError, match="refused by the outgoing check"):
-        engine.verify_outgoing(sql, "noised_in_sql", ("trips",))
+        engine.statements.verify_outgoing(sql, "noised_in_sql", ("trips",))
     assert len(engine.ledger.claims()) == before
 
 

@@ -1,4 +1,4 @@
-"""Sensitivity sampling end to end (chorus_py.random_dp): answers, labels, costs and refusals.
+"""Sensitivity sampling end to end (chorus_py.kinds.sampled): answers, labels, costs and refusals.
 
 The ``visits`` table of conftest is event-level: 1000 rows, seconds = visit_id % 700, pages
 'home' (500), 'about' (300), 'blog' (200).  Its sampling distribution P (added per test) draws
@@ -23,8 +23,8 @@ from chorus_py.errors import (
     PolicyError,
     QueryRefused,
 )
+from chorus_py.kinds.sampled import sampled_differences
 from chorus_py.policy import parse_policy
-from chorus_py.random_dp import sampled_differences
 from mechanisms.sampling import order_statistic, sampler_parameters
 from tests.conftest import nothing_spent, tolerance
 
@@ -149,7 +149,7 @@ def test_explain_shows_parameters_free_and_caches(sampled_engine: Engine) -> Non
     again = sampled_engine.explain(sql, **SAMPLED)
     assert first.random_dp is not None and again.random_dp is not None
     assert first.random_dp.sensitivity == again.random_dp.sensitivity  # cached, not resampled
-    assert len(sampled_engine.random_dp._sensitivities) == 1
+    assert len(sampled_engine.sampled._sensitivities) == 1
     assert first.random_dp.k <= first.random_dp.m and 0 < first.random_dp.rho < 0.05
     assert nothing_spent(sampled_engine)
     # 90th percentile of uniform [0, 700] rows: one swapped row moves it by ~ 700 / n.

@@ -3,7 +3,7 @@
 Blocks: a sampled query is charged exactly the blocks its WHERE reaches, reads only their rows,
 and a query that reaches no block reads nothing and costs nothing.  Privacy units: the query runs
 over the contribution-bounded relation (at most k rows per unit), neighbours are sampled as k
-rows replaced (``chorus_py.random_dp``), and tables whose rows belong to several units are
+rows replaced (``chorus_py.kinds.sampled``), and tables whose rows belong to several units are
 refused.
 """
 
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from analyses.sampling import analyze_sampled
 from chorus_py.engine import Engine
 from chorus_py.errors import NotSupportedError, QueryRefused
+from chorus_py.kinds.sampled import sampled_differences
 from chorus_py.policy import parse_policy
-from chorus_py.random_dp import sampled_differences
 from mechanisms.sampling import order_statistic, sampler_parameters
 from tests.conftest import nothing_spent, tolerance
 
@@ -88,7 +88,7 @@ def test_a_query_reaching_no_block_costs_nothing(scratch: Callable[..., Engine])
         assert "reads no block" in report.notes[0]
     assert result.rows == [(0.0, 0)]  # the aggregates over no row, exactly
     assert nothing_spent(engine)
-    assert not engine.random_dp._sensitivities  # nothing was sampled
+    assert not engine.sampled._sensitivities  # nothing was sampled
 
 
 def test_samples_see_the_block_restriction(scratch: Callable[..., Engine]) -> None:

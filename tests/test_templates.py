@@ -1,4 +1,5 @@
-"""Single-table SQL templates (chorus_py.templates): a filled template equals the full rendering
+"""Single-table SQL templates (chorus_py.kinds.templates): a filled template equals the full
+rendering
 character for character, for any cap, bounds and epsilon; a new cap costs no rewrite."""
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import chorus_py.engine as engine_module
+import chorus_py.kinds.single as engine_module
 from analyses.query import AggregateQuery, analyze_query
 from analyses.validate import parse_statement
 from chorus_py.engine import Engine
+from chorus_py.kinds.selection import Choices, Selection
+from chorus_py.kinds.templates import OneTableTemplate, signature
 from chorus_py.policy import load_policy
-from chorus_py.templates import OneTableTemplate, signature
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.pipeline import pipeline
 
@@ -139,7 +141,7 @@ def test_a_template_that_does_not_reproduce_falls_back(
         analysed: dict[tuple[str, str], AggregateQuery], monkeypatch: pytest.MonkeyPatch) -> None:
     """If the filled text ever differs from a full rendering (here: a wrong printer for the
     clipping bounds), no template is kept and every call renders in full."""
-    import chorus_py.templates as templates
+    import chorus_py.kinds.templates as templates
 
     class Cache(dict):  # type: ignore[type-arg]
         def put(self, key: object, value: object) -> None:
@@ -175,9 +177,9 @@ def test_new_cap_costs_no_rewrite(backend_url: str, make_engine: Callable[..., E
     engine = make_engine(backend_url, contribution="auto")
     sql = "SELECT COUNT(*) AS n, AVG(fare) AS a FROM trips WHERE pickup_time < '2026-01-03'"
     calls = _Pipelines(monkeypatch)
-    chosen = iter([(3, (('"trips"."fare"', 0.0, 120.0),), None),
-                   (7, (('"trips"."fare"', 0.0, 150.0),), None)])
-    monkeypatch.setattr(Engine, "_choose_cap", lambda self, prepared, run, selection: next(chosen))
+    chosen = iter([Choices(3, (('"trips"."fare"', 0.0, 120.0),), None),
+                   Choices(7, (('"trips"."fare"', 0.0, 150.0),), None)])
+    monkeypatch.setattr(Selection, "choose", lambda self, statements, run: next(chosen))
     first = engine.execute(sql, "alice", epsilon=50.0)
     after_first = calls.calls
     spent = sum(b.epsilon_consumed for b in engine.ledger.blocks())
@@ -192,7 +194,7 @@ def test_new_cap_costs_no_rewrite(backend_url: str, make_engine: Callable[..., E
 
 
 def test_text_template_replaces_whole_tokens_only() -> None:
-    from chorus_py.templates import TextTemplate
+    from chorus_py.kinds.templates import TextTemplate
     cut = TextTemplate("SELECT 12, 0.125, x12, 12.5, -12, '12.0' FROM t WHERE 12 < k", ["12"])
     assert cut.count("12") == 3
     assert cut.fill({"12": "7"}) == "SELECT 7, 0.125, x12, 12.5, -7, '12.0' FROM t WHERE 7 < k"

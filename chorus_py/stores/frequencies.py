@@ -9,7 +9,7 @@ Where a value comes from, in order:
 1. ``max_frequency`` pinned in the policy for the column (a declared upper bound the data owner
    guarantees): the database is not asked, and the value may be shown to analysts.
 2. Otherwise the backend is asked once and the answer cached.  For a private table the value is
-   data-dependent: it is an input of the smooth bound only and never shown (``chorus_py.joined``
+   data-dependent: it is an input of the smooth bound only and never shown (``chorus_py.kinds.join``
    keeps it out of reports, EXPLAIN, the rewritten SQL and error messages).  For a public table
    it is public, like the table.
 

@@ -171,7 +171,7 @@ class Session:
         self.settings: dict[str, str] = {}
         self.epsilon: float | None = None
         self.delta: float | None = None
-        # SET chorus.sensitivity = 'sampled' / chorus.gamma: random DP (chorus_py.random_dp).
+        # SET chorus.sensitivity = 'sampled' / chorus.gamma: random DP (chorus_py.kinds.sampled).
         self.sensitivity: str | None = None
         self.gamma: float | None = None
         # SET chorus.wait_seconds: how long a query waits for budget the scheduler cannot grant

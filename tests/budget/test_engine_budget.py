@@ -52,7 +52,7 @@ def test_claims_record_one_event_per_mechanism(engine_with: Callable[..., Engine
 def test_a_cached_query_records_the_same_events_computed_once(
         engine_with: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
     """Identical queries reuse their prepared plan's events; each claim still records them."""
-    import chorus_py.engine as engine_module
+    import chorus_py.kinds.single as engine_module
 
     computed: list[object] = []
     real = engine_module.events_for_plan

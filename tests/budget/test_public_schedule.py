@@ -97,7 +97,7 @@ g = {{ type = "text", public_values = ["a", "b"] }}
 """
 
 
-# Event level, with a sampling distribution P for sensitivity sampling (chorus_py.random_dp).
+# Event level, with a sampling distribution P for sensitivity sampling (chorus_py.kinds.sampled).
 SAMPLED_TABLE = """
 [tables.{t}]
 block = {{ column = "{column}", size = "{size}", start = {start}{end} }}

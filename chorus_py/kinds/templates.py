@@ -16,7 +16,7 @@ a second, independent set of placeholders rendered in full must equal the first 
 second set substituted, character for character, and so must the values of the call that built
 it.  The placeholders come from os.urandom, so an analyst cannot plant one; a literal of the
 query that happens to equal one would break the check, and the query is then rendered in full
-every time.  ``TextTemplate`` (the text cut at its holes) is shared with ``chorus_py.joined``.
+every time.  ``TextTemplate`` (the text cut at its holes) is shared with ``chorus_py.kinds.join``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from sqlglot import exp
 
 from analyses.query import AggregateQuery
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
-from rewriters.clipping import _number as clip_number  # the exact literal clipping prints
+from rewriters.clipping import bound_literal  # the exact literal clipping prints
 
 # A value that varies, named by where it comes from: ("k",), ("lo", arg), ("m", id, field, sign)..
 Source = tuple[Any, ...]
@@ -79,7 +79,7 @@ def _bound_text(value: float, dialect: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _printed(kind: str, cls: type, sign: float, value: float, dialect: str) -> str:
-    node = exp.Literal.number(value) if kind == "number" else clip_number(value)
+    node = exp.Literal.number(value) if kind == "number" else bound_literal(value)
     return exp.select(node).sql(dialect)[len("SELECT "):]
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import math
 import secrets
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
@@ -24,17 +23,18 @@ from analyses.blocks import BlocksRead, interval_set, read_windows
 from analyses.joins import JoinInfo, ResolvedJoin, resolve
 from analyses.query import AggregateQuery
 from budget.accounting import Event
-from chorus_py.backends import SCHEMA
+from chorus_py.backends import SCHEMA, ResultSet
+from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
+from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
+from chorus_py.kinds.base import Prepared, Services
+from chorus_py.kinds.templates import TextTemplate
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
+from chorus_py.statements import QueryRun
 from chorus_py.stores.schedules import BlockCatalog
-from chorus_py.templates import TextTemplate
 from mechanisms import DiscreteLaplace, Mechanism
 from mechanisms.planning import NoisePlan
 from rewriters.pipeline import BlockRestriction, RewrittenQuery, pipeline
-
-if TYPE_CHECKING:
-    from chorus_py.engine import Engine, _Prepared
 
 RULE = ("S(k) from the elastic rules: private table S = 1 (c with c rows per unit), "
         "mf_k = mf + k (+ c k); public table S = 0, mf_k = mf; join without a shared table: "
@@ -189,24 +189,50 @@ def _scale_literals(dialect: str) -> int:
     return alone.sql(dialect).count(f"'{probe!r}'")
 
 
-def prepare_join(engine: Engine, query: AggregateQuery, analyst: str, epsilon: float,
-                 delta: float) -> _Prepared:
-    """Steps 3-5 and 7 for a join query (pure given the cached metrics; nothing charged)."""
-    from chorus_py.engine import _Prepared
+class JoinKind:
+    """Queries that join tables, under elastic sensitivity."""
 
-    join = query.join
-    assert join is not None
-    reads, restrictions = join_blocks(engine.blocks, query)
-    mf = engine.frequencies.values(join.metrics)
-    # bounding = "materialized": read the table's stored bounded sample (its current name, which
-    # changes when the table does), as a one-table query would.
-    samples = {s.alias: (SCHEMA, engine.samples.relation(s.table, s.policy))
-               for s in join.private_sources
-               if s.policy.privacy_unit and s.policy.bounding == "materialized"}
-    key = ("join", query.normalized_sql, epsilon, delta, tuple(sorted(restrictions.items())),
-           tuple(sorted(mf.items())), engine.policy.privacy.noise, tuple(sorted(samples.items())))
-    prepared = engine._prepared.get(key)
-    if prepared is None:
+    charges = True
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._prepared: LRU[tuple[object, ...], Prepared] = LRU(1024)
+        self._templates: LRU[tuple[object, ...], JoinTemplate] = LRU(1024)
+
+    def prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
+                delta: float) -> Prepared:
+        """Steps 3-5 and 7 for a join query (pure given the cached metrics; nothing charged)."""
+        services = self.services
+        join = query.join
+        assert join is not None
+        reads, restrictions = join_blocks(services.blocks, query)
+        mf = services.frequencies.values(join.metrics)
+        # bounding = "materialized": read the table's stored bounded sample (its current name,
+        # which changes when the table does), as a one-table query would.
+        samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
+                   for s in join.private_sources
+                   if s.policy.privacy_unit and s.policy.bounding == "materialized"}
+        noise = services.policy.privacy.noise
+        key = (query.normalized_sql, epsilon, delta, tuple(sorted(restrictions.items())),
+               tuple(sorted(mf.items())), noise, tuple(sorted(samples.items())))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare_uncached(query, epsilon, delta, reads, restrictions, mf,
+                                              samples, key)
+            self._prepared.put(key, prepared)
+        return dataclasses.replace(prepared,
+                                   report=dataclasses.replace(prepared.report, analyst=analyst))
+
+    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+        """The answer: noised in SQL, or by the proxy."""
+        return run_analytic(self.services.statements, prepared.detail,
+                            self.services.policy.privacy.noise, run)
+
+    def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
+                          reads: BlocksRead, restrictions: dict[str, BlockRestriction],
+                          mf: dict[str, float], samples: dict[str, tuple[str, str]],
+                          key: tuple[object, ...]) -> Prepared:
+        services = self.services
         try:
             resolved_query, resolved = resolve(query, epsilon, delta, mf)
         except ValueError as err:  # depends on the query's shape and epsilon only
@@ -218,31 +244,28 @@ def prepare_join(engine: Engine, query: AggregateQuery, analyst: str, epsilon: f
             raise InvalidParameter(
                 f"cannot calibrate noise for this join at epsilon={epsilon:g}: the noise would "
                 "be too large to render", hint="ask for a larger epsilon") from None
-        noise = engine.policy.privacy.noise
+        noise = services.policy.privacy.noise
         # The rewrite and its SQL text do not depend on epsilon, delta or the metrics, only the
         # noise scales in it do: kept apart, a new epsilon or refreshed metrics cost a string
         # substitution instead of a rewrite (``JoinTemplate``).
-        template_key = ("join-template", query.normalized_sql, key[4], noise, engine.dialect,
-                        key[7])
-        template = engine._templates.get(template_key)
+        template_key = (query.normalized_sql, key[3], noise, services.dialect, key[6])
+        template = self._templates.get(template_key)
         if template is None:
             template = JoinTemplate.build(
-                pipeline(resolved_query, plan, None, engine.dialect, None, restrictions,
+                pipeline(resolved_query, plan, None, services.dialect, None, restrictions,
                          samples),
                 noise == "sql")
-            engine._templates.put(template_key, template)
-        rewritten = template.rewritten
+            self._templates.put(template_key, template)
         sql = template.sql(plan)
-        report = engine._report(resolved_query, plan, "", reads, sql)
+        detail = AnalyticQuery(resolved_query, plan, reads, template.rewritten, sql,
+                               resolved=resolved)
+        report = aggregate_report(resolved_query, plan, reads, sql, noise)
         report = join_report(report, resolved_query, resolved, mf, noise)
-        prepared = _Prepared(resolved_query, plan, reads, rewritten, sql, report, None, None, 0.0)
-        prepared.resolved = resolved  # type: ignore[attr-defined]
-        engine._prepared.put(key, prepared)
-    report = dataclasses.replace(prepared.report, analyst=analyst)
-    out = _Prepared(prepared.query, prepared.plan, prepared.reads, prepared.rewritten,
-                    prepared.sql, report, None, None, 0.0)
-    out.resolved = prepared.resolved  # type: ignore[attr-defined]
-    return out
+        services.statements.verify_outgoing(sql, services.release, query.tables)
+        return Prepared(report, reads.ids, join_events(plan, resolved), detail,
+                        statements=(sql,),
+                        finish=finish_plan(detail) if noise == "proxy" else None,
+                        answer_key=(query.normalized_sql, epsilon, delta, report.blocks))
 
 
 def join_report(report: PrivacyReport, query: AggregateQuery, resolved: ResolvedJoin,

@@ -1,4 +1,5 @@
-"""Sensitivity sampling and Sample-Then-Respond (random DP, DESIGN.md section 8).
+"""The sampled kind: sensitivity sampling and Sample-Then-Respond (random DP, DESIGN.md
+section 8).
 
 Rubinstein & Aldà, "Pain-Free Random Differential Privacy with Sensitivity Sampling" (ICML
 2017), Algorithms 1 and 2 with Theorem 15 (``mechanisms.sampling``):
@@ -69,7 +70,7 @@ import threading
 from collections import OrderedDict
 from decimal import Decimal
 from itertools import product
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -78,25 +79,22 @@ from sqlglot import exp
 from analyses.blocks import BlocksRead, interval_set, read_windows
 from analyses.sampling import SampledQuery, analyze_sampled, wants_sampling
 from budget.accounting import events_for_plan
-from budget.ledger import Claim
-from chorus_py.backends import SCHEMA
+from chorus_py.backends import SCHEMA, ResultSet
 from chorus_py.errors import InvalidParameter, QueryRefused
+from chorus_py.kinds.base import Prepared, Services
 from chorus_py.policy import SamplingColumn, TablePolicy
 from chorus_py.report import (
     ColumnReport,
     KeyRelease,
     MeasurementReport,
     PrivacyReport,
-    QueryResult,
     RandomDPReport,
 )
+from chorus_py.statements import QueryRun
 from mechanisms.planning import NoisePlan, NoiseRequest, plan_noise
 from mechanisms.sampling import SamplerParameters, order_statistic, sampler_parameters
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import contribution
-
-if TYPE_CHECKING:
-    from chorus_py.engine import Engine
 
 SAMPLES = "chorus_samples"
 # m (n + 1) rows are drawn per sampled sensitivity: ~ 1 s per 2-5 million on this machine.
@@ -273,27 +271,39 @@ class _Calibration:
 
 
 @dataclasses.dataclass(frozen=True)
-class _ClaimRequest:
-    """A prepared sampled query: its report (the cost), the blocks it reads, its noise (None:
-    it reads no block, its answer depends on no row and is released as it is, free)."""
+class SampledRequest:
+    """A query that opted in to sensitivity sampling, before its analysis: the SQL and the
+    gamma asked for (None: the policy's default)."""
 
-    report: PrivacyReport
-    reads: BlocksRead | None
+    sql: str
+    gamma: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledPlan:
+    """The kind's state of a prepared sampled query (``Prepared.detail``): the analysed query,
+    its noise (None: it reads no block, its answer depends on no row and is released as it
+    is, free) and the statement that computes f(D)."""
+
+    query: SampledQuery
     plan: NoisePlan | None
+    sql: str
 
 
-class RandomDP:
-    """The engine's sampled-sensitivity path (opt-in per query)."""
+class SampledKind:
+    """Sensitivity sampling (opt-in per query, or the policy's default)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    charges = True
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
         self._lock = threading.Lock()
         self._sensitivities: OrderedDict[tuple[Any, ...], float] = OrderedDict()
 
     # -- opting in ----------------------------------------------------------------------------
     def wanted(self, sensitivity: str | None, gamma: float | None) -> bool:
         """Whether this query asked (or the policy defaults) to sample its sensitivity."""
-        mode = sensitivity if sensitivity is not None else self.engine.policy.privacy.sensitivity
+        mode = sensitivity if sensitivity is not None else self.services.policy.privacy.sensitivity
         if mode not in ("analytic", "sampled"):
             raise InvalidParameter(f"sensitivity must be 'analytic' or 'sampled', got {mode!r}")
         if mode == "analytic" and gamma is not None:
@@ -301,8 +311,13 @@ class RandomDP:
                                    hint="also set sensitivity = 'sampled'")
         return mode == "sampled"
 
+    def accepts(self, sql: str) -> bool:
+        """Whether sampling applies: the query reads a private table (public-only queries are
+        answered exactly, whatever the mode)."""
+        return wants_sampling(sql, self.services.dialect, self.services.policy)
+
     def _gamma(self, gamma: float | None) -> float:
-        privacy = self.engine.policy.privacy
+        privacy = self.services.policy.privacy
         g = privacy.default_gamma if gamma is None else gamma
         if isinstance(g, bool) or not isinstance(g, int | float) or not math.isfinite(g) \
                 or not 0 < g < 1:
@@ -313,75 +328,23 @@ class RandomDP:
                                    hint=f"ask for gamma <= {privacy.max_gamma:g}")
         return float(g)
 
-    # -- the two entry points -------------------------------------------------------------------
-    def explain(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
-                gamma: float | None) -> PrivacyReport | None:
-        """The report ``execute`` would give, computing (and caching) the sensitivity, free."""
-        prepared = self._prepare(sql, analyst, epsilon, delta, gamma)
-        if prepared is None:
-            return None
-        report = prepared[0].report
-        return dataclasses.replace(report, remaining=self.engine._remaining(report.blocks),
-                                   accounting=self.engine.ledger.accounting)
-
-    def execute(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
-                gamma: float | None, wait_seconds: float | None,
-                remaining: bool = True) -> QueryResult | None:
-        """Sample-Then-Respond; None when the query reads only public tables (``remaining``:
-        as in ``Engine.execute``)."""
-        prepared = self._prepare(sql, analyst, epsilon, delta, gamma)
-        if prepared is None:
-            return None
-        request, query, backend_sql = prepared
-        engine = self.engine
-        from chorus_py.engine import QueryRun  # the engine imports this module
-
-        # The claim comes back consumed (charged before the query runs); _run refunds it only
-        # when the database failed before reading a row (its one statement).
-        claim = self._claim(request, query.table, analyst, sql, wait_seconds, remaining)
-        exact = engine._run(backend_sql, QueryRun(claim))
-        rows = self._respond(query, request.plan, exact.rows)
-        report = dataclasses.replace(
-            request.report, charged=claim is not None, accounting=engine.ledger.accounting,
-            remaining=engine._remaining_after(claim) if remaining else ())
-        types = tuple("text" if o.key is not None else ("integer" if o.integral else "float")
-                      for o in query.outputs)
-        return QueryResult(tuple(o.name for o in query.outputs), types, rows, report)
-
-    # -- steps ------------------------------------------------------------------------------------
-    def _claim(self, request: _ClaimRequest, table: str, analyst: str, sql: str,
-               wait_seconds: float | None, remaining: bool = True) -> Claim | None:
-        """The engine's claim flow: all or nothing on every block read, consumed on grant,
-        one ledger event per mechanism (None: the query reads no block); with ``remaining``,
-        each block's guarantee after it."""
-        reads = request.reads
-        if reads is not None and not reads.ids:
-            return None
-        ids = reads.ids if reads is not None else (table,)
-        ledger = self.engine.ledger
-        ledger.ensure_blocks(ids)
-        try:
-            return ledger.claim(analyst, ids, request.report.epsilon, request.report.delta,
-                                description=sql[:200], events=events_for_plan(request.plan),
-                                wait_seconds=wait_seconds, consume_on_grant=True,
-                                views=False if remaining else None)
-        except ValueError as err:  # e.g. a negative wait time
-            raise InvalidParameter(str(err)) from None
-
-    def _prepare(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
-                 gamma: float | None) -> tuple[_ClaimRequest, SampledQuery, str] | None:
-        engine = self.engine
-        if not wants_sampling(sql, engine.dialect, engine.policy):
-            return None
-        eps, _ = engine._parameters(analyst, epsilon, delta)
-        g = self._gamma(gamma)
-        query = analyze_sampled(sql, engine.policy, engine.dialect, engine.run_constant)
+    # -- the kind's steps -----------------------------------------------------------------------
+    def prepare(self, request: SampledRequest, analyst: str, epsilon: float,
+                delta: float) -> Prepared:
+        """Sample (or look up) the sensitivity, plan the noise, report: nothing charged.
+        Delta is not used: both mechanisms are pure DP."""
+        services = self.services
+        g = self._gamma(request.gamma)
+        query = analyze_sampled(request.sql, services.policy, services.dialect,
+                                services.statements.run_constant)
         reads, where = self._blocks(query)
         backend_sql = self._backend_sql(query, where)
-        engine.verify_outgoing(backend_sql, "sampled", (query.table,))  # before any claim
+        # Before any claim.
+        services.statements.verify_outgoing(backend_sql, "sampled", (query.table,))
         if reads is not None and not reads.ids:
-            return _ClaimRequest(self._unread_report(query, analyst, backend_sql), reads,
-                                 None), query, backend_sql
+            return Prepared(self._unread_report(query, analyst, backend_sql), (), (),
+                            SampledPlan(query, None, backend_sql),
+                            statements=(backend_sql,))
         # f on the samples is f as the database runs it: with the block restriction, when the
         # query reads the block column (P draws it).  A query that does not read it reads every
         # block, and P's rows are taken as rows of the table's blocks.
@@ -392,26 +355,39 @@ class RandomDP:
                                  else calibration.sensitivity, o.integral)
                     for i, o in enumerate(query.measured)]
         try:
-            plan = plan_noise(requests, eps, 0.0)
+            plan = plan_noise(requests, epsilon, 0.0)
         except ValueError as err:
-            raise InvalidParameter(f"cannot calibrate noise for epsilon={eps:g}: {err}",
+            raise InvalidParameter(f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
                                    hint="ask for a larger epsilon") from None
         report = self._report(query, plan, calibration, analyst, reads, backend_sql)
-        return _ClaimRequest(report, reads, plan), query, backend_sql
+        return Prepared(report, reads.ids if reads is not None else (query.table,),
+                        events_for_plan(plan), SampledPlan(query, plan, backend_sql),
+                        statements=(backend_sql,))
 
+    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+        """Respond: f(D) on the real backend, plus noise added here."""
+        detail: SampledPlan = prepared.detail
+        query = detail.query
+        exact = self.services.statements.run(detail.sql, run)
+        rows = self._respond(query, detail.plan, exact.rows)
+        types = tuple("text" if o.key is not None else ("integer" if o.integral else "float")
+                      for o in query.outputs)
+        return ResultSet(tuple(o.name for o in query.outputs), types, rows)
+
+    # -- steps ------------------------------------------------------------------------------------
     def _backend_sql(self, query: SampledQuery, where: exp.Expr | None) -> str:
         """f over the private table: its rows restricted to the claimed blocks and, with a
         privacy unit, bounded to at most k rows per unit (the relation neighbours differ in
         k rows of; ``rewriters.contribution``, or the stored sample of bounding =
         "materialized", which keeps k random rows per unit of the whole table)."""
-        dialect, tp = self.engine.dialect, query.table_policy
+        dialect, tp = self.services.dialect, query.table_policy
         # Qualified by the proxy's schema: generated SQL names exactly the table it means.
         table = exp.Table(this=exp.to_identifier(query.table, quoted=True),
-                          db=exp.to_identifier(self.engine.schema, quoted=True))
+                          db=exp.to_identifier(self.services.schema, quoted=True))
         if query.unit is None:
             return query.sql(dialect, table, where=where)
         if tp.bounding == "materialized":
-            name = self.engine.samples.relation(query.table, tp)
+            name = self.services.samples.relation(query.table, tp)
             stored = exp.Table(this=exp.to_identifier(name, quoted=True),
                                db=exp.to_identifier(SCHEMA))
             return query.sql(dialect, stored, where=where)
@@ -425,7 +401,7 @@ class RandomDP:
 
     def _calibrate(self, query: SampledQuery, gamma: float,
                    where: exp.Expr | None) -> _Calibration:
-        privacy = self.engine.policy.privacy
+        privacy = self.services.policy.privacy
         sampling = query.table_policy.sampling
         assert sampling is not None
         minimal = sampler_parameters(gamma)
@@ -477,7 +453,7 @@ class RandomDP:
         return _Calibration(params, n, n_source, sens, distribution)
 
     def _reference(self, table: str, query: SampledQuery) -> list[tuple[Any, ...]]:
-        live = self.engine.public_columns.get(table, {})
+        live = self.services.public_columns.get(table, {})
         missing = [c for c in query.columns if c not in live]
         if missing:
             raise QueryRefused(
@@ -485,10 +461,10 @@ class RandomDP:
                 hint="the reference table needs every column the query reads")
         sql = exp.select(*(exp.column(c, quoted=True) for c in query.columns)).from_(
             exp.Table(this=exp.to_identifier(table, quoted=True),
-                      db=exp.to_identifier(self.engine.schema, quoted=True))
-        ).sql(self.engine.dialect)
-        self.engine.verify_outgoing(sql, "exact", (table,))  # a public reference table
-        rows = self.engine._run(sql, None).rows
+                      db=exp.to_identifier(self.services.schema, quoted=True))
+        ).sql(self.services.dialect)
+        self.services.statements.verify_outgoing(sql, "exact", (table,))  # a public reference table
+        rows = self.services.statements.run(sql, None).rows
         if len(rows) < 1:
             raise QueryRefused(f"the reference table '{table}' is empty")
         return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in rows]
@@ -497,7 +473,7 @@ class RandomDP:
         block = query.table_policy.block
         if block is None:
             return None, None
-        windows = self.engine.blocks.windows(query.table, block)
+        windows = self.services.blocks.windows(query.table, block)
         column_type = query.table_policy.columns[block.column].type
         reads = read_windows(interval_set(query.raw_where, block.column, column_type), windows)
         where = restrict_blocks(query.where, exp.column(block.column), reads.start, reads.end,

@@ -1,0 +1,251 @@
+"""What the two analytic kinds (one table, ``single``; joins, ``join``) share: the prepared
+query's state, its report, and how its statement runs, noised by the database or by the proxy.
+
+Noise in SQL (``privacy.noise = "sql"``): the rewritten statement adds the noise itself and its
+answer is released as it comes.  Proxy noise (``"proxy"``): the statement returns the exact
+measurements, which never leave this module: the proxy adds noise from os.urandom, then finishes
+the outputs (ratios, arithmetic, HAVING, ORDER BY) over the noisy values in its scratch DuckDB.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import duckdb
+import numpy as np
+from sqlglot import exp
+from sqlglot.optimizer.annotate_types import annotate_types
+
+from analyses.blocks import BlocksRead
+from analyses.joins import ResolvedJoin
+from analyses.query import AggregateQuery, display_sql
+from chorus_py.backends import ResultSet, portable_type
+from chorus_py.errors import BackendError
+from chorus_py.report import (
+    ColumnReport,
+    KeyRelease,
+    MeasurementReport,
+    PrivacyReport,
+)
+from chorus_py.statements import QueryRun, Statements
+from chorus_py.stores.attribution import attribution_report
+from mechanisms.planning import THRESHOLD_ID, NoisePlan
+from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery
+
+log = logging.getLogger("chorus.engine")
+
+_AGGREGATE_NAMES = {"count": "COUNT", "count_units": "COUNT(DISTINCT unit)", "sum": "SUM",
+                    "sum_squares": "SUM of squares"}
+# Policy column types as the backends report them (chorus_py.backends.portable_type).
+_PORTABLE = {"int": "integer", "float": "float", "text": "text", "bool": "boolean",
+             "date": "date", "timestamp": "timestamp"}
+_DUCKDB_TYPES = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
+                 "timestamp": "TIMESTAMP", "boolean": "BOOLEAN"}
+
+
+@dataclass(frozen=True)
+class AnalyticQuery:
+    """The kind's state of a prepared analytic query (``Prepared.detail``).
+
+    ``rewritten``: the rewrite, kept when the proxy adds the noise (it finishes the outputs);
+    None for a one-table query noised in SQL, whose statement comes from a text template.
+    ``cap_epsilon``: > 0 while the row cap (and bounds) are still to be chosen.
+    ``resolved``: a join's smooth bound (None for one table).
+    """
+
+    query: AggregateQuery
+    plan: NoisePlan
+    reads: BlocksRead | None
+    rewritten: RewrittenQuery | None
+    sql: str
+    restriction: BlockRestriction | None = None
+    sample: tuple[str, str] | None = None
+    cap_epsilon: float = 0.0
+    resolved: ResolvedJoin | None = None
+
+
+def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
+                 run: QueryRun) -> ResultSet:
+    """Run the statement of an analytic query; with proxy noise, noise and finish it here."""
+    if noise == "sql":
+        return portable(statements.run(detail.sql, run))
+    return portable(_run_proxy_noise(statements, detail, run))
+
+
+def portable(result: ResultSet) -> ResultSet:
+    """Postgres NUMERIC arrives as Decimal: report it as float, like every other backend."""
+    rows = [tuple(float(v) if isinstance(v, Decimal) else v for v in row) for row in result.rows]
+    return ResultSet(result.columns, result.types, rows)
+
+
+def _run_proxy_noise(statements: Statements, detail: AnalyticQuery, run: QueryRun) -> ResultSet:
+    exact = statements.run(detail.sql, run)
+    rewritten, plan = detail.rewritten, detail.plan
+    assert rewritten is not None  # proxy noise always keeps the rewrite
+    mechanisms = plan.all_mechanisms()
+    n_keys = len(rewritten.key_ids)
+    columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
+        () for _ in exact.columns]
+    noisy_columns: list[list[Any]] = [list(c) for c in columns[:n_keys]]
+    # Counts (and the key-release count) are integers; everything else is a float.
+    integral = _integral(detail.query)
+    for mid, values in zip(rewritten.measure_ids, columns[n_keys:], strict=True):
+        raw = np.array([0.0 if v is None else float(v) for v in values], dtype=float)
+        noisy = mechanisms[mid].sample(raw)
+        noisy_columns.append([int(v) if mid in integral else float(v) for v in noisy])
+    con = statements.scratch()
+    try:
+        types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
+        types += ["BIGINT" if mid in integral else "DOUBLE" for mid in rewritten.measure_ids]
+        names = list(rewritten.key_ids) + list(rewritten.measure_ids)
+        con.execute(f"CREATE TEMP TABLE {NOISY} (" + ", ".join(
+            f"{n} {t}" for n, t in zip(names, types, strict=True)) + ")")
+        rows = list(zip(*noisy_columns, strict=True))
+        if rows:
+            con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(names))})",
+                            rows)
+        try:
+            cur = con.execute(rewritten.finish.sql("duckdb"))
+            desc = cur.description or []
+            return ResultSet(tuple(d[0] for d in desc),
+                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+        except duckdb.Error as err:
+            # After the data was read: charged (the claim stays consumed).  The detail may
+            # quote a noisy value: the log only.
+            log.debug("proxy-noise finish error detail: %s", err)
+            raise BackendError(
+                "the outputs of this query could not be computed from its noisy aggregates",
+                hint="the budget of this query was charged, as its measurements read the "
+                "data; check the query's output expressions") from None
+    finally:
+        con.close()
+
+
+def _integral(query: AggregateQuery) -> set[str]:
+    return {m.id for m in query.measurements if m.integral} | {THRESHOLD_ID}
+
+
+def finish_plan(detail: AnalyticQuery) -> tuple[str, str] | None:
+    """Proxy noise: what plans the finishing statement before the claim (it runs in the
+    scratch DuckDB over the noisy values, after the data was read): the empty table of the
+    types it will have, and the finish (``Statements.check_scratch_plan``).
+
+    The keys' types are inferred from the policy's column types; a key whose type cannot
+    be inferred leaves the finish unchecked (None: a failure there then keeps the charge, as
+    every failure after a statement read the data does)."""
+    rewritten = detail.rewritten
+    assert rewritten is not None
+    keys = _key_types(detail.query)
+    if keys is None:
+        return None
+    integral = _integral(detail.query)
+    columns = tuple(zip(rewritten.key_ids, keys, strict=True)) + tuple(
+        (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in rewritten.measure_ids)
+    return (f"CREATE TEMP TABLE {NOISY} (" + ", ".join(f"{n} {t}" for n, t in columns) + ")",
+            rewritten.finish.sql("duckdb"))
+
+
+def _key_types(query: AggregateQuery) -> list[str] | None:
+    """The DuckDB type each group key of ``query`` gets in the proxy-noise finish, inferred
+    from the policy's column types; None when one cannot be inferred."""
+    tables = {query.alias: query.table_policy}
+    if query.join is not None:
+        tables = {s.alias: s.policy for s in query.join.sources}
+    schema = {alias: {c: _DUCKDB_TYPES[_PORTABLE[cp.type]] for c, cp in tp.columns.items()}
+              for alias, tp in tables.items()}
+    out = []
+    for key in query.keys:
+        if isinstance(key.expr, exp.Column):
+            found = schema.get(key.expr.table, {}).get(key.expr.name)
+        else:
+            expr = key.expr.copy()
+            for column in expr.find_all(exp.Column):
+                declared = schema.get(column.table, {}).get(column.name)
+                if declared is None:
+                    return None
+                column.type = exp.DataType.build(declared)
+            try:
+                typed = annotate_types(expr).type
+            except Exception:  # sqlglot cannot type it: leave the finish unchecked
+                return None
+            found = _DUCKDB_TYPES.get(portable_type(typed.sql("duckdb") if typed else ""))
+        if found is None:
+            return None
+        out.append(found)
+    return out
+
+
+def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead | None, sql: str,
+                     noise: str) -> PrivacyReport:
+    """The report of an analytic query: its measurements with their sensitivities and
+    mechanisms, what each output column is, how keys are released, how rows are bounded."""
+    measurements = []
+    for m in query.measurements:
+        mech = plan.mechanisms[m.id]
+        arg = display_sql(m.argument) if m.argument is not None else "*"
+        if m.center:
+            arg = f"{arg} - {m.center:g}"
+        measurements.append(MeasurementReport(
+            m.id, f"{_AGGREGATE_NAMES[m.kind]}({arg})" if m.kind != "count_units"
+            else f"COUNT(DISTINCT {query.privacy_unit})", m.sensitivity, m.derivation,
+            mech.describe(), mech.error_bound(0.95)))
+    by_id = {m.id: m for m in measurements}
+    columns = []
+    for out in query.outputs:
+        if out.key is not None:
+            columns.append(ColumnReport(out.name, "group_key", out.source, ()))
+        elif not out.measurements:
+            columns.append(ColumnReport(out.name, "constant", out.source, ()))
+        elif out.expr.sql() in by_id:
+            m = by_id[out.expr.sql()]
+            columns.append(ColumnReport(
+                out.name, "aggregate", out.source, (m.id,), m.mechanism["name"],
+                m.mechanism["scale"], m.error_bound_95))
+        else:
+            columns.append(ColumnReport(
+                out.name, "derived", out.source, out.measurements,
+                note="post-processing of noisy measurements " + ", ".join(out.measurements)
+                + ": " + out.expr.sql()))
+    key_release = None
+    if plan.threshold is not None:
+        t = plan.threshold
+        key_release = KeyRelease(
+            "threshold", t.threshold, t.measurement_id, t.delta,
+            note=f"a group is released only if its noisy count ({t.measurement_id}, "
+            f"scale {t.mechanism.scale:g}) exceeds tau = 1 + b ln(D / delta), D = "
+            f"{query.groups_per_unit} groups per unit"
+            + (f" (its rows kept in at most {query.max_groups} groups)"
+               if query.max_groups is not None and query.max_groups < query.stability
+               else f" (its <= {query.stability} rows)" if query.privacy_unit else ""),
+        )
+    elif query.keys:
+        key_release = KeyRelease("public_values", note="every declared value, nothing else")
+    notes = []
+    contribution = None
+    if query.table_policy.multi_attribution:
+        contribution = attribution_report(query.table_policy)
+        notes.append(contribution.note)
+    elif query.privacy_unit is not None:
+        how = ("a stored random sample (bounding = 'materialized')"
+               if query.table_policy.bounding == "materialized"
+               else "a random choice among the rows that pass the filter")
+        notes.append(f"at most {query.stability} rows per {query.privacy_unit}, by {how}")
+    notes += [f"epsilon split equally over {len(plan.mechanisms)} noisy measurement(s)"
+              + (" after the key-release count" if plan.threshold and plan.threshold.separate
+                 else "")]
+    if noise == "proxy":
+        notes.append("noise added by the proxy from os.urandom")
+    else:
+        notes.append("noise added by the database (random()); counts use discrete Laplace, "
+                     "sums the snapping mechanism")
+    return PrivacyReport(
+        analyst="", verdict="allowed", charged=False, epsilon=plan.epsilon,
+        delta=plan.delta, noise="proxy" if noise == "proxy" else "sql", tables=(query.table,),
+        blocks=reads.ids if reads is not None else (query.table,),
+        stability=query.stability, privacy_unit=query.privacy_unit,
+        measurements=tuple(measurements), columns=tuple(columns), key_release=key_release,
+        rewritten_sql=sql, notes=tuple(notes), contribution=contribution,
+    )

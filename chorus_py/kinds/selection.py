@@ -1,0 +1,250 @@
+"""The private choices of a one-table query, made on the data after its claim: the row cap per
+unit (contribution = "auto"), the clipping bounds of its summed columns (clipping = "auto") and,
+for keys released by thresholding, the groups per unit.
+
+A :class:`Selection` is one object with its own share of the query's epsilon
+(``privacy.cap_epsilon_share``): it runs its noisy histograms (sensitivity 1 each, an equal part
+of that share each, so together they cost exactly the share, by basic composition) and picks
+the cap and bounds from them (``mechanisms.caps``, ``mechanisms.clip_bounds``).  Only noisy
+histograms leave :meth:`Selection.choose`; the choices are post-processing of them.  The
+histograms' SQL is built and planned before the claim (wall 6), like the answer's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from analyses.query import AggregateQuery, display_sql
+from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
+from chorus_py.statements import QueryRun, Statements
+from mechanisms import DiscreteLaplace, Snapping
+from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups
+from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges
+from mechanisms.planning import THRESHOLD_ID, NoisePlan
+from rewriters.pipeline import BlockRestriction, cap_histogram
+from rewriters.selection import (
+    ClippedArgument,
+    clipped_arguments,
+    group_histogram,
+    value_histogram,
+)
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What a selection chose: the cap, the clipping bounds (argument, lower, upper) and the
+    groups per unit (None: not bounded)."""
+
+    cap: int
+    bounds: tuple[tuple[str, float, float], ...]
+    groups: int | None
+
+
+# (what, bins, SQL) of one selection histogram: ("cap",), ("groups",) or ("clip", argument).
+Histogram = tuple[tuple[str, ...], int, str]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The choices a prepared query still has to make, and how: run by the engine between the
+    claim and the answer.  ``key``: under which the choices may be reused by an identical query
+    (privacy.choice_reuse_seconds); ``apply``: the query prepared with the choices."""
+
+    query: AggregateQuery
+    plan: NoisePlan
+    epsilon: float
+    histograms: tuple[Histogram, ...]
+    key: tuple[object, ...]
+    apply: Callable[[Choices], Any]
+
+    def choose(self, statements: Statements, run: QueryRun) -> Choices:
+        """Run the noisy histograms and pick the cap, the bounds and the groups per unit.
+
+        Each histogram has sensitivity 1 and gets an equal part of the selection epsilon, so
+        together they cost exactly ``self.epsilon`` (basic composition).
+        """
+        query, plan = self.query, self.plan
+        limit = query.table_policy.contribution_bound
+        with_rows, clipped = parts(query)
+        by_groups = bounds_groups(query)
+        eps_h = self.epsilon / (int(with_rows) + int(by_groups) + len(clipped))
+        sized = {what: (size, sql) for what, size, sql in self.histograms}
+        per_unit = None
+        if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
+            starts = cap_bins(limit)
+            exact = histogram(statements, run, *sized[("groups",)])
+            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
+            gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
+            assert gate is not None
+            per_unit = choose_groups(RowModel(starts, tuple(float(v) for v in noisy), limit,
+                                              eps_h), gate.mechanism.epsilon, gate.delta)
+        columns = []
+        for arg in clipped:
+            exact = histogram(statements, run, *sized[("clip", arg.key)])
+            # The exact weights never leave this function: only their noisy version is used.
+            noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
+            columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy),
+                                      eps_h))  # its epsilon: biases at their upper estimates
+        if with_rows:
+            starts = cap_bins(limit)
+            exact = histogram(statements, run, *sized[("cap",)])
+            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
+            rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
+        else:  # event level: the units (rows) the value histograms counted
+            rows = RowModel.exact_rows(max(max(sum(max(h, 0.0) for h in c.noisy), 1.0)
+                                           for c in columns))
+        index = {arg.key: i for i, arg in enumerate(clipped)}
+        by_id = {m.id: m for m in query.measurements}
+        terms = []
+        for mid, mechanism in plan.all_mechanisms().items():
+            m = by_id.get(mid)
+            column = index.get(m.argument.sql()) if m is not None and m.argument is not None \
+                else None
+            kind = "count" if m is None or m.integral else m.kind
+            # With g bounded, the unreleased key-release count's scale is min(g, k) / eps:
+            # the cap rule leaves it out (g, not k, sets tau).
+            weight = 0.0 if per_unit is not None and mid == THRESHOLD_ID \
+                else cap_weight(query, mid)
+            terms.append(CapTerm(weight, mechanism.epsilon,
+                                 m.total if m is not None else False, column,
+                                 "count" if kind == "count_units" else kind,
+                                 bool(m is not None and m.center)))
+        groups = 1
+        if query.keys and not query.thresholded:
+            groups = math.prod(len(k.public_values or ()) for k in query.keys)
+        auto = query.auto_cap and cap_matters(query)
+        choice = choose(rows, terms, columns, groups, None if auto else (query.stability,))
+        return Choices(choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
+                                         for i, arg in enumerate(clipped)), per_unit)
+
+
+def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.ndarray:
+    """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``."""
+    exact = np.zeros(size)
+    for index, value in statements.run(sql, run).rows:
+        exact[int(index)] = float(value)
+    return exact
+
+
+def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | None,
+                       sample: tuple[str, str] | None
+                       ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
+    """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
+    them: (what, bins, a function building its tree) each."""
+    limit = query.table_policy.contribution_bound
+    with_rows, clipped = parts(query)
+    builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
+    if bounds_groups(query):  # g first: the histogram of distinct groups per unit
+        starts = cap_bins(limit)
+        builds.append((("groups",), len(starts),
+                       lambda: group_histogram(query, restriction, sample, starts)))
+    for arg in clipped:
+        edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
+        builds.append((("clip", arg.key), STEPS + 2, lambda e=edges, a=arg: value_histogram(
+            query, a.argument, a.lower, a.upper, e, restriction, sample)))
+    if with_rows:
+        starts = cap_bins(limit)
+        builds.append((("cap",), len(starts),
+                       lambda: cap_histogram(query, restriction, sample, starts)))
+    return builds
+
+
+def parts(query: AggregateQuery) -> tuple[bool, tuple[ClippedArgument, ...]]:
+    """(whether the cap histogram runs, the expressions whose bounds are chosen)."""
+    clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
+    # With a privacy unit the cap histogram also tells the clipping rule how many rows
+    # there are; on an event-level table the value histogram counts the rows itself.
+    rows = query.privacy_unit is not None and (
+        (query.auto_cap and cap_matters(query)) or bool(clipped))
+    return rows, clipped
+
+
+def bounds_groups(query: AggregateQuery) -> bool:
+    """Whether the query's rows per unit are also kept in at most g groups, g chosen with the
+    cap: automatic caps and keys released by thresholding (``mechanisms.caps.choose_groups``)."""
+    return query.auto_cap and query.thresholded and query.privacy_unit is not None
+
+
+def cap_matters(query: AggregateQuery) -> bool:
+    """Whether some noise scale of the query grows with the row cap k."""
+    if query.thresholded:
+        return True  # the key-release count reaches up to k groups per unit
+    return any(cap_weight(query, m.id) > 0 for m in query.measurements)
+
+
+def cap_weight(query: AggregateQuery, mid: str) -> float:
+    """w_m of ``mechanisms.caps``: how a measurement's noise, in rows, grows with the cap."""
+    kinds = {m.id: m.kind for m in query.measurements}
+    kind = kinds.get(mid, "count")  # the separate key-release count behaves like a count
+    if kind == "count_units":
+        return 1.0 if query.keys else 0.0  # ungrouped: sensitivity 1 whatever the cap
+    return 1.0 if kind == "count" else 2.0
+
+
+def with_contribution(report: PrivacyReport, query: AggregateQuery, cap_epsilon: float,
+                      chosen: Choices | None, clipped: tuple[ClippedArgument, ...],
+                      reused: bool = False) -> PrivacyReport:
+    """The report with its selection steps: what is chosen, at what epsilon, and (once the
+    query ran, or when reused) what was chosen; the selection's epsilon is added to the
+    report's."""
+    limit = query.table_policy.contribution_bound
+    mode: Literal["auto", "fixed"] = "auto" if query.auto_cap else "fixed"
+    with_rows, _ = parts(query)
+    by_groups = bounds_groups(query)
+    cap = chosen.cap if chosen is not None else None
+    groups = chosen.groups if chosen is not None else None
+    steps = []
+    n_parts = int(with_rows) + int(by_groups) + len(clipped)
+    eps_h = cap_epsilon / n_parts if n_parts else 0.0
+    if by_groups:
+        steps.append(SelectionStep(
+            "groups", f"groups per {query.privacy_unit} (sets the key-release threshold: "
+            "D = min(g, cap) groups per unit)", f"limit {limit}", eps_h, "discrete_laplace",
+            None if groups is None else f"{groups} groups"))
+    if with_rows:
+        unit = query.privacy_unit
+        steps.append(SelectionStep(
+            "cap", f"rows per {unit}" if mode == "auto" else
+            f"rows per {unit} (estimates the rows kept, for the clipping bounds)",
+            f"limit {limit}", eps_h, "discrete_laplace",
+            None if cap is None else f"cap {cap}" + ("" if mode == "auto" else " (fixed)")))
+    chosen_bounds = {key: (lo, hi) for key, lo, hi in (chosen.bounds if chosen else ())}
+    for arg in clipped:
+        got = chosen_bounds.get(arg.key)
+        steps.append(SelectionStep(
+            "bounds", display_sql(arg.argument), f"[{arg.lower:g}, {arg.upper:g}]", eps_h,
+            "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]"))
+    if reused:
+        shown: int | None = cap if mode == "auto" else limit
+        note = ("the choices of your identical earlier query (same SQL, epsilon, delta and "
+                "blocks, within privacy.choice_reuse_seconds) are reused: they are noisy, "
+                "differentially private outputs already paid for, so reusing them costs "
+                "nothing and all of epsilon goes to the answer")
+        steps = [dataclasses.replace(step, epsilon=0.0, mechanism="reused") for step in steps]
+    elif cap_epsilon == 0:
+        note = ("COUNT(DISTINCT unit) needs one row per unit: cap 1, no epsilon spent on "
+                "choosing it")
+        shown = query.stability
+    else:
+        shown = cap if mode == "auto" else limit
+        what = " and ".join(
+            (["the cap"] if mode == "auto" else [])
+            + (["the groups per unit"] if by_groups else [])
+            + (["the clipping bounds of " + ", ".join(s.target for s in steps
+                                                      if s.kind == "bounds")]
+               if clipped else []))
+        note = (f"{what} chosen per query from noisy histograms (sensitivity 1 each, "
+                f"epsilon {eps_h:g} each, {cap_epsilon:g} in all); "
+                + ("the choices are noisy, differentially private outputs"
+                   if cap is not None else
+                   f"sensitivities above are shown at the limit {limit} and the declared "
+                   "bounds; the choice is made when the query runs"))
+    contribution = ContributionReport(mode, limit, shown, cap_epsilon, note, steps=tuple(steps))
+    return dataclasses.replace(report, epsilon=report.epsilon + cap_epsilon,
+                               contribution=contribution)

@@ -1,0 +1,222 @@
+"""One private table under analytic sensitivity: the common case.
+
+Prepare: the blocks the query reads (``analyses.blocks``), the relation it reads (the table, or
+a stored bounded sample or kept set in the private schema), the noise plan
+(``mechanisms.planning``), the rewrite (``rewriters.pipeline``, as a text template when the
+database adds the noise: ``chorus_py.kinds.templates``) and the report.  With automatic caps or
+clipping bounds the query is first prepared at the limit and the declared bounds, with a
+:class:`~chorus_py.kinds.selection.Selection` to run after the claim; the chosen values give the
+final statement.  Choices of an identical earlier query are reused for free
+(``privacy.choice_reuse_seconds``).  Everything here is a pure function of (SQL, policy, block
+windows, stored-sample names, epsilon, delta, choices) and cached per query shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from analyses.blocks import BlocksRead, blocks_read
+from analyses.query import AggregateQuery
+from budget.accounting import Event, events_for_plan
+from chorus_py.backends import SCHEMA, ResultSet
+from chorus_py.caches import LRU
+from chorus_py.errors import InvalidParameter
+from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
+from chorus_py.kinds.base import Prepared, Services
+from chorus_py.kinds.selection import (
+    Choices,
+    Selection,
+    cap_matters,
+    histogram_builders,
+    with_contribution,
+)
+from chorus_py.kinds.templates import one_table_sql
+from chorus_py.statements import QueryRun
+from mechanisms.planning import NoiseRequest, ThresholdRequest, plan_noise
+from rewriters.dialect import dialect
+from rewriters.pipeline import BlockRestriction, RewrittenQuery, pipeline
+from rewriters.selection import clipped_arguments
+
+
+class SingleTableKind:
+    """Queries over one private table (and public tables it does not join)."""
+
+    charges = True
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._prepared: LRU[tuple[object, ...], Prepared] = LRU(1024)
+        self._histograms: LRU[tuple[object, ...], str] = LRU(1024)
+        # The blocks a query reads, per (query, block windows): windows change when the data
+        # grows (the block catalog re-reads them after its TTL), and with them the key.
+        self._reads: LRU[tuple[object, ...], tuple[BlocksRead, BlockRestriction]] = LRU(1024)
+        # Rewrites with their noise scales (and caps, bounds) left open (kinds.templates).
+        self._templates: LRU[tuple[object, ...], object] = LRU(1024)
+
+    def prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
+                delta: float) -> Prepared:
+        """The query prepared for its claim; with choices still to make, at the limit and
+        the declared bounds, carrying its :class:`Selection` (or the choices of an identical
+        earlier query, when they may be reused)."""
+        prepared = self._prepare(query, analyst, epsilon, delta)
+        detail: AnalyticQuery = prepared.detail
+        if detail.cap_epsilon == 0:
+            return prepared
+        # Everything the selection depends on that is public: the query, its epsilon and
+        # delta (the rule weighs noise against bias) and the blocks it reads.  Never anything
+        # that follows the data (a stored sample's name changes with a fingerprint of the
+        # rows): whether the choices are reused shows in the report, and must not tell an
+        # analyst that rows changed (as budget.answers explains for answers).
+        # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
+        # just ran this query.
+        key = (query.normalized_sql, epsilon, delta, detail.restriction)
+        earlier = self.services.choices.get(analyst, key)
+        if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
+            return self._prepare(query, analyst, epsilon, delta, earlier, reused=True)
+        histograms = self._selection_statements(detail)
+        selection = Selection(
+            detail.query, detail.plan, detail.cap_epsilon, histograms, key,
+            lambda chosen: self._prepare(query, analyst, epsilon, delta, chosen))
+        return dataclasses.replace(
+            prepared, selection=selection,
+            statements=(*prepared.statements, *(sql for _, _, sql in histograms)))
+
+    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+        """The answer: noised in SQL, or by the proxy."""
+        return run_analytic(self.services.statements, prepared.detail,
+                            self.services.policy.privacy.noise, run)
+
+    def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float, delta: float,
+                 chosen: Choices | None = None, reused: bool = False) -> Prepared:
+        """Plan and rewrite; with automatic caps or bounds (contribution / clipping = "auto"),
+        at the limit and the declared bounds until ``chosen``.  ``reused``: they were chosen
+        by an earlier identical query (privacy.choice_reuse_seconds), so no epsilon goes to
+        choosing them."""
+        services = self.services
+        reads, restriction = self._blocks(query)
+        sample = None
+        if query.table_policy.multi_attribution:
+            sample = (SCHEMA, services.attribution.relation(query.table, query.table_policy))
+        elif query.table_policy.bounding == "materialized":
+            sample = (SCHEMA, services.samples.relation(query.table, query.table_policy))
+        # The query's own (stability, normalised SQL) and the choices determine everything
+        # below: look the plan up before copying the query's trees for the choices.
+        key = (query.normalized_sql, query.stability, chosen, epsilon, delta, restriction,
+               sample, reused)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction,
+                                              sample, chosen, reused)
+            self._prepared.put(key, prepared)
+        return dataclasses.replace(prepared,
+                                   report=dataclasses.replace(prepared.report, analyst=analyst))
+
+    def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
+                          reads: BlocksRead | None, restriction: BlockRestriction | None,
+                          sample: tuple[str, str] | None, chosen: Choices | None,
+                          reused: bool) -> Prepared:
+        services = self.services
+        cap_epsilon = 0.0
+        if query.auto_cap and not cap_matters(query):
+            # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
+            query = query.with_cap(1)
+        clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
+        if (query.auto_cap and cap_matters(query)) or clipped:
+            # One share of epsilon pays for every selection histogram (mechanisms.caps).
+            # Reusing an earlier query's noisy choice is post-processing of that release
+            # (Dwork and Roth 2014, Proposition 2.1): it costs nothing.
+            cap_epsilon = 0.0 if reused else epsilon * services.policy.privacy.cap_epsilon_share
+            if chosen is not None:
+                query = query.with_cap(chosen.cap).with_bounds(
+                    {a: (lo, hi) for a, lo, hi in chosen.bounds})
+                if chosen.groups is not None:
+                    query = query.with_groups(chosen.groups)
+        detail = self._plan(query, epsilon - cap_epsilon, delta, reads, restriction, sample)
+        report = aggregate_report(detail.query, detail.plan, reads, detail.sql,
+                                  services.policy.privacy.noise)
+        if query.auto_cap or cap_epsilon > 0 or reused:
+            report = with_contribution(report, query, cap_epsilon, chosen, clipped, reused)
+        open_epsilon = cap_epsilon if chosen is None else 0.0  # > 0: still to choose
+        detail = dataclasses.replace(detail, cap_epsilon=open_epsilon)
+        # Before it is cached, so before any claim: a refused statement costs nothing.
+        services.statements.verify_outgoing(detail.sql, services.release, query.tables)
+        # While the row cap is still to be chosen the final mechanisms are not known yet: the
+        # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanism of
+        # that cost.
+        events = (events_for_plan(detail.plan) if open_epsilon == 0 else
+                  (Event.epsilon_delta(report.epsilon, report.delta),))
+        return Prepared(report, reads.ids if reads is not None else (query.table,), events,
+                        detail, statements=(detail.sql,),
+                        finish=finish_plan(detail) if detail.rewritten is not None else None,
+                        answer_key=(query.normalized_sql, epsilon, delta, report.blocks))
+
+    def _plan(self, query: AggregateQuery, epsilon: float, delta: float,
+              reads: BlocksRead | None, restriction: BlockRestriction | None,
+              sample: tuple[str, str] | None) -> AnalyticQuery:
+        """The noise plan and the rewritten statement."""
+        services = self.services
+        requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in query.measurements]
+        threshold = None
+        if query.thresholded:
+            if delta <= 0:
+                raise InvalidParameter(
+                    "grouping by a column without public_values releases its keys through a "
+                    "noisy threshold, which needs delta > 0",
+                    hint="pass a small delta (e.g. 1e-8), or group by columns with public_values",
+                )
+            # D = min(g, k) groups per unit (AggregateQuery.groups_per_unit; k without g).
+            threshold = ThresholdRequest(query.threshold_source, query.groups_per_unit)
+        try:
+            plan = plan_noise(requests, epsilon, delta, threshold,
+                              services.policy.privacy.threshold_epsilon_share)
+        except ValueError as err:  # e.g. a scale beyond what the mechanisms can render
+            raise InvalidParameter(
+                f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
+                hint="ask for a larger epsilon",
+            ) from None
+        rewritten: RewrittenQuery | None = None
+        sql_dialect = services.dialect
+        if services.policy.privacy.noise == "sql":
+            # Only the noise scales, caps and bounds change between calls of one query shape:
+            # filled into its text template (kinds.templates); the tree is not kept, only
+            # proxy noise reads it.
+            sql = one_table_sql(
+                self._templates, (query.normalized_sql, restriction, sample, sql_dialect),
+                query, plan, sql_dialect, sample is not None,
+                lambda q, p: pipeline(q, p, restriction, sql_dialect, sample).sql_with_noise(p))
+        else:
+            rewritten = pipeline(query, plan, restriction, sql_dialect, sample)
+            sql = rewritten.measure_sql()
+        return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
+
+    def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None, BlockRestriction | None]:
+        block = query.table_policy.block
+        if block is None:
+            return None, None
+        windows = self.services.blocks.windows(query.table, block)
+        key = (query.normalized_sql, windows)  # the windows name their table
+        found = self._reads.get(key)
+        if found is None:
+            reads = blocks_read(query, windows)
+            column_type = query.table_policy.columns[block.column].type
+            found = (reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
+                                             reads.separate_runs))
+            self._reads.put(key, found)
+        return found
+
+    def _selection_statements(self, detail: AnalyticQuery) -> tuple[tuple[tuple[str, ...], int,
+                                                                           str], ...]:
+        """The selection histograms: (what, bins, SQL) each, in the order the selection reads
+        them.  Each SQL depends only on the query: built and verified once per query shape."""
+        query = detail.query
+        out = []
+        for what, size, build in histogram_builders(query, detail.restriction, detail.sample):
+            key = (query.normalized_sql, detail.restriction, detail.sample, *what)
+            sql = self._histograms.get(key)
+            if sql is None:
+                sql = dialect(build(), self.services.dialect).sql(self.services.dialect)
+                # The selection noises it in the proxy.
+                self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
+                self._histograms.put(key, sql)
+            out.append((what, size, sql))
+        return tuple(out)

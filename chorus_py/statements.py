@@ -1,0 +1,216 @@
+"""Every statement derived from analyst SQL reaches the backend through :class:`Statements`.
+
+It holds the walls of DESIGN.md section 11 that concern statements, in one place:
+
+- wall 4, the outgoing check (``analyses.outgoing``): a statement that reads a private table
+  outside the bounding-and-noise structure never runs (:meth:`Statements.verify_outgoing`);
+- wall 6, charge before touching: the database plans (EXPLAIN) every statement of a query
+  before its claim, so one that cannot plan is refused free (:meth:`Statements.check_plans`),
+  and a claim is refunded only while no statement of the query read a row (:class:`QueryRun`,
+  :meth:`Statements.run`); an error message never quotes the database's, which may hold data;
+- wall 5, least privilege: public-only statements run on the restricted connection.
+
+Verdicts ("verified", "plans fine", constants) are kept per statement text: the text of a query
+shape is the same on every call, so each check costs its round trip once per shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+
+import duckdb
+
+from analyses.outgoing import OutgoingRules, Release, check_outgoing
+from budget.ledger import Claim, Ledger
+from chorus_py.backends import Backend, ResultSet, StatementFailed
+from chorus_py.caches import LRU
+from chorus_py.errors import BackendError, InternalError, QueryRefused, StatementCanceled
+
+log = logging.getLogger("chorus.engine")
+
+
+class QueryRun:
+    """One query's trip to the database, as Wall 6 needs it (DESIGN.md section 11): the claim
+    it paid and whether any of its statements may have read a row.
+
+    A claim is consumed when granted, before any statement runs.  It is given back only while
+    no statement of the query touched data: once one did (a selection histogram included),
+    every later failure keeps the whole charge.  :meth:`Statements.run` consults this object
+    before any refund; it is the only place a claim is refunded.
+    """
+
+    def __init__(self, claim: Claim | None) -> None:
+        self.claim = claim
+        self.touched = False
+        self.refunded = False
+
+    def read(self) -> None:
+        """A statement of the query ran to the end: it read rows."""
+        self.touched = True
+
+    def failed(self, touched_data: bool) -> None:
+        """A statement failed; ``touched_data``: the backend could not rule out that it read."""
+        self.touched = self.touched or touched_data
+
+    def refund_if_untouched(self, ledger: Ledger) -> bool:
+        """Refund the claim if nothing of this query read a row; whether it was refunded."""
+        if self.claim is None or self.touched or self.refunded:
+            return False
+        ledger.refund(self.claim)  # consumed on grant: give it back
+        self.refunded = True
+        return True
+
+
+class Statements:
+    """The backend as the kinds of query use it: checked, planned, run, refunded by the rules
+    above.  ``outgoing``: the policy's rules for the outgoing check."""
+
+    def __init__(self, backend: Backend, ledger: Ledger, dialect: str,
+                 outgoing: OutgoingRules) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.dialect = dialect
+        self.outgoing = outgoing
+        # Statements the outgoing check passed (wall 4), by a digest of their text.
+        self._verified: LRU[tuple[object, ...], bool] = LRU(4096)
+        # Statement texts the database planned without error (check_plans).
+        self._planned: LRU[object, bool] = LRU(4096)
+        self._constants: LRU[str, bool] = LRU(4096)  # verdicts of run_constant
+        self._scratch: duckdb.DuckDBPyConnection | None = None  # opened on first proxy noise
+        self._scratch_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the scratch database (the backend and ledger belong to the engine)."""
+        with self._scratch_lock:
+            if self._scratch is not None:
+                self._scratch.close()
+                self._scratch = None
+
+    def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = ()) -> None:
+        """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
+        InternalError if it reads a private table outside the bounding-and-noise structure,
+        or one not among ``tables`` (those its analysis reads).  Every statement derived from
+        analyst SQL passes here before the backend sees it."""
+        # A digest of the text, not the text (several kB per statement), as the cache key.
+        key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, *sorted(tables))
+        if key in self._verified:
+            return
+        check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables))
+        self._verified.put(key, True)
+
+    def run_constant(self, sql: str) -> bool:
+        """Run a statement that reads no table on the backend: True when it succeeds.
+
+        The totality analysis (``analyses.totality``) judges literals, LIKE patterns and time
+        functions by what the backend itself does; verdicts are cached per statement.
+        """
+        verdict = self._constants.get(sql)
+        if verdict is None:
+            try:
+                self.backend.run(sql)
+                verdict = True
+            except StatementFailed:
+                verdict = False
+            self._constants.put(sql, verdict)
+        return verdict
+
+    def check_plans(self, statements: Sequence[str]) -> None:
+        """Have the database plan every statement of a query (EXPLAIN), reading no row: one it
+        cannot plan is refused here, before the claim, so it costs nothing.
+
+        The verdict "plans fine" is kept per statement text: the text of a query shape (its
+        final statement at the limit cap and declared bounds, its histograms) is the same on
+        every call, so the extra round trip is paid once per shape.  A failure is not kept: it
+        raises, and is rare.
+        """
+        for sql in statements:
+            if sql in self._planned:
+                continue
+            try:
+                self.backend.run("EXPLAIN " + sql)
+            except StatementFailed as err:
+                # EXPLAIN reads no row, whatever the backend's classification of the error.
+                log.warning("a rewritten statement does not plan; refused before the claim")
+                log.debug("plan error detail: %s", err.detail)
+                raise QueryRefused(
+                    "the database cannot plan this query (e.g. a function applied to an "
+                    "argument of the wrong type); nothing was charged",
+                    hint="check the types of the query's expressions; if the query is valid "
+                    "SQL for the database, this is a bug in the proxy: please report it",
+                ) from None
+            self._planned.put(sql, True)
+
+    def scratch(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own to the engine's in-memory DuckDB, where proxy noise finishes
+        an answer over its noisy values.  Opening a database costs about 35 ms, a cursor under
+        1 ms; tables a query makes there are TEMP, so each cursor sees only its own."""
+        with self._scratch_lock:
+            if self._scratch is None:
+                self._scratch = duckdb.connect(":memory:")
+            return self._scratch.cursor()
+
+    def check_scratch_plan(self, create: str, finish: str) -> None:
+        """Plan a proxy-noise finish (``finish``, DuckDB SQL) over the empty table ``create``
+        makes, reading nothing: one that cannot plan is refused before the claim."""
+        if (create, finish) in self._planned:
+            return
+        con = self.scratch()
+        try:
+            con.execute(create)
+            con.execute("EXPLAIN " + finish)
+        except duckdb.Error as err:
+            log.warning("a proxy-noise finish does not plan; refused before the claim")
+            log.debug("plan error detail: %s", err)
+            raise QueryRefused(
+                "the outputs of this query cannot be computed from its noisy aggregates (e.g. "
+                "a function applied to an argument of the wrong type); nothing was charged",
+                hint="check the types of the query's output expressions") from None
+        finally:
+            con.close()
+        self._planned.put((create, finish), True)
+
+    def run(self, sql: str, run: QueryRun | None, public: bool = False) -> ResultSet:
+        """Run one statement of a query; ``run`` is the query's charge (None: nothing claimed,
+        e.g. a public query; ``public``: a public-only query, on the restricted connection).
+        A failure refunds the claim only when no statement of the query read a row (Wall 6);
+        the message never quotes the database's, which may hold data."""
+        if run is None:
+            run = QueryRun(None)
+        try:
+            result = self.backend.run_public(sql) if public else self.backend.run(sql)
+        except StatementFailed as err:
+            # The detail may quote data values: operators see it at debug level, analysts never.
+            log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
+            log.debug("backend error detail: %s", err.detail)
+            run.failed(err.touched_data)
+            refunded = run.refund_if_untouched(self.ledger)
+            if err.cancelled is not None:
+                raise StatementCanceled(
+                    f"canceling statement due to {err.cancelled}",
+                    hint=("the budget of this query was charged (the database may have read "
+                          "rows); " if run.claim is not None and not refunded else "")
+                    + "ask for less work; the data owner sets backend.statement_timeout_seconds",
+                ) from None
+            if refunded or (run.claim is None and not err.touched_data):
+                raise InternalError(
+                    "the database could not plan the rewritten query; nothing was charged",
+                    hint="this is a bug in the proxy: please report the query",
+                ) from None
+            if run.claim is None:  # a public query, or one that reads no block
+                raise BackendError(
+                    "the database failed while evaluating the query; no detail is shown "
+                    "because it could depend on the data",
+                    hint="nothing was charged (the query claims no budget); check the query's "
+                    "expressions",
+                ) from None
+            raise BackendError(
+                "the database failed while evaluating the query; no detail is shown "
+                "because it could depend on the data",
+                hint="the budget of this query was charged, as a statement of it read the "
+                "data; check the query's expressions",
+            ) from None
+        run.read()
+        return result
