@@ -135,19 +135,17 @@ class Engine:
                 gamma: float | None = None) -> tuple[QueryKind, Prepared]:
         """Steps 1-5 and 7: the query's kind and the query prepared for its claim (pure:
         nothing runs on the data, nothing is charged)."""
-        analyst = self._analyst(analyst)
-        kind, analysis = self._pick(sql, sensitivity, gamma)
-        eps, dlt = self._parameters(analyst, epsilon, delta) if kind.charges else (0.0, 0.0)
-        return kind, kind.prepare(analysis, analyst, eps, dlt)
+        return self._prepare(sql, self._analyst(analyst), epsilon, delta, sensitivity, gamma)
 
     def explain(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
                 delta: float | None = None, sensitivity: str | None = None,
                 gamma: float | None = None) -> PrivacyReport:
         """What ``execute`` would do and cost, without running or charging anything."""
-        kind, prepared = self.prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
+        analyst = self._analyst(analyst)
+        kind, prepared = self._prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
         if not kind.charges:
             return prepared.report
-        return dataclasses.replace(prepared.report,
+        return dataclasses.replace(prepared.report, analyst=analyst,
                                    remaining=self._remaining(prepared.report.blocks),
                                    accounting=self.ledger.accounting)
 
@@ -165,8 +163,8 @@ class Engine:
         for a caller that does not show it, as it costs a conversion per block read, ~90.
         """
         started = time.perf_counter()
-        kind, prepared = self.prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
-        analyst = prepared.report.analyst
+        analyst = self._analyst(analyst)
+        kind, prepared = self._prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
         # Per analyst (budget.answers): a hit must never tell one that another asked the same.
         key = prepared.answer_key
         again = self.answers.get(analyst, key) if key is not None else None
@@ -198,7 +196,8 @@ class Engine:
                  (time.perf_counter() - started) * 1000)
         if kind.charges:
             report = dataclasses.replace(
-                report, charged=claim is not None, accounting=self.ledger.accounting,
+                report, analyst=analyst, charged=claim is not None,
+                accounting=self.ledger.accounting,
                 remaining=self._remaining_after(claim) if remaining else ())
         answer = QueryResult(result.columns, result.types, result.rows, report)
         if claim is not None and key is not None:
@@ -206,6 +205,12 @@ class Engine:
         return answer
 
     # -- steps ----------------------------------------------------------------------------------
+    def _prepare(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,
+                 sensitivity: str | None, gamma: float | None) -> tuple[QueryKind, Prepared]:
+        kind, analysis = self._pick(sql, sensitivity, gamma)
+        eps, dlt = self._parameters(analyst, epsilon, delta) if kind.charges else (0.0, 0.0)
+        return kind, kind.prepare(analysis, analyst, eps, dlt)
+
     def _pick(self, sql: str, sensitivity: str | None,
               gamma: float | None) -> tuple[QueryKind, Any]:
         """The kind that answers ``sql``, and what its ``prepare`` takes."""

@@ -68,6 +68,9 @@ class Services:
 class Prepared:
     """A query ready for its claim: everything the engine needs, whatever the kind.
 
+    Prepared queries are shared by every analyst who asks the same (cached per shape): the
+    report names no analyst until the engine's final report does.
+
     ``blocks``: the ledger blocks to charge; empty when the query reads no block (its answer is
     a constant of the query: no claim).  ``statements``: what the database plans (EXPLAIN)
     before the claim, so a statement that cannot plan is refused free; ``finish``, likewise,

@@ -220,8 +220,7 @@ class JoinKind:
             prepared = self._prepare_uncached(query, epsilon, delta, reads, restrictions, mf,
                                               samples, key)
             self._prepared.put(key, prepared)
-        return dataclasses.replace(prepared,
-                                   report=dataclasses.replace(prepared.report, analyst=analyst))
+        return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
         """The answer: noised in SQL, or by the proxy."""

@@ -58,35 +58,22 @@ class SingleTableKind:
         """The query prepared for its claim; with choices still to make, at the limit and
         the declared bounds, carrying its :class:`Selection` (or the choices of an identical
         earlier query, when they may be reused)."""
-        prepared = self._prepare(query, analyst, epsilon, delta)
-        detail: AnalyticQuery = prepared.detail
-        if detail.cap_epsilon == 0:
+        prepared = self._prepare(query, epsilon, delta)
+        if prepared.selection is None:
             return prepared
-        # Everything the selection depends on that is public: the query, its epsilon and
-        # delta (the rule weighs noise against bias) and the blocks it reads.  Never anything
-        # that follows the data (a stored sample's name changes with a fingerprint of the
-        # rows): whether the choices are reused shows in the report, and must not tell an
-        # analyst that rows changed (as budget.answers explains for answers).
         # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
         # just ran this query.
-        key = (query.normalized_sql, epsilon, delta, detail.restriction)
-        earlier = self.services.choices.get(analyst, key)
+        earlier = self.services.choices.get(analyst, prepared.selection.key)
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
-            return self._prepare(query, analyst, epsilon, delta, earlier, reused=True)
-        histograms = self._selection_statements(detail)
-        selection = Selection(
-            detail.query, detail.plan, detail.cap_epsilon, histograms, key,
-            lambda chosen: self._prepare(query, analyst, epsilon, delta, chosen))
-        return dataclasses.replace(
-            prepared, selection=selection,
-            statements=(*prepared.statements, *(sql for _, _, sql in histograms)))
+            return self._prepare(query, epsilon, delta, earlier, reused=True)
+        return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
         """The answer: noised in SQL, or by the proxy."""
         return run_analytic(self.services.statements, prepared.detail,
                             self.services.policy.privacy.noise, run)
 
-    def _prepare(self, query: AggregateQuery, analyst: str, epsilon: float, delta: float,
+    def _prepare(self, query: AggregateQuery, epsilon: float, delta: float,
                  chosen: Choices | None = None, reused: bool = False) -> Prepared:
         """Plan and rewrite; with automatic caps or bounds (contribution / clipping = "auto"),
         at the limit and the declared bounds until ``chosen``.  ``reused``: they were chosen
@@ -108,14 +95,14 @@ class SingleTableKind:
             prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction,
                                               sample, chosen, reused)
             self._prepared.put(key, prepared)
-        return dataclasses.replace(prepared,
-                                   report=dataclasses.replace(prepared.report, analyst=analyst))
+        return prepared
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,
                           sample: tuple[str, str] | None, chosen: Choices | None,
                           reused: bool) -> Prepared:
         services = self.services
+        asked = query
         cap_epsilon = 0.0
         if query.auto_cap and not cap_matters(query):
             # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
@@ -145,10 +132,25 @@ class SingleTableKind:
         # that cost.
         events = (events_for_plan(detail.plan) if open_epsilon == 0 else
                   (Event.epsilon_delta(report.epsilon, report.delta),))
+        selection = None
+        statements: tuple[str, ...] = (detail.sql,)
+        if open_epsilon > 0:
+            # Everything the selection depends on that is public: the query, its epsilon and
+            # delta (the rule weighs noise against bias) and the blocks it reads.  Never
+            # anything that follows the data (a stored sample's name changes with a
+            # fingerprint of the rows): whether the choices are reused shows in the report,
+            # and must not tell an analyst that rows changed (as budget.answers explains).
+            histograms = self._selection_statements(detail)
+            selection = Selection(
+                detail.query, detail.plan, open_epsilon, histograms,
+                (asked.normalized_sql, epsilon, delta, restriction),
+                lambda chosen: self._prepare(asked, epsilon, delta, chosen))
+            statements += tuple(sql for _, _, sql in histograms)
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
-                        detail, statements=(detail.sql,),
+                        detail, statements=statements,
                         finish=finish_plan(detail) if detail.rewritten is not None else None,
-                        answer_key=(query.normalized_sql, epsilon, delta, report.blocks))
+                        answer_key=(asked.normalized_sql, epsilon, delta, report.blocks),
+                        selection=selection)
 
     def _plan(self, query: AggregateQuery, epsilon: float, delta: float,
               reads: BlocksRead | None, restriction: BlockRestriction | None,
