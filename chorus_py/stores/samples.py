@@ -35,9 +35,10 @@ import time
 
 from sqlglot import exp
 
+from analyses.blocks import BlockWindows
 from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
-from chorus_py.stores.schedules import BlockCatalog, BlockWindows
+from chorus_py.stores.schedules import BlockCatalog
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import sample_table
 

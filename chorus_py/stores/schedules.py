@@ -18,53 +18,10 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from functools import cached_property
-from typing import Any
+from datetime import UTC, datetime
 
+from analyses.blocks import BlockWindows
 from chorus_py.policy import BlockConfig
-
-
-@dataclass(frozen=True)
-class BlockWindows:
-    """Consecutive windows [start + i * width, start + (i + 1) * width) for i < count.
-
-    Time windows (datetime start, timedelta width), or ranges of privacy-unit ids (int start and
-    width, User DP; ``column`` names the unit).
-    """
-
-    table: str
-    start: Any
-    width: Any
-    count: int
-    column: str = ""
-
-    @property
-    def end(self) -> datetime:
-        """End of the last window."""
-        return self.start + self.width * self.count
-
-    def ids(self) -> tuple[str, ...]:
-        """Block ids such as ``trips/2026-01-01`` (time shown when windows are sub-day), or
-        ``trips/rider_id:0-9999`` for id ranges."""
-        return self._ids
-
-    @cached_property
-    def _ids(self) -> tuple[str, ...]:
-        # Computed once per windows object (kept per table until the schedule grows): every
-        # query over the table asks for them (about 90 date labels for a quarter of days).
-        if isinstance(self.width, int):
-            return tuple(f"{self.table}/{self.column}:{lo}-{lo + self.width - 1}"
-                         for lo in range(self.start, self.start + self.width * self.count,
-                                         self.width))
-        daily = self.width % timedelta(days=1) == timedelta(0)
-        out = []
-        for i in range(self.count):
-            start = self.start + self.width * i
-            label = start.date().isoformat() if daily else start.isoformat(timespec="minutes")
-            out.append(f"{self.table}/{label}")
-        return tuple(out)
 
 
 def utc_now() -> datetime:

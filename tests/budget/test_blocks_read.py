@@ -7,8 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 import sqlglot
 
-from analyses.blocks import interval_set, read_windows
-from chorus_py.stores.schedules import BlockWindows
+from analyses.blocks import BlockWindows, interval_set, read_windows
 
 DAYS = BlockWindows("t", datetime(2026, 1, 1), timedelta(days=1), 31)  # January 2026
 HOURS = BlockWindows("t", datetime(2026, 1, 1), timedelta(hours=1), 72)
