@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from analyses.blocks import BlocksRead, interval_set, read_windows
-from analyses.joins import JoinInfo, ResolvedJoin, resolve
+from analyses.joins import JoinInfo
 from analyses.query import AggregateQuery
+from analyses.smoothing import ResolvedJoin, resolve
 from budget.accounting import Event
 from chorus_py.backends import SCHEMA
 from chorus_py.errors import InvalidParameter
