@@ -25,9 +25,10 @@ What counts as an import (all of them, wherever they are written):
 - imports of modules outside the project (the standard library, sqlglot, tests) are not edges.
 
 What counts as a private name: a name starting with one underscore (dunders such as ``__all__``
-are public), imported with ``from x import _y`` or read as ``x._y`` where ``x`` is a project
-module the file imported.  Only the project's packages are checked: tests may reach into the
-modules they test.  Nothing is exempt.
+are public), imported with ``from x import _y`` (from any module, the project's or a library's)
+or read as ``x._y`` where ``x`` is a project module the file imported (``os._exit`` and the like
+are the standard library's business).  Only the project's packages are checked: tests may
+reach into the modules they test.  Nothing is exempt.
 """
 
 from __future__ import annotations
@@ -164,16 +165,18 @@ def _scan(module: str, path: Path, modules: Mapping[str, Path],
         elif isinstance(node, ast.ImportFrom):
             source = _resolve(module, is_package, node)
             owner = _known(source, modules)
-            if owner is None:
-                continue
             for alias in node.names:
+                # Any module's, the project's or a library's: a library's private name can
+                # change in any release.
+                if _private(alias.name):
+                    private.append(PrivateUse(module, source, alias.name, shown, node.lineno))
+                if owner is None:
+                    continue
                 submodule = f"{source}.{alias.name}"
                 target = submodule if submodule in modules else owner
                 edges.append(Edge(module, target, shown, node.lineno))
                 if target == submodule:
                     bound[alias.asname or alias.name] = submodule
-                if _private(alias.name):
-                    private.append(PrivateUse(module, source, alias.name, shown, node.lineno))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             name = _dotted(node.value)
@@ -390,13 +393,14 @@ def test_private_names_are_found_imported_and_read(tmp_path: Path) -> None:
         "pkg/b.py": "from pkg.a import _hidden, __version__\n",
         "pkg/c.py": "import pkg.a\nfrom pkg import a as other\n\n"
                     "def f():\n    return pkg.a._hidden + other._hidden + other.__version__\n",
-        "pkg/d.py": "import os\n\nx = os._exit\n",  # not a project module
+        "pkg/d.py": "import os\nfrom json import _helper\n\nx = os._exit\n",
     })
     graph = build_graph(tmp_path, ["pkg"])
     assert [str(use) for use in graph.private] == [
         "pkg/b.py:1: pkg.b uses pkg.a._hidden",
         "pkg/c.py:5: pkg.c uses pkg.a._hidden",
-        "pkg/c.py:5: pkg.c uses pkg.a._hidden"]
+        "pkg/c.py:5: pkg.c uses pkg.a._hidden",
+        "pkg/d.py:2: pkg.d uses json._helper"]
     assert find_cycles(graph) == []
 
 
