@@ -301,23 +301,58 @@ def report(graph: Graph) -> list[str]:
 
 # -- the project --------------------------------------------------------------------------------
 
-def test_no_import_cycles() -> None:
-    graph = build_graph()
+@pytest.fixture(scope="module")
+def project() -> Graph:
+    return build_graph()
+
+
+def test_no_import_cycles(project: Graph) -> None:
+    graph = project
     cycles = find_cycles(graph)
     assert not cycles, "import cycles among the project's modules:\n" + "\n".join(
         describe_cycle(graph, c) for c in cycles)
 
 
-def test_no_private_names_across_modules() -> None:
-    graph = build_graph()
+def test_no_private_names_across_modules(project: Graph) -> None:
+    graph = project
     assert not graph.private, "private names used from another module:\n" + "\n".join(
         str(use) for use in graph.private)
 
 
-def test_the_graph_covers_the_project() -> None:
+#: The folders of server/ and what else of server/ each may import: the doors share only
+#: server.listen and server.metrics; REST mounts the dashboard; server.serve imports the doors
+#: and nothing imports it (DESIGN.md section 2, issue 22).
+SERVER_LAYERS = {
+    "server.pgwire": {"server.listen"},
+    "server.rest": {"server.listen", "server.metrics", "server.dashboard"},
+    "server.dashboard": {"server.metrics"},
+    "server.metrics": set(),
+    "server.listen": set(),
+    "server.serve": {"server.listen", "server.pgwire", "server.rest"},
+}
+
+
+def _layer(module: str) -> str | None:
+    return next((layer for layer in SERVER_LAYERS
+                 if module == layer or module.startswith(layer + ".")), None)
+
+
+def test_the_front_doors_import_only_what_they_share(project: Graph) -> None:
+    graph = project
+    wrong = []
+    for edge in graph.edges:
+        source, target = _layer(edge.source), _layer(edge.target)
+        if source and target and source != target and target not in SERVER_LAYERS[source]:
+            wrong.append(f"{edge.path}:{edge.line}: {edge.source} imports {edge.target}")
+    assert not wrong, "server/ imports across its folders:\n" + "\n".join(wrong)
+    assert {m for m in graph.modules if m.startswith("server.")} <= {
+        m for m in graph.modules if _layer(m)}, "a server module belongs to no layer"
+
+
+def test_the_graph_covers_the_project(project: Graph) -> None:
     # Guards against a vacuous pass: every package is read, and imports written inside a
     # function count (the CLI imports the server only when `chorus serve` runs).
-    graph = build_graph()
+    graph = project
     for package in PACKAGES:
         assert package in graph.modules
     assert len(graph.modules) > 80
