@@ -33,34 +33,29 @@ privacy unit column (a neighbour changes up to c rows of each, and the shared-ta
 bounds the change of the join); a table with a privacy unit joined to an event-level private
 table, or to a table of another privacy unit, is refused, since one neighbour notion does not
 bound the other.  Joins of any private table to public tables are always allowed.
+
+The smooth bound of S(k) for the query's (epsilon, delta), and with it the sensitivity of each
+measurement, is set later by :mod:`analyses.smoothing`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from sqlglot import exp
 
 from analyses.elastic import (
     Const,
     Freq,
-    SmoothBound,
     Term,
     maximum,
     minimum,
     mul,
-    smooth_bound,
-    smoothing_beta,
 )
 from analyses.elastic import add as add_terms
 from chorus_py.errors import NotSupportedError, QueryRefused
 from chorus_py.policy import Policy, TablePolicy
-
-if TYPE_CHECKING:
-    from analyses.query import AggregateQuery
 
 FrequencySource = Literal["pinned", "data", "public"]
 
@@ -314,45 +309,3 @@ def _check_origins(sources: list[JoinSource]) -> None:
             f"cannot join private tables protected at different levels: {names}",
             hint="a join of private tables needs the same privacy unit on both (or event level "
             "on both); join a table with a privacy unit to public tables only")
-
-
-@dataclass(frozen=True)
-class ResolvedJoin:
-    """The smooth bound of a join query for one (epsilon, delta): per measurement
-    epsilon_i = epsilon / n and delta_i = delta / n (basic composition of the n measurements)."""
-
-    bound: SmoothBound
-    epsilon_each: float
-    delta_each: float
-
-
-def resolve(query: AggregateQuery, epsilon: float, delta: float,
-            mf: Mapping[str, float]) -> tuple[AggregateQuery, ResolvedJoin]:
-    """Set the sensitivity of every measurement of a join query to 2 S* times its factor.
-
-    Smooth sensitivity (Nissim, Raskhodnikova, Smith 2007; Johnson et al. 2018, Theorem 3): noise
-    of scale 2 S* / epsilon_i with S* the beta-smooth bound, beta = epsilon_i / (2 ln(2 /
-    delta_i)), is (epsilon_i, delta_i)-DP.  The mechanisms are calibrated as scale =
-    sensitivity / epsilon_i, so the sensitivity handed to them is 2 S* (times the per-row factor:
-    1 for COUNT, the grid steps per value for SUM); their scale is then exactly 2 S* / epsilon_i.
-    Counts and grid sums are integers and get discrete Laplace noise: for integer shifts its
-    sliding property is Laplace's (ratio exp(shift / b)), and its dilation property holds with
-    the same constant, since the normaliser tanh(1 / 2b) satisfies tanh(x) / tanh(x') <= x / x'
-    for x >= x' > 0 (tanh is concave), so the (epsilon, delta) proof carries over.
-    """
-    from chorus_py.errors import InvalidParameter
-
-    join = query.join
-    assert join is not None
-    if not delta > 0:
-        raise InvalidParameter(
-            "a query that joins private data needs delta > 0: its noise is calibrated to the "
-            "smooth bound of its elastic sensitivity, which is (epsilon, delta)-DP",
-            hint="pass a small delta, e.g. 1e-8")
-    n = len(query.measurements)
-    eps_i, delta_i = epsilon / n, delta / n
-    bound = smooth_bound(join.stability, mf, smoothing_beta(eps_i, delta_i))
-    measurements = tuple(dataclasses.replace(m, sensitivity=2.0 * bound.value * m.factor)
-                         for m in query.measurements)
-    resolved = ResolvedJoin(bound, eps_i, delta_i)
-    return dataclasses.replace(query, measurements=measurements), resolved

@@ -119,7 +119,7 @@ class AggregateQuery:
     normalized_sql: str = field(default="")
     # A join query: its tables, equalities and elastic stability (``analyses.joins``).  Then
     # ``table`` is the first private table and the sensitivities wait for epsilon and delta
-    # (``analyses.joins.resolve``).
+    # (``analyses.smoothing.resolve``).
     join: JoinInfo | None = None
     # The most distinct groups a unit's rows may reach (``rewriters.contribution.group_bound``),
     # chosen with the cap for keys released by thresholding; None: only the row cap bounds them.
@@ -686,7 +686,7 @@ def _join_measurement(mid: str, kind: MeasurementKind, arg: exp.Expr | None,
                       total: bool) -> Measurement:
     """A measurement over a join: its per-row factor; the sensitivity 2 S* factor comes later.
 
-    The sensitivity is infinite until ``analyses.joins.resolve`` sets it, so a join query
+    The sensitivity is infinite until ``analyses.smoothing.resolve`` sets it, so a join query
     used without that step fails (no noise can be calibrated) rather than being under-noised.
     """
     if kind == "count":

@@ -30,6 +30,7 @@ on the samples:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -39,9 +40,10 @@ from sqlglot.errors import OptimizeError, ParseError, TokenError
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
-from analyses.query import SQL_TYPES, _Reader, display_sql, row_context
-from analyses.totality import ConstantCheck, check_statement_limits
-from analyses.validate import TOO_DEEP, _check_node, _referenced_tables
+from analyses.binding import bind_tables
+from analyses.query import SQL_TYPES, display_sql, row_context
+from analyses.totality import ConstantCheck, check_row, check_statement_limits
+from analyses.validate import TOO_DEEP, check_node
 from chorus_py.errors import (
     NotSupportedError,
     QueryRefused,
@@ -153,7 +155,7 @@ class SampledQuery:
 def wants_sampling(sql: str, dialect: str, policy: Policy) -> bool:
     """Whether ``sql`` reads a private table (otherwise the analytic path answers it free)."""
     tree = _parse(sql, dialect)
-    tables = _referenced_tables(tree, frozenset(policy.tables), dialect)
+    tables = bind_tables(tree, dialect, frozenset(policy.tables)).tables
     return any(not policy.tables[t].public for t in tables)
 
 
@@ -165,8 +167,8 @@ def analyze_sampled(sql: str, policy: Policy, dialect: str,
     check_statement_limits(sql, tree, policy.limits)
     for node in tree.walk():
         if not isinstance(node, _SAMPLED_ONLY):
-            _check_node(node)
-    tables = _referenced_tables(tree, frozenset(policy.tables), dialect)
+            check_node(node)
+    tables = bind_tables(tree, dialect, frozenset(policy.tables)).tables
     private = [t for t in tables if not policy.tables[t].public]
     if len(tables) > 1 or len(private) != 1:
         raise NotSupportedError("sampled sensitivity answers queries over one private table",
@@ -227,9 +229,8 @@ class _Builder:
                                   f"{', '.join(tp.columns)}") from None
         assert isinstance(flat, exp.Select)
         self.flat = annotate_types(flat, schema=schema, dialect=dialect)
-        self.checker = _Reader(self.flat, table, tp, [],
-                               rows=row_context(dialect, constants, policy.limits,
-                                                tamed=(COLUMN_LIMIT, COLUMN_FLOOR)))
+        rows = row_context(dialect, constants, policy.limits, tamed=(COLUMN_LIMIT, COLUMN_FLOOR))
+        self.rows = dataclasses.replace(rows, column_type=self._column_type)
         self.columns: list[str] = []
 
     def build(self) -> SampledQuery:
@@ -286,6 +287,11 @@ class _Builder:
         if column not in self.columns:
             self.columns.append(column)
 
+    def _column_type(self, col: exp.Column) -> str | None:
+        """A column's declared type, for the row checks (one table: its alias needs no lookup)."""
+        cp = self.tp.columns.get(col.name)
+        return None if cp is None else cp.type
+
     def _check_row(self, node: exp.Expr, clause: str) -> None:
         """The analytic mode's row checks (types, casts, comparisons, LIKE, intervals), on a
         copy whose guarded functions (LN, SQRT, ...) are replaced by their argument."""
@@ -298,7 +304,8 @@ class _Builder:
                                    hint="use LN(x) / LN(base)")
         stripped = node.copy().transform(
             lambda n: n.this.copy() if isinstance(n, _GUARDED) else n)
-        self.checker._check_row(stripped, clause)
+        # One table, no join: the only condition is WHERE.
+        check_row(stripped, clause, self.rows, boolean=clause == "WHERE")
         for col in node.find_all(exp.Column):
             self._read(col.name)
 

@@ -100,14 +100,20 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
             hint="the proxy answers aggregate SELECT queries; writes, DDL and COPY are refused",
         )
     for node in tree.walk():
-        _check_node(node)
+        check_node(node)
     # Names are bound by scope, and the binding is written into the tree (CTEs renamed), so
     # every later pass reads the same tables (analyses.binding).
     bound = bind_tables(tree, dialect, known_tables)
     return ParsedStatement(tree=bound.tree, tables=bound.tables)
 
 
-def _check_node(node: exp.Expr) -> None:
+def check_node(node: exp.Expr) -> None:
+    """Refuse one node of a parsed statement unless the allowlists accept it.
+
+    The node only, not its children: callers walk the tree (:func:`parse_statement` every node,
+    ``analyses.sampling`` every node but the aggregates only sampled mode accepts).  Raises
+    :class:`QueryRefused` or :class:`NotSupportedError` naming the construct and the fix.
+    """
     if isinstance(node, _ALLOWED):
         if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral | exp.Unnest):
             # Other joins are analysed by analyses.joins (inner equijoins only).
@@ -137,7 +143,7 @@ def _check_node(node: exp.Expr) -> None:
     if isinstance(node, exp.WithinGroup):
         inner = type(node.this).__name__
         if inner in _REFUSED_AGGREGATES:
-            _check_node(node.this)
+            check_node(node.this)
     if isinstance(node, exp.Window):
         raise NotSupportedError("window functions are not supported")
     if isinstance(node, exp.Union | exp.Intersect | exp.Except):
@@ -153,12 +159,6 @@ def _check_node(node: exp.Expr) -> None:
             "CAST, CASE; SQRT/LN/LOG/EXP/POWER on aggregates only",
         )
     raise QueryRefused(f"SQL construct {name} is not allowed", hint="see the allowed SQL in README")
-
-
-def _referenced_tables(tree: exp.Select, known: frozenset[str],
-                       dialect: str) -> tuple[str, ...]:
-    """The base tables ``tree`` reads, bound by scope (``analyses.binding``)."""
-    return bind_tables(tree, dialect, known).tables
 
 
 def _statement_kind(tree: exp.Expr) -> str:

@@ -224,8 +224,8 @@ def serve(policy_path: Path, listen: str, rest: str) -> None:
       curl -H 'Authorization: Bearer demo-token' -d '{"sql": "SELECT COUNT(*) FROM trips"}' \\
           -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/query
     """
+    from server.listen import ListenError
     from server.pgwire.server import parse_listen
-    from server.serve import ListenError
     from server.serve import serve as run_server
 
     try:
@@ -233,7 +233,7 @@ def serve(policy_path: Path, listen: str, rest: str) -> None:
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--listen") from None
     if rest:
-        from server.rest import parse_listen as parse_rest
+        from server.rest.listener import parse_listen as parse_rest
 
         try:
             parse_rest(rest)

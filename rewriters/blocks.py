@@ -9,9 +9,21 @@ ANDs the OR of one such window per run.  Id-range blocks (User DP) compare integ
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import date, datetime
 
 from sqlglot import exp
+
+
+@dataclass(frozen=True)
+class BlockRestriction:
+    """The claimed blocks as one window [start, end) of the block column, or one per run."""
+
+    column: str
+    column_type: str
+    start: datetime | date | int
+    end: datetime | date | int
+    windows: tuple[tuple[datetime | date | int, datetime | date | int], ...] = ()
 
 
 def blocks(where: exp.Expr | None, column: exp.Column, start: datetime | date | int,

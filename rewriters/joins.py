@@ -18,17 +18,13 @@ and so that each table reads only the blocks it paid for.  Public tables are rea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from rewriters.blocks import blocks
+from analyses.query import AggregateQuery
+from rewriters.blocks import BlockRestriction, blocks
 from rewriters.contribution import contribution
 from rewriters.safety import safety
-
-if TYPE_CHECKING:
-    from analyses.query import AggregateQuery
-    from rewriters.pipeline import BlockRestriction
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
 
 from sqlglot import exp
 
 from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
-from rewriters.blocks import blocks
+from rewriters.blocks import BlockRestriction, blocks
 from rewriters.clipping import clipping
 from rewriters.contribution import RANK, contribution, group_bound
 from rewriters.dialect import dialect
@@ -36,17 +35,6 @@ from rewriters.noise import noise
 from rewriters.safety import safety
 
 NOISY = "chorus_noisy"
-
-
-@dataclass(frozen=True)
-class BlockRestriction:
-    """The claimed blocks as one window [start, end) of the block column, or one per run."""
-
-    column: str
-    column_type: str
-    start: datetime | date | int
-    end: datetime | date | int
-    windows: tuple[tuple[datetime | date | int, datetime | date | int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from analyses.query import AggregateQuery
+from rewriters.blocks import BlockRestriction
 from rewriters.clipping import clipping
-from rewriters.pipeline import BlockRestriction, filtered_rows
+from rewriters.pipeline import filtered_rows
 from rewriters.safety import safety
 
 

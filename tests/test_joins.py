@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyses.joins import resolve
 from analyses.query import AggregateQuery, analyze_query
+from analyses.smoothing import resolve
 from analyses.validate import parse_statement
 from chorus_py.errors import InvalidParameter, NotSupportedError, QueryRefused
 from chorus_py.policy import Policy, parse_policy

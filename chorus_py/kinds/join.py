@@ -20,8 +20,9 @@ import secrets
 from sqlglot import exp
 
 from analyses.blocks import BlocksRead, interval_set, read_windows
-from analyses.joins import JoinInfo, ResolvedJoin, resolve
+from analyses.joins import JoinInfo
 from analyses.query import AggregateQuery
+from analyses.smoothing import ResolvedJoin, resolve
 from budget.accounting import Event
 from chorus_py.backends import SCHEMA, ResultSet
 from chorus_py.caches import LRU

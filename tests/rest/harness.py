@@ -12,7 +12,8 @@ import httpx
 
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
-from server.rest import create_app, rest_server
+from server.rest.app import create_app
+from server.rest.listener import rest_server
 
 ALICE_TOKEN = "alice-token-0123456789"
 BOB_TOKEN = "bob-token-0123456789"

@@ -13,7 +13,8 @@ import pytest
 
 from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
-from server.rest import create_app, http_status
+from server.rest.app import create_app
+from server.rest.problems import http_status
 from tests.rest.harness import ServerThread
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chorus_py.engine import Engine
-from server.rest import http_status, parse_listen, serve_rest
+from server.rest.listener import parse_listen, serve_rest
+from server.rest.problems import http_status
 from tests.rest.harness import (
     ALICE_TOKEN,
     BOB_TOKEN,
