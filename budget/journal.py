@@ -56,7 +56,7 @@ def apply(blocks: dict[str, BlockState], event: str, data: Mapping[str, Any],
             block = blocks[b]
             if "arrival" in data:
                 block.arrivals += 1
-            sched._move(block, "locked", "unlocked", amount)
+            sched.move(block, "locked", "unlocked", amount)
     elif event in MOVES:
         per = data.get("per_block", {})
         who, eps, delta = data.get("analyst", ""), data.get("epsilon", 0.0), data["delta"]

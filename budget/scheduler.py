@@ -243,7 +243,10 @@ def check_basic(blocks: Sequence[BlockState]) -> None:
 
 
 # -- transitions ------------------------------------------------------------------------------
-def _move(block: BlockState, source: str, target: str, amount: Sequence[float]) -> None:
+def move(block: BlockState, source: str, target: str, amount: Sequence[float]) -> None:
+    """Move ``amount`` (one entry per accounting order) of a block's budget from the state
+    ``source`` to ``target`` (locked, unlocked, allocated, consumed): the one transition every
+    scheduler step and the journal's replay use."""
     src, dst = getattr(block, source), getattr(block, target)
     if len(amount) == 1:  # basic accounting, the common case: a claim moves this per block
         x = amount[0]
@@ -258,7 +261,7 @@ def _move(block: BlockState, source: str, target: str, amount: Sequence[float]) 
 def unlock(block: BlockState, amount: Sequence[float]) -> list[float]:
     """Move up to ``amount`` from locked to unlocked; return what moved."""
     moved = [max(0.0, min(a, lk)) for a, lk in zip(amount, block.locked, strict=True)]
-    _move(block, "locked", "unlocked", moved)
+    move(block, "locked", "unlocked", moved)
     return moved
 
 
@@ -290,7 +293,7 @@ def unlock_by_time(block: BlockState, now: float, lifetime: float, tick: float) 
 def allocate(block: BlockState, demand: Vec, delta: float, analyst: str = "",
              epsilon: float = 0.0) -> None:
     """Grant: unlocked -> allocated (at every order), delta free -> allocated."""
-    _move(block, "unlocked", "allocated", demand)
+    move(block, "unlocked", "allocated", demand)
     block.delta_allocated += delta
     if analyst:
         block.by_analyst[analyst] = block.by_analyst.get(analyst, 0.0) + epsilon
@@ -298,7 +301,7 @@ def allocate(block: BlockState, demand: Vec, delta: float, analyst: str = "",
 
 def consume(block: BlockState, demand: Vec, delta: float) -> None:
     """allocated -> consumed."""
-    _move(block, "allocated", "consumed", demand)
+    move(block, "allocated", "consumed", demand)
     block.delta_allocated -= delta
     block.delta_consumed += delta
 
@@ -339,7 +342,7 @@ def charge_all(blocks: Sequence[BlockState], epsilon_demand: float, delta: float
 
 def unconsume(block: BlockState, demand: Vec, delta: float) -> None:
     """consumed -> allocated: the first half of a refund (``release`` is the second)."""
-    _move(block, "consumed", "allocated", demand)
+    move(block, "consumed", "allocated", demand)
     block.delta_consumed -= delta
     block.delta_allocated += delta
 
@@ -347,7 +350,7 @@ def unconsume(block: BlockState, demand: Vec, delta: float) -> None:
 def release(block: BlockState, demand: Vec, delta: float, analyst: str = "",
             epsilon: float = 0.0) -> None:
     """allocated -> unlocked: nothing reached the analyst."""
-    _move(block, "allocated", "unlocked", demand)
+    move(block, "allocated", "unlocked", demand)
     block.delta_allocated -= delta
     if analyst:
         block.by_analyst[analyst] = max(0.0, block.by_analyst.get(analyst, 0.0) - epsilon)

@@ -185,7 +185,8 @@ class Engine:
         if selection is not None:
             chosen = selection.choose(self.statements, run)
             prepared = selection.apply(chosen)
-        result = kind.run(prepared, run)
+        answer = kind.run(prepared, run)
+        result = answer.result
         # Choices made on the data are kept for reuse only now: the query that paid for them
         # succeeded and its claim stays consumed (never after a failure, which may refund).
         if selection is not None and chosen is not None and claim is not None:
@@ -199,10 +200,10 @@ class Engine:
                 report, analyst=analyst, charged=claim is not None,
                 accounting=self.ledger.accounting,
                 remaining=self._remaining_after(claim) if remaining else ())
-        answer = QueryResult(result.columns, result.types, result.rows, report)
+        released = QueryResult(result.columns, result.types, result.rows, report)
         if claim is not None and key is not None:
-            self.answers.put(analyst, key, answer)
-        return answer
+            self.answers.put(analyst, key, released)
+        return released
 
     # -- steps ----------------------------------------------------------------------------------
     def _prepare(self, sql: str, analyst: str, epsilon: float | None, delta: float | None,

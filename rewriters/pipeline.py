@@ -120,9 +120,13 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         grid = public_grid([(k.id, k.public_values or ()) for k in query.keys])
         measure = complete_groups(measure, key_ids, measure_ids, grid)
 
-    # 4. Outputs, HAVING, ORDER BY and LIMIT over the noisy values (post-processing).
+    # 4. Outputs, HAVING, ORDER BY and LIMIT over the noisy values (post-processing).  After
+    #    the outputs, the noisy measurements themselves (``released_measurements``): the proxy
+    #    computes each output's error bars from them, then drops them.
     finish = exp.select(*[exp.alias_(safety(o.expr), o.name, quoted=True)
-                          for o in query.outputs]).from_(NOISY)
+                          for o in query.outputs],
+                        *[exp.alias_(exp.column(mid), f"chorus_{mid}")
+                          for mid in released_measurements(query)]).from_(NOISY)
     conditions = []
     if plan.threshold is not None:
         conditions.append(exp.column(plan.threshold.measurement_id)
@@ -140,6 +144,13 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if query.offset is not None:
         finish = finish.offset(query.offset)
     return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
+
+
+def released_measurements(query: AggregateQuery) -> tuple[str, ...]:
+    """The noisy measurements the answer's statement returns after the outputs, in order: every
+    measurement of the query (the key-release count stays inside).  They are differentially
+    private like the outputs computed from them; the proxy reads them for error bars."""
+    return tuple(m.id for m in query.measurements)
 
 
 def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,

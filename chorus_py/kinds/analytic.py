@@ -20,10 +20,11 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 
 from analyses.blocks import BlocksRead
-from analyses.joins import ResolvedJoin
 from analyses.query import AggregateQuery, display_sql
+from analyses.smoothing import ResolvedJoin
 from chorus_py.backends import ResultSet, portable_type
 from chorus_py.errors import BackendError
+from chorus_py.kinds.base import Answer
 from chorus_py.report import (
     ColumnReport,
     KeyRelease,
@@ -33,7 +34,8 @@ from chorus_py.report import (
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import attribution_report
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
-from rewriters.pipeline import NOISY, BlockRestriction, RewrittenQuery
+from rewriters.blocks import BlockRestriction
+from rewriters.pipeline import NOISY, RewrittenQuery, released_measurements
 
 log = logging.getLogger("chorus.engine")
 
@@ -68,11 +70,19 @@ class AnalyticQuery:
 
 
 def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
-                 run: QueryRun) -> ResultSet:
-    """Run the statement of an analytic query; with proxy noise, noise and finish it here."""
+                 run: QueryRun) -> Answer:
+    """Run the statement of an analytic query; with proxy noise, noise and finish it here.
+    The statement returns the outputs, then the noisy measurements
+    (``rewriters.pipeline.released_measurements``), split apart here."""
     if noise == "sql":
-        return portable(statements.run(detail.sql, run))
-    return portable(_run_proxy_noise(statements, detail, run))
+        result = portable(statements.run(detail.sql, run))
+    else:
+        result = portable(_run_proxy_noise(statements, detail, run))
+    n = len(detail.query.outputs)
+    released = released_measurements(detail.query)
+    return Answer(ResultSet(result.columns[:n], result.types[:n], [r[:n] for r in result.rows]),
+                  released, tuple(tuple(None if v is None else float(v) for v in r[n:])
+                                  for r in result.rows))
 
 
 def portable(result: ResultSet) -> ResultSet:

@@ -91,6 +91,17 @@ class Prepared:
     selection: Selection | None = None
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What a kind's ``run`` gives back: the answer's rows, and per row the released noisy
+    measurements the outputs were computed from (``measurements`` names them; empty when the
+    kind has none, e.g. a public query): the proxy derives error bars from them."""
+
+    result: ResultSet
+    measurements: tuple[str, ...] = ()
+    noisy: tuple[tuple[float | None, ...], ...] = ()
+
+
 class QueryKind(Protocol):
     """One family of queries: how it is prepared and run (see the module docstring).
     ``charges``: False for a kind whose answers are free (public tables only)."""
@@ -101,6 +112,6 @@ class QueryKind(Protocol):
         """Plan, rewrite, report, ledger events: pure, nothing charged."""
         ...
 
-    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Run the prepared query after its claim, and finish its answer."""
         ...

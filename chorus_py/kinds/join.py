@@ -24,18 +24,19 @@ from analyses.joins import JoinInfo
 from analyses.query import AggregateQuery
 from analyses.smoothing import ResolvedJoin, resolve
 from budget.accounting import Event
-from chorus_py.backends import SCHEMA, ResultSet
+from chorus_py.backends import SCHEMA
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
-from chorus_py.kinds.base import Prepared, Services
+from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.templates import TextTemplate
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
 from mechanisms.planning import NoisePlan
-from rewriters.pipeline import BlockRestriction, RewrittenQuery, pipeline
+from rewriters.blocks import BlockRestriction
+from rewriters.pipeline import RewrittenQuery, pipeline
 
 RULE = ("S(k) from the elastic rules: private table S = 1 (c with c rows per unit), "
         "mf_k = mf + k (+ c k); public table S = 0, mf_k = mf; join without a shared table: "
@@ -223,7 +224,7 @@ class JoinKind:
             self._prepared.put(key, prepared)
         return prepared
 
-    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """The answer: noised in SQL, or by the proxy."""
         return run_analytic(self.services.statements, prepared.detail,
                             self.services.policy.privacy.noise, run)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from analyses.binding import generated_sql
 from analyses.query import PublicQuery
-from chorus_py.backends import ResultSet
 from chorus_py.kinds.analytic import portable
-from chorus_py.kinds.base import Prepared, Services
+from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.report import PrivacyReport
 from chorus_py.statements import QueryRun
 
@@ -35,6 +34,6 @@ class PublicKind:
         )
         return Prepared(report, (), (), sql)
 
-    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """The exact answer, on the restricted connection."""
-        return portable(self.services.statements.run(prepared.detail, None, public=True))
+        return Answer(portable(self.services.statements.run(prepared.detail, None, public=True)))

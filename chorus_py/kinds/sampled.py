@@ -81,7 +81,7 @@ from analyses.sampling import SampledQuery, analyze_sampled, wants_sampling
 from budget.accounting import events_for_plan
 from chorus_py.backends import SCHEMA, ResultSet
 from chorus_py.errors import InvalidParameter, QueryRefused
-from chorus_py.kinds.base import Prepared, Services
+from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.policy import SamplingColumn, TablePolicy
 from chorus_py.report import (
     ColumnReport,
@@ -364,7 +364,7 @@ class SampledKind:
                         events_for_plan(plan), SampledPlan(query, plan, backend_sql),
                         statements=(backend_sql,))
 
-    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Respond: f(D) on the real backend, plus noise added here."""
         detail: SampledPlan = prepared.detail
         query = detail.query
@@ -372,7 +372,7 @@ class SampledKind:
         rows = self._respond(query, detail.plan, exact.rows)
         types = tuple("text" if o.key is not None else ("integer" if o.integral else "float")
                       for o in query.outputs)
-        return ResultSet(tuple(o.name for o in query.outputs), types, rows)
+        return Answer(ResultSet(tuple(o.name for o in query.outputs), types, rows))
 
     # -- steps ------------------------------------------------------------------------------------
     def _backend_sql(self, query: SampledQuery, where: exp.Expr | None) -> str:

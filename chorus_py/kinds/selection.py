@@ -27,7 +27,8 @@ from mechanisms import DiscreteLaplace, Snapping
 from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups
 from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
-from rewriters.pipeline import BlockRestriction, cap_histogram
+from rewriters.blocks import BlockRestriction
+from rewriters.pipeline import cap_histogram
 from rewriters.selection import (
     ClippedArgument,
     clipped_arguments,

@@ -18,11 +18,11 @@ import dataclasses
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery
 from budget.accounting import Event, events_for_plan
-from chorus_py.backends import SCHEMA, ResultSet
+from chorus_py.backends import SCHEMA
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
-from chorus_py.kinds.base import Prepared, Services
+from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.selection import (
     Choices,
     Selection,
@@ -33,8 +33,9 @@ from chorus_py.kinds.selection import (
 from chorus_py.kinds.templates import one_table_sql
 from chorus_py.statements import QueryRun
 from mechanisms.planning import NoiseRequest, ThresholdRequest, plan_noise
+from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
-from rewriters.pipeline import BlockRestriction, RewrittenQuery, pipeline
+from rewriters.pipeline import RewrittenQuery, pipeline
 from rewriters.selection import clipped_arguments
 
 
@@ -68,7 +69,7 @@ class SingleTableKind:
             return self._prepare(query, epsilon, delta, earlier, reused=True)
         return prepared
 
-    def run(self, prepared: Prepared, run: QueryRun) -> ResultSet:
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """The answer: noised in SQL, or by the proxy."""
         return run_analytic(self.services.statements, prepared.detail,
                             self.services.policy.privacy.noise, run)
