@@ -782,9 +782,14 @@ def format_interval(iv: Interval | NoInterval) -> str:
         text = f"{_number(iv.estimate, d)}, no error bound"
     else:
         small = min(minus, plus) if min(minus, plus) > 0 else max(minus, plus)
-        d = _decimals(small)
+        ends = (iv.estimate, iv.noise_lower, iv.noise_upper)
+        # Integer ends (counts) need no decimals; otherwise two significant digits of the width.
+        d = 0 if all(float(v).is_integer() for v in ends) else _decimals(small)
         if abs(minus - plus) <= 0.05 * max(minus, plus):
             text = f"{_number(iv.estimate, d)} ± {_number(max(minus, plus), d)} (noise)"
+        elif minus == 0 or plus == 0:  # clamped at a bound: one side only
+            side = f"+{_number(plus, d)}" if minus == 0 else f"-{_number(minus, d)}"
+            text = f"{_number(iv.estimate, d)} {side} (noise)"
         else:
             text = (f"{_number(iv.estimate, d)} -{_number(minus, d)}/+{_number(plus, d)} "
                     "(noise)")
