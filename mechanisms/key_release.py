@@ -30,6 +30,7 @@ from mechanisms.discrete_laplace import DiscreteLaplace
 from mechanisms.thresholding import key_release_threshold
 
 __all__ = [
+    "DEFAULT_SIZES",
     "KeyReleaseOdds",
     "empty_result_message",
     "epsilon_to_release",
@@ -188,52 +189,67 @@ def key_release_odds(gate: DiscreteLaplace, threshold: float, delta: float,
 DEFAULT_SIZES = (10, 100, 1000, 10_000)
 
 
-def _suggestions(odds: KeyReleaseOdds, counted: str, sizes: Sequence[int]) -> str:
-    wanted = [n for n in sizes if 2 <= n < odds.size_95]
+def _epsilon(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def _suggestions(odds: KeyReleaseOdds, counted: str, sizes: Sequence[int],
+                 max_epsilon: float | None) -> str:
     parts = []
-    for n in wanted:
+    for n in (n for n in sizes if 2 <= n < odds.size_95):
         eps = odds.epsilon_for(n)
-        if math.isfinite(eps):
-            parts.append(f"groups of {n:,} {counted} at epsilon {eps:.2g}")
+        if not math.isfinite(eps):
+            continue
+        over = max_epsilon is not None and eps > max_epsilon
+        parts.append(f"groups of {n:,} {counted} need epsilon {_epsilon(eps)}"
+                     + (" (above the limit per query)" if over else ""))
     if not parts:
         return ""
-    return "To release " + "; ".join(parts) + " (each with 95% probability)."
+    return "To be released with 95% probability, " + "; ".join(parts) + "."
 
 
 def empty_result_message(odds: KeyReleaseOdds, counted: str, released: int = 0,
-                         sizes: Sequence[int] = DEFAULT_SIZES) -> str:
+                         sizes: Sequence[int] = DEFAULT_SIZES,
+                         max_epsilon: float | None = None) -> str:
     """The report's explanation when thresholding released ``released`` groups (0: none).
 
-    ``counted`` names what the gate counts, e.g. "distinct rider_id" or "rows".
+    ``counted`` names what the gate counts, e.g. "distinct rider_id" or "rows"; the message
+    quotes the epsilon that would release groups of each of ``sizes`` (those not already
+    released with 95% probability), flagging any above ``max_epsilon`` (the policy's
+    ``max_epsilon_per_query``).
     """
     head = ("No group was released" if released == 0 else
             f"Only {released:,} group(s) were released")
     text = (f"{head}: a group appears only when its noisy count of {counted} exceeds the "
             f"threshold {odds.threshold:,.0f} (tau = 1 + b ln(D / delta), b = {odds.scale:.3g}, "
             f"D = {odds.groups_per_unit}, delta = {odds.delta:.2g}). At epsilon "
-            f"{odds.epsilon:.3g}, groups of {odds.size_50:,} {counted} appear half the time and "
-            f"groups of {odds.size_95:,} 95% of the time; smaller groups are likely hidden.")
-    more = _suggestions(odds, counted, sizes)
+            f"{_epsilon(odds.epsilon)}, groups of {odds.size_50:,} {counted} appear half the "
+            f"time and groups of {odds.size_95:,} 95% of the time; smaller groups are likely "
+            "hidden.")
+    more = _suggestions(odds, counted, sizes, max_epsilon)
     return f"{text} {more}" if more else text
 
 
 def threshold_warning(odds: KeyReleaseOdds, counted: str, *, large: int = 100,
                       reference: float | None = None, reference_label: str = "",
-                      sizes: Sequence[int] = DEFAULT_SIZES) -> str | None:
+                      reference_share: float = 0.01,
+                      sizes: Sequence[int] = DEFAULT_SIZES,
+                      max_epsilon: float | None = None) -> str | None:
     """EXPLAIN's warning when the threshold hides groups a user would expect, else None.
 
     Warns when groups need ``large`` or more (``size_50``) to appear half the time, or, when a
     figure the user can see is given (``reference``, e.g. a public table's row count, named by
-    ``reference_label``), when ``size_50`` is at least 1% of it.
+    ``reference_label``), when ``size_50`` is at least ``reference_share`` of it.
     """
     big = odds.size_50 >= large
-    relative = reference is not None and reference > 0 and odds.size_50 >= 0.01 * reference
+    relative = reference is not None and reference > 0 and \
+        odds.size_50 >= reference_share * reference
     if not (big or relative):
         return None
     text = (f"groups with fewer than about {odds.size_50:,} {counted} will mostly be hidden "
-            f"(key-release threshold {odds.threshold:,.0f} at epsilon {odds.epsilon:.3g})")
+            f"(key-release threshold {odds.threshold:,.0f} at epsilon {_epsilon(odds.epsilon)})")
     if relative and reference is not None:
         text += f", {odds.size_50 / reference:.0%} of {reference_label or 'the reference'}"
     text += "."
-    more = _suggestions(odds, counted, sizes)
+    more = _suggestions(odds, counted, sizes, max_epsilon)
     return f"{text} {more}" if more else text
