@@ -87,10 +87,12 @@ from mechanisms.snapping import Snapping
 
 __all__ = [
     "DEFAULT_DRAWS",
+    "WORK_BUDGET",
     "Bias",
     "Interval",
     "NoInterval",
     "clamp_count",
+    "draws_for",
     "format_interval",
     "output_interval",
     "output_intervals",
@@ -100,6 +102,10 @@ __all__ = [
 
 #: Simulated draws per released row: a fixed cost, and order-statistic coverage 1901/2001.
 DEFAULT_DRAWS = 2000
+
+#: Rows x draws per output column when the caller does not fix ``draws``: a result of many rows
+#: gets fewer draws each (never fewer than the confidence needs), so the cost stays about 1 s.
+WORK_BUDGET = 2_000_000
 
 # Rows x draws per evaluation chunk: bounds the memory of one intermediate array (8 MB).
 _CHUNK_ELEMENTS = 1 << 20
@@ -554,6 +560,22 @@ def _noise(mech: Mechanism, shape: tuple[int, int],
     raise _Refused(f"no noise model is known for the {mech.name} mechanism")
 
 
+def draws_for(rows: int, confidence: float = 0.95) -> int:
+    """Draws per row for a result of ``rows`` rows: DEFAULT_DRAWS, or fewer so that rows x draws
+    stays within WORK_BUDGET, but never below the fewest that leave 5 draws beyond each end
+    (199 at 95%).  Fewer draws make the ends noisier, not the coverage lower: the
+    order-statistic bound (s - r) / (n + 1) >= confidence holds for every n.
+
+    >>> draws_for(1), draws_for(5000), draws_for(10**6)
+    (2000, 400, 199)
+    """
+    alpha = 1.0 - check_confidence(confidence)
+    fewest = max(1, math.floor(10.0 / alpha) - 2)
+    while math.floor(alpha / 2.0 * (fewest + 1)) < 5:  # the rank _ranks will use, exactly
+        fewest += 1
+    return max(fewest, min(DEFAULT_DRAWS, WORK_BUDGET // max(1, rows)))
+
+
 def _ranks(draws: int, confidence: float) -> tuple[int, int]:
     alpha = 1.0 - confidence
     r = math.floor(alpha / 2.0 * (draws + 1))
@@ -570,14 +592,15 @@ def output_intervals(
     expr: exp.Expr, released: Mapping[str, Sequence[float] | np.ndarray],
     mechanisms: Mapping[str, Mechanism], *,
     keys: Mapping[str, Sequence[object]] | None = None, confidence: float = 0.95,
-    draws: int = DEFAULT_DRAWS, rng: np.random.Generator | None = None,
+    draws: int | None = None, rng: np.random.Generator | None = None,
 ) -> tuple[Interval | NoInterval, ...]:
     """An interval per released row for the output expression ``expr`` (see the module doc).
 
     ``released`` maps each measurement id the expression reads to its noisy values, one per
     row; ``mechanisms`` maps it to the mechanism that added the noise (``NoisePlan.mechanisms``).
     ``keys`` maps group-key ids to their values, for expressions that read a key (only numeric
-    keys can be used).  ``rng`` seeds the simulation (tests); by default fresh OS entropy.
+    keys can be used).  ``draws`` per row defaults to :func:`draws_for` the number of rows.
+    ``rng`` seeds the simulation (tests); by default fresh OS entropy.
     Raises ``ValueError`` for a measurement without values or mechanism, or rows of unequal
     length: those are caller bugs, not properties of the query.
     """
@@ -603,8 +626,8 @@ def output_intervals(
             continue  # a non-numeric key: refused below if the expression reads it
         key_boxes[kid] = _Box(arr.reshape(-1, 1), arr.reshape(-1, 1))
     exact = len(used) <= 1
-    n_draws = 1 if exact else draws
-    rank_lo, rank_hi = (1, 1) if exact else _ranks(draws, conf)
+    n_draws = 1 if exact else draws if draws is not None else draws_for(n_rows, conf)
+    rank_lo, rank_hi = (1, 1) if exact else _ranks(n_draws, conf)
     generator = rng if rng is not None else np.random.default_rng()
     out: list[Interval | NoInterval] = []
     step = max(1, _CHUNK_ELEMENTS // n_draws)
@@ -662,7 +685,7 @@ def _chunk(expr: exp.Expr, values: Mapping[str, np.ndarray], keys: Mapping[str, 
 def output_interval(
     expr: exp.Expr, released: Mapping[str, float], mechanisms: Mapping[str, Mechanism], *,
     keys: Mapping[str, object] | None = None, confidence: float = 0.95,
-    draws: int = DEFAULT_DRAWS, rng: np.random.Generator | None = None,
+    draws: int | None = None, rng: np.random.Generator | None = None,
 ) -> Interval | NoInterval:
     """The interval of one output value: :func:`output_intervals` for a single row."""
     (result,) = output_intervals(

@@ -28,7 +28,7 @@ from analyses.query import AggregateQuery, Measurement, analyze_query
 from analyses.validate import parse_statement
 from chorus_py.policy import parse_policy
 from mechanisms import Mechanism, Snapping
-from mechanisms.intervals import Interval, output_intervals
+from mechanisms.intervals import DEFAULT_DRAWS, Interval, output_intervals
 from mechanisms.planning import NoiseRequest, plan_noise
 from tests.mechanisms.stats import value_expr
 
@@ -121,7 +121,8 @@ def _coverage(rows: int, epsilon: float, releases: Releases) -> dict[str, float]
     for i, out in enumerate(query.outputs):
         truth = _truth(out.expr, exact)
         used = {m: released[m] for m in out.measurements}
-        ivs = output_intervals(out.expr, used, plan, rng=np.random.default_rng(i))
+        ivs = output_intervals(out.expr, used, plan, draws=DEFAULT_DRAWS,
+                               rng=np.random.default_rng(i))
         assert all(isinstance(iv, Interval) for iv in ivs)
         found[out.name] = float(np.mean([iv.lower <= truth <= iv.upper  # type: ignore[union-attr]
                                          for iv in ivs]))
@@ -180,7 +181,8 @@ def test_coverage_of_snapped_sums_at_every_grid_offset(phase: float) -> None:
     for sql in ("m0 + m1", "m0 - m1", "m0 + 3 * m1"):
         expr = parse_one(sql)
         truth = _truth(expr, exact)
-        ivs = output_intervals(expr, released, plan, rng=np.random.default_rng(7))
+        ivs = output_intervals(expr, released, plan, draws=DEFAULT_DRAWS,
+                               rng=np.random.default_rng(7))
         found[sql] = float(np.mean([iv.lower <= truth <= iv.upper  # type: ignore[union-attr]
                                     for iv in ivs]))
     _check(found)

@@ -20,12 +20,15 @@ from sqlglot import exp
 
 from mechanisms import DiscreteLaplace, Gaussian, Laplace, Mechanism, Snapping
 from mechanisms.intervals import (
+    DEFAULT_DRAWS,
     UNBOUNDED_DENOMINATOR,
+    WORK_BUDGET,
     Bias,
     Interval,
     NoInterval,
     _noise,
     clamp_count,
+    draws_for,
     format_interval,
     output_interval,
     output_intervals,
@@ -467,3 +470,12 @@ def test_format_with_bias_and_notes() -> None:
     iv = with_bias(iv, Bias("high", 0.005, "fares clipped"))
     assert format_interval(iv) == ("5,112 ± 140 (noise), up to 3% low (trips above the cap), "
                                    "up to 0.5% high (fares clipped)")
+
+
+def test_many_rows_get_fewer_draws_but_keep_their_coverage_bound() -> None:
+    assert draws_for(1) == DEFAULT_DRAWS
+    assert draws_for(WORK_BUDGET // 500) == 500
+    assert draws_for(10**7) == 199 and draws_for(10**7, 0.9) == 100  # 1 - 0.9 is just below 0.1
+    ivs = output_intervals(parse("m0 + m1"), {"m0": [0] * 20_000, "m1": [0] * 20_000},
+                           {"m0": COUNT, "m1": COUNT}, rng=rng())
+    assert {iv.draws for iv in ivs if isinstance(iv, Interval)} == {199}
