@@ -27,8 +27,10 @@ interval [F*_(r), F*_(s)] holds a fresh draw of the same pivot with probability 
 that is a monotone function of a linear combination of the measurements (COUNT, SUM, their sums
 and differences, scaled) the pivot is exact, so the coverage is >= 95% for every true value.  For
 other expressions (AVG's ratio, VARIANCE) it is the percentile bootstrap, accurate when the noise
-is small next to the measurements and checked by the coverage tests (tests/mechanisms); where it
-is not (a denominator whose interval reaches 0) the interval is unbounded instead of narrow.
+is small next to the measurements; where it is not (a denominator whose interval reaches 0) the
+interval is unbounded instead of narrow.  The coverage tests
+(``tests/mechanisms/test_interval_coverage.py``) measure 96.7-99.6% for AVG, VARIANCE, STDDEV
+and a ratio of sums over 4,000 releases each, from 100 to 2,000 rows and epsilon 0.1 to 1.
 The simulation was chosen over the delta method because it needs no derivatives, handles
 clamps, CASE and rounding as they are, and does not assume normal noise (the noise is Laplace).
 
@@ -52,6 +54,11 @@ no interval rather than a wrong one.
 
 The draws come from numpy's generator, not ``os.urandom``: they are post-processing of released
 values and protect nothing (``mechanisms.randomness`` rules out numpy for the noise itself).
+
+Selection.  The coverage is over the noise of one row taken as it comes.  Rows kept *because of*
+their noisy values (the key-release threshold, HAVING on an aggregate, ORDER BY an aggregate with
+LIMIT) are more likely to carry noise in the direction that kept them: near the cut their
+intervals cover less often, and a report should say so rather than rely on them.
 
 Post-processing users expect
 ----------------------------
