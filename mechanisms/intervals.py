@@ -223,13 +223,14 @@ def _corners(a: _Box, b: _Box, op: Callable[[np.ndarray, np.ndarray], np.ndarray
     xs = (a.lo,) if a.lo is a.hi else (a.lo, a.hi)
     ys = (b.lo,) if b.lo is b.hi else (b.lo, b.hi)
     values = [op(x, y) for x in xs for y in ys]
+    if len(values) == 1 and not np.isnan(values[0]).any():
+        return _Box(values[0], values[0])  # two points: one point, kept shared (cheaper later)
     lo, hi = values[0], values[0]
     for v in values[1:]:
         # np.minimum/np.maximum propagate NaN: an undefined corner (0 * inf, inf / inf) widens
         # its end to infinity in _box instead of being skipped.
         lo, hi = np.minimum(lo, v), np.maximum(hi, v)
-    box = _box(lo, hi)
-    return _Box(box.lo, box.lo) if len(values) == 1 else box
+    return _box(lo, hi)
 
 
 def _mul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -393,11 +394,10 @@ class _Evaluator:
         digits = 0.0
         if decimals is not None:
             d = self.value(decimals)
-            if not _fixed(d) or not np.all(d.lo == np.round(d.lo)):
+            if not _fixed(d) or not float(d.lo).is_integer():
                 raise _Refused("it rounds to a noisy number of decimals")
-            digits = float(np.ravel(d.lo)[0]) if np.ndim(d.lo) else float(d.lo)
-        scale = 10.0**digits
-        return self._round_to(a, scale)
+            digits = float(d.lo)
+        return self._round_to(a, 10.0**digits)
 
     def _round_to(self, a: _Box, scale: float) -> _Box:
         with np.errstate(all="ignore"):
@@ -418,10 +418,8 @@ class _Evaluator:
             return _box(hi / divisor, lo / divisor)  # a base below 1 reverses the order
 
     def _power(self, base: _Box, power: _Box) -> _Box:
-        if _fixed(power):
-            p = np.asarray(power.lo)
-            if np.all(p == np.round(p)) and p.size and np.ndim(p) == 0:
-                return self._integer_power(base, float(p))
+        if _fixed(power) and float(power.lo).is_integer():
+            return self._integer_power(base, float(power.lo))
         # Elsewhere x**y is only real for x >= 0, and there it is monotone in each argument,
         # so the corners enclose it; a negative base has no real power: no bound for that draw.
         negative = base.lo < 0
