@@ -267,7 +267,7 @@ class _Evaluator:
     """Evaluates an output expression over boxes of shape (rows, draws).
 
     ``point`` marks the evaluation of the released values themselves (zero-width boxes): ROUND
-    and integer casts then round half away from zero, as DuckDB does, instead of enclosing both
+    and DECIMAL casts then round half away from zero, as DuckDB does, instead of enclosing both
     tie rules, and the division rule (which needs a distribution) is skipped.
     """
 
@@ -448,7 +448,8 @@ class _Evaluator:
         if to.this in _REAL_TYPES:
             return a
         if to.this in _INTEGER_TYPES:
-            return self._round_to(a, 1.0)  # both databases round a double cast to an integer
+            # Both databases cast a double to an integer half to even (rint), which is monotone.
+            return _monotone(a, np.rint)
         if to.this in _DECIMAL_TYPES:
             params = to.expressions
             if params:
