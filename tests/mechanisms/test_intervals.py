@@ -488,3 +488,8 @@ def test_many_rows_get_fewer_draws_but_keep_their_coverage_bound() -> None:
     ivs = output_intervals(parse("m0 + m1"), {"m0": [0] * 20_000, "m1": [0] * 20_000},
                            {"m0": COUNT, "m1": COUNT}, rng=rng())
     assert {iv.draws for iv in ivs if isinstance(iv, Interval)} == {199}
+
+
+def test_an_empty_result_has_no_intervals() -> None:
+    assert output_intervals(parse("m0 + m1"), {"m0": [], "m1": []},
+                            {"m0": COUNT, "m1": COUNT}) == ()
