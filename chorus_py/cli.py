@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from chorus_py.errors import (
     ProgrammingError,
 )
 from chorus_py.report import shown
+from mechanisms.intervals import Interval, NoInterval, format_interval
 
 REFUSED = 2
 FAILED = 1
@@ -170,7 +172,7 @@ def query(policy_path: Path, analyst: str | None, epsilon: float | None, delta: 
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
         return
-    _print_table(result.columns, result.rows)
+    _print_table(result.columns, result.rows, result.intervals())
     _print_report(result.report.to_dict())
 
 
@@ -527,8 +529,13 @@ def _fail(err: ChorusError, as_json: bool = False, status: int | None = None) ->
     sys.exit(status)
 
 
-def _print_table(columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    cells = [[_cell(v) for v in row] for row in rows]
+def _print_table(columns: tuple[str, ...], rows: list[tuple[Any, ...]],
+                 intervals: Sequence[Sequence[Interval | NoInterval | None]] = ()) -> None:
+    """Rows as a text table; a noisy cell with its 95% interval (``5,112 ± 140 (noise)``)."""
+    cells = [[_cell(v) if iv is None else format_interval(iv)
+              for v, iv in zip(row, ivs, strict=True)]
+             for row, ivs in zip(rows, intervals or [(None,) * len(columns)] * len(rows),
+                                 strict=True)]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     click.echo("  ".join("-" * w for w in widths))
@@ -607,3 +614,5 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
         if report.get("rewritten_sql"):
             click.echo("  rewritten SQL:")
             click.echo("    " + report["rewritten_sql"])
+    for warning in report.get("warnings") or ():
+        click.secho(f"  warning: {warning}", fg="yellow")

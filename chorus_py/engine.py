@@ -199,8 +199,10 @@ class Engine:
             report = dataclasses.replace(
                 report, analyst=analyst, charged=claim is not None,
                 accounting=self.ledger.accounting,
+                warnings=(*report.warnings, *answer.warnings),
                 remaining=self._remaining_after(claim) if remaining else ())
-        released = QueryResult(result.columns, result.types, result.rows, report)
+        released = QueryResult(result.columns, result.types, result.rows, report,
+                               answer.error_bars)
         if claim is not None and key is not None:
             self.answers.put(analyst, key, released)
         return released
@@ -313,7 +315,8 @@ class Engine:
             remaining=self._remaining(answer.report.blocks) if remaining else (),
             notes=(*answer.report.notes, "the same noisy answer as your earlier identical query "
                    "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
-        return QueryResult(answer.columns, answer.types, list(answer.rows), report)
+        return QueryResult(answer.columns, answer.types, list(answer.rows), report,
+                           answer.error_bars)
 
     def _remaining(self, ids: tuple[str, ...]) -> tuple[BlockRemaining, ...]:
         return _block_remaining(self.ledger.remaining(ids))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from mechanisms.intervals import Interval, NoInterval, format_interval
 
 
 @dataclass(frozen=True)
@@ -178,29 +181,76 @@ class PrivacyReport:
     # gamma)-random DP, not (epsilon, delta)-DP.
     random_dp: RandomDPReport | None = None
     elastic: ElasticReport | None = None
+    # What the analyst should not miss, shown by every front door: why no group was released
+    # (and what epsilon would release them), or, before running, that the key-release threshold
+    # will hide most groups.
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dictionary."""
         return asdict(self)
 
 
+class ErrorBars(Protocol):
+    """Where a result's 95% intervals come from (``chorus_py.kinds.analytic.Accuracy``):
+    computed on first use, as they cost simulation time and many callers never look."""
+
+    def intervals(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
+        """Per row, per column: the interval of a noisy output, None for a key or constant."""
+        ...
+
+
 @dataclass(frozen=True)
 class QueryResult:
-    """Rows of a (noisy) answer, with column names, portable types and the privacy report."""
+    """Rows of a (noisy) answer, with column names, portable types and the privacy report.
+
+    ``intervals()`` gives each noisy cell its 95% interval (``mechanisms.intervals``): from the
+    noise distributions of the measurements it was computed from, widened by the estimated
+    bias of caps and clipping where there is one.  Post-processing of the released values: free.
+    """
 
     columns: tuple[str, ...]
     types: tuple[str, ...]
     rows: list[tuple[Any, ...]]
     report: PrivacyReport
+    error_bars: ErrorBars | None = field(default=None, repr=False, compare=False)
+
+    def intervals(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
+        """Per row, per column: the cell's 95% interval (None: a group key or a constant, or
+        a kind of query without error bars, e.g. public tables, answered exactly)."""
+        if self.error_bars is None:
+            return tuple((None,) * len(self.columns) for _ in self.rows)
+        return self.error_bars.intervals()
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dictionary: ``columns``, ``types``, ``rows``, ``report``."""
+        """A JSON-serialisable dictionary: ``columns``, ``types``, ``rows``, ``intervals``
+        (``interval_dict`` per cell), ``report``."""
         return {
             "columns": list(self.columns),
             "types": list(self.types),
             "rows": [[_jsonable(v) for v in row] for row in self.rows],
+            "intervals": [[interval_dict(iv) for iv in row] for row in self.intervals()],
             "report": self.report.to_dict(),
         }
+
+
+def interval_dict(iv: Interval | NoInterval | None) -> dict[str, Any] | None:
+    """A cell's interval as JSON: ``text`` as ``chorus query`` prints it; ``lower``/``upper``
+    (bias included) and ``noise_lower``/``noise_upper`` (noise alone; infinite ends as None);
+    or only ``text`` with the reason when there is no interval."""
+    if iv is None:
+        return None
+    if isinstance(iv, NoInterval):
+        return {"text": iv.reason, "lower": None, "upper": None}
+
+    def end(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {"text": format_interval(iv), "lower": end(iv.lower), "upper": end(iv.upper),
+            "noise_lower": end(iv.noise_lower), "noise_upper": end(iv.noise_upper),
+            "confidence": iv.confidence, "method": iv.method,
+            "bias": [{"direction": b.direction, "fraction": b.fraction, "reason": b.reason}
+                     for b in iv.bias], "notes": list(iv.notes)}
 
 
 def _jsonable(value: Any) -> Any:

@@ -31,7 +31,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from chorus_py.errors import (
     QuerySyntaxError,
     Warning,
 )
-from chorus_py.report import PrivacyReport
+from chorus_py.report import PrivacyReport, interval_dict
 
 __all__ = [
     "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor",
@@ -240,6 +240,8 @@ class _Answer:
     types: tuple[str, ...]
     rows: list[tuple[Any, ...]]
     report: PrivacyReport
+    # Per row, per column: the cell's 95% interval as JSON (report.interval_dict), on demand.
+    intervals: Callable[[], list[tuple[dict[str, Any] | None, ...]]]
 
 
 _engines: dict[tuple[str, int], Any] = {}
@@ -276,7 +278,8 @@ class _Local:
         result = self.engine.execute(sql, analyst=self.analyst, epsilon=epsilon, delta=delta,
                                      wait_seconds=wait_seconds, **options)
         return _Answer(tuple(result.columns), tuple(result.types), list(result.rows),
-                       result.report)
+                       result.report, lambda: [tuple(interval_dict(iv) for iv in row)
+                                               for row in result.intervals()])
 
     def explain(self, sql: str, epsilon: float | None, delta: float | None,
                 **options: Any) -> PrivacyReport:
@@ -367,7 +370,9 @@ class _Remote:
         kinds = tuple(data["types"])
         rows = [tuple(_parse_value(k, v) for k, v in zip(kinds, row, strict=False))
                 for row in data["rows"]]
-        return _Answer(tuple(data["columns"]), kinds, rows, report_from_dict(data["report"]))
+        intervals = [tuple(row) for row in data.get("intervals") or ()]
+        return _Answer(tuple(data["columns"]), kinds, rows, report_from_dict(data["report"]),
+                       lambda: intervals)
 
     def explain(self, sql: str, epsilon: float | None, delta: float | None,
                 **options: Any) -> PrivacyReport:
@@ -610,6 +615,16 @@ class Cursor:
         """There is only ever one result set."""
         self._check()
         return None
+
+    @property
+    def intervals(self) -> list[tuple[dict[str, Any] | None, ...]] | None:
+        """The 95% interval of every cell of the last result, row by row (extension): None for
+        a group key or constant, else a dict with ``text`` (e.g. ``5,112 ± 140 (noise)``),
+        ``lower``/``upper`` (with the bias of caps and clipping) and ``noise_lower``/
+        ``noise_upper`` (``chorus_py.report.interval_dict``).  None before any execute."""
+        if self._answer is None:
+            return None
+        return self._answer.intervals()
 
     # -- fetching
     def _rows(self) -> list[tuple[Any, ...]]:

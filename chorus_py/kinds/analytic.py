@@ -10,6 +10,7 @@ the outputs (ratios, arithmetic, HAVING, ORDER BY) over the noisy values in its 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -33,6 +34,15 @@ from chorus_py.report import (
 )
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import attribution_report
+from mechanisms.discrete_laplace import DiscreteLaplace
+from mechanisms.intervals import (
+    Interval,
+    NoInterval,
+    clamp_count,
+    output_intervals,
+    postprocessed,
+)
+from mechanisms.key_release import KeyReleaseOdds, key_release_odds
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import NOISY, RewrittenQuery, released_measurements
@@ -78,11 +88,85 @@ def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
         result = portable(statements.run(detail.sql, run))
     else:
         result = portable(_run_proxy_noise(statements, detail, run))
-    n = len(detail.query.outputs)
-    released = released_measurements(detail.query)
-    return Answer(ResultSet(result.columns[:n], result.types[:n], [r[:n] for r in result.rows]),
-                  released, tuple(tuple(None if v is None else float(v) for v in r[n:])
-                                  for r in result.rows))
+    query = detail.query
+    n = len(query.outputs)
+    counts = _count_outputs(query)
+    rows = [tuple(clamp_count(v) if i in counts and v is not None else v
+                  for i, v in enumerate(r[:n])) for r in result.rows]
+    noisy = tuple(tuple(None if v is None else float(v) for v in r[n:]) for r in result.rows)
+    hidden = query.join is not None and query.join.data_dependent
+    return Answer(ResultSet(result.columns[:n], result.types[:n], rows),
+                  None if hidden else Accuracy(query, detail.plan, rows, noisy))
+
+
+def key_release_odds_of(query: AggregateQuery, plan: NoisePlan,
+                        epsilon: float) -> tuple[KeyReleaseOdds, str] | None:
+    """What the key-release threshold of ``plan`` means for group sizes at the query's
+    ``epsilon`` (``mechanisms.key_release``), and what its gate counts; None without one.
+    Public inputs only (tau, the gate's scale, delta, D): free to show before and after."""
+    gate = plan.threshold
+    if gate is None or not isinstance(gate.mechanism, DiscreteLaplace):
+        return None
+    counted = f"distinct {query.privacy_unit}" if query.privacy_unit else "rows"
+    return key_release_odds(gate.mechanism, gate.threshold, gate.delta,
+                            query.groups_per_unit, epsilon), counted
+
+
+def _count_outputs(query: AggregateQuery) -> frozenset[int]:
+    """The output columns that are a noisy count as it is (COUNT, COUNT(DISTINCT unit)):
+    released clamped at 0, as a count is never negative (post-processing)."""
+    kinds = {m.id: m.kind for m in query.measurements}
+    return frozenset(i for i, out in enumerate(query.outputs)
+                     if isinstance(out.expr, exp.Column) and not out.expr.table
+                     and kinds.get(out.expr.name) in ("count", "count_units"))
+
+
+class Accuracy:
+    """The error bars of an analytic answer (``mechanisms.intervals``), computed once, on first
+    use: each noisy output of each row gets the 95% interval of its expression over the noisy
+    measurements of that row, from their mechanisms' noise.  Counts are clamped at 0 like their
+    released values.  Post-processing of released values and public noise scales: free.  (A
+    join whose noise scale is data-dependent gets none: an interval's width would show it.)"""
+
+    def __init__(self, query: AggregateQuery, plan: NoisePlan, rows: list[tuple[Any, ...]],
+                 noisy: tuple[tuple[float | None, ...], ...]) -> None:
+        self._query, self._plan, self._rows, self._noisy = query, plan, rows, noisy
+        self._lock = threading.Lock()
+        self._done: tuple[tuple[Interval | NoInterval | None, ...], ...] | None = None
+
+    def intervals(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
+        """Per row, per column: the interval of a noisy output, None for a key or constant."""
+        with self._lock:
+            if self._done is None:
+                self._done = self._compute()
+            return self._done
+
+    def _compute(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
+        query, rows = self._query, self._rows
+        if not rows:
+            return ()
+        ids = released_measurements(query)
+        released = {mid: [r[j] for r in self._noisy] for j, mid in enumerate(ids)}
+        keys = {out.key: [r[i] for r in rows] for i, out in enumerate(query.outputs)
+                if out.key is not None}
+        mechanisms = self._plan.all_mechanisms()
+        counts = _count_outputs(query)
+        columns: list[tuple[Interval | NoInterval | None, ...]] = []
+        for i, out in enumerate(query.outputs):
+            if out.key is not None or not out.measurements:
+                columns.append((None,) * len(rows))
+                continue
+            if any(v is None for m in out.measurements for v in released.get(m, [None])):
+                columns.append((NoInterval("no interval: a measurement is NULL"),) * len(rows))
+                continue
+            found = output_intervals(
+                out.expr, {m: released[m] for m in out.measurements},  # type: ignore[misc]
+                {m: mechanisms[m] for m in out.measurements}, keys=keys)
+            if i in counts:
+                found = tuple(postprocessed(iv, lower=0.0, integral=True)
+                              if isinstance(iv, Interval) else iv for iv in found)
+            columns.append(found)
+        return tuple(zip(*columns, strict=True))
 
 
 def portable(result: ResultSet) -> ResultSet:

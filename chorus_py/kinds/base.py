@@ -34,7 +34,7 @@ from budget.answers import AnswerCache
 from chorus_py.backends import ResultSet
 from chorus_py.kinds.selection import Selection
 from chorus_py.policy import Policy
-from chorus_py.report import PrivacyReport
+from chorus_py.report import ErrorBars, PrivacyReport
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
 from chorus_py.stores.frequencies import FrequencyCatalog
@@ -93,13 +93,13 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Answer:
-    """What a kind's ``run`` gives back: the answer's rows, and per row the released noisy
-    measurements the outputs were computed from (``measurements`` names them; empty when the
-    kind has none, e.g. a public query): the proxy derives error bars from them."""
+    """What a kind's ``run`` gives back: the answer's rows, the error bars of its noisy cells
+    (None: the kind has none, e.g. a public query, answered exactly), and warnings for the
+    report."""
 
     result: ResultSet
-    measurements: tuple[str, ...] = ()
-    noisy: tuple[tuple[float | None, ...], ...] = ()
+    error_bars: ErrorBars | None = None
+    warnings: tuple[str, ...] = ()  # added to the report's, e.g. why no group was released
 
 
 class QueryKind(Protocol):

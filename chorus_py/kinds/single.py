@@ -21,7 +21,13 @@ from budget.accounting import Event, events_for_plan
 from chorus_py.backends import SCHEMA
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
-from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
+from chorus_py.kinds.analytic import (
+    AnalyticQuery,
+    aggregate_report,
+    finish_plan,
+    key_release_odds_of,
+    run_analytic,
+)
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.selection import (
     Choices,
@@ -32,6 +38,7 @@ from chorus_py.kinds.selection import (
 )
 from chorus_py.kinds.templates import one_table_sql
 from chorus_py.statements import QueryRun
+from mechanisms.key_release import empty_result_message, threshold_warning
 from mechanisms.planning import NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
@@ -70,9 +77,16 @@ class SingleTableKind:
         return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
-        """The answer: noised in SQL, or by the proxy."""
-        return run_analytic(self.services.statements, prepared.detail,
-                            self.services.policy.privacy.noise, run)
+        """The answer: noised in SQL, or by the proxy.  When thresholding released no group,
+        the answer says why, and what epsilon would release groups of a given size."""
+        detail: AnalyticQuery = prepared.detail
+        answer = run_analytic(self.services.statements, detail,
+                              self.services.policy.privacy.noise, run)
+        odds = key_release_odds_of(detail.query, detail.plan, prepared.report.epsilon)
+        if odds is not None and not answer.result.rows:
+            return dataclasses.replace(answer, warnings=(empty_result_message(
+                *odds, max_epsilon=self.services.policy.privacy.max_epsilon_per_query),))
+        return answer
 
     def _prepare(self, query: AggregateQuery, epsilon: float, delta: float,
                  chosen: Choices | None = None, reused: bool = False) -> Prepared:
@@ -125,6 +139,14 @@ class SingleTableKind:
         if query.auto_cap or cap_epsilon > 0 or reused:
             report = with_contribution(report, query, cap_epsilon, chosen, clipped, reused)
         open_epsilon = cap_epsilon if chosen is None else 0.0  # > 0: still to choose
+        # With the groups per unit still to choose, the threshold is not known yet (the one at
+        # the limit would overstate it): the warning comes with the final plan.
+        odds = key_release_odds_of(detail.query, detail.plan, report.epsilon) \
+            if open_epsilon == 0 else None
+        warning = None if odds is None else threshold_warning(
+            *odds, max_epsilon=services.policy.privacy.max_epsilon_per_query)
+        if warning:
+            report = dataclasses.replace(report, warnings=(warning,))
         detail = dataclasses.replace(detail, cap_epsilon=open_epsilon)
         # Before it is cached, so before any claim: a refused statement costs nothing.
         services.statements.verify_outgoing(detail.sql, services.release, query.tables)

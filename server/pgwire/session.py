@@ -1069,6 +1069,7 @@ def _report_notice(report: PrivacyReport) -> bytes:
     if report.key_release is not None and report.key_release.method == "threshold":
         lines.append(f"group keys released when their noisy count exceeds "
                      f"{report.key_release.threshold:.1f}")
+    lines += [f"warning: {w}" for w in report.warnings]
     return p.notice_response(message, detail="\n".join(lines) or None)
 
 
@@ -1114,6 +1115,7 @@ def explain_lines(report: PrivacyReport) -> list[str]:
         if r.note:
             lines.append(f"random DP: {r.note}")
     lines += [f"note: {n}" for n in report.notes]
+    lines += [f"warning: {w}" for w in report.warnings]
     if report.rewritten_sql:
         lines.append(f"rewritten SQL: {report.rewritten_sql}")
     return lines

@@ -134,6 +134,10 @@ class PrivacyReportModel(_ReportPart):
     contribution: ContributionModel | None = None
     rewritten_sql: str | None = None
     notes: list[str] = []
+    warnings: list[str] = Field(
+        default=[], description="what the analyst should not miss: why no group was released "
+        "and what epsilon would release groups of a given size, or (explain) that the "
+        "key-release threshold will hide most groups")
     random_dp: RandomDPModel | None = None
 
 
@@ -143,6 +147,11 @@ class QueryResponse(_Model):
     columns: list[str]
     types: list[str] = Field(description="integer, float, text, date, timestamp, boolean, ...")
     rows: list[list[Any]]
+    intervals: list[list[dict[str, Any] | None]] = Field(
+        default_factory=list,
+        description="per row, per column: the cell's 95% interval (null for a group key or a "
+        "constant): text (as chorus query prints it), lower/upper (bias of caps and clipping "
+        "included), noise_lower/noise_upper (noise alone), method, bias, notes")
     report: PrivacyReportModel
 
 

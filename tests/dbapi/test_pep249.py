@@ -329,3 +329,18 @@ def test_connect_arguments(duckdb_policy, monkeypatch) -> None:
     with chorus_py.connect(engine=engine, analyst="alice") as conn:
         conn.cursor().execute(COUNT_STATES)
     engine.execute(COUNT_STATES, analyst="alice")  # an engine you pass stays open
+
+
+def test_cursor_intervals_give_each_noisy_cell_its_error_bar(connect) -> None:
+    """Error bars (issue 19) through the driver, in-process and over REST alike."""
+    with connect() as conn:
+        cur = conn.cursor()
+        assert cur.intervals is None  # before any execute
+        cur.execute("SELECT city, COUNT(*) AS n, AVG(fare) AS a FROM trips GROUP BY city",
+                    epsilon=2.0)
+        rows, intervals = cur.fetchall(), cur.intervals
+        assert intervals is not None and len(intervals) == len(rows) == 5
+        for row, (key, n, a) in zip(rows, intervals, strict=True):
+            assert key is None
+            assert n["lower"] <= row[1] <= n["upper"] and n["text"].endswith("(noise)")
+            assert a["method"] == "simulation" and a["lower"] <= row[2] <= a["upper"]
