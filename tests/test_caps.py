@@ -159,6 +159,19 @@ def test_materialized_sample_honours_the_chosen_cap(exact_units: Callable[..., E
     assert result.rows[0][0] == pytest.approx(5200, abs=tolerance(result.report.columns[0]))
 
 
+def test_distinct_units_over_a_stored_sample_read_every_kept_row(
+        exact_units: Callable[..., Engine]) -> None:
+    """COUNT(DISTINCT unit) alone needs no cap (sensitivity 1 whatever the rows per unit).  Over
+    a stored sample the cap 1 of per-query bounding would keep each unit's stored rank-1 row
+    only, and a filter would then miss every unit whose rank-1 row fails it (half of them
+    here): the query reads every row the sample keeps instead."""
+    engine = exact_units(6, bounding="materialized")
+    result = engine.execute("SELECT COUNT(DISTINCT unit_id) FROM exact WHERE value > 3",
+                            epsilon=50.0, **ALICE)
+    assert "__chorus_rank <=" not in result.report.rewritten_sql
+    assert result.rows[0][0] == pytest.approx(400, abs=tolerance(result.report.columns[0]))
+
+
 def test_epsilon_adds_up_to_the_charge(exact_units: Callable[..., Engine]) -> None:
     engine = exact_units(6)
     result = engine.execute("SELECT COUNT(*), AVG(value) FROM exact", epsilon=2.0, **ALICE)

@@ -120,8 +120,11 @@ class SingleTableKind:
         asked = query
         cap_epsilon = 0.0
         if query.auto_cap and not cap_matters(query):
-            # COUNT(DISTINCT unit) alone is exact with one row per unit: nothing to choose.
-            query = query.with_cap(1)
+            # COUNT(DISTINCT unit) alone has sensitivity 1 whatever the rows per unit: nothing
+            # to choose.  Bounding after the filter keeps one row per unit; a stored sample is
+            # read whole (its ranks are over the whole table: a cap of 1 would keep only each
+            # unit's rank-1 row, and a filter would miss the units whose rank-1 row fails it).
+            query = query.with_cap(1 if sample is None else query.table_policy.contribution_bound)
         clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
         if (query.auto_cap and cap_matters(query)) or clipped:
             # One share of epsilon pays for every selection histogram (mechanisms.caps).
