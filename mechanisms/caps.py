@@ -114,6 +114,7 @@ from typing import Literal
 import numpy as np
 
 from mechanisms.clip_bounds import ClipColumn, SumKind, Z
+from mechanisms.consistency import consistent_counts
 from mechanisms.thresholding import key_release_threshold
 
 
@@ -172,7 +173,9 @@ def discrete_laplace_variance(epsilon: float) -> float:
 class RowModel:
     """Rows per unit from the noisy cap histogram (see the module docstring).
 
-    ``epsilon`` is the histogram's epsilon_h (0: the counts are exact, no uncertainty).
+    ``noisy`` holds the histogram as released; every estimate reads its consistent version
+    (``mechanisms.consistency``: non-negative counts with monotone tail sums).  ``epsilon`` is
+    the histogram's epsilon_h (0: the counts are exact, no uncertainty).
     """
 
     starts: tuple[int, ...]
@@ -199,7 +202,17 @@ class RowModel:
 
     @functools.cached_property
     def _counts(self) -> np.ndarray:
-        return np.asarray(self.noisy, dtype=float)
+        """H': the consistent counts (non-negative, monotone tail sums)."""
+        return consistent_counts(self.noisy)
+
+    @functools.cached_property
+    def variance(self) -> float:
+        """V, the variance of one bin's noise (0 for exact counts)."""
+        return discrete_laplace_variance(self.epsilon) if self.epsilon > 0 else 0.0
+
+    def counts(self) -> tuple[float, ...]:
+        """H'_b, the consistent counts every estimate reads."""
+        return tuple(float(c) for c in self._counts)
 
     def candidates(self) -> list[int]:
         """Bin starts, bin ends and the limit, ascending."""
@@ -207,29 +220,32 @@ class RowModel:
         return sorted({*self.starts, *ends, self.limit} - {0})
 
     def all_rows(self) -> float:
-        """N(limit), at least 1."""
+        """N(limit) = sum_b H'_b m_b, at least 1."""
         return max(float(np.dot(self._counts, self._middles)), 1.0)
+
+    def all_rows_sd(self) -> float:
+        """sd N(limit) = sqrt(V sum_b m_b^2)."""
+        return math.sqrt(self.variance * float(np.dot(self._middles, self._middles)))
 
     def _above(self, caps: np.ndarray) -> np.ndarray:
         """max(0, m_b - k) for every cap k (rows) and bin b (columns)."""
         return np.maximum(self._middles[None, :] - caps[:, None], 0.0)
 
-    def lost_at(self, caps: np.ndarray) -> np.ndarray:
-        """L(k) = max(0, R(k)) + Z sd R(k) at every cap: rows lost above k, upper estimate."""
+    def lost_at(self, caps: np.ndarray, z: float = Z) -> np.ndarray:
+        """L(k) = R(k) + z sd R(k) at every cap: rows lost above k, upper estimate."""
         above = self._above(caps)
-        found = np.maximum(above @ self._counts, 0.0)
-        if self.epsilon > 0:
-            found = found + Z * np.sqrt(discrete_laplace_variance(self.epsilon)
-                                        * np.sum(above * above, axis=1))
+        found = above @ self._counts
+        if self.variance > 0 and z:
+            found = found + z * np.sqrt(self.variance * np.sum(above * above, axis=1))
         return found
 
     def kept_at(self, caps: np.ndarray) -> np.ndarray:
-        """N(k) = N(limit) - R(k) at every cap (unbiased, without the Z term), at least 1."""
+        """N(k) = N(limit) - R(k) at every cap, at least 1."""
         return np.maximum(self.all_rows() - self._above(caps) @ self._counts, 1.0)
 
-    def lost(self, k: int) -> float:
+    def lost(self, k: int, z: float = Z) -> float:
         """L(k) at one cap (``lost_at``)."""
-        return float(self.lost_at(np.array([float(k)]))[0])
+        return float(self.lost_at(np.array([float(k)]), z)[0])
 
     def kept(self, k: int) -> float:
         """N(k) at one cap (``kept_at``)."""
@@ -238,19 +254,31 @@ class RowModel:
 
 @dataclass(frozen=True)
 class Choice:
-    """The chosen cap, the magnitude bound of every clipped column, and E at that choice."""
+    """The chosen cap, the magnitude bound of every clipped column, and E at that choice.
+
+    ``noise_dominated`` says the choice fell back: it is the default (the largest candidate
+    cap, normally the limit, and the declared bounds) only because the test of the module
+    docstring rejected the narrower choice the point estimates preferred, or because a
+    histogram showed no measurable rows.  The histograms then said nothing reliable: such a
+    choice is safe to use once but must not be stored for reuse (an identical query should
+    look again).  False when a narrower choice passed the test, or when the point estimates
+    themselves prefer the default (evidence that it is best).
+    """
 
     cap: int
     bounds: tuple[float, ...]
     error: float
+    noise_dominated: bool = False
 
 
 def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColumn] = (),
            groups: int = 1, caps: Sequence[int] | None = None) -> Choice:
-    """Minimise E(k) jointly over the cap and the columns' bounds (module docstring).
+    """Minimise E(k) jointly over the cap and the columns' bounds, with every bias at its
+    upper estimate and every noise scale at its upper estimate (module docstring, "The test").
 
     ``caps`` restricts the candidate caps (a fixed cap: just that one); every candidate above
-    ``rows.limit`` is dropped, so the result never exceeds it.
+    ``rows.limit`` is dropped, so the result never exceeds it.  The default choice is the
+    largest candidate cap with the declared bounds.
     """
     if any(not t.epsilon > 0 for t in terms):
         raise ValueError("epsilons must be positive")
@@ -261,14 +289,35 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     candidates = [k for k in wanted if 1 <= k <= rows.limit]
     if not candidates:
         raise ValueError("no candidate cap within the limit")
-    n_all = rows.all_rows() / groups
     # Every statistic of a bound is independent of the cap: tabulate them once per column.
     tables = [(column, [t for t in terms if t.column == index], _BoundTable(column))
               for index, column in enumerate(columns)]
-    # E(k) at every candidate at once: arrays over k (and over k x B for the bounds).
     ks = np.asarray(candidates, dtype=float)
+    tested = _best(rows, terms, tables, groups, ks, Z)
+    default = (len(ks) - 1, tuple(t.bounds[0] for _, _, t in tables))
+    noise_dominated = False
+    if (tested[0], tested[1]) == default:
+        # Did the test overrule the point estimates?  Then the histograms were too noisy to
+        # act on, and the choice fell back.
+        point = _best(rows, terms, tables, groups, ks, 0.0)
+        noise_dominated = (point[0], point[1]) != default
+    best, bounds, error = tested
+    return Choice(candidates[best], bounds, error, noise_dominated)
+
+
+def _best(rows: RowModel, terms: Sequence[CapTerm],
+          tables: Sequence[tuple[ClipColumn, list[CapTerm], _BoundTable]], groups: int,
+          ks: np.ndarray, z: float) -> tuple[int, tuple[float, ...], float]:
+    """(index of the best cap, its bounds, its E) with uncertain estimates taken z standard
+    deviations on the side that argues against narrowing (z = 0: point estimates)."""
+    # E(k) at every candidate at once: arrays over k (and over k x B for the bounds).
+    n_all = rows.all_rows() / groups
+    # The scale of every total's noise and bias, at its upper estimate: a total's bias and
+    # noise share it, so their comparison does not depend on it, while an underestimated
+    # scale would make every noise look large and argue for the smallest cap.
+    scale = (rows.all_rows() + z * rows.all_rows_sd()) / groups
     n_k = rows.kept_at(ks) / groups
-    bias = np.minimum(rows.lost_at(ks) / groups / n_all, 1.0)
+    bias = rows.lost_at(ks, z) / groups / scale
     # Rows per group a mean over cap k leaves out, as a relative standard deviation / cv.
     subsample = np.sqrt(np.maximum(0.0, 1.0 / n_k - 1.0 / n_all))
     root2k = math.sqrt(2.0) * ks
@@ -278,13 +327,13 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
             if term.kind == "count" and term.total:
                 # COUNT(x) released next to an AVG(x): its noise and loss do not depend on x's
                 # bound (inside the ratio, _BoundTable weighs its noise).
-                error += bias + term.weight * root2k / term.epsilon / n_all
+                error += bias + term.weight * root2k / term.epsilon / scale
             elif term.total:
                 error += bias
             continue
         noise = term.weight * root2k / term.epsilon
         if term.total:
-            error += bias + noise / n_all
+            error += bias + noise / scale
         else:
             error += noise / n_k
             if term.kind == "sum":
@@ -292,7 +341,7 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     bounds = np.empty((len(ks), len(tables)))
     rows_k = np.arange(len(ks))
     for index, (column, mine, table) in enumerate(tables):
-        part = table.errors(mine, ks[:, None], n_k[:, None], n_all, subsample[:, None])
+        part = table.errors(mine, ks[:, None], n_k[:, None], scale, subsample[:, None], z)
         # At every k the first (largest) bound of least error, as a scan with a strict "<".
         at = np.argmin(part, axis=1)
         least = part[rows_k, at]
@@ -303,7 +352,7 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     # The first k of least error (the smallest, as a scan with a strict "<" finds it); an
     # undefined error never wins.
     best = int(np.argmin(np.where(np.isnan(error), math.inf, error)))
-    return Choice(candidates[best], tuple(float(b) for b in bounds[best]), float(error[best]))
+    return best, tuple(float(b) for b in bounds[best]), float(error[best])
 
 
 class _BoundTable:
@@ -324,8 +373,10 @@ class _BoundTable:
         self._table = table
         self.spread = table(column.spread)
         self.spread_loss = table(column.spread_loss)
+        self.spread_loss_sd = table(column.spread_loss_sd)
         self.kurtosis_term = table(lambda b: math.sqrt(max(column.kurtosis(b) - 1.0, 0.0)))
-        self.loss_upper = table(column.loss_upper)
+        self.loss = table(column.loss)
+        self.loss_sd = table(column.loss_sd)
         self.cv = table(lambda b: math.sqrt(column.spread(b)) / column.mean(b))
         self._per_row: dict[tuple[str, bool], np.ndarray] = {}
         self._offset: dict[bool, np.ndarray] = {}
@@ -345,11 +396,18 @@ class _BoundTable:
         return found
 
     def errors(self, terms: Sequence[CapTerm], k: np.ndarray, n_k: np.ndarray, n_all: float,
-               subsample: np.ndarray) -> np.ndarray:
+               subsample: np.ndarray, z: float = Z) -> np.ndarray:
         """The errors at every cap (``k``, ``n_k`` and ``subsample``: one row per cap, shape
-        (K, 1)) and every bound (columns): shape (K, B)."""
-        mu = self.column.mean()
+        (K, 1)) and every bound (columns): shape (K, B).  Biases are taken at their estimate
+        plus z standard deviations, the mean magnitude mu (the scale of the noise) likewise;
+        without measurable values (``ClipColumn.measured``) only the declared bound competes.
+        """
+        mu = self.column.mean() + z * self.column.mean_sd()
+        loss = self.loss + z * self.loss_sd
+        spread_loss = self.spread_loss + z * self.spread_loss_sd
         error = np.zeros((len(k), len(self.bounds)))
+        if z and not self.column.measured(z):
+            error[:, 1:] = math.inf
         root2k = math.sqrt(2.0) * k
         sums = [t for t in terms if t.kind == "sum"]
         counts = [t for t in terms if t.kind == "count"]
@@ -357,7 +415,7 @@ class _BoundTable:
         for term in sums:
             if term.total:
                 noise = root2k * self.per_row("sum", term.centred) / term.epsilon
-                error += self.loss_upper + noise / (n_all * mu)
+                error += loss + noise / (n_all * mu)
         if not squares and all(t.total for t in sums + counts):
             return error  # no AVG or VARIANCE of this column
         # The ratio's measurements (module docstring, "AVG and VARIANCE"): its sum S (the
@@ -376,12 +434,12 @@ class _BoundTable:
             q = self.per_row("sum_squares", squares[0].centred) / squares[0].epsilon
             noise = root2k * np.sqrt(q * q + (2.0 * s * h * per_s) ** 2
                                      + ((s * s - self.spread) * per_n) ** 2)
-            error += (noise / (n_k * self.spread) + self.spread_loss
+            error += (noise / (n_k * self.spread) + spread_loss
                       + self.kurtosis_term * subsample)
         else:
             # sd of c + S / N to first order: sqrt(sd_S^2 + (s sd_N)^2) / n_k, relative to mu.
             noise = root2k * np.sqrt((h * per_s) ** 2 + (s * per_n) ** 2)
-            error += self.loss_upper + noise / (n_k * mu) + self.cv * subsample
+            error += loss + noise / (n_k * mu) + self.cv * subsample
         return error
 
 
