@@ -15,42 +15,75 @@ sensitivity 1.  Discrete Laplace noise of scale 1 / epsilon_h makes the histogra
 k (and the bounds) are functions of the noisy histograms only (post-processing), so the query
 costs the epsilons of its histograms plus those of its measurements, by basic composition.
 
-Estimates.  Let H_b be the noisy counts, *not* clamped at 0: the estimates below are linear in
-H_b, hence unbiased (clamping each bin at 0 would add about 1 / (2 epsilon_h) phantom units to
-every empty bin, and phantom heavy units make the rule keep a needlessly large cap).  A unit of
-bin b is taken to have m_b rows, the middle of the bin [s_b, e_b] (e_b the next start minus 1;
-the limit bin: exactly the limit).  Then the rows kept at cap k, and the rows lost,
+Estimates.  Every estimate reads H'_b, the noisy counts made consistent (``mechanisms.consistency``:
+the closest non-negative counts whose tail sums, the units with at least s_b rows, are
+monotone; post-processing, free).  The raw counts are not read: an empty bin's count is
+negative half of the time, and at a small epsilon_h the sum of a few bins' noise is larger
+than the rows themselves, so the total went to 0 or below and every relative error of the rule
+saturated (the cap then jumped to 1 or to the limit from run to run).  A unit of bin b is
+taken to have m_b rows, the middle of the bin [s_b, e_b] (e_b the next start minus 1; the
+limit bin: exactly the limit).  Then the rows kept at cap k, and the rows lost,
 
-    N(k) = N(limit) - R(k),    N(limit) = sum_b H_b m_b,    R(k) = sum_b H_b max(0, m_b - k),
+    N(k) = N(limit) - R(k),    N(limit) = sum_b H'_b m_b,    R(k) = sum_b H'_b max(0, m_b - k),
 
-with Var R(k) = sum_b max(0, m_b - k)^2 * V, V = 2a / (1 - a)^2, a = exp(-epsilon_h), the
-variance of discrete Laplace noise of sensitivity 1 (about 2 / epsilon_h^2 for small
-epsilon_h).  The rule charges the loss at its upper estimate L(k) = max(0, R(k)) + Z sd R(k),
-Z = 1: the rows above a small cap are invisible in the answer (pure bias), while a too large
-cap shows up as noise, so a cap is lowered only when the histogram shows clearly that few rows
-lie above it.  (With the plug-in estimate alone, Z = 0, every empty bin above k adds noise of
-the histogram's scale, which exceeds what lowering the cap saves whenever epsilon_h is smaller
-than the measurements' epsilon: the cap would move at random and drop real rows.  The price of
-Z = 1 is that at a small selection share a total keeps a cap near the limit, i.e. the error of
-the limit plus the selection's share.)  Candidates: every bin start, every bin end, the limit.
+with sd R(k) = sqrt(V sum_b max(0, m_b - k)^2) and sd N(limit) = sqrt(V sum_b m_b^2), V =
+2a / (1 - a)^2, a = exp(-epsilon_h), the variance of discrete Laplace noise of sensitivity 1
+(about 2 / epsilon_h^2 for small epsilon_h).  (These are the raw counts' standard deviations:
+the consistent fit is a projection onto a convex set containing the truth, which moves no
+estimate further from the truth in the fit's norm; the raw ones are the conservative choice.)
+
+The test.  The rows above a small cap and the values beyond a narrow bound are invisible in
+the answer (pure bias), while a too large cap or a too wide bound only shows up as noise, whose
+size is known.  So a narrower choice must win by more than its estimates' noise: every
+estimate that argues for narrowing is taken at its one-sided 95% confidence limit (Z = 1.645
+standard deviations of the histogram noise, ``mechanisms.clip_bounds.Z``):
+
+    bias of a total at cap k    L(k) = R(k) + Z sd R(k)                      (upper)
+    clipping bias at bound B    loss(B) + Z sd loss(B), spread_loss + Z sd   (upper)
+    scale of a total's noise    N_+ = N(limit) + Z sd N(limit)               (upper)
+    mean magnitude              mu_+ = mu + Z sd mu                          (upper)
+
+and the rule minimises E at these values.  The default choice D, the largest candidate cap
+(the limit unless the cap is fixed) with the declared bounds, has no bias (R(limit) = 0,
+loss(M) = 0, both standard deviations 0), so a choice c != D wins only if
+
+    E_Z(D) - E_Z(c) = (noise(D) - noise(c)) / scale_+ - bias_+(c) > 0,
+
+i.e. if the gain's lower 95% confidence limit is positive (for one total, whose bias and noise
+share the scale: the noise saved, in rows, exceeds L(k)); otherwise D stands.  No bias is capped
+at 1: an upper estimate above 100% says the histogram cannot tell, and capping it made every
+narrowed bound tie, the least noisy (narrowest) then winning.  An underestimated scale (the
+rows, mu) makes every noise look large and argues for the narrowest choice, hence the upper
+scales.  A ratio's noise (AVG, VARIANCE) is divided by the point estimate N(k): a smaller cap
+moves a ratio only through which rows are kept (the subsampling term below), not by a missing
+share of a total.  A clipped column whose histogram does not show values at all (A - Z sd A
+<= 0, A = sum_j H'_j a_j, ``ClipColumn.measured``) keeps its declared bound.
+``Choice.noise_dominated`` records that the test overruled the point estimates (Z = 0): D was
+taken although the plug-in rule preferred a narrower choice; such a choice is not stored for
+reuse (the engine's choice_reuse_seconds), so an identical query looks again.  At a small
+selection epsilon this keeps the limit and the declared bounds: the error of the declared
+choice plus the selection's share, never a wrecked answer.  Candidates: every bin start,
+every bin end, the limit.
 
 The rule.  For a query with G groups (its public keys; 1 otherwise) let n_k = N(k) / G and
 n = N(limit) / G, the rows per group.  A measurement m of epsilon_m at cap k has Laplace-type
 noise of standard deviation sqrt(2) k d_m / epsilon_m, d_m its per-row bound.  Its expected
 relative error is taken as
 
-    COUNT released as a total:  e = L(k) / (G n) + sqrt(2) k / epsilon_m / n
-    SUM released as a total:    e = L(k) / (G n) + L(B) + sqrt(2) k d_m(B) / epsilon_m / (n mu)
+    COUNT released as a total:  e = L(k) / (G n_+) + sqrt(2) k / epsilon_m / n_+
+    SUM released as a total:    e = L(k) / (G n_+) + L(B) + sqrt(2) k d_m(B) / epsilon_m
+                                    / (n_+ mu_+)
     AVG, c + S / N:             e = L(B) + sqrt(2) k sqrt((h / eps_S)^2 + (s / eps_N)^2)
-                                        / (n_k mu)
+                                        / (n_k mu_+)
                                     + cv(B) sqrt(max(0, 1 / n_k - 1 / n))
     VARIANCE, (Q - S^2 / N) / (N - 1):
                                 e = sqrt(2) k sqrt((q / eps_Q)^2 + (2 s h / eps_S)^2
                                                    + ((s^2 - nu(B)) / eps_N)^2) / (n_k nu(B))
-                                    + (nu(M) - nu(B)) / nu(M)
+                                    + (nu(M) - nu(B)) / nu(M)  (upper estimate)
                                     + sqrt(kappa(B) - 1) sqrt(max(0, 1 / n_k - 1 / n))
 
-with mu, nu(B) and L(B) = loss(B) at its upper estimate from the column's histogram
+with n_+ = N_+ / G, mu_+, nu(B) and L(B) = loss(B) at its upper estimate from the column's
+histogram
 (``mechanisms.clip_bounds``) and d_m(B) the per-row bound at the magnitude bound B.  An AVG or a
 VARIANCE measures S, the sum of x - c (c = (l' + u') / 2, the middle of the interval; 0 for a
 symmetric one), N, the count, and for a VARIANCE Q, the sum of (x - c)^2; h = d_S(B) and q =
@@ -461,8 +494,24 @@ def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
 GROUP_QUANTILE = 0.01
 
 
+@dataclass(frozen=True)
+class GroupChoice:
+    """The groups-per-unit bound g and whether it fell back to the limit (``noise_dominated``:
+    the test rejected the smaller g the point estimates preferred; not to be stored for
+    reuse, as ``Choice.noise_dominated``)."""
+
+    groups: int
+    noise_dominated: bool
+
+
 def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: float = 0.0,
                   alpha: float = GROUP_QUANTILE) -> int:
+    """The groups-per-unit bound g of ``choose_groups_checked`` (the bound alone)."""
+    return choose_groups_checked(units, gate_epsilon, delta, alpha).groups
+
+
+def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
+                          delta: float = 0.0, alpha: float = GROUP_QUANTILE) -> GroupChoice:
     """The groups-per-unit bound g for keys released by thresholding (``mechanisms.thresholding``).
 
     ``units`` is the noisy histogram of G_u, each unit's number of distinct groups in the
@@ -479,10 +528,14 @@ def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: flo
     smallest candidate (bin start or end, as for the cap) that leaves all groups to all but a
     share alpha of the units, with the count of units above g at its upper estimate:
 
-        A(g) = sum_{b: m_b > g} H_b + Z sqrt(V |{b: m_b > g}|) <= alpha U,   U = sum_b H_b,
+        A(g) = sum_{b: m_b > g} H'_b + Z sqrt(V |{b: m_b > g}|)
+             <= alpha U,   U = sum_b H'_b - Z sqrt(V n_bins),
 
-    m_b the bin's middle, V the histogram noise's variance (``discrete_laplace_variance``); if
-    no candidate passes, g_q = the limit.  This is a DP quantile of the per-unit contributions
+    H' the consistent counts (``mechanisms.consistency``), m_b the bin's middle, V the
+    histogram noise's variance (``discrete_laplace_variance``): the units above g at their
+    upper and all units at their lower 95% estimate (the test of the module docstring); if no
+    candidate passes, g_q = the limit, and the choice is noise-dominated when the point
+    estimates (Z = 0) would have passed one.  This is a DP quantile of the per-unit contributions
     (Amin et al., "Bounding user contributions: a bias-variance trade-off in differential
     privacy", ICML 2019); alpha = 1% keeps every group's distinct-unit count within about 1%.
 
@@ -514,28 +567,40 @@ def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: flo
     """
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
-    h = np.asarray(units.noisy, dtype=float)
+    if gate_epsilon is not None and (not gate_epsilon > 0 or not 0 < delta < 1):
+        raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
+    tested = _groups(units, gate_epsilon, delta, alpha, Z)
+    fell_back = tested == units.limit and _groups(units, gate_epsilon, delta, alpha,
+                                                   0.0) != units.limit
+    return GroupChoice(tested, fell_back)
+
+
+def _groups(units: RowModel, gate_epsilon: float | None, delta: float, alpha: float,
+            z: float) -> int:
+    """g (``choose_groups_checked``) with the counts z standard deviations on the side that
+    argues against a smaller g (z = 0: point estimates)."""
+    h = np.asarray(units.counts())
     middles = units._middles
-    total = max(float(h.sum()), 1.0)
-    variance = discrete_laplace_variance(units.epsilon) if units.epsilon > 0 else 0.0
+    variance = units.variance
+    # U at its lower estimate: noise that inflates the units would let a tail of real units
+    # pass for a share below alpha.
+    total = max(float(h.sum()) - z * math.sqrt(variance * len(h)), 1.0)
     candidates = units.candidates()
     quantile = units.limit
     for g in candidates:
         above = middles > g
-        found = float(h[above].sum()) + Z * math.sqrt(variance * int(above.sum()))
+        found = float(h[above].sum()) + z * math.sqrt(variance * int(above.sum()))
         if found <= alpha * total:
             quantile = g
             break
     if gate_epsilon is None:
         return quantile
-    if not gate_epsilon > 0 or not 0 < delta < 1:
-        raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
     pairs = units.all_rows()
     best, best_error = quantile, math.inf
     for g in reversed([c for c in candidates if c <= quantile]):
         per_group = units.kept(g) / quantile
         r = key_release_threshold(g / gate_epsilon, g, delta) / per_group
-        error = min(units.lost(g) / pairs, 1.0) + 1.0 - (1.0 + r) * math.exp(-r)
+        error = units.lost(g, z) / pairs + 1.0 - (1.0 + r) * math.exp(-r)
         if error < best_error:
             best, best_error = g, error
     return best

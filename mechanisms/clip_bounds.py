@@ -27,8 +27,10 @@ values of the average unit; the rule uses it as the distribution of the rows the
 (each unit keeps min(c_u, k) rows drawn at random among its own, so that holds when heavy and
 light units have similar values; if not, only accuracy suffers, never privacy).
 
-The bound.  From the noisy weights H_j (not clamped) with representative magnitudes a_0 = M,
-a_j = the middle of bin j, let p_j = H_j / sum H and, for a candidate magnitude bound B,
+The bound.  From the consistent weights H'_j (``mechanisms.consistency``: non-negative, with
+monotone weight above every edge; the tail is bin 0, the largest magnitudes) with
+representative magnitudes a_0 = M, a_j = the middle of bin j, let W = sum_j H'_j, p_j = H'_j / W
+and, for a candidate magnitude bound B,
 
     mu      = sum_j p_j a_j                       (mean magnitude at the declared bounds)
     mu(B)   = sum_j p_j min(a_j, B)               (mean magnitude clipped at B)
@@ -37,13 +39,20 @@ a_j = the middle of bin j, let p_j = H_j / sum H and, for a candidate magnitude 
 
 The clipping interval at B is [l', u'] = [max(l, -B), min(u, B)] (B ranges over the bin edges
 M 2^(-j/2), j = 0..J; an empty interval is not a candidate).  The per-row sensitivity of each
-measurement at B follows from [l', u'] exactly as in ``analyses.query._derive``.  Like the
-rows lost above a cap (``mechanisms.caps``), the bias is charged at its upper estimate
-loss(B) + Z sd loss(B), with sd loss(B) = sqrt(V sum_j max(0, a_j - B)^2) / (W mu), V the
-snapping mechanism's variance bound and W = sum_j H_j: the bound narrows only where the
-histogram shows clearly that little mass lies beyond it.  How the
-relative error of each measurement combines loss(B) with its noise at the cap k is derived in
-``mechanisms.caps``; the bound is a function of the noisy histogram only (post-processing).
+measurement at B follows from [l', u'] exactly as in ``analyses.query._derive``.
+
+Their noise (the delta method: each is a ratio of two sums linear in H'_j, whose bins have
+independent noise of variance V, the snapping mechanism's variance bound; A = W mu):
+
+    sd loss(B) = sqrt(V sum_j (max(0, a_j - B) - loss(B) a_j)^2) / A
+    sd mu      = sqrt(V sum_j (a_j - mu)^2) / W
+
+The rule (``mechanisms.caps``, "The test") takes loss(B) and mu at their upper 95% estimates
+(Z = 1.645 standard deviations): the bound narrows only where the histogram shows clearly
+that little mass lies beyond it, and an underestimated mu cannot make the declared bound's
+noise look larger than it is.  A column whose histogram shows no values at all, A - Z sqrt(V
+sum_j a_j^2) <= 0 (``ClipColumn.measured``), keeps its declared bound.  The bound is a
+function of the noisy histogram only (post-processing).
 """
 
 from __future__ import annotations
