@@ -276,6 +276,15 @@ class RowModel:
         """N(k) = N(limit) - R(k) at every cap, at least 1."""
         return np.maximum(self.all_rows() - self._above(caps) @ self._counts, 1.0)
 
+    def kept_upper_at(self, caps: np.ndarray, z: float = Z) -> np.ndarray:
+        """N(k) + z sd N(k), sd N(k) = sqrt(V sum_b min(m_b, k)^2): the rows at cap k at their
+        upper estimate (the scale a narrower bound's noise saving is divided by)."""
+        kept = self.kept_at(caps)
+        if self.variance > 0 and z:
+            within = np.minimum(self._middles[None, :], caps[:, None])
+            kept = kept + z * np.sqrt(self.variance * np.sum(within * within, axis=1))
+        return kept
+
     def lost(self, k: int, z: float = Z) -> float:
         """L(k) at one cap (``lost_at``)."""
         return float(self.lost_at(np.array([float(k)]), z)[0])
@@ -350,6 +359,9 @@ def _best(rows: RowModel, terms: Sequence[CapTerm],
     # scale would make every noise look large and argue for the smallest cap.
     scale = (rows.all_rows() + z * rows.all_rows_sd()) / groups
     n_k = rows.kept_at(ks) / groups
+    # The ratio of the point to the upper estimate of the rows at k: a ratio's noise saved by
+    # a narrower bound is scaled by it (_BoundTable.errors).
+    shrink = n_k / (rows.kept_upper_at(ks, z) / groups)
     bias = rows.lost_at(ks, z) / groups / scale
     # Rows per group a mean over cap k leaves out, as a relative standard deviation / cv.
     subsample = np.sqrt(np.maximum(0.0, 1.0 / n_k - 1.0 / n_all))
@@ -374,7 +386,8 @@ def _best(rows: RowModel, terms: Sequence[CapTerm],
     bounds = np.empty((len(ks), len(tables)))
     rows_k = np.arange(len(ks))
     for index, (column, mine, table) in enumerate(tables):
-        part = table.errors(mine, ks[:, None], n_k[:, None], scale, subsample[:, None], z)
+        part = table.errors(mine, ks[:, None], n_k[:, None], scale, subsample[:, None], z,
+                            shrink[:, None])
         # At every k the first (largest) bound of least error, as a scan with a strict "<".
         at = np.argmin(part, axis=1)
         least = part[rows_k, at]
@@ -429,10 +442,13 @@ class _BoundTable:
         return found
 
     def errors(self, terms: Sequence[CapTerm], k: np.ndarray, n_k: np.ndarray, n_all: float,
-               subsample: np.ndarray, z: float = Z) -> np.ndarray:
-        """The errors at every cap (``k``, ``n_k`` and ``subsample``: one row per cap, shape
-        (K, 1)) and every bound (columns): shape (K, B).  Biases are taken at their estimate
-        plus z standard deviations, the mean magnitude mu (the scale of the noise) likewise;
+               subsample: np.ndarray, z: float = Z, shrink: np.ndarray | None = None
+               ) -> np.ndarray:
+        """The errors at every cap (``k``, ``n_k``, ``subsample`` and ``shrink``: one row per
+        cap, shape (K, 1)) and every bound (columns): shape (K, B).  Biases are taken at their
+        estimate plus z standard deviations, the mean magnitude mu (the scale of the noise)
+        likewise, and a ratio's noise saved by a bound narrower than the declared one is
+        multiplied by ``shrink`` = N(k) / (N(k) + z sd N(k)) (module docstring, "The test");
         without measurable values (``ClipColumn.measured``) only the declared bound competes.
         """
         mu = self.column.mean() + z * self.column.mean_sd()
@@ -467,13 +483,25 @@ class _BoundTable:
             q = self.per_row("sum_squares", squares[0].centred) / squares[0].epsilon
             noise = root2k * np.sqrt(q * q + (2.0 * s * h * per_s) ** 2
                                      + ((s * s - self.spread) * per_n) ** 2)
-            error += (noise / (n_k * self.spread) + spread_loss
+            error += (_saved_at_upper(noise / (n_k * self.spread), shrink) + spread_loss
                       + self.kurtosis_term * subsample)
         else:
             # sd of c + S / N to first order: sqrt(sd_S^2 + (s sd_N)^2) / n_k, relative to mu.
             noise = root2k * np.sqrt((h * per_s) ** 2 + (s * per_n) ** 2)
-            error += loss + noise / (n_k * mu) + self.cv * subsample
+            error += (loss + _saved_at_upper(noise / (n_k * mu), shrink)
+                      + self.cv * subsample)
         return error
+
+
+def _saved_at_upper(relative: np.ndarray, shrink: np.ndarray | None) -> np.ndarray:
+    """A ratio's relative noise at every (cap, bound), the part a bound saves against the
+    declared one (column 0) multiplied by ``shrink`` <= 1: the saving at its lower estimate,
+    as if the rows were at their upper estimate; a bound that adds noise keeps all of it."""
+    if shrink is None:
+        return relative
+    declared = relative[:, :1]
+    change = relative - declared
+    return declared + np.maximum(change, 0.0) + np.minimum(change, 0.0) * shrink
 
 
 def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from chorus_py.engine import Engine
 from chorus_py.policy import TablePolicy
 from mechanisms.caps import CapTerm, RowModel, choose
-from mechanisms.clip_bounds import STEPS, Z, ClipColumn, magnitude_edges, representatives
+from mechanisms.clip_bounds import STEPS, ClipColumn, Z, magnitude_edges, representatives
 from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
