@@ -56,7 +56,10 @@ narrowed bound tie, the least noisy (narrowest) then winning.  An underestimated
 rows, mu) makes every noise look large and argues for the narrowest choice, hence the upper
 scales.  A ratio's noise (AVG, VARIANCE) is divided by the point estimate N(k): a smaller cap
 moves a ratio only through which rows are kept (the subsampling term below), not by a missing
-share of a total.  A clipped column whose histogram does not show values at all (A - Z sd A
+share of a total.  But the part of a ratio's noise that a narrower bound saves is divided by
+N_+(k) = N(k) + Z sd N(k), sd N(k) = sqrt(V sum_b min(m_b, k)^2): a cap histogram that is all
+noise (N(k) near 0) must not make the declared bound's noise look unbounded (it did: AVG(cost)
+clipped to [0, 4.88]).  A clipped column whose histogram does not show values at all (A - Z sd A
 <= 0, A = sum_j H'_j a_j, ``ClipColumn.measured``) keeps its declared bound.
 ``Choice.noise_dominated`` records that the test overruled the point estimates (Z = 0): D was
 taken although the plug-in rule preferred a narrower choice; such a choice is not stored for
@@ -64,6 +67,16 @@ reuse (the engine's choice_reuse_seconds), so an identical query looks again.  A
 selection epsilon this keeps the limit and the declared bounds: the error of the declared
 choice plus the selection's share, never a wrecked answer.  Candidates: every bin start,
 every bin end, the limit.
+
+What the test costs.  For one total of weight w (1 for a COUNT), E_Z(k) - E_Z(limit) >=
+(limit - k) (Z sqrt(V) - sqrt(2) w / epsilon_m) / scale_+, since sd R(k) >= sqrt(V) (limit - k)
+(the limit bin alone).  So when Z sqrt(V) > sqrt(2) w / epsilon_m, roughly epsilon_h < Z
+epsilon_m / w, whatever the histogram shows, a total keeps the limit: one unit hidden in the
+limit bin would cost as many rows as the whole noise saving, and the histogram cannot rule it
+out.  With the default selection share (privacy.cap_epsilon_share = 0.1, epsilon_h <= epsilon /
+10 against epsilon_m = 0.9 epsilon) that always holds: a COUNT or SUM released as a total is
+answered at the limit, and only ratios and clipping bounds move.  A larger share is the way to
+let a total's cap move on evidence.
 
 The rule.  For a query with G groups (its public keys; 1 otherwise) let n_k = N(k) / G and
 n = N(limit) / G, the rows per group.  A measurement m of epsilon_m at cap k has Laplace-type
@@ -83,12 +96,12 @@ relative error is taken as
                                     + sqrt(kappa(B) - 1) sqrt(max(0, 1 / n_k - 1 / n))
 
 with n_+ = N_+ / G, mu_+, nu(B) and L(B) = loss(B) at its upper estimate from the column's
-histogram
-(``mechanisms.clip_bounds``) and d_m(B) the per-row bound at the magnitude bound B.  An AVG or a
-VARIANCE measures S, the sum of x - c (c = (l' + u') / 2, the middle of the interval; 0 for a
-symmetric one), N, the count, and for a VARIANCE Q, the sum of (x - c)^2; h = d_S(B) and q =
-d_Q(B) are their per-row bounds ((u' - l') / 2 and its square when centred) and s = s(B) =
-|E[x] - c| (``ClipColumn.offset``).
+histogram (``mechanisms.clip_bounds``; the noise a narrower bound saves in an AVG or a VARIANCE
+divided by n_k N_+(k) / N(k) instead of n_k, as above) and d_m(B) the per-row bound at the
+magnitude bound B.  An AVG or a VARIANCE measures S, the sum of x - c (c = (l' + u') / 2, the
+middle of the interval; 0 for a symmetric one), N, the count, and for a VARIANCE Q, the sum of
+(x - c)^2; h = d_S(B) and q = d_Q(B) are their per-row bounds ((u' - l') / 2 and its square
+when centred) and s = s(B) = |E[x] - c| (``ClipColumn.offset``).
 
 The ratios' noise, to first order (the delta method).  With S = S_0 + X_S, N = N_0 + X_N,
 Q = Q_0 + X_Q, the noises X_m independent with sd_m = sqrt(2) k d_m / epsilon_m (N_0 = n_k,
