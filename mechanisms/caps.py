@@ -567,16 +567,12 @@ def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
 
     The quantile.  A unit with G_u <= g loses nothing, so g never needs to exceed g_q, the
     smallest candidate (bin start or end, as for the cap) that leaves all groups to all but a
-    share alpha of the units, with the count of units above g at its upper estimate:
+    share alpha of the units:
 
-        A(g) = sum_{b: m_b > g} H'_b + Z sqrt(V |{b: m_b > g}|)
-             <= alpha U,   U = sum_b H'_b - Z sqrt(V n_bins),
+        A(g) = sum_{b: m_b > g} H'_b <= alpha U,   U = sum_b H'_b,
 
-    H' the consistent counts (``mechanisms.consistency``), m_b the bin's middle, V the
-    histogram noise's variance (``discrete_laplace_variance``): the units above g at their
-    upper and all units at their lower 95% estimate (the test of the module docstring); if no
-    candidate passes, g_q = the limit, and the choice is noise-dominated when the point
-    estimates (Z = 0) would have passed one.  This is a DP quantile of the per-unit contributions
+    H' the consistent counts (``mechanisms.consistency``), m_b the bin's middle; if no
+    candidate passes, g_q = the limit.  This is a DP quantile of the per-unit contributions
     (Amin et al., "Bounding user contributions: a bias-variance trade-off in differential
     privacy", ICML 2019); alpha = 1% keeps every group's distinct-unit count within about 1%.
 
@@ -586,15 +582,23 @@ def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
 
         E(g) = L(g) / P + S(g),   S(g) = 1 - (1 + r) exp(-r),   r = tau(g) / n(g),
 
-    where P = sum_b H_b m_b is the (unit, group) pairs, L(g) the pairs beyond g at their upper
-    estimate (``RowModel.lost`` over this histogram), n(g) = (P - R(g)) / g_q the mean distinct
+    where P = sum_b H'_b m_b is the (unit, group) pairs, L(g) = R(g) the pairs beyond g
+    (``RowModel.lost`` over this histogram, z = 0), n(g) = (P - R(g)) / g_q the mean distinct
     units per group (g_q estimates the number of groups: for keys such as the hour of the day,
     units that reach many groups reach all of them; for finer keys it overestimates n, and g
     stays near g_q, where nothing could be released anyway), and S(g) the share of pairs in
     groups below tau when group sizes are exponential with mean n (the maximum-entropy law for
     a known mean): the integral of x exp(-x / n) / n^2 over [0, tau].  Both terms are shares of
-    the distinct-unit counts lost.  Ties go to the larger g.  g is post-processing of the noisy
-    histogram (epsilon_t and delta are public).
+    the distinct-unit counts lost.  Ties go to the larger g.
+
+    Why point estimates here.  For the cap and the bounds the limit and the declared bounds are
+    the safe fallback; for g the limit is the worst choice (tau(limit) releases nothing), and
+    L(g) and S(g) are both losses of the same kind, so neither is taken at a confidence limit.
+    The test only sets the flag: ``noise_dominated`` when the quantile at Z standard deviations
+    (A(g) + Z sqrt(V |{b: m_b > g}|) <= alpha (U - Z sqrt(V n_bins)), V the histogram noise's
+    variance, ``discrete_laplace_variance``) finds no candidate below the limit while the point
+    estimates do: the histogram does not clearly support g, so it is not stored for reuse.  g
+    is post-processing of the noisy histogram (epsilon_t and delta are public).
 
     1000 units with 17 to 19 groups each (the bin [17, 19], m = 18), exact counts: g_q = 19, the
     bin's end (g = 17, the start, leaves them all above it); at epsilon_t = 1 and delta 1e-8,
@@ -610,38 +614,40 @@ def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
         raise ValueError("alpha must be in (0, 1)")
     if gate_epsilon is not None and (not gate_epsilon > 0 or not 0 < delta < 1):
         raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
-    tested = _groups(units, gate_epsilon, delta, alpha, Z)
-    fell_back = tested == units.limit and _groups(units, gate_epsilon, delta, alpha,
-                                                   0.0) != units.limit
-    return GroupChoice(tested, fell_back)
+    # The key-release threshold makes the limit the worst g, not a safe default (it releases
+    # nothing), so g itself comes from the point estimates; the test (the quantile at Z) only
+    # says whether the histogram clearly supports a quantile below the limit.
+    chosen = _groups(units, gate_epsilon, delta, alpha)
+    supported = _quantile(units, alpha, Z) < units.limit
+    return GroupChoice(chosen, not supported and _quantile(units, alpha, 0.0) < units.limit)
 
 
-def _groups(units: RowModel, gate_epsilon: float | None, delta: float, alpha: float,
-            z: float) -> int:
-    """g (``choose_groups_checked``) with the counts z standard deviations on the side that
-    argues against a smaller g (z = 0: point estimates)."""
+def _quantile(units: RowModel, alpha: float, z: float) -> int:
+    """g_q: the smallest candidate with A(g) <= alpha U, the units above g at their estimate
+    plus z standard deviations and all units at theirs minus z (the limit if none)."""
     h = np.asarray(units.counts())
     middles = units._middles
     variance = units.variance
-    # U at its lower estimate: noise that inflates the units would let a tail of real units
-    # pass for a share below alpha.
     total = max(float(h.sum()) - z * math.sqrt(variance * len(h)), 1.0)
-    candidates = units.candidates()
-    quantile = units.limit
-    for g in candidates:
+    for g in units.candidates():
         above = middles > g
         found = float(h[above].sum()) + z * math.sqrt(variance * int(above.sum()))
         if found <= alpha * total:
-            quantile = g
-            break
+            return g
+    return units.limit
+
+
+def _groups(units: RowModel, gate_epsilon: float | None, delta: float, alpha: float) -> int:
+    """g (``choose_groups_checked``) from the consistent counts' point estimates."""
+    quantile = _quantile(units, alpha, 0.0)
     if gate_epsilon is None:
         return quantile
     pairs = units.all_rows()
     best, best_error = quantile, math.inf
-    for g in reversed([c for c in candidates if c <= quantile]):
+    for g in reversed([c for c in units.candidates() if c <= quantile]):
         per_group = units.kept(g) / quantile
         r = key_release_threshold(g / gate_epsilon, g, delta) / per_group
-        error = units.lost(g, z) / pairs + 1.0 - (1.0 + r) * math.exp(-r)
+        error = units.lost(g, 0.0) / pairs + 1.0 - (1.0 + r) * math.exp(-r)
         if error < best_error:
             best, best_error = g, error
     return best

@@ -247,16 +247,29 @@ def test_generous_histograms_still_narrow() -> None:
     assert narrowed >= 0.9 * REPEATS
 
 
-def test_groups_per_unit_fall_back_to_the_limit_on_noise() -> None:
-    # 30 units with 3 groups each, epsilon_h = 0.01 (sd ~ 141 units per bin): the point
-    # estimates would take a small g, the test keeps the limit and says it fell back.
+def test_groups_per_unit_say_when_the_histogram_is_noise() -> None:
+    # 30 units with 3 groups each, epsilon_h = 0.01 (sd ~ 141 units per bin).  g keeps the
+    # point estimate (the limit would release no group at all), but the quantile at its 95%
+    # limits finds nothing below the limit: the choice is flagged, not to be reused.
     rows = RowModel(cap_bins(50), tuple([0.0, 0.0, 30.0] + [0.0] * (len(cap_bins(50)) - 3)),
                     50, 0.01)
     choice = choose_groups_checked(rows)
-    assert choice.groups == 50 and choice.noise_dominated
+    assert choice.groups == 3 and choice.noise_dominated
     exact = RowModel(rows.starts, rows.noisy, 50, 0.0)
     assert choose_groups_checked(exact).groups == 3
     assert not choose_groups_checked(exact).noise_dominated
+
+
+def test_groups_per_unit_on_the_demo_hours_at_epsilon_0_1() -> None:
+    # The demo's distinct pickup hours per rider (tests/test_group_bounds.py) at the histogram
+    # epsilon of a thresholded COUNT at epsilon 0.1 (0.005) and its key-release count (0.018):
+    # g stays where hours are released (at most 23) in at least 90% of 200 runs (the limit,
+    # 200, would release none).
+    counts = np.array([15855, 15533, 13553, 11443, 9472, 7787, 6391, 10066, 6898, 4726, 4482,
+                       2277, 1147, 90] + [0] * 13, dtype=float)
+    small = sum(choose_groups_checked(noisy_rows(cap_bins(200), counts, 200, 0.005), 0.018,
+                                      1e-8).groups <= 23 for _ in range(REPEATS))
+    assert small >= 0.9 * REPEATS
 
 
 # -- the bias estimates --------------------------------------------------------------------------
