@@ -53,7 +53,7 @@ How the runs are made cheap without changing what is measured:
 
 The hospital visits (issue 19: automatic choices must never wreck an answer).  6,000 patients
 with heavy-tailed visit counts (1 + floor(3 Pareto(1.8)), at most 300: median 2, 99th percentile
-about 40, about 21,000 visits over 2026), max_rows_per_unit = 100; ``cost`` log-normal with
+about 40, 25,688 visits over 2026), max_rows_per_unit = 100; ``cost`` log-normal with
 median 660 (sigma 1.1, mean about 1,200) declared [0, 20000]; ``wait_minutes`` 1 to 60 for 97%
 of visits (up to 240 for the rest) declared [0, 1000]; five departments (public values).  Epsilons
 0.05, 0.1, 0.5, 1; --runs runs per cell (every cell, no pilot).  Configurations: fixed caps 1, 10
