@@ -15,47 +15,93 @@ sensitivity 1.  Discrete Laplace noise of scale 1 / epsilon_h makes the histogra
 k (and the bounds) are functions of the noisy histograms only (post-processing), so the query
 costs the epsilons of its histograms plus those of its measurements, by basic composition.
 
-Estimates.  Let H_b be the noisy counts, *not* clamped at 0: the estimates below are linear in
-H_b, hence unbiased (clamping each bin at 0 would add about 1 / (2 epsilon_h) phantom units to
-every empty bin, and phantom heavy units make the rule keep a needlessly large cap).  A unit of
-bin b is taken to have m_b rows, the middle of the bin [s_b, e_b] (e_b the next start minus 1;
-the limit bin: exactly the limit).  Then the rows kept at cap k, and the rows lost,
+Estimates.  Every estimate reads H'_b, the noisy counts made consistent (``mechanisms.consistency``:
+the closest non-negative counts whose tail sums, the units with at least s_b rows, are
+monotone; post-processing, free).  The raw counts are not read: an empty bin's count is
+negative half of the time, and at a small epsilon_h the sum of a few bins' noise is larger
+than the rows themselves, so the total went to 0 or below and every relative error of the rule
+saturated (the cap then jumped to 1 or to the limit from run to run).  A unit of bin b is
+taken to have m_b rows, the middle of the bin [s_b, e_b] (e_b the next start minus 1; the
+limit bin: exactly the limit).  Then the rows kept at cap k, and the rows lost,
 
-    N(k) = N(limit) - R(k),    N(limit) = sum_b H_b m_b,    R(k) = sum_b H_b max(0, m_b - k),
+    N(k) = N(limit) - R(k),    N(limit) = sum_b H'_b m_b,    R(k) = sum_b H'_b max(0, m_b - k),
 
-with Var R(k) = sum_b max(0, m_b - k)^2 * V, V = 2a / (1 - a)^2, a = exp(-epsilon_h), the
-variance of discrete Laplace noise of sensitivity 1 (about 2 / epsilon_h^2 for small
-epsilon_h).  The rule charges the loss at its upper estimate L(k) = max(0, R(k)) + Z sd R(k),
-Z = 1: the rows above a small cap are invisible in the answer (pure bias), while a too large
-cap shows up as noise, so a cap is lowered only when the histogram shows clearly that few rows
-lie above it.  (With the plug-in estimate alone, Z = 0, every empty bin above k adds noise of
-the histogram's scale, which exceeds what lowering the cap saves whenever epsilon_h is smaller
-than the measurements' epsilon: the cap would move at random and drop real rows.  The price of
-Z = 1 is that at a small selection share a total keeps a cap near the limit, i.e. the error of
-the limit plus the selection's share.)  Candidates: every bin start, every bin end, the limit.
+with sd R(k) = sqrt(V sum_b max(0, m_b - k)^2) and sd N(limit) = sqrt(V sum_b m_b^2), V =
+2a / (1 - a)^2, a = exp(-epsilon_h), the variance of discrete Laplace noise of sensitivity 1
+(about 2 / epsilon_h^2 for small epsilon_h).  (These are the raw counts' standard deviations:
+the consistent fit is a projection onto a convex set containing the truth, which moves no
+estimate further from the truth in the fit's norm; the raw ones are the conservative choice.)
+
+The test.  The rows above a small cap and the values beyond a narrow bound are invisible in
+the answer (pure bias), while a too large cap or a too wide bound only shows up as noise, whose
+size is known.  So a narrower choice must win by more than its estimates' noise: every
+estimate that argues for narrowing is taken at its one-sided 95% confidence limit (Z = 1.645
+standard deviations of the histogram noise, ``mechanisms.clip_bounds.Z``):
+
+    bias of a total at cap k    L(k) = R(k) + Z sd R(k)                      (upper)
+    clipping bias at bound B    loss(B) + Z sd loss(B), spread_loss + Z sd   (upper)
+    scale of a total's noise    N_+ = N(limit) + Z sd N(limit)               (upper)
+    mean magnitude              mu_+ = mu + Z sd mu                          (upper)
+
+and the rule minimises E at these values.  The default choice D, the largest candidate cap
+(the limit unless the cap is fixed) with the declared bounds, has no bias (R(limit) = 0,
+loss(M) = 0, both standard deviations 0), so a choice c != D wins only if
+
+    E_Z(D) - E_Z(c) = (noise(D) - noise(c)) / scale_+ - bias_+(c) > 0,
+
+i.e. if the gain's lower 95% confidence limit is positive (for one total, whose bias and noise
+share the scale: the noise saved, in rows, exceeds L(k)); otherwise D stands.  No bias is capped
+at 1: an upper estimate above 100% says the histogram cannot tell, and capping it made every
+narrowed bound tie, the least noisy (narrowest) then winning.  An underestimated scale (the
+rows, mu) makes every noise look large and argues for the narrowest choice, hence the upper
+scales.  A ratio's noise (AVG, VARIANCE) is divided by the point estimate N(k): a smaller cap
+moves a ratio only through which rows are kept (the subsampling term below), not by a missing
+share of a total.  But the part of a ratio's noise that a narrower bound saves is divided by
+N_+(k) = N(k) + Z sd N(k), sd N(k) = sqrt(V sum_b min(m_b, k)^2): a cap histogram that is all
+noise (N(k) near 0) must not make the declared bound's noise look unbounded (it did: AVG(cost)
+clipped to [0, 4.88]).  A clipped column whose histogram does not show values at all (A - Z sd A
+<= 0, A = sum_j H'_j a_j, ``ClipColumn.measured``) keeps its declared bound.
+``Choice.noise_dominated`` records that the test overruled the point estimates (Z = 0): D was
+taken although the plug-in rule preferred a narrower choice; such a choice is not stored for
+reuse (the engine's choice_reuse_seconds), so an identical query looks again.  At a small
+selection epsilon this keeps the limit and the declared bounds: the error of the declared
+choice plus the selection's share, never a wrecked answer.  Candidates: every bin start,
+every bin end, the limit.
+
+What the test costs.  For one total of weight w (1 for a COUNT), E_Z(k) - E_Z(limit) >=
+(limit - k) (Z sqrt(V) - sqrt(2) w / epsilon_m) / scale_+, since sd R(k) >= sqrt(V) (limit - k)
+(the limit bin alone).  So when Z sqrt(V) > sqrt(2) w / epsilon_m, roughly epsilon_h < Z
+epsilon_m / w, whatever the histogram shows, a total keeps the limit: one unit hidden in the
+limit bin would cost as many rows as the whole noise saving, and the histogram cannot rule it
+out.  With the default selection share (privacy.cap_epsilon_share = 0.1, epsilon_h <= epsilon /
+10 against epsilon_m = 0.9 epsilon) that always holds: a COUNT or SUM released as a total is
+answered at the limit, and only ratios and clipping bounds move.  A larger share is the way to
+let a total's cap move on evidence.
 
 The rule.  For a query with G groups (its public keys; 1 otherwise) let n_k = N(k) / G and
 n = N(limit) / G, the rows per group.  A measurement m of epsilon_m at cap k has Laplace-type
 noise of standard deviation sqrt(2) k d_m / epsilon_m, d_m its per-row bound.  Its expected
 relative error is taken as
 
-    COUNT released as a total:  e = L(k) / (G n) + sqrt(2) k / epsilon_m / n
-    SUM released as a total:    e = L(k) / (G n) + L(B) + sqrt(2) k d_m(B) / epsilon_m / (n mu)
+    COUNT released as a total:  e = L(k) / (G n_+) + sqrt(2) k / epsilon_m / n_+
+    SUM released as a total:    e = L(k) / (G n_+) + L(B) + sqrt(2) k d_m(B) / epsilon_m
+                                    / (n_+ mu_+)
     AVG, c + S / N:             e = L(B) + sqrt(2) k sqrt((h / eps_S)^2 + (s / eps_N)^2)
-                                        / (n_k mu)
+                                        / (n_k mu_+)
                                     + cv(B) sqrt(max(0, 1 / n_k - 1 / n))
     VARIANCE, (Q - S^2 / N) / (N - 1):
                                 e = sqrt(2) k sqrt((q / eps_Q)^2 + (2 s h / eps_S)^2
                                                    + ((s^2 - nu(B)) / eps_N)^2) / (n_k nu(B))
-                                    + (nu(M) - nu(B)) / nu(M)
+                                    + (nu(M) - nu(B)) / nu(M)  (upper estimate)
                                     + sqrt(kappa(B) - 1) sqrt(max(0, 1 / n_k - 1 / n))
 
-with mu, nu(B) and L(B) = loss(B) at its upper estimate from the column's histogram
-(``mechanisms.clip_bounds``) and d_m(B) the per-row bound at the magnitude bound B.  An AVG or a
-VARIANCE measures S, the sum of x - c (c = (l' + u') / 2, the middle of the interval; 0 for a
-symmetric one), N, the count, and for a VARIANCE Q, the sum of (x - c)^2; h = d_S(B) and q =
-d_Q(B) are their per-row bounds ((u' - l') / 2 and its square when centred) and s = s(B) =
-|E[x] - c| (``ClipColumn.offset``).
+with n_+ = N_+ / G, mu_+, nu(B) and L(B) = loss(B) at its upper estimate from the column's
+histogram (``mechanisms.clip_bounds``; the noise a narrower bound saves in an AVG or a VARIANCE
+divided by n_k N_+(k) / N(k) instead of n_k, as above) and d_m(B) the per-row bound at the
+magnitude bound B.  An AVG or a VARIANCE measures S, the sum of x - c (c = (l' + u') / 2, the
+middle of the interval; 0 for a symmetric one), N, the count, and for a VARIANCE Q, the sum of
+(x - c)^2; h = d_S(B) and q = d_Q(B) are their per-row bounds ((u' - l') / 2 and its square
+when centred) and s = s(B) = |E[x] - c| (``ClipColumn.offset``).
 
 The ratios' noise, to first order (the delta method).  With S = S_0 + X_S, N = N_0 + X_N,
 Q = Q_0 + X_Q, the noises X_m independent with sd_m = sqrt(2) k d_m / epsilon_m (N_0 = n_k,
@@ -114,6 +160,7 @@ from typing import Literal
 import numpy as np
 
 from mechanisms.clip_bounds import ClipColumn, SumKind, Z
+from mechanisms.consistency import consistent_counts
 from mechanisms.thresholding import key_release_threshold
 
 
@@ -172,7 +219,9 @@ def discrete_laplace_variance(epsilon: float) -> float:
 class RowModel:
     """Rows per unit from the noisy cap histogram (see the module docstring).
 
-    ``epsilon`` is the histogram's epsilon_h (0: the counts are exact, no uncertainty).
+    ``noisy`` holds the histogram as released; every estimate reads its consistent version
+    (``mechanisms.consistency``: non-negative counts with monotone tail sums).  ``epsilon`` is
+    the histogram's epsilon_h (0: the counts are exact, no uncertainty).
     """
 
     starts: tuple[int, ...]
@@ -199,7 +248,17 @@ class RowModel:
 
     @functools.cached_property
     def _counts(self) -> np.ndarray:
-        return np.asarray(self.noisy, dtype=float)
+        """H': the consistent counts (non-negative, monotone tail sums)."""
+        return consistent_counts(self.noisy)
+
+    @functools.cached_property
+    def variance(self) -> float:
+        """V, the variance of one bin's noise (0 for exact counts)."""
+        return discrete_laplace_variance(self.epsilon) if self.epsilon > 0 else 0.0
+
+    def counts(self) -> tuple[float, ...]:
+        """H'_b, the consistent counts every estimate reads."""
+        return tuple(float(c) for c in self._counts)
 
     def candidates(self) -> list[int]:
         """Bin starts, bin ends and the limit, ascending."""
@@ -207,29 +266,41 @@ class RowModel:
         return sorted({*self.starts, *ends, self.limit} - {0})
 
     def all_rows(self) -> float:
-        """N(limit), at least 1."""
+        """N(limit) = sum_b H'_b m_b, at least 1."""
         return max(float(np.dot(self._counts, self._middles)), 1.0)
+
+    def all_rows_sd(self) -> float:
+        """sd N(limit) = sqrt(V sum_b m_b^2)."""
+        return math.sqrt(self.variance * float(np.dot(self._middles, self._middles)))
 
     def _above(self, caps: np.ndarray) -> np.ndarray:
         """max(0, m_b - k) for every cap k (rows) and bin b (columns)."""
         return np.maximum(self._middles[None, :] - caps[:, None], 0.0)
 
-    def lost_at(self, caps: np.ndarray) -> np.ndarray:
-        """L(k) = max(0, R(k)) + Z sd R(k) at every cap: rows lost above k, upper estimate."""
+    def lost_at(self, caps: np.ndarray, z: float = Z) -> np.ndarray:
+        """L(k) = R(k) + z sd R(k) at every cap: rows lost above k, upper estimate."""
         above = self._above(caps)
-        found = np.maximum(above @ self._counts, 0.0)
-        if self.epsilon > 0:
-            found = found + Z * np.sqrt(discrete_laplace_variance(self.epsilon)
-                                        * np.sum(above * above, axis=1))
+        found = above @ self._counts
+        if self.variance > 0 and z:
+            found = found + z * np.sqrt(self.variance * np.sum(above * above, axis=1))
         return found
 
     def kept_at(self, caps: np.ndarray) -> np.ndarray:
-        """N(k) = N(limit) - R(k) at every cap (unbiased, without the Z term), at least 1."""
+        """N(k) = N(limit) - R(k) at every cap, at least 1."""
         return np.maximum(self.all_rows() - self._above(caps) @ self._counts, 1.0)
 
-    def lost(self, k: int) -> float:
+    def kept_upper_at(self, caps: np.ndarray, z: float = Z) -> np.ndarray:
+        """N(k) + z sd N(k), sd N(k) = sqrt(V sum_b min(m_b, k)^2): the rows at cap k at their
+        upper estimate (the scale a narrower bound's noise saving is divided by)."""
+        kept = self.kept_at(caps)
+        if self.variance > 0 and z:
+            within = np.minimum(self._middles[None, :], caps[:, None])
+            kept = kept + z * np.sqrt(self.variance * np.sum(within * within, axis=1))
+        return kept
+
+    def lost(self, k: int, z: float = Z) -> float:
         """L(k) at one cap (``lost_at``)."""
-        return float(self.lost_at(np.array([float(k)]))[0])
+        return float(self.lost_at(np.array([float(k)]), z)[0])
 
     def kept(self, k: int) -> float:
         """N(k) at one cap (``kept_at``)."""
@@ -238,19 +309,31 @@ class RowModel:
 
 @dataclass(frozen=True)
 class Choice:
-    """The chosen cap, the magnitude bound of every clipped column, and E at that choice."""
+    """The chosen cap, the magnitude bound of every clipped column, and E at that choice.
+
+    ``noise_dominated`` says the choice fell back: it is the default (the largest candidate
+    cap, normally the limit, and the declared bounds) only because the test of the module
+    docstring rejected the narrower choice the point estimates preferred, or because a
+    histogram showed no measurable rows.  The histograms then said nothing reliable: such a
+    choice is safe to use once but must not be stored for reuse (an identical query should
+    look again).  False when a narrower choice passed the test, or when the point estimates
+    themselves prefer the default (evidence that it is best).
+    """
 
     cap: int
     bounds: tuple[float, ...]
     error: float
+    noise_dominated: bool = False
 
 
 def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColumn] = (),
            groups: int = 1, caps: Sequence[int] | None = None) -> Choice:
-    """Minimise E(k) jointly over the cap and the columns' bounds (module docstring).
+    """Minimise E(k) jointly over the cap and the columns' bounds, with every bias at its
+    upper estimate and every noise scale at its upper estimate (module docstring, "The test").
 
     ``caps`` restricts the candidate caps (a fixed cap: just that one); every candidate above
-    ``rows.limit`` is dropped, so the result never exceeds it.
+    ``rows.limit`` is dropped, so the result never exceeds it.  The default choice is the
+    largest candidate cap with the declared bounds.
     """
     if any(not t.epsilon > 0 for t in terms):
         raise ValueError("epsilons must be positive")
@@ -261,14 +344,38 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     candidates = [k for k in wanted if 1 <= k <= rows.limit]
     if not candidates:
         raise ValueError("no candidate cap within the limit")
-    n_all = rows.all_rows() / groups
     # Every statistic of a bound is independent of the cap: tabulate them once per column.
     tables = [(column, [t for t in terms if t.column == index], _BoundTable(column))
               for index, column in enumerate(columns)]
-    # E(k) at every candidate at once: arrays over k (and over k x B for the bounds).
     ks = np.asarray(candidates, dtype=float)
+    tested = _best(rows, terms, tables, groups, ks, Z)
+    default = (len(ks) - 1, tuple(t.bounds[0] for _, _, t in tables))
+    noise_dominated = False
+    if (tested[0], tested[1]) == default:
+        # Did the test overrule the point estimates?  Then the histograms were too noisy to
+        # act on, and the choice fell back.
+        point = _best(rows, terms, tables, groups, ks, 0.0)
+        noise_dominated = (point[0], point[1]) != default
+    best, bounds, error = tested
+    return Choice(candidates[best], bounds, error, noise_dominated)
+
+
+def _best(rows: RowModel, terms: Sequence[CapTerm],
+          tables: Sequence[tuple[ClipColumn, list[CapTerm], _BoundTable]], groups: int,
+          ks: np.ndarray, z: float) -> tuple[int, tuple[float, ...], float]:
+    """(index of the best cap, its bounds, its E) with uncertain estimates taken z standard
+    deviations on the side that argues against narrowing (z = 0: point estimates)."""
+    # E(k) at every candidate at once: arrays over k (and over k x B for the bounds).
+    n_all = rows.all_rows() / groups
+    # The scale of every total's noise and bias, at its upper estimate: a total's bias and
+    # noise share it, so their comparison does not depend on it, while an underestimated
+    # scale would make every noise look large and argue for the smallest cap.
+    scale = (rows.all_rows() + z * rows.all_rows_sd()) / groups
     n_k = rows.kept_at(ks) / groups
-    bias = np.minimum(rows.lost_at(ks) / groups / n_all, 1.0)
+    # The ratio of the point to the upper estimate of the rows at k: a ratio's noise saved by
+    # a narrower bound is scaled by it (_BoundTable.errors).
+    shrink = n_k / (rows.kept_upper_at(ks, z) / groups)
+    bias = rows.lost_at(ks, z) / groups / scale
     # Rows per group a mean over cap k leaves out, as a relative standard deviation / cv.
     subsample = np.sqrt(np.maximum(0.0, 1.0 / n_k - 1.0 / n_all))
     root2k = math.sqrt(2.0) * ks
@@ -278,13 +385,13 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
             if term.kind == "count" and term.total:
                 # COUNT(x) released next to an AVG(x): its noise and loss do not depend on x's
                 # bound (inside the ratio, _BoundTable weighs its noise).
-                error += bias + term.weight * root2k / term.epsilon / n_all
+                error += bias + term.weight * root2k / term.epsilon / scale
             elif term.total:
                 error += bias
             continue
         noise = term.weight * root2k / term.epsilon
         if term.total:
-            error += bias + noise / n_all
+            error += bias + noise / scale
         else:
             error += noise / n_k
             if term.kind == "sum":
@@ -292,7 +399,8 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     bounds = np.empty((len(ks), len(tables)))
     rows_k = np.arange(len(ks))
     for index, (column, mine, table) in enumerate(tables):
-        part = table.errors(mine, ks[:, None], n_k[:, None], n_all, subsample[:, None])
+        part = table.errors(mine, ks[:, None], n_k[:, None], scale, subsample[:, None], z,
+                            shrink[:, None])
         # At every k the first (largest) bound of least error, as a scan with a strict "<".
         at = np.argmin(part, axis=1)
         least = part[rows_k, at]
@@ -303,7 +411,7 @@ def choose(rows: RowModel, terms: Sequence[CapTerm], columns: Sequence[ClipColum
     # The first k of least error (the smallest, as a scan with a strict "<" finds it); an
     # undefined error never wins.
     best = int(np.argmin(np.where(np.isnan(error), math.inf, error)))
-    return Choice(candidates[best], tuple(float(b) for b in bounds[best]), float(error[best]))
+    return best, tuple(float(b) for b in bounds[best]), float(error[best])
 
 
 class _BoundTable:
@@ -324,8 +432,10 @@ class _BoundTable:
         self._table = table
         self.spread = table(column.spread)
         self.spread_loss = table(column.spread_loss)
+        self.spread_loss_sd = table(column.spread_loss_sd)
         self.kurtosis_term = table(lambda b: math.sqrt(max(column.kurtosis(b) - 1.0, 0.0)))
-        self.loss_upper = table(column.loss_upper)
+        self.loss = table(column.loss)
+        self.loss_sd = table(column.loss_sd)
         self.cv = table(lambda b: math.sqrt(column.spread(b)) / column.mean(b))
         self._per_row: dict[tuple[str, bool], np.ndarray] = {}
         self._offset: dict[bool, np.ndarray] = {}
@@ -345,11 +455,21 @@ class _BoundTable:
         return found
 
     def errors(self, terms: Sequence[CapTerm], k: np.ndarray, n_k: np.ndarray, n_all: float,
-               subsample: np.ndarray) -> np.ndarray:
-        """The errors at every cap (``k``, ``n_k`` and ``subsample``: one row per cap, shape
-        (K, 1)) and every bound (columns): shape (K, B)."""
-        mu = self.column.mean()
+               subsample: np.ndarray, z: float = Z, shrink: np.ndarray | None = None
+               ) -> np.ndarray:
+        """The errors at every cap (``k``, ``n_k``, ``subsample`` and ``shrink``: one row per
+        cap, shape (K, 1)) and every bound (columns): shape (K, B).  Biases are taken at their
+        estimate plus z standard deviations, the mean magnitude mu (the scale of the noise)
+        likewise, and a ratio's noise saved by a bound narrower than the declared one is
+        multiplied by ``shrink`` = N(k) / (N(k) + z sd N(k)) (module docstring, "The test");
+        without measurable values (``ClipColumn.measured``) only the declared bound competes.
+        """
+        mu = self.column.mean() + z * self.column.mean_sd()
+        loss = self.loss + z * self.loss_sd
+        spread_loss = self.spread_loss + z * self.spread_loss_sd
         error = np.zeros((len(k), len(self.bounds)))
+        if z and not self.column.measured(z):
+            error[:, 1:] = math.inf
         root2k = math.sqrt(2.0) * k
         sums = [t for t in terms if t.kind == "sum"]
         counts = [t for t in terms if t.kind == "count"]
@@ -357,7 +477,7 @@ class _BoundTable:
         for term in sums:
             if term.total:
                 noise = root2k * self.per_row("sum", term.centred) / term.epsilon
-                error += self.loss_upper + noise / (n_all * mu)
+                error += loss + noise / (n_all * mu)
         if not squares and all(t.total for t in sums + counts):
             return error  # no AVG or VARIANCE of this column
         # The ratio's measurements (module docstring, "AVG and VARIANCE"): its sum S (the
@@ -376,13 +496,25 @@ class _BoundTable:
             q = self.per_row("sum_squares", squares[0].centred) / squares[0].epsilon
             noise = root2k * np.sqrt(q * q + (2.0 * s * h * per_s) ** 2
                                      + ((s * s - self.spread) * per_n) ** 2)
-            error += (noise / (n_k * self.spread) + self.spread_loss
+            error += (_saved_at_upper(noise / (n_k * self.spread), shrink) + spread_loss
                       + self.kurtosis_term * subsample)
         else:
             # sd of c + S / N to first order: sqrt(sd_S^2 + (s sd_N)^2) / n_k, relative to mu.
             noise = root2k * np.sqrt((h * per_s) ** 2 + (s * per_n) ** 2)
-            error += self.loss_upper + noise / (n_k * mu) + self.cv * subsample
+            error += (loss + _saved_at_upper(noise / (n_k * mu), shrink)
+                      + self.cv * subsample)
         return error
+
+
+def _saved_at_upper(relative: np.ndarray, shrink: np.ndarray | None) -> np.ndarray:
+    """A ratio's relative noise at every (cap, bound), the part a bound saves against the
+    declared one (column 0) multiplied by ``shrink`` <= 1: the saving at its lower estimate,
+    as if the rows were at their upper estimate; a bound that adds noise keeps all of it."""
+    if shrink is None:
+        return relative
+    declared = relative[:, :1]
+    change = relative - declared
+    return declared + np.maximum(change, 0.0) + np.minimum(change, 0.0) * shrink
 
 
 def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
@@ -403,8 +535,24 @@ def choose_cap(starts: Sequence[int], noisy_counts: Sequence[float], limit: int,
 GROUP_QUANTILE = 0.01
 
 
+@dataclass(frozen=True)
+class GroupChoice:
+    """The groups-per-unit bound g and whether it fell back to the limit (``noise_dominated``:
+    the test rejected the smaller g the point estimates preferred; not to be stored for
+    reuse, as ``Choice.noise_dominated``)."""
+
+    groups: int
+    noise_dominated: bool
+
+
 def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: float = 0.0,
                   alpha: float = GROUP_QUANTILE) -> int:
+    """The groups-per-unit bound g of ``choose_groups_checked`` (the bound alone)."""
+    return choose_groups_checked(units, gate_epsilon, delta, alpha).groups
+
+
+def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
+                          delta: float = 0.0, alpha: float = GROUP_QUANTILE) -> GroupChoice:
     """The groups-per-unit bound g for keys released by thresholding (``mechanisms.thresholding``).
 
     ``units`` is the noisy histogram of G_u, each unit's number of distinct groups in the
@@ -419,12 +567,12 @@ def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: flo
 
     The quantile.  A unit with G_u <= g loses nothing, so g never needs to exceed g_q, the
     smallest candidate (bin start or end, as for the cap) that leaves all groups to all but a
-    share alpha of the units, with the count of units above g at its upper estimate:
+    share alpha of the units:
 
-        A(g) = sum_{b: m_b > g} H_b + Z sqrt(V |{b: m_b > g}|) <= alpha U,   U = sum_b H_b,
+        A(g) = sum_{b: m_b > g} H'_b <= alpha U,   U = sum_b H'_b,
 
-    m_b the bin's middle, V the histogram noise's variance (``discrete_laplace_variance``); if
-    no candidate passes, g_q = the limit.  This is a DP quantile of the per-unit contributions
+    H' the consistent counts (``mechanisms.consistency``), m_b the bin's middle; if no
+    candidate passes, g_q = the limit.  This is a DP quantile of the per-unit contributions
     (Amin et al., "Bounding user contributions: a bias-variance trade-off in differential
     privacy", ICML 2019); alpha = 1% keeps every group's distinct-unit count within about 1%.
 
@@ -434,15 +582,23 @@ def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: flo
 
         E(g) = L(g) / P + S(g),   S(g) = 1 - (1 + r) exp(-r),   r = tau(g) / n(g),
 
-    where P = sum_b H_b m_b is the (unit, group) pairs, L(g) the pairs beyond g at their upper
-    estimate (``RowModel.lost`` over this histogram), n(g) = (P - R(g)) / g_q the mean distinct
+    where P = sum_b H'_b m_b is the (unit, group) pairs, L(g) = R(g) the pairs beyond g
+    (``RowModel.lost`` over this histogram, z = 0), n(g) = (P - R(g)) / g_q the mean distinct
     units per group (g_q estimates the number of groups: for keys such as the hour of the day,
     units that reach many groups reach all of them; for finer keys it overestimates n, and g
     stays near g_q, where nothing could be released anyway), and S(g) the share of pairs in
     groups below tau when group sizes are exponential with mean n (the maximum-entropy law for
     a known mean): the integral of x exp(-x / n) / n^2 over [0, tau].  Both terms are shares of
-    the distinct-unit counts lost.  Ties go to the larger g.  g is post-processing of the noisy
-    histogram (epsilon_t and delta are public).
+    the distinct-unit counts lost.  Ties go to the larger g.
+
+    Why point estimates here.  For the cap and the bounds the limit and the declared bounds are
+    the safe fallback; for g the limit is the worst choice (tau(limit) releases nothing), and
+    L(g) and S(g) are both losses of the same kind, so neither is taken at a confidence limit.
+    The test only sets the flag: ``noise_dominated`` when the quantile at Z standard deviations
+    (A(g) + Z sqrt(V |{b: m_b > g}|) <= alpha (U - Z sqrt(V n_bins)), V the histogram noise's
+    variance, ``discrete_laplace_variance``) finds no candidate below the limit while the point
+    estimates do: the histogram does not clearly support g, so it is not stored for reuse.  g
+    is post-processing of the noisy histogram (epsilon_t and delta are public).
 
     1000 units with 17 to 19 groups each (the bin [17, 19], m = 18), exact counts: g_q = 19, the
     bin's end (g = 17, the start, leaves them all above it); at epsilon_t = 1 and delta 1e-8,
@@ -456,28 +612,42 @@ def choose_groups(units: RowModel, gate_epsilon: float | None = None, delta: flo
     """
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
-    h = np.asarray(units.noisy, dtype=float)
+    if gate_epsilon is not None and (not gate_epsilon > 0 or not 0 < delta < 1):
+        raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
+    # The key-release threshold makes the limit the worst g, not a safe default (it releases
+    # nothing), so g itself comes from the point estimates; the test (the quantile at Z) only
+    # says whether the histogram clearly supports a quantile below the limit.
+    chosen = _groups(units, gate_epsilon, delta, alpha)
+    supported = _quantile(units, alpha, Z) < units.limit
+    return GroupChoice(chosen, not supported and _quantile(units, alpha, 0.0) < units.limit)
+
+
+def _quantile(units: RowModel, alpha: float, z: float) -> int:
+    """g_q: the smallest candidate with A(g) <= alpha U, the units above g at their estimate
+    plus z standard deviations and all units at theirs minus z (the limit if none)."""
+    h = np.asarray(units.counts())
     middles = units._middles
-    total = max(float(h.sum()), 1.0)
-    variance = discrete_laplace_variance(units.epsilon) if units.epsilon > 0 else 0.0
-    candidates = units.candidates()
-    quantile = units.limit
-    for g in candidates:
+    variance = units.variance
+    total = max(float(h.sum()) - z * math.sqrt(variance * len(h)), 1.0)
+    for g in units.candidates():
         above = middles > g
-        found = float(h[above].sum()) + Z * math.sqrt(variance * int(above.sum()))
+        found = float(h[above].sum()) + z * math.sqrt(variance * int(above.sum()))
         if found <= alpha * total:
-            quantile = g
-            break
+            return g
+    return units.limit
+
+
+def _groups(units: RowModel, gate_epsilon: float | None, delta: float, alpha: float) -> int:
+    """g (``choose_groups_checked``) from the consistent counts' point estimates."""
+    quantile = _quantile(units, alpha, 0.0)
     if gate_epsilon is None:
         return quantile
-    if not gate_epsilon > 0 or not 0 < delta < 1:
-        raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
     pairs = units.all_rows()
     best, best_error = quantile, math.inf
-    for g in reversed([c for c in candidates if c <= quantile]):
+    for g in reversed([c for c in units.candidates() if c <= quantile]):
         per_group = units.kept(g) / quantile
         r = key_release_threshold(g / gate_epsilon, g, delta) / per_group
-        error = min(units.lost(g) / pairs, 1.0) + 1.0 - (1.0 + r) * math.exp(-r)
+        error = units.lost(g, 0.0) / pairs + 1.0 - (1.0 + r) * math.exp(-r)
         if error < best_error:
             best, best_error = g, error
     return best

@@ -27,8 +27,10 @@ values of the average unit; the rule uses it as the distribution of the rows the
 (each unit keeps min(c_u, k) rows drawn at random among its own, so that holds when heavy and
 light units have similar values; if not, only accuracy suffers, never privacy).
 
-The bound.  From the noisy weights H_j (not clamped) with representative magnitudes a_0 = M,
-a_j = the middle of bin j, let p_j = H_j / sum H and, for a candidate magnitude bound B,
+The bound.  From the consistent weights H'_j (``mechanisms.consistency``: non-negative, with
+monotone weight above every edge; the tail is bin 0, the largest magnitudes) with
+representative magnitudes a_0 = M, a_j = the middle of bin j, let W = sum_j H'_j, p_j = H'_j / W
+and, for a candidate magnitude bound B,
 
     mu      = sum_j p_j a_j                       (mean magnitude at the declared bounds)
     mu(B)   = sum_j p_j min(a_j, B)               (mean magnitude clipped at B)
@@ -37,13 +39,20 @@ a_j = the middle of bin j, let p_j = H_j / sum H and, for a candidate magnitude 
 
 The clipping interval at B is [l', u'] = [max(l, -B), min(u, B)] (B ranges over the bin edges
 M 2^(-j/2), j = 0..J; an empty interval is not a candidate).  The per-row sensitivity of each
-measurement at B follows from [l', u'] exactly as in ``analyses.query._derive``.  Like the
-rows lost above a cap (``mechanisms.caps``), the bias is charged at its upper estimate
-loss(B) + Z sd loss(B), with sd loss(B) = sqrt(V sum_j max(0, a_j - B)^2) / (W mu), V the
-snapping mechanism's variance bound and W = sum_j H_j: the bound narrows only where the
-histogram shows clearly that little mass lies beyond it.  How the
-relative error of each measurement combines loss(B) with its noise at the cap k is derived in
-``mechanisms.caps``; the bound is a function of the noisy histogram only (post-processing).
+measurement at B follows from [l', u'] exactly as in ``analyses.query._derive``.
+
+Their noise (the delta method: each is a ratio of two sums linear in H'_j, whose bins have
+independent noise of variance V, the snapping mechanism's variance bound; A = W mu):
+
+    sd loss(B) = sqrt(V sum_j (max(0, a_j - B) - loss(B) a_j)^2) / A
+    sd mu      = sqrt(V sum_j (a_j - mu)^2) / W
+
+The rule (``mechanisms.caps``, "The test") takes loss(B) and mu at their upper 95% estimates
+(Z = 1.645 standard deviations): the bound narrows only where the histogram shows clearly
+that little mass lies beyond it, and an underestimated mu cannot make the declared bound's
+noise look larger than it is.  A column whose histogram shows no values at all, A - Z sqrt(V
+sum_j a_j^2) <= 0 (``ClipColumn.measured``), keeps its declared bound.  The bound is a
+function of the noisy histogram only (post-processing).
 """
 
 from __future__ import annotations
@@ -56,10 +65,12 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
+from mechanisms.consistency import consistent_counts
 from mechanisms.snapping import Snapping
 
-#: Standard deviations of histogram noise added to an estimated bias (see ``mechanisms.caps``).
-Z = 1.0
+#: The test's one-sided normal quantile: every estimate that argues for a narrower bound or a
+#: smaller cap is taken at its 95% confidence limit (``mechanisms.caps``, "The test").
+Z = 1.645
 
 #: Number of geometric bins below the declared magnitude bound (edges M 2^(-j/2), j <= J).
 STEPS = 24
@@ -145,14 +156,24 @@ class ClipColumn:
 
     @functools.cached_property
     def _histogram_variance(self) -> float:
-        """The variance of one bin's noise (the snapping mechanism at epsilon_h)."""
+        """The variance of one bin's noise (the snapping mechanism at epsilon_h; 0: exact)."""
+        if not self.epsilon > 0:
+            return 0.0
         return Snapping.from_sensitivity(1.0, self.epsilon).variance()
 
     @functools.cached_property
+    def _consistent(self) -> np.ndarray:
+        """H': the noisy weights made consistent (``mechanisms.consistency``), the tail being
+        the large magnitudes (bin 0 = M first): non-negative, monotone weight above each edge."""
+        return consistent_counts(np.asarray(self.noisy, dtype=float)[::-1])[::-1]
+
+    def weights(self) -> tuple[float, ...]:
+        """H'_j, the consistent weights every estimate reads."""
+        return tuple(float(w) for w in self._consistent)
+
+    @functools.cached_property
     def _normalised(self) -> tuple[np.ndarray, np.ndarray]:
-        # Not clamped at 0 (as in mechanisms.caps): estimates linear in H_j stay unbiased, where
-        # clamping would turn the noise of every empty bin near M into phantom clipping loss.
-        h = np.asarray(self.noisy, dtype=float)
+        h = self._consistent.copy()
         total = float(h.sum())
         a = np.asarray(representatives(self.magnitude))
         if total < 1.0:
@@ -161,6 +182,20 @@ class ClipColumn:
             h = np.zeros_like(h)
             h[0], total = 1.0, 1.0
         return h / total, a
+
+    @functools.cached_property
+    def _total(self) -> tuple[float, float]:
+        """(W, A) = (sum_j H'_j, sum_j H'_j a_j), each at least a tiny positive floor."""
+        a = np.asarray(representatives(self.magnitude))
+        return (max(float(self._consistent.sum()), 1.0),
+                max(float(self._consistent @ a), self.magnitude * 1e-9))
+
+    def measured(self, z: float = Z) -> bool:
+        """Whether the histogram shows values at all: A - z sd A > 0, A = sum_j H'_j a_j the
+        weighted magnitude (the column's sum per unit), sd A = sqrt(V sum_j a_j^2)."""
+        a = np.asarray(representatives(self.magnitude))
+        found = float(self._consistent @ a)
+        return found - z * math.sqrt(self._histogram_variance * float(a @ a)) > 0
 
     @_per_bound
     def mean(self, bound: float | None = None) -> float:
@@ -171,22 +206,39 @@ class ClipColumn:
         return max(float(np.sum(p * a)), self.magnitude * 1e-9)
 
     @_per_bound
+    def mean_sd(self, bound: float | None = None) -> float:
+        """sd mu(B) = sqrt(V sum_j (min(a_j, B) - mu(B))^2) / W (the delta method on a ratio of
+        two sums of H'_j; 0 for exact weights)."""
+        if not self.epsilon > 0:
+            return 0.0
+        a = np.asarray(representatives(self.magnitude))
+        if bound is not None:
+            a = np.minimum(a, bound)
+        deviation = a - self.mean(bound)
+        return math.sqrt(self._histogram_variance * float(deviation @ deviation)) / self._total[0]
+
+    @_per_bound
     def loss(self, bound: float) -> float:
         """loss(B) = (mu - mu(B)) / mu, in [0, 1]."""
         full = self.mean()
         return min(max((full - self.mean(bound)) / full, 0.0), 1.0)
 
     @_per_bound
-    def loss_upper(self, bound: float) -> float:
-        """loss(B) + Z sd loss(B): the clipping bias at its upper estimate (module docstring)."""
-        found = self.loss(bound)
-        if self.epsilon > 0:
-            weight = max(float(np.sum(self.noisy)), 1.0)
-            beyond = np.maximum(np.asarray(representatives(self.magnitude)) - bound, 0.0)
-            variance = self._histogram_variance
-            found += Z * math.sqrt(variance * float(np.sum(beyond * beyond))) / (
-                weight * self.mean())
-        return min(found, 1.0)
+    def loss_sd(self, bound: float) -> float:
+        """sd loss(B) = sqrt(V sum_j (e_j - loss(B) a_j)^2) / A, e_j = max(0, a_j - B): the
+        delta method on loss(B) = sum_j H'_j e_j / sum_j H'_j a_j (0 for exact weights)."""
+        if not self.epsilon > 0:
+            return 0.0
+        a = np.asarray(representatives(self.magnitude))
+        deviation = np.maximum(a - bound, 0.0) - self.loss(bound) * a
+        return math.sqrt(self._histogram_variance * float(deviation @ deviation)) / self._total[1]
+
+    def loss_upper(self, bound: float, z: float = Z) -> float:
+        """loss(B) + z sd loss(B): the clipping bias at its upper estimate (module docstring).
+
+        Not capped at 1: an upper estimate beyond 100% says the histogram cannot tell, and
+        capping it would let every narrow bound tie (the failure this rule replaces)."""
+        return self.loss(bound) + z * self.loss_sd(bound)
 
     @_per_bound
     def spread(self, bound: float) -> float:
@@ -199,28 +251,31 @@ class ClipColumn:
 
     @_per_bound
     def spread_loss(self, bound: float) -> float:
-        """(nu(M) - nu(B) + Z sd) / nu(M) in [0, 1]: the share of the spread clipping at B
-        removes, at its upper estimate.
+        """(nu(M) - nu(B)) / nu(M) in [0, 1]: the share of the spread clipping at B removes.
 
         A VARIANCE (or STDDEV) of values clipped at B estimates nu(B), not nu(M): clipping the
         tail shrinks the spread far more than the mean (a value beyond B loses its distance to
-        the mean squared), so the rule charges this bias to the sum of squares.  As for the
-        mean's loss, the histogram noise is added: nu(M) - nu(B) = sum_j p_j (a_j^2 -
-        min(a_j, B)^2) - (mu^2 - mu(B)^2), whose sd is at most sqrt(V sum_j max(0, a_j^2 -
-        B^2)^2) / W (dropping the mu terms, which only subtract: a_j^2 - B^2 >= 2 mu (a_j - B)
-        when a_j + B >= 2 mu).  Values near the declared bound weigh a_j^2: a few noisy units
-        there are worth much spread, so a tail is cut only when the histogram clearly shows it
-        empty.
+        the mean squared), so the rule charges this bias to the sum of squares, at its upper
+        estimate spread_loss + Z spread_loss_sd.
         """
         full = self.spread(self.magnitude)
-        found = (full - self.spread(bound)) / full
-        if self.epsilon > 0:
-            weight = max(float(np.sum(self.noisy)), 1.0)
-            a = np.asarray(representatives(self.magnitude))
-            beyond = np.maximum(a * a - bound * bound, 0.0)
-            variance = self._histogram_variance
-            found += Z * math.sqrt(variance * float(np.sum(beyond * beyond))) / (weight * full)
-        return min(max(found, 0.0), 1.0)
+        return min(max((full - self.spread(bound)) / full, 0.0), 1.0)
+
+    @_per_bound
+    def spread_loss_sd(self, bound: float) -> float:
+        """An upper bound on sd spread_loss(B): sqrt(V sum_j max(0, a_j^2 - B^2)^2) / (W nu(M)).
+
+        nu(M) - nu(B) = sum_j p_j (a_j^2 - min(a_j, B)^2) - (mu^2 - mu(B)^2); dropping the mu
+        terms, which only subtract (a_j^2 - B^2 >= 2 mu (a_j - B) when a_j + B >= 2 mu), leaves
+        a sum of H'_j / W.  Values near the declared bound weigh a_j^2: a few noisy units there
+        are worth much spread, so a tail is cut only when the histogram clearly shows it empty.
+        """
+        if not self.epsilon > 0:
+            return 0.0
+        a = np.asarray(representatives(self.magnitude))
+        beyond = np.maximum(a * a - bound * bound, 0.0)
+        return math.sqrt(self._histogram_variance * float(beyond @ beyond)) / (
+            self._total[0] * self.spread(self.magnitude))
 
     @_per_bound
     def kurtosis(self, bound: float) -> float:

@@ -20,6 +20,7 @@ from mechanisms.caps import (
     choose_cap,
     discrete_laplace_variance,
 )
+from mechanisms.clip_bounds import Z
 from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
@@ -58,8 +59,13 @@ def test_rule_by_hand() -> None:
     assert choose_cap((1, 2, 4, 8), [0, 0, 0, 100], 8, [count], groups=100) == 1
     # Units in the bin {4..7} count as m = 5.5 rows: k = 7 keeps them all.
     assert choose_cap((1, 2, 4, 8), [0, 0, 100, 0], 8, [count]) == 7
-    # Negative noisy counts are kept as they are (unbiased), the row totals floored at 1.
+    # Negative counts are made consistent (all 0 here: the tail sums are all negative).  Taken
+    # as exact, nothing is lost at any cap: k = 1, the least noise.  As a noisy histogram
+    # (epsilon_h = 0.5), the empty bins could hide units with up to 8 rows: the cap stays at the
+    # limit, and the choice says it fell back (the point estimates alone would take k = 1).
     assert choose_cap((1, 2, 4, 8), [-50, -3, 0, 0], 8, [count]) == 1
+    noisy = choose(RowModel((1, 2, 4, 8), (-50, -3, 0, 0), 8, 0.5), [count])
+    assert noisy.cap == 8 and noisy.noise_dominated
     with pytest.raises(ValueError):
         choose_cap((1,), [1.0], 1, [CapTerm(1.0, 0.0, True)])
 
@@ -67,16 +73,17 @@ def test_rule_by_hand() -> None:
 def test_histogram_noise_keeps_the_cap_up() -> None:
     # 100 units with 4..7 rows (m = 5.5), none at 8; one count total with epsilon 1 (noise
     # sqrt(2) k).  Exact: R(7) = 0, so k = 7.  With a histogram of epsilon_h = 0.1 the empty
-    # bin {8} could hide units: L(7) = Z sd R(7) = sqrt(V) * (8 - 7), V = 2a/(1-a)^2 with
-    # a = exp(-0.1): about 14.1 rows, more than the sqrt(2) (8 - 7) = 1.4 rows of noise k = 8
-    # adds: the rule keeps k = 8.
+    # bin {8} could hide units: L(7) = Z sd R(7) = Z sqrt(V) * (8 - 7), V = 2a/(1-a)^2 with
+    # a = exp(-0.1): about 1.645 * 14.1 = 23.2 rows, more than the sqrt(2) (8 - 7) = 1.4 rows
+    # of noise k = 8 adds: the rule keeps k = 8.
     count = CapTerm(1.0, 1.0, True)
     exact = RowModel((1, 2, 4, 8), (0, 0, 100, 0), 8, 0.0)
     assert choose(exact, [count]).cap == 7
     noisy = RowModel((1, 2, 4, 8), (0, 0, 100, 0), 8, 0.1)
     a = math.exp(-0.1)
     assert discrete_laplace_variance(0.1) == pytest.approx(2 * a / (1 - a) ** 2)
-    assert noisy.lost(7) == pytest.approx(math.sqrt(2 * a / (1 - a) ** 2))
+    assert noisy.lost(7) == pytest.approx(Z * math.sqrt(2 * a / (1 - a) ** 2))
+    assert noisy.lost(7, z=0.0) == 0.0
     assert choose(noisy, [count]).cap == 8
     # A fixed cap is taken as given (only the clipping bounds are chosen then).
     assert choose(noisy, [count], caps=(4,)).cap == 4

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from chorus_py.engine import Engine
 from chorus_py.policy import TablePolicy
 from mechanisms.caps import CapTerm, RowModel, choose
-from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges, representatives
+from mechanisms.clip_bounds import STEPS, ClipColumn, Z, magnitude_edges, representatives
 from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
@@ -46,14 +46,18 @@ def test_column_statistics_by_hand() -> None:
     assert col.loss(8.0) == 0.0
     # nu(B) = E[min(a, B)^2] - mu(B)^2 = (16 + low^2) / 2 - ((4 + low) / 2)^2 at B = 4.
     assert col.spread(4.0) == pytest.approx((16 + low * low) / 2 - ((4 + low) / 2) ** 2)
-    # The upper estimate adds Z sqrt(V sum_j max(0, a_j - B)^2) / (W mu); V = Snapping variance.
+    # The upper estimate adds Z sd loss(B), sd loss(B) = sqrt(V sum_j (e_j - loss a_j)^2) / A
+    # (the delta method), e_j = max(0, a_j - B), A = W mu; V = the Snapping variance.
     noisy = ClipColumn(0.0, 8.0, tuple(h), epsilon=1.0)
     from mechanisms import Snapping
 
     v = Snapping.from_sensitivity(1.0, 1.0).variance()
-    beyond = [max(0.0, x - 4.0) for x in representatives(8.0)]
-    expected = col.loss(4.0) + math.sqrt(v * sum(b * b for b in beyond)) / (100 * col.mean())
-    assert noisy.loss_upper(4.0) == pytest.approx(expected)
+    loss = col.loss(4.0)
+    deviations = [max(0.0, x - 4.0) - loss * x for x in representatives(8.0)]
+    sd = math.sqrt(v * sum(d * d for d in deviations)) / (100 * col.mean())
+    assert noisy.loss_sd(4.0) == pytest.approx(sd)
+    assert noisy.loss_upper(4.0) == pytest.approx(loss + Z * sd)
+    assert noisy.loss_upper(4.0, z=0.0) == pytest.approx(loss)
 
 
 def test_variance_terms_by_hand() -> None:

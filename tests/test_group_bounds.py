@@ -8,7 +8,15 @@ from collections.abc import Callable
 import pytest
 
 from chorus_py.engine import Engine
-from mechanisms.caps import RowModel, cap_bins, choose_groups, discrete_laplace_variance
+from mechanisms.caps import (
+    GroupChoice,
+    RowModel,
+    cap_bins,
+    choose_groups,
+    choose_groups_checked,
+    discrete_laplace_variance,
+)
+from mechanisms.clip_bounds import Z
 from mechanisms.planning import NoiseRequest, ThresholdRequest, plan_noise
 from mechanisms.thresholding import key_release_threshold
 from rewriters.contribution import contribution, group_bound
@@ -30,14 +38,18 @@ def test_rule_by_hand() -> None:
     assert choose_groups(RowModel(starts, (0, 980, 20, 0), 8, 0.0)) == 7
     # A larger alpha tolerates them.
     assert choose_groups(RowModel(starts, (0, 980, 20, 0), 8, 0.0), alpha=0.05) == 3
-    # Noise: at epsilon_h = 0.5, V = 2a / (1 - a)^2 (a = e^-0.5) = 7.92; at g = 3 two bins lie
-    # above: A(3) = 10 + sqrt(2 V) = 13.98 > 10 -> not 3; at g = 7 one bin: 0 + sqrt(V) = 2.81.
+    # Noise: g itself comes from the point estimates (the limit is no safe fallback: it
+    # releases no group), but the test flags a g the histogram does not clearly support.  At
+    # epsilon_h = 0.5, V = 2a / (1 - a)^2 (a = e^-0.5) = 7.92; at g = 3 two bins lie above:
+    # A(3) + Z sqrt(2 V) = 10 + 6.55 > 1% of (1000 - Z sqrt(4 V)) = 9.91, at g = 7 one bin:
+    # 0 + Z sqrt(V) = 4.63 <= 9.91: the tested quantile is 7 < 8, so g = 3 is not flagged.
     v = discrete_laplace_variance(0.5)
     assert v == pytest.approx(2 * math.exp(-0.5) / (1 - math.exp(-0.5)) ** 2)
-    assert 10 + math.sqrt(2 * v) > 10 >= math.sqrt(v)
-    assert choose_groups(RowModel(starts, (0, 990, 10, 0), 8, 0.5)) == 7
-    # So noisy that no candidate passes: g = the limit (no bound beyond the cap).
-    assert choose_groups(RowModel(starts, (0, 5, 5, 0), 8, 0.01)) == 8
+    assert 10 + Z * math.sqrt(2 * v) > 0.01 * (1000 - Z * math.sqrt(4 * v)) >= Z * math.sqrt(v)
+    noisy = choose_groups_checked(RowModel(starts, (0, 990, 10, 0), 8, 0.5))
+    assert noisy == GroupChoice(3, False)
+    # So noisy that no candidate passes the test: flagged (the point estimate: A(7) = 0, g = 7).
+    assert choose_groups_checked(RowModel(starts, (0, 5, 5, 0), 8, 0.01)) == GroupChoice(7, True)
     with pytest.raises(ValueError):
         choose_groups(RowModel(starts, (0, 1, 0, 0), 8, 0.0), alpha=0.0)
 
