@@ -189,7 +189,8 @@ class Engine:
         result = answer.result
         # Choices made on the data are kept for reuse only now: the query that paid for them
         # succeeded and its claim stays consumed (never after a failure, which may refund).
-        if selection is not None and chosen is not None and claim is not None:
+        if selection is not None and chosen is not None and claim is not None \
+                and chosen.reusable:
             self.choices.put(analyst, selection.key, chosen)
         report = prepared.report
         log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,

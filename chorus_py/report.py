@@ -64,6 +64,8 @@ class SelectionStep:
     epsilon: float
     mechanism: str
     chosen: str | None = None
+    # How low the answers may come out because of the choice (from the same noisy histograms).
+    bias: str | None = None
 
 
 @dataclass(frozen=True)

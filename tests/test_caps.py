@@ -282,9 +282,25 @@ def test_reuse_does_not_tell_that_rows_changed(exact_units: Callable[..., Engine
     # let the report's "reused" reveal that change.  The key holds public things only.
     engine = exact_units(6, bounding="materialized", extra="choice_reuse_seconds = 600\n")
     sql = "SELECT COUNT(*) FROM exact"
-    first = engine.execute(sql, epsilon=2.0, **ALICE).report
+    # At epsilon 50 the histogram clearly shows every unit's 6 rows: an evidence-based choice,
+    # kept for reuse (a noise-dominated one is not: the next test).
+    first = engine.execute(sql, epsilon=50.0, **ALICE).report
+    assert first.contribution.cap == 6
     engine.backend.run_owned(["INSERT INTO exact VALUES (9999, 1.0)"])
-    second = engine.execute(sql, epsilon=2.0, **ALICE).report
+    second = engine.execute(sql, epsilon=50.0, **ALICE).report
     assert second.rewritten_sql != first.rewritten_sql  # a new sample was built and read
     assert "reused" in second.contribution.note and second.contribution.cap == \
         first.contribution.cap
+
+
+def test_a_noise_dominated_choice_is_not_kept_for_reuse(
+        exact_units: Callable[..., Engine]) -> None:
+    """At a small epsilon the histogram is mostly noise: the cap falls back to the limit
+    (``Choice.noise_dominated``) and an identical query chooses afresh instead of reusing it."""
+    engine = exact_units(6, extra="choice_reuse_seconds = 600\n")
+    sql = "SELECT COUNT(*) FROM exact"
+    first = engine.execute(sql, epsilon=0.2, **ALICE).report
+    assert first.contribution.cap == 50  # the limit
+    second = engine.execute(sql, epsilon=0.2, **ALICE).report
+    assert "reused" not in second.contribution.note
+    assert all(s.epsilon > 0 and s.mechanism != "reused" for s in second.contribution.steps)

@@ -14,7 +14,11 @@ from collections.abc import Callable
 import pytest
 
 from chorus_py.engine import Engine
+from chorus_py.kinds.analytic import Accuracy
+from chorus_py.kinds.selection import Choices
 from mechanisms.intervals import Interval, NoInterval
+from mechanisms.selection_bias import Bias as SelectionBias
+from rewriters.pipeline import released_measurements
 
 ALICE = {"analyst": "alice"}
 
@@ -142,3 +146,31 @@ def test_the_dbapi_cursor_and_json_carry_the_intervals(small: Engine) -> None:
     cell = result.to_dict()["intervals"][0][0]
     assert cell["text"].endswith("(noise)") and cell["lower"] <= result.rows[0][0] <= cell["upper"]
     assert cell["method"] == "exact" and cell["bias"] == []
+
+
+
+def test_the_bias_of_chosen_caps_and_bounds_widens_the_interval_on_its_side(
+        small: Engine) -> None:
+    """How an answer's interval takes the bias of the private choices (``Accuracy._bias``):
+    a COUNT released as a total loses the rows above the cap, a SUM also its clipping loss,
+    an AVG only the clipping loss; each interval widens upward by its share, never down."""
+    _, prepared = small.prepare("SELECT COUNT(*) AS n, SUM(value) AS s, AVG(value) AS a "
+                                "FROM small", "alice", 1.0)
+    detail = prepared.detail
+    summed = next(m for m in detail.query.measurements if m.kind == "sum")
+    chosen = Choices(3, (), None, cap_bias=SelectionBias(0.02, 0.05),
+                     clip_bias=((summed.argument.sql(), SelectionBias(0.01, 0.03)),))
+    ids = released_measurements(detail.query)
+    noisy = {"count": 180.0, "sum": 5310.0}
+    values = tuple(noisy["count"] if next(m for m in detail.query.measurements
+                                           if m.id == mid).kind == "count" else noisy["sum"]
+                   for mid in ids)
+    (n, s, a), = Accuracy(detail.query, detail.plan, [(180, 5310.0, 29.5)], (values,),
+                          chosen).intervals()
+    assert [b.reason for b in n.bias] == ["person rows above the cap"]
+    assert n.upper == pytest.approx(n.noise_upper / 0.95) and n.lower == n.noise_lower
+    assert s.bias[0].fraction == pytest.approx(1 - 0.95 * 0.97)
+    assert "rows above the cap" in s.bias[0].reason and "clipped" in s.bias[0].reason
+    assert [b.reason for b in a.bias] == ["values clipped to [0, 100]"]
+    assert a.bias[0].fraction == pytest.approx(0.03)
+

@@ -21,11 +21,12 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 
 from analyses.blocks import BlocksRead
-from analyses.query import AggregateQuery, display_sql
+from analyses.query import AggregateQuery, OutputColumn, display_sql
 from analyses.smoothing import ResolvedJoin
 from chorus_py.backends import ResultSet, portable_type
 from chorus_py.errors import BackendError
 from chorus_py.kinds.base import Answer
+from chorus_py.kinds.selection import Choices
 from chorus_py.report import (
     ColumnReport,
     KeyRelease,
@@ -36,11 +37,13 @@ from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import attribution_report
 from mechanisms.discrete_laplace import DiscreteLaplace
 from mechanisms.intervals import (
+    Bias,
     Interval,
     NoInterval,
     clamp_count,
     output_intervals,
     postprocessed,
+    with_bias,
 )
 from mechanisms.key_release import KeyReleaseOdds, key_release_odds
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
@@ -77,6 +80,7 @@ class AnalyticQuery:
     sample: tuple[str, str] | None = None
     cap_epsilon: float = 0.0
     resolved: ResolvedJoin | None = None
+    chosen: Choices | None = None  # the private choices the statement was made with
 
 
 def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
@@ -96,7 +100,7 @@ def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
     noisy = tuple(tuple(None if v is None else float(v) for v in r[n:]) for r in result.rows)
     hidden = query.join is not None and query.join.data_dependent
     return Answer(ResultSet(result.columns[:n], result.types[:n], rows),
-                  None if hidden else Accuracy(query, detail.plan, rows, noisy))
+                  None if hidden else Accuracy(query, detail.plan, rows, noisy, detail.chosen))
 
 
 def key_release_odds_of(query: AggregateQuery, plan: NoisePlan,
@@ -129,8 +133,10 @@ class Accuracy:
     join whose noise scale is data-dependent gets none: an interval's width would show it.)"""
 
     def __init__(self, query: AggregateQuery, plan: NoisePlan, rows: list[tuple[Any, ...]],
-                 noisy: tuple[tuple[float | None, ...], ...]) -> None:
+                 noisy: tuple[tuple[float | None, ...], ...],
+                 chosen: Choices | None = None) -> None:
         self._query, self._plan, self._rows, self._noisy = query, plan, rows, noisy
+        self._chosen = chosen
         self._lock = threading.Lock()
         self._done: tuple[tuple[Interval | NoInterval | None, ...], ...] | None = None
 
@@ -165,8 +171,40 @@ class Accuracy:
             if i in counts:
                 found = tuple(postprocessed(iv, lower=0.0, integral=True)
                               if isinstance(iv, Interval) else iv for iv in found)
+            bias = self._bias(out)
+            if bias is not None:
+                found = tuple(with_bias(iv, bias) if isinstance(iv, Interval) else iv
+                              for iv in found)
             columns.append(found)
         return tuple(zip(*columns, strict=True))
+
+    def _bias(self, out: OutputColumn) -> Bias | None:
+        """How low ``out`` may come out because of the chosen cap and clipping bounds, at the
+        upper estimates of ``mechanisms.selection_bias``: a total (COUNT, SUM released as it
+        is) loses the rows above the cap; a SUM or AVG of a one-signed clipped column moves
+        toward 0 by its clipping loss.  None when nothing was chosen or nothing is lost."""
+        chosen = self._chosen
+        if chosen is None:
+            return None
+        by_id = {m.id: m for m in self._query.measurements}
+        used = [by_id[m] for m in out.measurements if m in by_id]
+        single = used[0] if len(used) == 1 and isinstance(out.expr, exp.Column) else None
+        kept, reasons, signs = 1.0, [], set()
+        if chosen.cap_bias is not None and single is not None and single.total \
+                and single.kind in ("count", "sum") and chosen.cap_bias.upper > 0:
+            kept *= 1 - chosen.cap_bias.upper
+            reasons.append(f"{self._query.privacy_unit or 'unit'} rows above the cap")
+        clipped = dict(chosen.clip_bias)
+        for m in used:
+            found = clipped.get(m.argument.sql()) if m.kind == "sum" and m.argument else None
+            if found is None or not found.one_signed or found.upper <= 0:
+                continue
+            kept *= 1 - found.upper
+            reasons.append(f"values clipped to [{m.lower:g}, {m.upper:g}]")
+            signs.add("low" if (m.lower or 0) >= 0 else "high")
+        if kept >= 1 or len(signs) > 1:
+            return None
+        return Bias(signs.pop() if signs else "low", min(1 - kept, 0.999), ", ".join(reasons))
 
 
 def portable(result: ResultSet) -> ResultSet:

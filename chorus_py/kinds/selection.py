@@ -24,9 +24,11 @@ from analyses.query import AggregateQuery, display_sql
 from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
 from chorus_py.statements import QueryRun, Statements
 from mechanisms import DiscreteLaplace, Snapping
-from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups
+from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups_checked
 from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
+from mechanisms.selection_bias import Bias as SelectionBias
+from mechanisms.selection_bias import cap_bias, clip_bias
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
 from rewriters.selection import (
@@ -40,11 +42,21 @@ from rewriters.selection import (
 @dataclass(frozen=True)
 class Choices:
     """What a selection chose: the cap, the clipping bounds (argument, lower, upper) and the
-    groups per unit (None: not bounded)."""
+    groups per unit (None: not bounded).
+
+    ``reusable``: False when a choice fell back because its histogram was mostly noise
+    (``mechanisms.caps.Choice.noise_dominated``): an identical query then looks again instead
+    of reusing it.  ``cap_bias`` (None: the cap drops nothing the histograms can see, or no
+    cap was chosen) and ``clip_bias`` (per clipped argument) say how low the answers may come
+    out (``mechanisms.selection_bias``, from the same noisy histograms: free).
+    """
 
     cap: int
     bounds: tuple[tuple[str, float, float], ...]
     groups: int | None
+    reusable: bool = True
+    cap_bias: SelectionBias | None = None
+    clip_bias: tuple[tuple[str, SelectionBias], ...] = ()
 
 
 # (what, bins, SQL) of one selection histogram: ("cap",), ("groups",) or ("clip", argument).
@@ -77,14 +89,18 @@ class Selection:
         eps_h = self.epsilon / (int(with_rows) + int(by_groups) + len(clipped))
         sized = {what: (size, sql) for what, size, sql in self.histograms}
         per_unit = None
+        groups_fell_back = False
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
             starts = cap_bins(limit)
             exact = histogram(statements, run, *sized[("groups",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
             assert gate is not None
-            per_unit = choose_groups(RowModel(starts, tuple(float(v) for v in noisy), limit,
-                                              eps_h), gate.mechanism.epsilon, gate.delta)
+            group_choice = choose_groups_checked(
+                RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h),
+                gate.mechanism.epsilon, gate.delta)
+            per_unit = group_choice.groups
+            groups_fell_back = group_choice.noise_dominated
         columns = []
         for arg in clipped:
             exact = histogram(statements, run, *sized[("clip", arg.key)])
@@ -98,8 +114,7 @@ class Selection:
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
         else:  # event level: the units (rows) the value histograms counted
-            rows = RowModel.exact_rows(max(max(sum(max(h, 0.0) for h in c.noisy), 1.0)
-                                           for c in columns))
+            rows = RowModel.exact_rows(max(max(sum(c.weights()), 1.0) for c in columns))
         index = {arg.key: i for i, arg in enumerate(clipped)}
         by_id = {m.id: m for m in query.measurements}
         terms = []
@@ -121,8 +136,20 @@ class Selection:
             groups = math.prod(len(k.public_values or ()) for k in query.keys)
         auto = query.auto_cap and cap_matters(query)
         choice = choose(rows, terms, columns, groups, None if auto else (query.stability,))
-        return Choices(choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
-                                         for i, arg in enumerate(clipped)), per_unit)
+        return Choices(
+            choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
+                              for i, arg in enumerate(clipped)), per_unit,
+            reusable=not (choice.noise_dominated or groups_fell_back),
+            cap_bias=cap_bias(rows, choice.cap) if with_rows and auto else None,
+            clip_bias=tuple((arg.key, clip_bias(columns[i], choice.bounds[i]))
+                            for i, arg in enumerate(clipped)))
+
+
+def _bias_text(bias: SelectionBias | None, what: str) -> str | None:
+    """A step's bias as the report shows it: "up to 3% low (rows above the cap)"."""
+    if bias is None:
+        return None
+    return f"about {bias.estimate:.1%}, up to {bias.upper:.1%} low ({what})"
 
 
 def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.ndarray:
@@ -214,13 +241,16 @@ def with_contribution(report: PrivacyReport, query: AggregateQuery, cap_epsilon:
             "cap", f"rows per {unit}" if mode == "auto" else
             f"rows per {unit} (estimates the rows kept, for the clipping bounds)",
             f"limit {limit}", eps_h, "discrete_laplace",
-            None if cap is None else f"cap {cap}" + ("" if mode == "auto" else " (fixed)")))
+            None if cap is None else f"cap {cap}" + ("" if mode == "auto" else " (fixed)"),
+            _bias_text(chosen.cap_bias if chosen else None, "rows above the cap")))
     chosen_bounds = {key: (lo, hi) for key, lo, hi in (chosen.bounds if chosen else ())}
     for arg in clipped:
         got = chosen_bounds.get(arg.key)
+        biases = dict(chosen.clip_bias) if chosen else {}
         steps.append(SelectionStep(
             "bounds", display_sql(arg.argument), f"[{arg.lower:g}, {arg.upper:g}]", eps_h,
-            "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]"))
+            "snapping", None if got is None else f"[{got[0]:g}, {got[1]:g}]",
+            _bias_text(biases.get(arg.key), "values clipped")))
     if reused:
         shown: int | None = cap if mode == "auto" else limit
         note = ("the choices of your identical earlier query (same SQL, epsilon, delta and "

@@ -150,7 +150,7 @@ class SingleTableKind:
             *odds, max_epsilon=services.policy.privacy.max_epsilon_per_query)
         if warning:
             report = dataclasses.replace(report, warnings=(warning,))
-        detail = dataclasses.replace(detail, cap_epsilon=open_epsilon)
+        detail = dataclasses.replace(detail, cap_epsilon=open_epsilon, chosen=chosen)
         # Before it is cached, so before any claim: a refused statement costs nothing.
         services.statements.verify_outgoing(detail.sql, services.release, query.tables)
         # While the row cap is still to be chosen the final mechanisms are not known yet: the
