@@ -176,6 +176,8 @@ def test_distinct_units_over_a_stored_sample_read_every_kept_row(
     result = engine.execute("SELECT COUNT(DISTINCT unit_id) FROM exact WHERE value > 3",
                             epsilon=50.0, **ALICE)
     assert "__chorus_rank <=" not in result.report.rewritten_sql
+    # Ungrouped COUNT(DISTINCT unit): one unit changes it by at most 1, whatever its rows.
+    assert result.report.measurements[0].sensitivity == 1
     assert result.rows[0][0] == pytest.approx(400, abs=tolerance(result.report.columns[0]))
 
 

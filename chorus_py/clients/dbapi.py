@@ -39,7 +39,6 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
-from chorus_py import errors
 from chorus_py.errors import (
     ChorusError,
     DatabaseError,
@@ -52,6 +51,7 @@ from chorus_py.errors import (
     ProgrammingError,
     QuerySyntaxError,
     Warning,
+    lookup,
 )
 from chorus_py.report import PrivacyReport, interval_dict
 
@@ -418,7 +418,7 @@ def _problem_error(status: int, response: Any) -> ChorusError:
     detail = str(data.get("detail") or f"the proxy answered HTTP {status}")
     hint = data.get("hint")
     sqlstate = data.get("sqlstate")
-    cls: type[ChorusError] = errors.lookup(sqlstate) if isinstance(sqlstate, str) \
+    cls: type[ChorusError] = lookup(sqlstate) if isinstance(sqlstate, str) \
         else ChorusError
     if cls is ChorusError:
         cls = (InvalidAuthorization if status == 401 else
