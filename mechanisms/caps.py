@@ -76,7 +76,9 @@ limit bin would cost as many rows as the whole noise saving, and the histogram c
 out.  With the default selection share (privacy.cap_epsilon_share = 0.1, epsilon_h <= epsilon /
 10 against epsilon_m = 0.9 epsilon) that always holds: a COUNT or SUM released as a total is
 answered at the limit, and only ratios and clipping bounds move.  A larger share is the way to
-let a total's cap move on evidence.
+let a total's cap move on evidence.  Where this holds for every term (``limit_is_certain``, exact
+for the discrete Laplace variance, from the query's public shape and epsilons alone) the engine
+runs no cap histogram: the choice is known, and the selection's share goes to the answer.
 
 The rule.  For a query with G groups (its public keys; 1 otherwise) let n_k = N(k) / G and
 n = N(limit) / G, the rows per group.  A measurement m of epsilon_m at cap k has Laplace-type
@@ -305,6 +307,30 @@ class RowModel:
     def kept(self, k: int) -> float:
         """N(k) at one cap (``kept_at``)."""
         return float(self.kept_at(np.array([float(k)]))[0])
+
+
+def limit_is_certain(terms: Sequence[CapTerm], epsilon_h: float, groups: int = 1) -> bool:
+    """Whether :func:`choose`, given a cap histogram of ``epsilon_h`` and no clipped column,
+    returns the limit whatever the histogram holds, so running it would buy nothing.
+
+    Each term of a total (``column`` None) adds L(k) / (G scale) + w sqrt(2) k / (epsilon_m
+    scale) to E(k) (``_best``), and L(k) = R(k) + Z sd R(k) >= Z sqrt(V) (limit - k), since R(k)
+    >= 0 (consistent counts) and the limit bin alone puts (limit - k)^2 V in Var R(k);
+    L(limit) = 0.  So every such term makes E(k) - E(limit) >= (limit - k) (Z sqrt(V) / G -
+    w sqrt(2) / epsilon_m) / scale, which is > 0 for every k < limit when
+
+        Z sqrt(V) / G > w sqrt(2) / epsilon_m      for every term,
+
+    and then the limit, the only candidate with E(k) <= E(limit), wins strictly.  A ratio
+    (``total`` False) or a clipped column can favour a smaller cap: never certain then.  The
+    condition reads only epsilons, weights and G: public, like the query itself.
+    """
+    if not terms or any(t.column is not None or not t.total for t in terms):
+        return False
+    if any(not t.epsilon > 0 for t in terms) or not epsilon_h > 0:
+        raise ValueError("epsilons must be positive")
+    spread = Z * math.sqrt(discrete_laplace_variance(epsilon_h)) / max(groups, 1)
+    return all(spread > t.weight * math.sqrt(2.0) / t.epsilon for t in terms)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from mechanisms.caps import (
     choose,
     choose_cap,
     discrete_laplace_variance,
+    limit_is_certain,
 )
 from mechanisms.clip_bounds import Z
 from tests.conftest import nothing_spent, tolerance
@@ -105,6 +106,42 @@ def test_chosen_cap_never_exceeds_the_limit(limit: int, data: st.DataObject) -> 
     choice = choose(rows, terms, (), data.draw(st.integers(1, 50)), caps)
     assert 1 <= choice.cap <= limit
     assert choice.cap in (rows.candidates() if caps is None else caps)
+
+
+def test_limit_is_certain_by_hand() -> None:
+    # epsilon_h = 0.1: V = 2a / (1 - a)^2 = 199.8, Z sqrt(V) = 1.645 * 14.13 = 23.25 rows per
+    # unit below the limit; a COUNT of epsilon 0.9 saves only sqrt(2) / 0.9 = 1.57 rows per unit
+    # of cap: the limit is certain.  With G = 20 public groups the bias is shared by 20
+    # groups (23.25 / 20 = 1.16 < 1.57): not certain any more.
+    count = CapTerm(1.0, 0.9, True)
+    assert Z * math.sqrt(discrete_laplace_variance(0.1)) == pytest.approx(23.25, abs=0.01)
+    assert limit_is_certain([count], 0.1)
+    assert not limit_is_certain([count], 0.1, groups=20)
+    # A sum with fixed bounds (w = 2): 2 sqrt(2) / 0.9 = 3.14 < 23.25, still certain; at
+    # epsilon_h = 25 the histogram is exact to ~1e-11: not certain.
+    assert limit_is_certain([count, CapTerm(2.0, 0.9, True)], 0.1)
+    assert not limit_is_certain([count], 25.0)
+    # A ratio, a clipped column, or no term at all: never certain.
+    assert not limit_is_certain([count, CapTerm(2.0, 0.9, False)], 0.1)
+    assert not limit_is_certain([CapTerm(1.0, 0.9, True, column=0)], 0.1)
+    assert not limit_is_certain([], 0.1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit=st.integers(2, 300), data=st.data())
+def test_a_certain_limit_is_what_the_rule_chooses(limit: int, data: st.DataObject) -> None:
+    """Whatever the histogram shows, when limit_is_certain says so, choose() keeps the limit."""
+    starts = cap_bins(limit)
+    eps_h = data.draw(st.floats(1e-3, 5.0))
+    groups = data.draw(st.integers(1, 30))
+    terms = [CapTerm(data.draw(st.sampled_from([0.0, 1.0, 2.0])), data.draw(st.floats(1e-2, 1e2)),
+                     True) for _ in range(data.draw(st.integers(1, 3)))]
+    if not limit_is_certain(terms, eps_h, groups):
+        return
+    counts = data.draw(st.lists(st.floats(-1e5, 1e6), min_size=len(starts),
+                                max_size=len(starts)))
+    rows = RowModel(starts, tuple(counts), limit, eps_h)
+    assert choose(rows, terms, (), groups).cap == limit
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -215,6 +252,29 @@ def test_distinct_units_alone_need_no_selection(exact_units: Callable[..., Engin
     assert result.report.contribution.epsilon == 0
     assert result.report.measurements[0].mechanism["epsilon"] == pytest.approx(10.0)
     assert result.rows[0][0] == pytest.approx(400, abs=5)
+
+
+def test_no_histogram_where_the_rule_must_keep_the_limit(
+        exact_units: Callable[..., Engine]) -> None:
+    """A COUNT at epsilon 1 with share 0.5: epsilon_h = 0.5, V = 2a / (1 - a)^2 = 7.84 (a =
+    exp(-0.5)), Z sqrt(V) = 4.61 rows per unit of cap against sqrt(2) / 0.5 = 2.83 rows of noise
+    saved: the test would keep the limit whatever the histogram shows.  No histogram runs and
+    the whole epsilon goes to the count, at the limit 50."""
+    engine = exact_units(6)
+    result = engine.execute("SELECT COUNT(*) FROM exact", epsilon=1.0, **ALICE)
+    contribution = result.report.contribution
+    assert contribution is not None
+    assert contribution.epsilon == 0 and contribution.cap == 50 and not contribution.steps
+    assert "no histogram" in contribution.note
+    (count,) = result.report.measurements
+    assert count.sensitivity == 50
+    assert count.mechanism["epsilon"] == pytest.approx(1.0)
+    assert result.report.epsilon == pytest.approx(1.0)
+    (block,) = engine.ledger.blocks()
+    assert block.epsilon_consumed == pytest.approx(1.0)
+    # An AVG next to it can favour a smaller cap: the selection runs.
+    both = engine.execute("SELECT COUNT(*), AVG(value) FROM exact", epsilon=1.0, **ALICE)
+    assert both.report.contribution.epsilon == pytest.approx(0.5)
 
 
 def test_demo_trips_are_not_biased_by_the_cap(backend_url: str,

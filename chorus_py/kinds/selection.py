@@ -24,7 +24,14 @@ from analyses.query import AggregateQuery, display_sql
 from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
 from chorus_py.statements import QueryRun, Statements
 from mechanisms import DiscreteLaplace, Snapping
-from mechanisms.caps import CapTerm, RowModel, cap_bins, choose, choose_groups_checked
+from mechanisms.caps import (
+    CapTerm,
+    RowModel,
+    cap_bins,
+    choose,
+    choose_groups_checked,
+    limit_is_certain,
+)
 from mechanisms.clip_bounds import STEPS, ClipColumn, magnitude_edges
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from mechanisms.selection_bias import Bias as SelectionBias
@@ -206,6 +213,22 @@ def cap_matters(query: AggregateQuery) -> bool:
     return any(cap_weight(query, m.id) > 0 for m in query.measurements)
 
 
+def cap_stays_at_limit(query: AggregateQuery, plan: NoisePlan, epsilon: float) -> bool:
+    """Whether a cap selection of ``epsilon`` (its whole share: the cap histogram alone, no
+    clipped column, no thresholded keys) would keep the limit whatever its histogram showed,
+    for the query answered with ``plan`` (``mechanisms.caps.limit_is_certain``)."""
+    if query.thresholded or (query.table_policy.auto_clipping and clipped_arguments(query)):
+        return False
+    by_id = {m.id: m for m in query.measurements}
+    terms = []
+    for mid, mechanism in plan.all_mechanisms().items():
+        m = by_id.get(mid)
+        terms.append(CapTerm(cap_weight(query, mid), mechanism.epsilon,
+                             m.total if m is not None else False))
+    groups = math.prod(len(k.public_values or ()) for k in query.keys) if query.keys else 1
+    return limit_is_certain(terms, epsilon, groups)
+
+
 def cap_weight(query: AggregateQuery, mid: str) -> float:
     """w_m of ``mechanisms.caps``: how a measurement's noise, in rows, grows with the cap."""
     kinds = {m.id: m.kind for m in query.measurements}
@@ -217,13 +240,15 @@ def cap_weight(query: AggregateQuery, mid: str) -> float:
 
 def with_contribution(report: PrivacyReport, query: AggregateQuery, cap_epsilon: float,
                       chosen: Choices | None, clipped: tuple[ClippedArgument, ...],
-                      reused: bool = False) -> PrivacyReport:
+                      reused: bool = False, settled: str | None = None) -> PrivacyReport:
     """The report with its selection steps: what is chosen, at what epsilon, and (once the
     query ran, or when reused) what was chosen; the selection's epsilon is added to the
-    report's."""
+    report's.  ``settled``: why no selection ran although the cap is automatic (the cap is the
+    query's stability)."""
     limit = query.table_policy.contribution_bound
     mode: Literal["auto", "fixed"] = "auto" if query.auto_cap else "fixed"
     with_rows, _ = parts(query)
+    with_rows = with_rows and settled is None
     by_groups = bounds_groups(query)
     cap = chosen.cap if chosen is not None else None
     groups = chosen.groups if chosen is not None else None
@@ -258,6 +283,8 @@ def with_contribution(report: PrivacyReport, query: AggregateQuery, cap_epsilon:
                 "differentially private outputs already paid for, so reusing them costs "
                 "nothing and all of epsilon goes to the answer")
         steps = [dataclasses.replace(step, epsilon=0.0, mechanism="reused") for step in steps]
+    elif settled is not None:
+        note, shown = settled, query.stability
     elif cap_epsilon == 0:
         note = ("COUNT(DISTINCT unit) needs one row per unit: cap 1, no epsilon spent on "
                 "choosing it")

@@ -33,13 +33,14 @@ from chorus_py.kinds.selection import (
     Choices,
     Selection,
     cap_matters,
+    cap_stays_at_limit,
     histogram_builders,
     with_contribution,
 )
 from chorus_py.kinds.templates import one_table_sql
 from chorus_py.statements import QueryRun
 from mechanisms.key_release import empty_result_message, threshold_warning
-from mechanisms.planning import NoiseRequest, ThresholdRequest, plan_noise
+from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.pipeline import RewrittenQuery, pipeline
@@ -126,7 +127,24 @@ class SingleTableKind:
             # unit's rank-1 row, and a filter would miss the units whose rank-1 row fails it).
             query = query.with_cap(1 if sample is None else query.table_policy.contribution_bound)
         clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
-        if (query.auto_cap and cap_matters(query)) or clipped:
+        settled = None  # why no selection runs although the cap is "auto"
+        selects = (query.auto_cap and cap_matters(query)) or bool(clipped)
+        if selects and not clipped and chosen is None and not reused:
+            # A cap choice the rule cannot make is not paid for: when the test of
+            # mechanisms.caps would keep the limit whatever the histogram shows (a known
+            # function of the query's shape, epsilon and delta: nothing about the data), the
+            # histogram is not run and its share of epsilon goes to the answer.
+            share = epsilon * services.policy.privacy.cap_epsilon_share
+            if cap_stays_at_limit(query, self._noise_plan(query, epsilon - share, delta),
+                                  share):
+                selects = False
+                settled = (f"at epsilon {epsilon:g} no histogram of rows per "
+                           f"{query.privacy_unit} could move this query's totals below the "
+                           f"limit {query.table_policy.contribution_bound} (a unit hidden at "
+                           "the limit would cost more rows than the noise saved: "
+                           "mechanisms.caps, 'What the test costs'), so none is run and all "
+                           "of epsilon goes to the answer")
+        if selects:
             # One share of epsilon pays for every selection histogram (mechanisms.caps).
             # Reusing an earlier query's noisy choice is post-processing of that release
             # (Dwork and Roth 2014, Proposition 2.1): it costs nothing.
@@ -140,7 +158,8 @@ class SingleTableKind:
         report = aggregate_report(detail.query, detail.plan, reads, detail.sql,
                                   services.policy.privacy.noise)
         if query.auto_cap or cap_epsilon > 0 or reused:
-            report = with_contribution(report, query, cap_epsilon, chosen, clipped, reused)
+            report = with_contribution(report, query, cap_epsilon, chosen, clipped, reused,
+                                       settled)
         open_epsilon = cap_epsilon if chosen is None else 0.0  # > 0: still to choose
         # With the groups per unit still to choose, the threshold is not known yet (the one at
         # the limit would overstate it): the warning comes with the final plan.
@@ -183,25 +202,7 @@ class SingleTableKind:
               sample: tuple[str, str] | None) -> AnalyticQuery:
         """The noise plan and the rewritten statement."""
         services = self.services
-        requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in query.measurements]
-        threshold = None
-        if query.thresholded:
-            if delta <= 0:
-                raise InvalidParameter(
-                    "grouping by a column without public_values releases its keys through a "
-                    "noisy threshold, which needs delta > 0",
-                    hint="pass a small delta (e.g. 1e-8), or group by columns with public_values",
-                )
-            # D = min(g, k) groups per unit (AggregateQuery.groups_per_unit; k without g).
-            threshold = ThresholdRequest(query.threshold_source, query.groups_per_unit)
-        try:
-            plan = plan_noise(requests, epsilon, delta, threshold,
-                              services.policy.privacy.threshold_epsilon_share)
-        except ValueError as err:  # e.g. a scale beyond what the mechanisms can render
-            raise InvalidParameter(
-                f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
-                hint="ask for a larger epsilon",
-            ) from None
+        plan = self._noise_plan(query, epsilon, delta)
         rewritten: RewrittenQuery | None = None
         sql_dialect = services.dialect
         if services.policy.privacy.noise == "sql":
@@ -216,6 +217,29 @@ class SingleTableKind:
             rewritten = pipeline(query, plan, restriction, sql_dialect, sample)
             sql = rewritten.measure_sql()
         return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
+
+    def _noise_plan(self, query: AggregateQuery, epsilon: float, delta: float) -> NoisePlan:
+        """The split of ``epsilon`` and ``delta`` over the query's measurements (and its
+        key-release threshold)."""
+        requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in query.measurements]
+        threshold = None
+        if query.thresholded:
+            if delta <= 0:
+                raise InvalidParameter(
+                    "grouping by a column without public_values releases its keys through a "
+                    "noisy threshold, which needs delta > 0",
+                    hint="pass a small delta (e.g. 1e-8), or group by columns with public_values",
+                )
+            # D = min(g, k) groups per unit (AggregateQuery.groups_per_unit; k without g).
+            threshold = ThresholdRequest(query.threshold_source, query.groups_per_unit)
+        try:
+            return plan_noise(requests, epsilon, delta, threshold,
+                              self.services.policy.privacy.threshold_epsilon_share)
+        except ValueError as err:  # e.g. a scale beyond what the mechanisms can render
+            raise InvalidParameter(
+                f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
+                hint="ask for a larger epsilon",
+            ) from None
 
     def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None, BlockRestriction | None]:
         block = query.table_policy.block
