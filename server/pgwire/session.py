@@ -31,7 +31,7 @@ from sqlglot import exp
 
 from budget.ledger import Viewer
 from chorus_py.errors import ChorusError, QuerySyntaxError
-from chorus_py.report import PrivacyReport, QueryResult, elastic_lines, shown
+from chorus_py.report import PrivacyReport, QueryResult, elastic_lines, interval_dict, shown
 from server.pgwire import protocol as p
 from server.pgwire import types as t
 from server.pgwire.catalog import (
@@ -177,6 +177,8 @@ class Session:
         # SET chorus.wait_seconds: how long a query waits for budget the scheduler cannot grant
         # at once (None: the policy's scheduler.wait_seconds).
         self.wait_seconds: float | None = None
+        # The last noisy answer of this session: SHOW chorus.intervals gives its error bars.
+        self.last_answer: QueryResult | None = None
         self.status = "I"  # transaction status: I idle, T in a block, E failed block
         self._state = "startup"  # startup -> sasl_initial -> sasl_final -> ready
         self._scram: ScramExchange | None = None
@@ -562,6 +564,8 @@ class Session:
         return tuple(out)
 
     def _show_fields(self, name: str) -> tuple[Column, ...]:
+        if name == INTERVALS:
+            return INTERVAL_FIELDS
         if name == "chorus.budget":
             return tuple(Column(n, o) for n, o in self._budget()[0])
         if name == "all":
@@ -643,7 +647,13 @@ class Session:
             rows = [tuple(t.coerce(v, c.oid) for v, c in zip(row, fields, strict=False))
                     for row in answer.rows]
             notice = _report_notice(answer.report)
+            self.last_answer = answer
             return fields, rows, f"SELECT {len(rows)}", notice
+        if st.kind == "show" and st.name == INTERVALS:
+            # Computed on demand, off the event loop (an AVG's interval is simulated).
+            last = self.last_answer
+            rows = [] if last is None else (yield Work(lambda: interval_rows(last)))
+            return self._show_fields(st.name), rows, "SHOW", b""
         if st.kind == "explain":
             return (yield from self._explain(st, prepared, portal.params))
         return self._command(st)
@@ -1070,7 +1080,35 @@ def _report_notice(report: PrivacyReport) -> bytes:
         lines.append(f"group keys released when their noisy count exceeds "
                      f"{report.key_release.threshold:.1f}")
     lines += [f"warning: {w}" for w in report.warnings]
-    return p.notice_response(message, detail="\n".join(lines) or None)
+    lines.append(f"95% intervals of every noisy cell (bias of caps and clipping included): "
+                 f"SHOW {INTERVALS}")
+    return p.notice_response(message, detail="\n".join(lines))
+
+
+#: SHOW chorus.intervals: the 95% interval of every noisy cell of the session's last answer.
+INTERVALS = "chorus.intervals"
+INTERVAL_FIELDS = (Column("row", t.INT8), Column("column", t.TEXT), Column("value", t.FLOAT8),
+                   Column("lower", t.FLOAT8), Column("upper", t.FLOAT8),
+                   Column("noise_lower", t.FLOAT8), Column("noise_upper", t.FLOAT8),
+                   Column("interval", t.TEXT))
+
+
+def interval_rows(answer: QueryResult) -> list[tuple[Any, ...]]:
+    """One row per noisy cell of ``answer`` (rows numbered from 1): its estimate, the 95%
+    interval with the bias of caps and clipping (``lower``/``upper``) and without it (noise
+    alone), and the text ``chorus query`` prints.  Cells without an interval give their reason
+    as the text; group keys and constants (no interval at all) are left out.  Post-processing
+    of released values and public scales: free."""
+    out: list[tuple[Any, ...]] = []
+    for number, cells in enumerate(answer.intervals(), start=1):
+        for name, iv in zip(answer.columns, cells, strict=True):
+            found = interval_dict(iv)
+            if found is None:
+                continue
+            value = getattr(iv, "estimate", None)
+            out.append((number, name, value, found["lower"], found["upper"],
+                        found.get("noise_lower"), found.get("noise_upper"), found["text"]))
+    return out
 
 
 def explain_lines(report: PrivacyReport) -> list[str]:

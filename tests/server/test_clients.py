@@ -106,6 +106,34 @@ def test_psycopg(wire: Wire) -> None:
         assert len(rows) == 1
 
 
+def test_error_bars_over_the_wire(wire: Wire) -> None:
+    """SHOW chorus.intervals: the 95% interval of every noisy cell of the session's last
+    answer, as rows any client (and BI tool) can read; the NOTICE says where to find them."""
+    notices: list[str] = []
+    with psycopg.connect(wire.url(), autocommit=True) as con:
+        con.add_notice_handler(lambda d: notices.append(d.message_detail or ""))
+        assert con.execute("SHOW chorus.intervals").fetchall() == []  # no answer yet
+        before = consumed(wire)
+        answer = con.execute("SELECT city, COUNT(*) AS n, AVG(fare) AS f FROM trips "
+                             "WHERE city IN ('SF', 'LA') GROUP BY city ORDER BY city").fetchall()
+        assert "SHOW chorus.intervals" in notices[-1]
+        spent = consumed(wire)
+        for prepare in (False, True):
+            cur = con.execute("SHOW chorus.intervals", prepare=prepare)
+            assert [d.name for d in cur.description] == [
+                "row", "column", "value", "lower", "upper", "noise_lower", "noise_upper",
+                "interval"]
+            rows = cur.fetchall()
+            # one row per noisy cell: two groups x (n, f); the keys have no interval
+            assert [(r[0], r[1]) for r in rows] == [(1, "n"), (1, "f"), (2, "n"), (2, "f")]
+            for number, column, value, lower, upper, noise_lower, noise_upper, text in rows:
+                cell = answer[number - 1][1 if column == "n" else 2]
+                assert value == pytest.approx(cell)
+                assert lower <= noise_lower <= value <= noise_upper <= upper
+                assert "(noise)" in text
+        assert consumed(wire) == spent > before  # reading the error bars is free
+
+
 def test_psycopg_errors(wire: Wire) -> None:
     with psycopg.connect(wire.url(), autocommit=True) as con:
         cases = [("SELEC COUNT(*) FROM trips", psycopg.errors.SyntaxError),
