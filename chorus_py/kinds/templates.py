@@ -271,6 +271,7 @@ def _bound_pair(draw: secrets.SystemRandom, lo: float, hi: float, centre: float 
 
 
 _NONE = object()  # cached: this shape has no exact template (render in full every time)
+_SEEN = object()  # cached: this shape was rendered once; its template is built when it returns
 
 
 def one_table_sql(cache: Any, key: tuple[object, ...], query: AggregateQuery, plan: NoisePlan,
@@ -285,10 +286,16 @@ def one_table_sql(cache: Any, key: tuple[object, ...], query: AggregateQuery, pl
     except _Unfit:
         return render(query, plan)
     template = cache.get(full_key)
-    if template is None:
+    if template is None or template is _SEEN:
         sql = render(query, plan)
-        built = OneTableTemplate.build(query, plan, render, dialect, sampled, sql)
-        cache.put(full_key, _NONE if built is None else built)
+        # Building a template renders the shape twice more: worth it only for a shape that
+        # comes back (a new query text is often asked once), so the first sighting renders
+        # once and the second builds it.
+        if template is None:
+            cache.put(full_key, _SEEN)
+        else:
+            built = OneTableTemplate.build(query, plan, render, dialect, sampled, sql)
+            cache.put(full_key, _NONE if built is None else built)
         return sql
     filled = template.sql(query, plan) if template is not _NONE else None
     return render(query, plan) if filled is None else filled
