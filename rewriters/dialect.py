@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 
-def dialect(node: exp.Expr, name: str) -> exp.Expr:
+def dialect(node: exp.Expr, name: str, copy: bool = True) -> exp.Expr:
     """Adapt ``node`` to the backend ``name`` ("duckdb" or "postgres"); returns a copy.
 
     >>> from sqlglot import parse_one
@@ -17,11 +17,11 @@ def dialect(node: exp.Expr, name: str) -> exp.Expr:
     'SELECT ROUND(CAST(AVG(x) AS DECIMAL), 2)'
     """
     if name != "postgres":
-        return node.copy()
+        return node.copy() if copy else node
 
     def visit(sub: exp.Expr) -> exp.Expr:
         if isinstance(sub, exp.Round) and sub.args.get("decimals") is not None:
             sub.set("this", exp.cast(sub.this, exp.DType.DECIMAL))
         return sub
 
-    return node.copy().transform(visit, copy=False)
+    return (node.copy() if copy else node).transform(visit, copy=False)

@@ -55,8 +55,8 @@ class RewrittenQuery:
             exp.CTE(this=noisy, alias=exp.TableAlias(this=exp.to_identifier(NOISY)),
                     materialized=True)
         ]))
-        # dialect() returns a fresh tree: the generator may mutate it, no second copy.
-        return dialect(statement, self.dialect).sql(self.dialect, copy=False)
+        # A fresh tree already: neither dialect() nor the generator needs to copy it.
+        return dialect(statement, self.dialect, copy=False).sql(self.dialect, copy=False)
 
     def measure_sql(self) -> str:
         """The exact measurements alone (proxy noise mode), for the backend."""
@@ -191,14 +191,17 @@ def cap_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
     unit = query.privacy_unit
     assert unit is not None
     rows = filtered_rows(query, restriction, sample)
+    # Every tree here is built fresh for this statement: the builders need not copy them.
     per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c"))
-                .from_(rows.subquery("f")).group_by(exp.column(unit, table="f")))
+                .from_(rows.subquery("f", copy=False), copy=False)
+                .group_by(exp.column(unit, table="f"), copy=False))
     ifs = [exp.If(this=exp.column("c") >= exp.Literal.number(start),
                   true=exp.Literal.number(i))
            for i, start in reversed(list(enumerate(starts)))]
     bin_index = exp.Case(ifs=ifs, default=exp.Literal.number(0))
     return (exp.select(exp.alias_(bin_index, "b"), exp.alias_(exp.Count(this=exp.Star()), "n"))
-            .from_(per_unit.subquery("u")).group_by(bin_index.copy()))
+            .from_(per_unit.subquery("u", copy=False), copy=False)
+            .group_by(bin_index.copy(), copy=False))
 
 
 def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:

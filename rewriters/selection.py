@@ -75,19 +75,23 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
             this=exp.Count(this=exp.Star()), partition_by=[exp.column(unit, table=alias)]))
     # The clipped magnitude is computed once per row (m), then binned: written inside every
     # WHEN, it was rendered (and built) once per edge, 26 times.
+    # Every tree here is built fresh for this statement: the builders need not copy them.
     per_row = (exp.select(exp.alias_(exp.Abs(this=clipping(value, lower, upper)), "m"),
                           exp.alias_(weight, "w"))
-               .from_(rows.subquery(alias))
-               .where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null()))))
+               .from_(rows.subquery(alias, copy=False), copy=False)
+               .where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
+                      copy=False))
     magnitude = exp.column("m", table="r")
     ifs = [exp.If(this=magnitude.copy() >= exp.Literal.number(edge), true=exp.Literal.number(j))
            for j, edge in enumerate(edges)]
     binned = exp.select(
         exp.alias_(exp.Case(ifs=ifs, default=exp.Literal.number(len(edges))), "b"),
-        exp.alias_(exp.column("w", table="r"), "w")).from_(per_row.subquery("r"))
+        exp.alias_(exp.column("w", table="r"), "w")).from_(per_row.subquery("r", copy=False),
+                                                            copy=False)
     return (exp.select(exp.alias_(exp.column("b", table="v"), "b"),
                        exp.alias_(exp.Sum(this=exp.column("w", table="v")), "w"))
-            .from_(binned.subquery("v")).group_by(exp.column("b", table="v")))
+            .from_(binned.subquery("v", copy=False), copy=False)
+            .group_by(exp.column("b", table="v"), copy=False))
 
 
 def group_histogram(query: AggregateQuery, restriction: BlockRestriction | None,

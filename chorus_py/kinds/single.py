@@ -266,7 +266,8 @@ class SingleTableKind:
             key = (query.normalized_sql, detail.restriction, detail.sample, *what)
             sql = self._histograms.get(key)
             if sql is None:
-                sql = dialect(build(), self.services.dialect).sql(self.services.dialect)
+                sql = dialect(build(), self.services.dialect, copy=False).sql(
+                    self.services.dialect, copy=False)  # a fresh tree: no copies
                 # The selection noises it in the proxy.
                 self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
                 self._histograms.put(key, sql)
