@@ -29,7 +29,9 @@ def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
     """
     if k < 1:
         raise ValueError("k must be >= 1")
-    randomised = rows.copy().select(exp.alias_(exp.Rand(), RAND))
+    # One copy of the caller's rows; every tree after it is this function's own, so the
+    # builders below need not copy again.
+    randomised = rows.copy().select(exp.alias_(exp.Rand(), RAND), copy=False)
     ranked = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
         exp.alias_(
@@ -40,11 +42,11 @@ def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
             ),
             RANK,
         ),
-    ).from_(randomised.subquery("r"))
+    ).from_(randomised.subquery("r", copy=False), copy=False)
     return (
         exp.select("*")
-        .from_(ranked.subquery("b"))
-        .where(exp.column(RANK, table="b") <= exp.Literal.number(k))
+        .from_(ranked.subquery("b", copy=False), copy=False)
+        .where(exp.column(RANK, table="b") <= exp.Literal.number(k), copy=False)
     )
 
 
@@ -76,14 +78,14 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -
     names = [f"{GROUP_KEY}{i}" for i in range(len(keys))]
     randomised = rows.copy().select(
         *[exp.alias_(key.copy(), name) for key, name in zip(keys, names, strict=True)],
-        exp.alias_(exp.Rand(), GROUP_RAND))
+        exp.alias_(exp.Rand(), GROUP_RAND), copy=False)
     scored = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
         exp.alias_(exp.Window(
             this=exp.Min(this=exp.column(GROUP_RAND, table="r")),
             partition_by=[exp.column(unit, table="r"), *[exp.column(n, table="r") for n in names]],
         ), GROUP_SCORE),
-    ).from_(randomised.subquery("r"))
+    ).from_(randomised.subquery("r", copy=False), copy=False)
     ranked = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("s")),
         exp.alias_(exp.Window(
@@ -93,9 +95,9 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -
                                          *[exp.Ordered(this=exp.column(n, table="s"))
                                            for n in names]]),
         ), GROUP_RANK),
-    ).from_(scored.subquery("s"))
-    return (exp.select("*").from_(ranked.subquery("gb"))
-            .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g)))
+    ).from_(scored.subquery("s", copy=False), copy=False)
+    return (exp.select("*").from_(ranked.subquery("gb", copy=False), copy=False)
+            .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g), copy=False))
 
 
 def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -> exp.Select:

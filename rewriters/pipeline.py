@@ -112,7 +112,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         measure = join_rows(query, restrictions or {}, samples).select(*columns, copy=False)
     else:
         assert rows is not None
-        measure = exp.select(*columns).from_(rows.subquery(alias))
+        measure = exp.select(*columns).from_(rows.subquery(alias, copy=False), copy=False)
     if query.keys:
         measure = measure.group_by(*[safety(k.expr) for k in query.keys], copy=False)
     key_ids = [k.id for k in query.keys]
@@ -134,15 +134,15 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if query.having is not None:
         conditions.append(safety(query.having))
     if conditions:
-        finish = finish.where(exp.and_(*conditions))
+        finish = finish.where(exp.and_(*conditions), copy=False)
     if query.order:
         finish = finish.order_by(*[
             exp.Ordered(this=safety(o.this), desc=o.args.get("desc"),
-                        nulls_first=o.args.get("nulls_first")) for o in query.order])
+                        nulls_first=o.args.get("nulls_first")) for o in query.order], copy=False)
     if query.limit is not None:
-        finish = finish.limit(query.limit)
+        finish = finish.limit(query.limit, copy=False)
     if query.offset is not None:
-        finish = finish.offset(query.offset)
+        finish = finish.offset(query.offset, copy=False)
     return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
 
 
@@ -177,8 +177,9 @@ def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,
             cap = exp.column(RANK, table=alias) <= exp.Literal.number(query.stability)
             where = cap if where is None else exp.and_(where, cap)
     source.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(source)
-    return rows.where(where) if where is not None else rows
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(
+        source, copy=False)
+    return rows.where(where, copy=False) if where is not None else rows
 
 
 def cap_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
