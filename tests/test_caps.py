@@ -277,6 +277,76 @@ def test_no_histogram_where_the_rule_must_keep_the_limit(
     assert both.report.contribution.epsilon == pytest.approx(0.5)
 
 
+GROUPED_POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+delta_per_block = 0.5
+max_epsilon_per_query = 1e5
+
+[tables.spread]
+privacy_unit = "unit_id"
+max_rows_per_unit = 50
+contribution = "auto"
+
+[tables.spread.columns]
+unit_id = {{ type = "int" }}
+g       = {{ type = "text", public_values = ["a", "b", "c"] }}
+
+[analysts.alice]
+"""
+
+
+def test_grouped_distinct_units_need_no_row_cap(scratch: Callable[..., Engine]) -> None:
+    """COUNT(DISTINCT unit) by G = 3 public groups: Delta = min(k, G) = 3 at any cap >= 3, so
+    the cap stays at the limit and nothing is spent choosing it.  Every one of the 400 units
+    has 12 rows, 4 in each group: a cap of 1 (what the rule chose when it weighed the count's
+    noise as growing with k) counted each unit in one group only, about 133 per group."""
+    engine = scratch("spread", [
+        "CREATE TABLE spread AS SELECT CAST(u AS BIGINT) AS unit_id, "
+        "CASE r % 3 WHEN 0 THEN 'a' WHEN 1 THEN 'b' ELSE 'c' END AS g "
+        "FROM generate_series(1, 400) AS a(u), generate_series(1, 12) AS b(r)"], GROUPED_POLICY)
+    result = engine.execute("SELECT g, COUNT(DISTINCT unit_id) AS n FROM spread GROUP BY g "
+                            "ORDER BY g", epsilon=30.0, **ALICE)
+    contribution = result.report.contribution
+    assert contribution is not None
+    assert contribution.cap == 50 and contribution.epsilon == 0
+    (measurement,) = result.report.measurements
+    assert measurement.sensitivity == 3
+    assert measurement.mechanism["epsilon"] == pytest.approx(30.0)
+    assert [row[0] for row in result.rows] == ["a", "b", "c"]
+    for _, n in result.rows:  # noise scale 3 / 30 = 0.1
+        assert n == pytest.approx(400, abs=2)
+
+
+def test_thresholded_distinct_units_choose_only_the_groups(
+        scratch: Callable[..., Engine]) -> None:
+    """COUNT(DISTINCT unit) by keys released through a threshold: each unit is kept in at most g
+    of its groups (g chosen from a noisy histogram), so Delta = min(k, g) = g at the limit: only
+    the groups histogram runs (no cap histogram), the cap stays at the limit, and each of the
+    400 units, with 12 rows over 3 groups, is counted in every group it reaches (g = 3)."""
+    policy = GROUPED_POLICY.replace(', public_values = ["a", "b", "c"]', "").replace(
+        "max_epsilon_per_query = 1e5", "max_epsilon_per_query = 1e5\ncap_epsilon_share = 0.5")
+    engine = scratch("spread", [
+        "CREATE TABLE spread AS SELECT CAST(u AS BIGINT) AS unit_id, "
+        "CASE r % 3 WHEN 0 THEN 'a' WHEN 1 THEN 'b' ELSE 'c' END AS g "
+        "FROM generate_series(1, 400) AS a(u), generate_series(1, 12) AS b(r)"], policy)
+    result = engine.execute("SELECT g, COUNT(DISTINCT unit_id) AS n FROM spread GROUP BY g "
+                            "ORDER BY g", epsilon=60.0, delta=1e-6, **ALICE)
+    contribution = result.report.contribution
+    assert contribution is not None and contribution.cap == 50
+    assert [step.kind for step in contribution.steps] == ["groups"]
+    assert contribution.steps[0].epsilon == pytest.approx(30.0)
+    assert contribution.steps[0].chosen == "3 groups"
+    (measurement,) = result.report.measurements
+    assert measurement.sensitivity == 3
+    assert [row[0] for row in result.rows] == ["a", "b", "c"]
+    for _, n in result.rows:
+        assert n == pytest.approx(400, abs=3)
+
+
 def test_demo_trips_are_not_biased_by_the_cap(backend_url: str,
                                               make_engine: Callable[..., Engine]) -> None:
     # With a fixed cap of 10, COUNT(*) loses the trips of heavy riders; the automatic cap keeps

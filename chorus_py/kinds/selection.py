@@ -115,6 +115,8 @@ class Selection:
             noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
             columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy),
                                       eps_h))  # its epsilon: biases at their upper estimates
+        if not with_rows and not clipped:  # only g to choose: the cap stays as it is
+            return Choices(query.stability, (), per_unit, reusable=not groups_fell_back)
         if with_rows:
             starts = cap_bins(limit)
             exact = histogram(statements, run, *sized[("cap",)])
@@ -208,8 +210,10 @@ def bounds_groups(query: AggregateQuery) -> bool:
 
 def cap_matters(query: AggregateQuery) -> bool:
     """Whether some noise scale of the query grows with the row cap k."""
-    if query.thresholded:
+    if query.thresholded and not bounds_groups(query):
         return True  # the key-release count reaches up to k groups per unit
+    # With g chosen (bounds_groups), the key release needs D = min(g, k) groups per unit: g
+    # at the limit, so only the measurements' own noise can make a smaller cap worth it.
     return any(cap_weight(query, m.id) > 0 for m in query.measurements)
 
 
@@ -229,12 +233,25 @@ def cap_stays_at_limit(query: AggregateQuery, plan: NoisePlan, epsilon: float) -
     return limit_is_certain(terms, epsilon, groups)
 
 
+def public_groups(query: AggregateQuery) -> int | None:
+    """G, the number of groups when every key has declared public values (None otherwise)."""
+    if not query.keys or query.thresholded or any(k.public_values is None
+                                                  for k in query.keys):
+        return None
+    return math.prod(len(k.public_values or ()) for k in query.keys)
+
+
 def cap_weight(query: AggregateQuery, mid: str) -> float:
     """w_m of ``mechanisms.caps``: how a measurement's noise, in rows, grows with the cap."""
     kinds = {m.id: m.kind for m in query.measurements}
     kind = kinds.get(mid, "count")  # the separate key-release count behaves like a count
     if kind == "count_units":
-        return 1.0 if query.keys else 0.0  # ungrouped: sensitivity 1 whatever the cap
+        # Ungrouped: sensitivity 1 whatever the cap.  Over G public groups: min(k, G), which
+        # the cap may as well leave at the limit (a smaller cap only drops the groups of
+        # units' dropped rows: a bias, and no less noise once k >= G).
+        # Thresholded keys with g chosen: min(k, g), the same.
+        return 1.0 if query.keys and public_groups(query) is None \
+            and not bounds_groups(query) else 0.0
     return 1.0 if kind == "count" else 2.0
 
 
@@ -285,6 +302,11 @@ def with_contribution(report: PrivacyReport, query: AggregateQuery, cap_epsilon:
         steps = [dataclasses.replace(step, epsilon=0.0, mechanism="reused") for step in steps]
     elif settled is not None:
         note, shown = settled, query.stability
+    elif cap_epsilon == 0 and query.keys:
+        note = (f"COUNT(DISTINCT unit) over public groups has sensitivity min(cap, groups): "
+                f"the limit {limit} keeps every group a unit reaches, no epsilon spent on "
+                "choosing a cap")
+        shown = query.stability
     elif cap_epsilon == 0:
         note = ("COUNT(DISTINCT unit) needs one row per unit: cap 1, no epsilon spent on "
                 "choosing it")

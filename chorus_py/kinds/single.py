@@ -32,6 +32,7 @@ from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.selection import (
     Choices,
     Selection,
+    bounds_groups,
     cap_matters,
     cap_stays_at_limit,
     histogram_builders,
@@ -125,10 +126,14 @@ class SingleTableKind:
             # to choose.  Bounding after the filter keeps one row per unit; a stored sample is
             # read whole (its ranks are over the whole table: a cap of 1 would keep only each
             # unit's rank-1 row, and a filter would miss the units whose rank-1 row fails it).
-            query = query.with_cap(1 if sample is None else query.table_policy.contribution_bound)
+            # Grouped by public keys, it has sensitivity min(k, G): the limit keeps every group
+            # a unit reaches (a cap of 1 would count each unit in one group only).
+            query = query.with_cap(1 if sample is None and not query.keys
+                                   else query.table_policy.contribution_bound)
         clipped = clipped_arguments(query) if query.table_policy.auto_clipping else ()
         settled = None  # why no selection runs although the cap is "auto"
-        selects = (query.auto_cap and cap_matters(query)) or bool(clipped)
+        selects = (query.auto_cap and cap_matters(query)) or bool(clipped) \
+            or bounds_groups(query)
         if selects and not clipped and chosen is None and not reused:
             # A cap choice the rule cannot make is not paid for: when the test of
             # mechanisms.caps would keep the limit whatever the histogram shows (a known
