@@ -126,11 +126,13 @@ class _Relation:
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    """The AND-ed parts of ``node``, through any parentheses: ``a AND (b AND (c))`` is
+    [a, b, c] (sqlglot's ``flatten`` stops at a parenthesised AND)."""
     if node is None:
         return []
     node = node.unnest()
     if isinstance(node, exp.And):
-        return [c.unnest() for c in node.flatten()]
+        return [part for child in (node.this, node.expression) for part in _conjuncts(child)]
     return [node]
 
 

@@ -100,6 +100,16 @@ def test_join_of_subquery_that_projects() -> None:
     assert s_at(sql, MF, 0) == [250]
 
 
+def test_nested_ands_in_on_are_flattened() -> None:
+    """Uber's elastic-sensitivity tests write ``ON (a AND (b AND (x.k = y.k)))``: the same
+    join and stability as the flat form, the non-join parts kept as filters."""
+    flat = ("SELECT COUNT(*) FROM orders o JOIN recs r ON o.customer_id = r.customer_id "
+            "AND o.amount > 5 AND r.rec_id > 3")
+    nested = ("SELECT COUNT(*) FROM orders o JOIN recs r ON (o.amount > 5 AND (r.rec_id > 3 "
+              "AND ((o.customer_id = r.customer_id))))")
+    assert s_at(nested, MF, 0, 2) == s_at(flat, MF, 0, 2) == [250, 252]
+
+
 def test_three_table_join() -> None:
     # R = o JOIN r: S_R = max(4 + k, 3 + k); mf_k(o.order_id, R) = (1 + k)(3 + k).
     # R JOIN i ON i.order_id = o.order_id: S = max((1+k)(3+k) * 1, (5 + k) * S_R):
