@@ -144,3 +144,59 @@ def test_sparse_first_puts_rows_of_rarely_seen_units_first() -> None:
     star = Attribution.from_pairs(np.arange(4), np.array([0, 0, 0, 1, 2, 3]),
                                   np.array([1, 2, 3, 1, 2, 3]))
     assert greedy_sparse(star, 1, seed=0).keep.tolist() == [False, True, True, True]
+
+
+def brute_force_optimum(att: Attribution, k: int) -> int:
+    """The most rows any S within the bound keeps, by enumerating every subset of the rows
+    that have units (an independent check of the ILP: no solver involved)."""
+    candidates = np.flatnonzero(att.degrees() > 0)
+    best = 0
+    for mask in range(1 << len(candidates)):
+        keep = np.zeros(att.n_rows, dtype=bool)
+        chosen = [candidates[i] for i in range(len(candidates)) if mask >> i & 1]
+        if len(chosen) <= best:
+            continue
+        keep[chosen] = True
+        if att.rows_per_unit(keep).max(initial=0) <= k:
+            best = len(chosen)
+    return best
+
+
+@st.composite
+def small_hypergraphs(draw: st.DrawFn) -> Attribution:
+    """Up to 12 rows (2^12 subsets to enumerate), each with 1..3 of up to 6 units."""
+    n = draw(st.integers(1, 12))
+    n_units = draw(st.integers(1, 6))
+    rows = [draw(st.lists(st.integers(0, n_units - 1), min_size=1, max_size=3))
+            for _ in range(n)]
+    pair_rows = np.array([i for i, units in enumerate(rows) for _ in units], dtype=np.int64)
+    pair_units = np.array([u for units in rows for u in units], dtype=np.int64)
+    return Attribution.from_pairs(np.arange(n), pair_rows, pair_units)
+
+
+@settings(max_examples=150, deadline=None)
+@given(small_hypergraphs(), st.integers(1, 3), st.integers(0, 1000))
+def test_ilp_with_a_warm_start_reaches_the_brute_force_optimum(
+        att: Attribution, k: int, seed: int) -> None:
+    """``select(..., "ilp")`` starts HiGHS from the greedy's S; what it returns as optimal must
+    keep as many rows as the best subset found by enumeration."""
+    result = select(att, "ilp", k, seed)
+    assert result.optimal
+    assert result.keep.sum() == brute_force_optimum(att, k)
+
+
+def test_ilp_reads_the_optimum_not_the_start() -> None:
+    """An instance where HiGHS 1.16, given the greedy's 14 rows as a start, reported an optimal
+    objective of 15 while returning the start's values: the 15 rows must come back."""
+    rng = np.random.default_rng(0)
+    for _ in range(293):  # the 293rd instance of this seeded stream
+        n, units, k = int(rng.integers(5, 60)), int(rng.integers(3, 12)), int(rng.integers(1, 4))
+        pairs = [(r, u) for r in range(n)
+                 for u in rng.choice(units, size=int(rng.integers(1, 4)), replace=False)]
+    att = Attribution.from_pairs(np.arange(n), np.array([p[0] for p in pairs]),
+                                 np.array([p[1] for p in pairs]))
+    start = greedy_sparse(att, k, seed=292).keep
+    cold = ilp(att, k, 10.0)
+    warm = ilp(att, k, 10.0, start=start)
+    assert cold.optimal and warm.optimal
+    assert warm.keep.sum() == cold.keep.sum() > start.sum()
