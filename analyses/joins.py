@@ -14,6 +14,11 @@ a = b, a of r1 and b of r2:
 - shared (a self-join, or two tables of the same privacy unit, which change together):
   S(k) = mf_k(a, r1) * S_r2(k) + mf_k(b, r2) * S_r1(k) + S_r1(k) * S_r2(k);
 - after the join, mf_k of a column of r1 is multiplied by mf_k(b, r2), of r2 by mf_k(a, r1);
+- shared, and the equality joins the privacy unit columns of both sides, each side "unit-keyed"
+  (a table with a privacy unit, or a join of such tables on the unit, or of one with public
+  tables): a neighbour removes or adds every row whose key is its unit u on both sides, and no
+  other row has key u, so only the pairs of u's rows change: S(k) = S_r1(k) * S_r2(k) (trips
+  with c rows per rider JOIN riders with one: S = c, where the shared rule gives 3c);
 - several equalities between r1 and r2: every one gives a valid bound, so the smallest (pointwise
   min) is used, for S and for the frequencies.
 
@@ -123,6 +128,10 @@ class _Relation:
     origins: set[str]
     # mf_k(column, relation) = base mf_k(column) * multiplier[alias of the column]
     multiplier: dict[str, Term]
+    # Every row a neighbour changes carries the changed unit's value in the unit column of
+    # every private alias (a table with a privacy unit, joined only on its unit or to public
+    # tables): then a join on the unit pairs only the changed unit's rows (module docstring).
+    unit_keyed: bool = False
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
@@ -239,7 +248,12 @@ def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:
     def base(alias: str) -> _Relation:
         src = sources[alias]
         return _Relation({alias}, Const(float(src.cap)),
-                         set() if src.public else {src.origin}, {alias: Const(1.0)})
+                         set() if src.public else {src.origin}, {alias: Const(1.0)},
+                         unit_keyed=src.policy.privacy_unit is not None and not src.public)
+
+    def is_unit(col: exp.Column) -> bool:
+        src = sources[col.table]
+        return not src.public and col.name == src.policy.privacy_unit
 
     def mf_in(rel: _Relation, col: exp.Column) -> Term:
         return mul(base_mf(col), rel.multiplier[col.table])
@@ -266,7 +280,13 @@ def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:
             if {x.table, y.table} & {nxt} and ({x.table, y.table} - {nxt}) <= rel.aliases:
                 a, b = (x, y) if y.table == nxt else (y, x)
                 mf_a, mf_b = mf_in(rel, a), mf_in(other, b)
-                if shared:
+                on_unit = shared and rel.unit_keyed and other.unit_keyed and is_unit(a) \
+                    and is_unit(b)
+                if on_unit:
+                    # Both sides keyed by the unit: the rows with key u are exactly the changed
+                    # unit's (all of them change), so only their pairs change: S = S1 * S2.
+                    s = mul(rel.stability, other.stability)
+                elif shared:
                     s = add_terms(mul(mf_a, other.stability), mul(mf_b, rel.stability),
                                   mul(rel.stability, other.stability))
                 else:
@@ -276,10 +296,16 @@ def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:
                 right_factor.append(mf_a)
                 used.append(f"{_show(a)} = {_show(b)}")
         stability = minimum(*candidates)
+        # Unit-keyed after the join: every equality used was on the unit (a public table's
+        # rows never change, so joining one keeps the property).
+        keyed = rel.unit_keyed and (other.unit_keyed or sources[nxt].public) and all(
+            sources[nxt].public or (is_unit(x) and is_unit(y)) for x, y in equalities
+            if {x.table, y.table} & {nxt} and ({x.table, y.table} - {nxt}) <= rel.aliases)
         grow_left, grow_right = minimum(*left_factor), minimum(*right_factor)
         multiplier = {al: mul(t, grow_left) for al, t in rel.multiplier.items()}
         multiplier[nxt] = mul(other.multiplier[nxt], grow_right)
-        rel = _Relation(rel.aliases | {nxt}, stability, rel.origins | other.origins, multiplier)
+        rel = _Relation(rel.aliases | {nxt}, stability, rel.origins | other.origins, multiplier,
+                        keyed)
         pending.remove(nxt)
     notes = []
     for src in sources.values():

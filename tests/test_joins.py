@@ -155,13 +155,14 @@ def test_self_join_on_unique_pinned_key() -> None:
 
 
 def test_user_level_same_unit_grouped() -> None:
-    # rides (<= 3 rows per rider) JOIN riders (<= 1): same unit, shared rule with the unit
-    # columns at mf = c: 3 * 1 + 1 * 3 + 3 * 1 = 9 at every k, data-independent.
+    # rides (<= 3 rows per rider) JOIN riders (<= 1) on the unit: removing a rider removes its
+    # <= 3 rides and its 1 rider row, and only their pairs join: S = 3 * 1 = 3 at every k,
+    # data-independent (the shared rule without the unit gave 3 * 1 + 1 * 3 + 3 * 1 = 9).
     sql = ("SELECT ri.city, COUNT(*) FROM rides r JOIN riders ri ON r.rider_id = ri.rider_id "
            "GROUP BY ri.city")
     query = analyse(sql)
     assert query.join is not None and query.join.metrics == ()
-    assert [query.join.stability.at(k, {}) for k in (0, 7)] == [9, 9]
+    assert [query.join.stability.at(k, {}) for k in (0, 7)] == [3, 3]
     assert query.keys[0].public_values == ("SF", "LA")
 
 
@@ -292,4 +293,63 @@ def test_count_change_never_exceeds_s0(a: list[tuple[int, int]], b: list[tuple[i
     after, mf_after = load()
     assert abs(after - before) <= s0
     # Symmetric: the neighbour's own S(0) bounds the change too.
+    assert abs(after - before) <= query.join.stability.at(0, mf_after)
+
+
+# -- property: joins on the privacy unit change by at most S(0) when a unit goes ----------------
+
+_UNIT_POLICY = parse_policy({
+    "backend": {"url": "duckdb:///:memory:"}, "privacy": {"epsilon_per_block": 10.0},
+    "tables": {"ua": {"privacy_unit": "u", "max_rows_per_unit": 3, "contribution": "fixed",
+                      "columns": {"u": {"type": "int"}, "x": {"type": "int"}}},
+               "ub": {"privacy_unit": "u", "max_rows_per_unit": 2, "contribution": "fixed",
+                      "columns": {"u": {"type": "int"}, "x": {"type": "int"}}},
+               "p": {"public": True}}})
+_UNIT_QUERIES = [
+    ("SELECT COUNT(*) FROM ua JOIN ub ON ua.u = ub.u", 6),                     # 3 * 2
+    ("SELECT COUNT(*) FROM ua t1 JOIN ua t2 ON t1.u = t2.u", 9),               # 3 * 3
+    ("SELECT COUNT(*) FROM ua JOIN ub ON ua.u = ub.u JOIN p ON p.x = ub.x", None),
+    ("SELECT COUNT(*) FROM ua t1 JOIN ub ON t1.u = ub.u JOIN ua t2 ON t2.x = ub.x", None),
+    ("SELECT COUNT(*) FROM ua t1 JOIN ua t2 ON t1.x = t2.x JOIN ub ON ub.u = t1.u", None),
+]
+unit_rows = st.lists(st.integers(0, 2), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(unit_rows, min_size=1, max_size=4),
+       st.lists(st.lists(st.integers(0, 2), max_size=2), min_size=1, max_size=4),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), max_size=6),
+       st.sampled_from(_UNIT_QUERIES), st.integers(0, 3))
+def test_unit_joins_change_by_at_most_s0(a: list[list[int]], b: list[list[int]],
+                                         p: list[tuple[int, int]], case: tuple[str, int | None],
+                                         gone: int) -> None:
+    """Tables that already keep <= 3 (ua) and <= 2 (ub) rows per unit; the neighbour drops every
+    row of one unit from both.  The join COUNT moves by at most S(0) (with the frequencies of
+    either neighbour), and a join on the unit alone has the hand-derived S = c1 * c2."""
+    sql, expected = case
+    parsed = parse_statement(sql, "duckdb", frozenset(_UNIT_POLICY.tables))
+    query = analyze_query(parsed, _UNIT_POLICY, "duckdb",
+                          {"p": {"x": "integer", "y": "integer"}})
+    assert isinstance(query, AggregateQuery) and query.join is not None
+    con = duckdb.connect(":memory:")
+
+    def load(without: int | None) -> tuple[float, dict[str, float]]:
+        for name, per_unit in (("ua", a), ("ub", b)):
+            con.execute(f"CREATE OR REPLACE TABLE {name} (u BIGINT, x BIGINT)")
+            values = [(u, x) for u, xs in enumerate(per_unit) for x in xs if u != without]
+            if values:
+                con.executemany(f"INSERT INTO {name} VALUES (?, ?)", values)
+        con.execute("CREATE OR REPLACE TABLE p (x BIGINT, y BIGINT)")
+        if p:
+            con.executemany("INSERT INTO p VALUES (?, ?)", p)
+        mf = {m.name: float(con.execute(frequency_sql(m.table, m.column)).fetchone()[0] or 0)
+              for m in query.join.metrics}
+        (count,) = con.execute(sql).fetchone()
+        return float(count), mf
+
+    before, mf = load(None)
+    after, mf_after = load(gone)
+    if expected is not None:
+        assert query.join.stability.at(0, mf) == expected
+    assert abs(after - before) <= query.join.stability.at(0, mf)
     assert abs(after - before) <= query.join.stability.at(0, mf_after)

@@ -155,9 +155,9 @@ def test_materialized_bounding_reads_the_stored_sample(
         # j_riders (per-query bounding) is still ranked; j_rides is not ranked again.
         assert rewritten.count("ROW_NUMBER()") == 1
         assert any("stored random sample" in n for n in result.report.notes)
-        # Same unit, caps 3 and 1: S = 9, scale 2 * 9 / 100.  Every rider keeps 3 rides of its
-        # 3 or 4 in the sample: 300 per city.
+        # Joined on the unit, caps 3 and 1: S = 3 * 1 = 3, scale 2 * 3 / 100.  Every rider
+        # keeps 3 rides of its 3 or 4 in the sample: 300 per city.
         scale = result.report.columns[1].scale
-        assert scale == pytest.approx(2 * 9 / 100)
+        assert scale == pytest.approx(2 * 3 / 100)
         for city, n in result.rows:
             assert abs(n - 300) <= tolerance(result.report.columns[1]), city

@@ -150,13 +150,14 @@ def test_sum_avg_grouped_join_to_public(joins: Callable[..., Engine]) -> None:
            "ON r.rider_id = ri.rider_id GROUP BY ri.city ORDER BY ri.city")
     report = engine.explain(sql, epsilon=100, delta=1e-6)
     assert report.elastic is not None and not report.elastic.data_dependent
-    # Same unit: 3 * 1 + 1 * 3 + 3 * 1 = 9 at every k, so S* = 9.
-    assert report.elastic.at_zero == 9 and report.elastic.smooth_bound == 9
+    # Joined on the unit: a rider's <= 3 rides pair only with its 1 rider row: S = 3 * 1 = 3
+    # at every k, so S* = 3.
+    assert report.elastic.at_zero == 3 and report.elastic.smooth_bound == 3
     result = engine.execute(sql, epsilon=100, delta=1e-6)
     assert [r[0] for r in result.rows] == ["LA", "SF"]
     counts = {r[0]: r[1] for r in result.rows}
     scale = next(c.scale for c in result.report.columns if c.name == "n")
-    assert scale == pytest.approx(2 * 9 / (100 / 3))
+    assert scale == pytest.approx(2 * 3 / (100 / 3))
     # Each rider has 3 or 4 rides and keeps 3: 600 rides after bounding, 300 per city.
     for city in ("LA", "SF"):
         assert abs(counts[city] - 300) <= tolerance(type("c", (), {"scale": scale})())
