@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -163,6 +164,22 @@ def test_sum_avg_grouped_join_to_public(joins: Callable[..., Engine]) -> None:
         assert abs(counts[city] - 300) <= tolerance(type("c", (), {"scale": scale})())
     fares = {r[0]: r[2] for r in result.rows}
     assert all(0 <= v <= 30 for v in fares.values())
+
+
+def test_join_sum_is_reported_in_the_columns_units(joins: Callable[..., Engine]) -> None:
+    """A join's SUM is measured in integer grid steps, but the analyst reads fares: the
+    report's sensitivity, scale and error bound are in fares.  S = 3 (rides JOIN riders on the
+    unit), fare in [0, 30]: Delta = S * 30 = 90, scale 2 * 90 / epsilon = 18 at epsilon 10."""
+    engine = joins()
+    sql = ("SELECT SUM(r.fare) AS total FROM j_rides r JOIN j_riders ri "
+           "ON r.rider_id = ri.rider_id")
+    report = engine.explain(sql, epsilon=10, delta=1e-6)
+    (m,) = report.measurements
+    assert m.mechanism["scale"] == pytest.approx(18.0)
+    assert m.mechanism["scale_in_grid_steps"] == pytest.approx(18.0 / m.mechanism["grid_step"])
+    assert m.sensitivity == pytest.approx(180.0)  # 2 S* max|v|: the scale times epsilon
+    # Laplace-type noise of scale b exceeds b ln(20) with probability 5%.
+    assert m.error_bound_95 == pytest.approx(18.0 * math.log(20), rel=0.02)
 
 
 def test_blocks_of_every_table_charged(joins: Callable[..., Engine]) -> None:

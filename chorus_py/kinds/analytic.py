@@ -320,10 +320,19 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
         arg = display_sql(m.argument) if m.argument is not None else "*"
         if m.center:
             arg = f"{arg} - {m.center:g}"
+        described, bound, sensitivity = mech.describe(), mech.error_bound(0.95), m.sensitivity
+        if m.grid:
+            # A join's sum is measured in integer grid steps; the analyst reads its value in the
+            # column's units, so sensitivity, scale and error bound are shown in them too (the
+            # step and the scale in steps stay in the mechanism's description).
+            described = {**described, "scale": described["scale"] * m.grid,
+                         "grid_step": m.grid, "scale_in_grid_steps": described["scale"]}
+            bound = None if bound is None else bound * m.grid
+            sensitivity = sensitivity * m.grid
         measurements.append(MeasurementReport(
             m.id, f"{_AGGREGATE_NAMES[m.kind]}({arg})" if m.kind != "count_units"
-            else f"COUNT(DISTINCT {query.privacy_unit})", m.sensitivity, m.derivation,
-            mech.describe(), mech.error_bound(0.95)))
+            else f"COUNT(DISTINCT {query.privacy_unit})", sensitivity, m.derivation,
+            described, bound))
     by_id = {m.id: m for m in measurements}
     columns = []
     for out in query.outputs:

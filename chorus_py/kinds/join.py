@@ -302,7 +302,12 @@ def join_report(report: PrivacyReport, query: AggregateQuery, resolved: Resolved
     measurements = tuple(dataclasses.replace(m, mechanism={
         "name": m.mechanism.get("name"), "epsilon": resolved.epsilon_each,
         "delta": resolved.delta_each, "scale": None if hidden else m.mechanism.get("scale"),
-        "smooth_bound": None if hidden else bound.value}) for m in report.measurements)
+        "smooth_bound": None if hidden else bound.value,
+        # A sum measured in grid steps: the step (public: from the bounds) and the scale in
+        # steps; the scale above is in the column's units.
+        **({"grid_step": m.mechanism["grid_step"],
+            "scale_in_grid_steps": None if hidden else m.mechanism["scale_in_grid_steps"]}
+           if "grid_step" in m.mechanism else {})}) for m in report.measurements)
     columns = report.columns
     sql = report.rewritten_sql
     if hidden:
