@@ -12,7 +12,10 @@ Shape::
 
 A filter that reads one table only is also applied inside that table's subquery, before the
 contribution bounding (as in a one-table query, the cap is spent on rows that pass the filter),
-and so that each table reads only the blocks it paid for.  Public tables are read as they are.
+and so that each table reads only the blocks it paid for.  A filter on a public table joined by
+an equality reaches the private tables' subqueries too, as a semi-join (``x IN (SELECT y FROM
+<the public table's filtered rows>)``): the cap is spent on rows the join keeps.  Public tables
+are read as they are.
 """
 
 from __future__ import annotations
@@ -28,10 +31,23 @@ from rewriters.safety import safety
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    """The AND-ed parts of ``node``, through any parentheses."""
     if node is None:
         return []
     node = node.unnest()
-    return [c.unnest() for c in node.flatten()] if isinstance(node, exp.And) else [node]
+    if isinstance(node, exp.And):
+        return [part for child in (node.this, node.expression) for part in _conjuncts(child)]
+    return [node]
+
+
+def _column_pair(cond: exp.Expr) -> tuple[exp.Column, exp.Column] | None:
+    """(a, b) for ``a = b`` between plain columns of two different aliases."""
+    if not isinstance(cond, exp.EQ):
+        return None
+    a, b = cond.this.unnest(), cond.expression.unnest()
+    if isinstance(a, exp.Column) and isinstance(b, exp.Column) and a.table != b.table:
+        return a, b
+    return None
 
 
 def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction],
@@ -55,8 +71,35 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
         if len(aliases) == 1 and next(iter(aliases)) in own:
             own[next(iter(aliases))].append(cond)
 
-    def source(src_alias: str) -> exp.Expr:
-        src = next(s for s in join.sources if s.alias == src_alias)
+    sources = {s.alias: s for s in join.sources}
+    pairs = [pair for cond in filters if (pair := _column_pair(cond)) is not None]
+
+    def semi_joins(src_alias: str) -> list[exp.Expr]:
+        """``a.x IN (SELECT o.y FROM <o's rows> AS o)`` for every equality a.x = o.y with a
+        table o that has filters of its own, so the cap is spent on rows the join keeps
+        (bounding after the filters, as in a one-table query).  Only for a public o: its rows
+        never change, so which rows a unit keeps still depends on that unit's rows alone (and
+        public data), and the stability is as before.  (A private o of the same unit joined on
+        the unit filters whole units, whose caps do not interact: nothing to gain.)"""
+        out: list[exp.Expr] = []
+        for a, b in pairs:
+            mine, other = (a, b) if a.table == src_alias else (b, a) if b.table == src_alias \
+                else (None, None)
+            if mine is None or other is None or other.table not in sources:
+                continue
+            o = sources[other.table]
+            if not o.public or not own[o.alias]:
+                continue
+            inner = rows_of(o.alias)
+            out.append(exp.In(this=exp.column(mine.name, table=src_alias),
+                              query=exp.Subquery(this=exp.select(
+                                  exp.column(other.name, table=o.alias)).from_(
+                                      inner.subquery(o.alias, copy=False), copy=False))))
+        return out
+
+    def rows_of(src_alias: str, with_semi_joins: bool = False) -> exp.Select:
+        """The rows of one occurrence: its own filters, its claimed blocks, its bounding."""
+        src = sources[src_alias]
         sample = (samples or {}).get(src.alias)
         table = exp.Table(this=exp.to_identifier(src.table),
                           db=exp.to_identifier(query.schema, quoted=True)
@@ -67,9 +110,14 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
                               db=exp.to_identifier(sample[0]),
                               alias=exp.TableAlias(this=exp.to_identifier(src.alias)))
         if src.public:
-            return table
-        where: exp.Expr | None = exp.and_(*[safety(c) for c in own[src.alias]]) \
-            if own[src.alias] else None
+            rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(src.alias))) \
+                .from_(table, copy=False)
+            return rows.where(exp.and_(*[safety(c) for c in own[src.alias]]), copy=False) \
+                if own[src.alias] else rows
+        conditions = [safety(c) for c in own[src.alias]]
+        if with_semi_joins:
+            conditions += semi_joins(src_alias)
+        where: exp.Expr | None = exp.and_(*conditions) if conditions else None
         restriction = restrictions.get(src.alias)
         if restriction is not None:
             where = blocks(where, exp.column(restriction.column, table=src.alias),
@@ -84,7 +132,15 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
         unit = src.policy.privacy_unit
         if unit is not None and sample is None:
             rows = contribution(rows, unit, src.cap)
-        return rows.subquery(src.alias, copy=False)
+        return rows
+
+    def source(src_alias: str) -> exp.Expr:
+        if sources[src_alias].public:
+            return exp.Table(this=exp.to_identifier(sources[src_alias].table),
+                             db=exp.to_identifier(query.schema, quoted=True)
+                             if query.schema is not None else None,
+                             alias=exp.TableAlias(this=exp.to_identifier(src_alias)))
+        return rows_of(src_alias, with_semi_joins=True).subquery(src_alias, copy=False)
 
     first = tree.args["from_"].this
     out = exp.Select().from_(source(first.alias_or_name), copy=False)

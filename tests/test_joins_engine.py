@@ -282,3 +282,50 @@ def test_metrics_cached_and_refreshed(joins: Callable[..., Engine]) -> None:
         assert time.monotonic() < deadline, "the metric was not refreshed"
         time.sleep(0.2)
     assert engine.frequencies.reads == reads + 1
+
+
+SPREAD_POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+delta_per_block = 1e-3
+max_epsilon_per_query = 1e5
+
+[tables.s_shops]
+public = true
+
+[tables.s_rides]
+privacy_unit = "rider_id"
+max_rows_per_unit = 3
+contribution = "fixed"
+[tables.s_rides.columns]
+rider_id = {{ type = "int" }}
+shop_id = {{ type = "int" }}
+
+[analysts.alice]
+"""
+
+
+def test_a_filter_on_a_joined_public_table_is_applied_before_the_cap(
+        scratch: Callable[..., Engine]) -> None:
+    """100 riders with 10 rides each, over shops 1, 2, 3, 4, 1, 2, 3, 4, 1, 2 (shops 1 and 2 in
+    SF): 6 SF rides per rider.  With a cap of 3 spent before the join's filter, a rider kept 3
+    random rides of 10, 1.8 of them in SF on average (about 180 in all); spent on the rows the
+    join keeps (the filter on the public table reaches the rides as a semi-join), every rider
+    keeps 3 SF rides: 300.  The stability is unchanged (S = 3 * mf(s_shops.shop_id) = 3)."""
+    engine = scratch("s_rides", [
+        "DROP TABLE IF EXISTS s_shops",
+        "CREATE TABLE s_shops AS SELECT CAST(i AS BIGINT) AS shop_id, CASE WHEN i <= 2 THEN "
+        "'SF' WHEN i = 3 THEN 'LA' ELSE 'NYC' END AS city FROM generate_series(1, 4) AS a(i)",
+        "CREATE TABLE s_rides AS SELECT CAST(u AS BIGINT) AS rider_id, CAST(j % 4 + 1 AS BIGINT) "
+        "AS shop_id FROM generate_series(1, 100) AS a(u), generate_series(0, 9) AS b(j)"],
+        SPREAD_POLICY)
+    sql = ("SELECT COUNT(*) FROM s_rides r JOIN s_shops s ON r.shop_id = s.shop_id "
+           "WHERE s.city = 'SF'")
+    result = engine.execute(sql, epsilon=1000.0, delta=1e-6, analyst="alice")
+    assert result.report.elastic is not None and result.report.elastic.smooth_bound == 3
+    assert result.rows[0][0] == pytest.approx(300, abs=3)
+    assert "IN (SELECT" in (result.report.rewritten_sql or "")
+    engine.backend.run_owned(["DROP TABLE IF EXISTS s_shops"])
