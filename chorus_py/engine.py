@@ -22,7 +22,6 @@ Choices made on the data are kept only from answered queries.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import sqlite3
 import time
@@ -36,6 +35,7 @@ from analyses.totality import check_statement_limits
 from analyses.validate import TOO_DEEP, parse_statement
 from budget.answers import AnswerCache
 from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
+from chorus_py.activity import Activity, query_event
 from chorus_py.backends import SCHEMA, Backend, open_backend
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter, PolicyError, QueryRefused
@@ -51,8 +51,6 @@ from chorus_py.stores.attribution import AttributionStore
 from chorus_py.stores.frequencies import FrequencyCatalog
 from chorus_py.stores.samples import BoundedSamples
 from chorus_py.stores.schedules import BlockCatalog
-
-log = logging.getLogger("chorus.engine")
 
 
 class Engine:
@@ -109,6 +107,8 @@ class Engine:
         self.single = SingleTableKind(services)
         self.join = JoinKind(services)
         self.sampled = SampledKind(services)  # sensitivity sampling, opt-in per query
+        # What the doors and the engine did, for the log and the metrics (chorus_py.activity).
+        self.activity = Activity()
         # Steps 1-4 are pure functions of (SQL, policy): cached.
         self._analyses: LRU[str, AggregateQuery | PublicQuery] = LRU(1024)
 
@@ -139,8 +139,22 @@ class Engine:
 
     def explain(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
                 delta: float | None = None, sensitivity: str | None = None,
-                gamma: float | None = None) -> PrivacyReport:
-        """What ``execute`` would do and cost, without running or charging anything."""
+                gamma: float | None = None, door: str = "python") -> PrivacyReport:
+        """What ``execute`` would do and cost, without running or charging anything
+        (``door``: which front door asked, for the log and the metrics)."""
+        started = time.perf_counter()
+        try:
+            report = self._explain(sql, analyst, epsilon, delta, sensitivity, gamma)
+        except BaseException as err:
+            self.activity.query(query_event(door, "explain", analyst, sql, started, error=err))
+            raise
+        self.activity.query(query_event(door, "explain", report.analyst or analyst, sql,
+                                        started, report))
+        return report
+
+    def _explain(self, sql: str, analyst: str | None, epsilon: float | None,
+                 delta: float | None, sensitivity: str | None,
+                 gamma: float | None) -> PrivacyReport:
         analyst = self._analyst(analyst)
         kind, prepared = self._prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
         if not kind.charges:
@@ -152,7 +166,7 @@ class Engine:
     def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
                 delta: float | None = None, wait_seconds: float | None = None,
                 sensitivity: str | None = None, gamma: float | None = None,
-                remaining: bool = True) -> QueryResult:
+                remaining: bool = True, door: str = "python") -> QueryResult:
         """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads.
 
         A claim the scheduler cannot grant at once waits up to ``wait_seconds`` (default: the
@@ -161,8 +175,23 @@ class Engine:
         (``chorus_py.kinds.sampled``); default: the policy's ``privacy.sensitivity``.
         ``remaining=False`` leaves the report's ``remaining`` (each block's budget left) empty:
         for a caller that does not show it, as it costs a conversion per block read, ~90.
+        ``door`` names the front door that asked, for the log and the metrics
+        (``chorus_py.activity``): every query, answered or refused, is recorded once.
         """
         started = time.perf_counter()
+        try:
+            result = self._execute(sql, analyst, epsilon, delta, wait_seconds, sensitivity,
+                                   gamma, remaining)
+        except BaseException as err:
+            self.activity.query(query_event(door, "query", analyst, sql, started, error=err))
+            raise
+        self.activity.query(query_event(door, "query", result.report.analyst or analyst, sql,
+                                        started, result.report))
+        return result
+
+    def _execute(self, sql: str, analyst: str | None, epsilon: float | None,
+                 delta: float | None, wait_seconds: float | None, sensitivity: str | None,
+                 gamma: float | None, remaining: bool) -> QueryResult:
         analyst = self._analyst(analyst)
         kind, prepared = self._prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
         # Per analyst (budget.answers): a hit must never tell one that another asked the same.
@@ -193,9 +222,6 @@ class Engine:
                 and chosen.reusable:
             self.choices.put(analyst, selection.key, chosen)
         report = prepared.report
-        log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
-                 report.epsilon, report.delta, len(report.blocks), len(result.rows),
-                 (time.perf_counter() - started) * 1000)
         if kind.charges:
             report = dataclasses.replace(
                 report, analyst=analyst, charged=claim is not None,

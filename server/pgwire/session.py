@@ -350,7 +350,10 @@ class Session:
             self._fatal("08P01", f"malformed SCRAM message: {err}")
             return
         except AuthenticationFailed:
-            log.info("authentication failed for analyst %r", self.user)
+            # The client is told nothing more (no user enumeration); the operator's log is.
+            known = self.ctx.verifiers.get(self.user) is not None
+            self.ctx.engine.activity.login_failed(
+                "wire", self.user, "wrong_password" if known else "unknown_user")
             self._fatal("28P01", f'password authentication failed for user "{self.user}"')
             return
         self._send(p.authentication_sasl_final(final))
@@ -633,7 +636,7 @@ class Session:
             answer: QueryResult = yield Work(lambda: self.ctx.engine.execute(
                 sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
                 sensitivity=self.sensitivity, gamma=self.gamma, wait_seconds=self.wait_seconds,
-                remaining=False))
+                remaining=False, door="wire"))
             fields = tuple(Column(n, t.PORTABLE_OIDS.get(ty, t.TEXT))
                            for n, ty in zip(answer.columns, answer.types, strict=True))
             if portal.fields is not None or prepared.fields is not None:
@@ -684,7 +687,7 @@ class Session:
             sql = self._engine_sql(fake, params)
         report: PrivacyReport = yield Work(lambda: self.ctx.engine.explain(
             sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
-            sensitivity=self.sensitivity, gamma=self.gamma))
+            sensitivity=self.sensitivity, gamma=self.gamma, door="wire"))
         if st.explain_format == "json":
             rows = [(json.dumps(report.to_dict(), default=str),)]
         else:
