@@ -38,7 +38,7 @@ from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
 from chorus_py.activity import Activity, query_event
 from chorus_py.backends import SCHEMA, Backend, open_backend
 from chorus_py.caches import LRU
-from chorus_py.errors import InvalidParameter, PolicyError, QueryRefused
+from chorus_py.errors import BudgetExhausted, InvalidParameter, PolicyError, QueryRefused
 from chorus_py.kinds.base import Prepared, QueryKind, Services
 from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
@@ -160,7 +160,7 @@ class Engine:
         if not kind.charges:
             return prepared.report
         return dataclasses.replace(prepared.report, analyst=analyst,
-                                   remaining=self._remaining(prepared.report.blocks),
+                                   remaining=self._remaining(prepared.report.blocks, analyst),
                                    accounting=self.ledger.accounting)
 
     def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
@@ -333,28 +333,87 @@ class Engine:
                                      views=False if remaining else None)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
+        except BudgetExhausted as err:
+            # Say what this analyst can still ask for, not only that this ask is too much.
+            left = self._left_message(analyst, prepared.blocks)
+            if not left:
+                raise
+            raise BudgetExhausted(f"{err.message}. {left[0].upper()}{left[1:]}",
+                                  hint=err.hint) from None
 
     def _answer_again(self, answer: QueryResult, analyst: str,
                       remaining: bool = True) -> QueryResult:
         """An answer already released, served again: post-processing, no budget spent."""
         report = dataclasses.replace(
             answer.report, analyst=analyst, charged=False,
-            remaining=self._remaining(answer.report.blocks) if remaining else (),
+            remaining=self._remaining(answer.report.blocks, analyst) if remaining else (),
             notes=(*answer.report.notes, "the same noisy answer as your earlier identical query "
                    "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
         return QueryResult(answer.columns, answer.types, list(answer.rows), report,
                            answer.error_bars)
 
-    def _remaining(self, ids: tuple[str, ...]) -> tuple[BlockRemaining, ...]:
-        return _block_remaining(self.ledger.remaining(ids))
+    def _remaining(self, ids: tuple[str, ...], analyst: str) -> tuple[BlockRemaining, ...]:
+        return self._binding(analyst, _block_remaining(self.ledger.remaining(ids)))
 
     def _remaining_after(self, claim: Claim | None) -> tuple[BlockRemaining, ...]:
         """The blocks after a charge: as the charging transaction saw them when it was ours."""
         if claim is None:
             return ()
         if claim.left:  # the guarantees as the charging transaction left them
-            return tuple(BlockRemaining(*left) for left in claim.left)
-        return _block_remaining(claim.after) if claim.after else self._remaining(claim.blocks)
+            left = tuple(BlockRemaining(*left) for left in claim.left)
+        elif claim.after:
+            left = _block_remaining(claim.after)
+        else:
+            return self._remaining(claim.blocks, claim.analyst)
+        return self._binding(claim.analyst, left)
+
+    def _cap(self, analyst: str) -> float | None:
+        mine = self.policy.analysts.get(analyst)
+        return None if mine is None else mine.max_epsilon_per_block
+
+    def _binding(self, analyst: str,
+                 blocks: tuple[BlockRemaining, ...]) -> tuple[BlockRemaining, ...]:
+        """Each block's epsilon left for ``analyst``: the smaller of the block's budget left and
+        their own limit per block left (one more ledger read, only for an analyst with a
+        limit).  Only this analyst's own spending is read: never another's."""
+        cap = self._cap(analyst)
+        if cap is None or not blocks:
+            return blocks
+        spent = {b.block_id: b.by_analyst.get(analyst, 0.0)
+                 for b in self.ledger.remaining(tuple(r.block for r in blocks))}
+        return tuple(_bind(r, cap - spent.get(r.block, 0.0)) for r in blocks)
+
+    def budget_left(self, analyst: str | None = None) -> list[tuple[BlockRemaining, float]]:
+        """Every block the ledger holds, as ``analyst`` may see it: what they can still spend
+        on it (their own limit per block applied, as in a report's ``remaining``) and what they
+        spent on it themselves.  Block totals are public; only their own spending is read."""
+        analyst = self._analyst(analyst)
+        cap = self._cap(analyst)
+        out = []
+        for b in self.ledger.blocks():
+            (left,) = _block_remaining((b,))
+            mine = b.by_analyst.get(analyst, 0.0)
+            out.append((left if cap is None else _bind(left, cap - mine), mine))
+        return out
+
+    def _left_message(self, analyst: str, blocks: tuple[str, ...]) -> str:
+        """What ``analyst`` has left on ``blocks`` (for a budget refusal): the tightest block,
+        and whether their own limit or the block's budget binds there."""
+        left = self._remaining(blocks, analyst)
+        if not left:
+            return ""
+        tight = min(left, key=lambda r: (r.epsilon_left, r.block))
+        cap = self._cap(analyst)
+        where = f"{len(left)} block(s) this query reads" if len(left) > 1 else "this block"
+        text = (f"you have epsilon {tight.epsilon_left:.4g} left on the {where} "
+                f"(tightest: {tight.block}")
+        if cap is not None and tight.analyst_epsilon_left is not None:
+            text += (f", where your own limit of {cap:g} per block leaves "
+                     f"{tight.analyst_epsilon_left:.4g} and the block's budget "
+                     f"{tight.block_epsilon_left:.4g})")
+        else:
+            text += f", whose budget leaves {tight.epsilon_left:.4g})"
+        return text + "; SHOW chorus.budget (or GET /v1/budget) lists every block"
 
     def _check_types(self, live: dict[str, dict[str, str]]) -> None:
         families = {"int": ("integer",), "float": ("float", "integer"), "text": ("text",),
@@ -368,6 +427,15 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _bind(left: BlockRemaining, mine: float) -> BlockRemaining:
+    """A block's budget left, with the analyst's own limit left (``mine``) when it binds."""
+    mine = max(0.0, mine)
+    return dataclasses.replace(
+        left, epsilon_left=min(left.epsilon_left, mine),
+        binding="analyst" if mine < left.epsilon_left else "block",
+        block_epsilon_left=left.epsilon_left, analyst_epsilon_left=mine)
 
 
 def _block_remaining(blocks: Sequence[BlockBudget]) -> tuple[BlockRemaining, ...]:
