@@ -34,7 +34,7 @@ from analyses.query import AggregateQuery, PublicQuery, analyze_query
 from analyses.totality import check_statement_limits
 from analyses.validate import TOO_DEEP, parse_statement
 from budget.answers import AnswerCache
-from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
+from budget.ledger import BlockBudget, Claim, Ledger, Viewer, open_ledger
 from chorus_py.activity import Activity, query_event
 from chorus_py.backends import SCHEMA, Backend, open_backend
 from chorus_py.caches import LRU
@@ -375,25 +375,30 @@ class Engine:
                  blocks: tuple[BlockRemaining, ...]) -> tuple[BlockRemaining, ...]:
         """Each block's epsilon left for ``analyst``: the smaller of the block's budget left and
         their own limit per block left (one more ledger read, only for an analyst with a
-        limit).  Only this analyst's own spending is read: never another's."""
+        limit).  Read through the analyst's own view: never another's spending."""
         cap = self._cap(analyst)
         if cap is None or not blocks:
             return blocks
-        spent = {b.block_id: b.by_analyst.get(analyst, 0.0)
-                 for b in self.ledger.remaining(tuple(r.block for r in blocks))}
+        views = self.ledger.budget_view(Viewer.of(analyst), [r.block for r in blocks])
+        spent = {v["block"]: v["by_analyst"].get(analyst, 0.0) for v in views}
         return tuple(_bind(r, cap - spent.get(r.block, 0.0)) for r in blocks)
 
     def budget_left(self, analyst: str | None = None) -> list[tuple[BlockRemaining, float]]:
         """Every block the ledger holds, as ``analyst`` may see it: what they can still spend
         on it (their own limit per block applied, as in a report's ``remaining``) and what they
-        spent on it themselves.  Block totals are public; only their own spending is read."""
+        spent on it themselves.  Block totals are public; only their own spending is read (the
+        ledger's view for them, ``Viewer.of``)."""
         analyst = self._analyst(analyst)
         cap = self._cap(analyst)
         out = []
-        for b in self.ledger.blocks():
-            (left,) = _block_remaining((b,))
-            mine = b.by_analyst.get(analyst, 0.0)
-            out.append((left if cap is None else _bind(left, cap - mine), mine))
+        for view in self.ledger.budget_view(Viewer.of(analyst)):
+            spent, left = view["guarantee_spent"], view["guarantee_left"]
+            block = BlockRemaining(view["block"],
+                                   "retired" if view["state"] == "retired" else "active",
+                                   left["epsilon"], left["delta"], spent["epsilon"],
+                                   spent["delta"])
+            mine = view["by_analyst"].get(analyst, 0.0)
+            out.append((block if cap is None else _bind(block, cap - mine), mine))
         return out
 
     def _left_message(self, analyst: str, blocks: tuple[str, ...]) -> str:

@@ -333,6 +333,7 @@ class Metrics:
         self.registry.register(_LedgerCollector(engine))
         self._budget_refusals = 0
         self._lock = threading.Lock()
+        self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         activity = getattr(engine, "activity", None)
         if activity is not None:
             activity.subscribe(self)
@@ -340,13 +341,20 @@ class Metrics:
     # -- chorus_py.activity.ActivityListener
     def on_query(self, event: QueryEvent) -> None:
         """Count one query of any front door."""
-        self.queries.labels(event.door, event.action, event.outcome).inc()
-        self.door_latency.labels(event.door, event.action).observe(event.ms / 1000)
+        key = (event.door, event.action, event.outcome)
+        children = self._children.get(key)
+        if children is None:  # labels() looks up under a lock: once per key, not per query
+            children = self._children.setdefault(key, (
+                self.queries.labels(*key), self.door_latency.labels(*key[:2]),
+                self.epsilon.labels(key[0]), self.delta.labels(key[0])))
+        queries, latency, epsilon, delta = children
+        queries.inc()
+        latency.observe(event.ms / 1000)
         if event.outcome == "refused":
             self.refused(event.door, event.sqlstate or "", event.reason or "")
         if event.charged:
-            self.epsilon.labels(event.door).inc(event.epsilon or 0.0)
-            self.delta.labels(event.door).inc(event.delta or 0.0)
+            epsilon.inc(event.epsilon or 0.0)
+            delta.inc(event.delta or 0.0)
 
     def on_login_failed(self, door: str) -> None:
         """Count a failed login."""
