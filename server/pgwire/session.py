@@ -352,9 +352,10 @@ class Session:
             return
         except AuthenticationFailed:
             # The client is told nothing more (no user enumeration); the operator's log is.
-            known = self.ctx.verifiers.get(self.user) is not None
-            self.ctx.engine.activity.login_failed(
-                "wire", self.user, "wrong_password" if known else "unknown_user")
+            verifiers = self.ctx.verifiers
+            why = "wrong_password" if verifiers.get(self.user) is not None else \
+                "no_password" if self.user in verifiers else "unknown_user"
+            self.ctx.engine.activity.login_failed("wire", self.user, why)
             self._fatal("28P01", f'password authentication failed for user "{self.user}"')
             return
         self._send(p.authentication_sasl_final(final))

@@ -95,6 +95,8 @@ def test_serve_logs_json_and_counts_every_door(postgres_data: str, tmp_path: Pat
                 con.execute(REFUSED)
             with pytest.raises(psycopg.OperationalError, match="password authentication"):
                 psycopg.connect(wire.replace("alice-pw", "hunter2-nope"))
+            with pytest.raises(psycopg.OperationalError, match="password authentication"):
+                psycopg.connect(wire.replace("alice:alice-pw", "bob:hunter2-nope"))
             with httpx.Client(base_url=rest, timeout=60) as client:
                 answer = client.post("/v1/query", json={"sql": ANSWERED, "epsilon": 0.5},
                                      headers={"Authorization": f"Bearer {ALICE_TOKEN}"})
@@ -123,10 +125,10 @@ def test_serve_logs_json_and_counts_every_door(postgres_data: str, tmp_path: Pat
     assert _value(samples, "chorus_epsilon_charged_total", door="rest") == 0.5
     assert _value(samples, "chorus_door_query_duration_seconds_count", door="wire",
                   action="query") == 2
-    assert _value(samples, "chorus_failed_logins_total", door="wire") == 1
+    assert _value(samples, "chorus_failed_logins_total", door="wire") == 2
     assert _value(samples, "chorus_failed_logins_total", door="rest") == 1
-    # _wait_for's probe, the analyst's connection and the failed login.
-    assert _value(samples, "chorus_connections_opened_total", door="wire") == 3
+    # _wait_for's probe, the analyst's connection and the two failed logins.
+    assert _value(samples, "chorus_connections_opened_total", door="wire") == 4
     assert _value(samples, "chorus_connections", door="wire") == 1  # the one still open
     assert _value(samples, "chorus_backend_up") == 1
 
@@ -151,7 +153,8 @@ def test_serve_logs_json_and_counts_every_door(postgres_data: str, tmp_path: Pat
     assert rest_answer["epsilon"] == 0.5 and rest_answer["sql_sha256"] == answered_hash
     logins = [e for e in audit if e["event"] == "login_failed"]
     assert {(e["door"], e.get("user"), e["reason"]) for e in logins} == {
-        ("wire", "alice", "wrong_password"), ("rest", None, "unknown_token")}
+        ("wire", "alice", "wrong_password"), ("wire", "bob", "no_password"),
+        ("rest", None, "unknown_token")}
     assert all(e["level"] == "warning" for e in logins)
     # Three probes, one line: health is logged when it changes.
     assert [e["database"] for e in audit if e["event"] == "health"] == ["up"]
@@ -266,6 +269,7 @@ def test_text_lines_cannot_forge_fields(capsys: pytest.CaptureFixture[str]) -> N
     try:
         configure_logging("text")
         Activity().login_failed("wire", "mallory reason=ok\nforged line", "unknown_user")
+        Activity().login_failed("wire", "eve\x1b[2J", "unknown_user")
         err = capsys.readouterr().err
     finally:
         for h in list(root.handlers):
@@ -273,5 +277,6 @@ def test_text_lines_cannot_forge_fields(capsys: pytest.CaptureFixture[str]) -> N
         for h in handlers:
             root.addHandler(h)
         logging.getLogger("chorus.audit").setLevel(audit_level)
-    assert err.count("\n") == 1
+    assert err.count("\n") == 2 and "\x1b" not in err
     assert 'user="mallory reason=ok\\nforged line" reason=unknown_user' in err
+    assert 'user="eve\\u001b[2J" reason=unknown_user' in err
