@@ -47,6 +47,8 @@ _DEMO_QUERIES = [
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="chorus-py", prog_name="chorus",
+                      message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug).")
 def main(verbose: int) -> None:
     """Chorus: a differential-privacy SQL proxy.
@@ -210,7 +212,10 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
 @click.option("--rest", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT",
               help="Where the REST API (/v1, /openapi.json) and the budget dashboard "
               "(/dashboard) listen; --rest '' turns them off.")
-def serve(policy_path: Path, listen: str, rest: str) -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Log lines as text, or one JSON object per line. Every "
+              "query, refusal, failed login and database health change is logged.")
+def serve(policy_path: Path, listen: str, rest: str, log_format: str) -> None:
     """Serve the Postgres wire protocol: any Postgres client can connect.
 
     Each connection is one analyst of the policy, authenticated with SCRAM-SHA-256 against the
@@ -226,9 +231,12 @@ def serve(policy_path: Path, listen: str, rest: str) -> None:
       curl -H 'Authorization: Bearer demo-token' -d '{"sql": "SELECT COUNT(*) FROM trips"}' \\
           -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/query
     """
+    from chorus_py.activity import configure_logging
     from server.listen import ListenError
     from server.pgwire.server import parse_listen
     from server.serve import serve as run_server
+
+    configure_logging("json" if log_format == "json" else "text")
 
     try:
         parse_listen(listen)

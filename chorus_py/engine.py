@@ -22,7 +22,6 @@ Choices made on the data are kept only from answered queries.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import sqlite3
 import time
@@ -35,10 +34,11 @@ from analyses.query import AggregateQuery, PublicQuery, analyze_query
 from analyses.totality import check_statement_limits
 from analyses.validate import TOO_DEEP, parse_statement
 from budget.answers import AnswerCache
-from budget.ledger import BlockBudget, Claim, Ledger, open_ledger
+from budget.ledger import BlockBudget, Claim, Ledger, Viewer, open_ledger
+from chorus_py.activity import Activity, query_event
 from chorus_py.backends import SCHEMA, Backend, open_backend
 from chorus_py.caches import LRU
-from chorus_py.errors import InvalidParameter, PolicyError, QueryRefused
+from chorus_py.errors import BudgetExhausted, InvalidParameter, PolicyError, QueryRefused
 from chorus_py.kinds.base import Prepared, QueryKind, Services
 from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
@@ -51,8 +51,6 @@ from chorus_py.stores.attribution import AttributionStore
 from chorus_py.stores.frequencies import FrequencyCatalog
 from chorus_py.stores.samples import BoundedSamples
 from chorus_py.stores.schedules import BlockCatalog
-
-log = logging.getLogger("chorus.engine")
 
 
 class Engine:
@@ -109,6 +107,8 @@ class Engine:
         self.single = SingleTableKind(services)
         self.join = JoinKind(services)
         self.sampled = SampledKind(services)  # sensitivity sampling, opt-in per query
+        # What the doors and the engine did, for the log and the metrics (chorus_py.activity).
+        self.activity = Activity()
         # Steps 1-4 are pure functions of (SQL, policy): cached.
         self._analyses: LRU[str, AggregateQuery | PublicQuery] = LRU(1024)
 
@@ -139,20 +139,34 @@ class Engine:
 
     def explain(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
                 delta: float | None = None, sensitivity: str | None = None,
-                gamma: float | None = None) -> PrivacyReport:
-        """What ``execute`` would do and cost, without running or charging anything."""
+                gamma: float | None = None, door: str = "python") -> PrivacyReport:
+        """What ``execute`` would do and cost, without running or charging anything
+        (``door``: which front door asked, for the log and the metrics)."""
+        started = time.perf_counter()
+        try:
+            report = self._explain(sql, analyst, epsilon, delta, sensitivity, gamma)
+        except BaseException as err:
+            self.activity.query(query_event(door, "explain", analyst, sql, started, error=err))
+            raise
+        self.activity.query(query_event(door, "explain", report.analyst or analyst, sql,
+                                        started, report))
+        return report
+
+    def _explain(self, sql: str, analyst: str | None, epsilon: float | None,
+                 delta: float | None, sensitivity: str | None,
+                 gamma: float | None) -> PrivacyReport:
         analyst = self._analyst(analyst)
         kind, prepared = self._prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
         if not kind.charges:
             return prepared.report
         return dataclasses.replace(prepared.report, analyst=analyst,
-                                   remaining=self._remaining(prepared.report.blocks),
+                                   remaining=self._remaining(prepared.report.blocks, analyst),
                                    accounting=self.ledger.accounting)
 
     def execute(self, sql: str, analyst: str | None = None, epsilon: float | None = None,
                 delta: float | None = None, wait_seconds: float | None = None,
                 sensitivity: str | None = None, gamma: float | None = None,
-                remaining: bool = True) -> QueryResult:
+                remaining: bool = True, door: str = "python") -> QueryResult:
         """Answer ``sql`` with noise, charging (epsilon, delta) on the blocks it reads.
 
         A claim the scheduler cannot grant at once waits up to ``wait_seconds`` (default: the
@@ -161,8 +175,23 @@ class Engine:
         (``chorus_py.kinds.sampled``); default: the policy's ``privacy.sensitivity``.
         ``remaining=False`` leaves the report's ``remaining`` (each block's budget left) empty:
         for a caller that does not show it, as it costs a conversion per block read, ~90.
+        ``door`` names the front door that asked, for the log and the metrics
+        (``chorus_py.activity``): every query, answered or refused, is recorded once.
         """
         started = time.perf_counter()
+        try:
+            result = self._execute(sql, analyst, epsilon, delta, wait_seconds, sensitivity,
+                                   gamma, remaining)
+        except BaseException as err:
+            self.activity.query(query_event(door, "query", analyst, sql, started, error=err))
+            raise
+        self.activity.query(query_event(door, "query", result.report.analyst or analyst, sql,
+                                        started, result.report))
+        return result
+
+    def _execute(self, sql: str, analyst: str | None, epsilon: float | None,
+                 delta: float | None, wait_seconds: float | None, sensitivity: str | None,
+                 gamma: float | None, remaining: bool) -> QueryResult:
         analyst = self._analyst(analyst)
         kind, prepared = self._prepare(sql, analyst, epsilon, delta, sensitivity, gamma)
         # Per analyst (budget.answers): a hit must never tell one that another asked the same.
@@ -193,9 +222,6 @@ class Engine:
                 and chosen.reusable:
             self.choices.put(analyst, selection.key, chosen)
         report = prepared.report
-        log.info("analyst=%s epsilon=%g delta=%g blocks=%d groups=%d in %.1f ms", analyst,
-                 report.epsilon, report.delta, len(report.blocks), len(result.rows),
-                 (time.perf_counter() - started) * 1000)
         if kind.charges:
             report = dataclasses.replace(
                 report, analyst=analyst, charged=claim is not None,
@@ -307,28 +333,92 @@ class Engine:
                                      views=False if remaining else None)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
+        except BudgetExhausted as err:
+            # Say what this analyst can still ask for, not only that this ask is too much.
+            left = self._left_message(analyst, prepared.blocks)
+            if not left:
+                raise
+            raise BudgetExhausted(f"{err.message}. {left[0].upper()}{left[1:]}",
+                                  hint=err.hint) from None
 
     def _answer_again(self, answer: QueryResult, analyst: str,
                       remaining: bool = True) -> QueryResult:
         """An answer already released, served again: post-processing, no budget spent."""
         report = dataclasses.replace(
             answer.report, analyst=analyst, charged=False,
-            remaining=self._remaining(answer.report.blocks) if remaining else (),
+            remaining=self._remaining(answer.report.blocks, analyst) if remaining else (),
             notes=(*answer.report.notes, "the same noisy answer as your earlier identical query "
                    "over the same blocks (privacy.answer_cache_seconds): no budget spent"))
         return QueryResult(answer.columns, answer.types, list(answer.rows), report,
                            answer.error_bars)
 
-    def _remaining(self, ids: tuple[str, ...]) -> tuple[BlockRemaining, ...]:
-        return _block_remaining(self.ledger.remaining(ids))
+    def _remaining(self, ids: tuple[str, ...], analyst: str) -> tuple[BlockRemaining, ...]:
+        return self._binding(analyst, _block_remaining(self.ledger.remaining(ids)))
 
     def _remaining_after(self, claim: Claim | None) -> tuple[BlockRemaining, ...]:
         """The blocks after a charge: as the charging transaction saw them when it was ours."""
         if claim is None:
             return ()
         if claim.left:  # the guarantees as the charging transaction left them
-            return tuple(BlockRemaining(*left) for left in claim.left)
-        return _block_remaining(claim.after) if claim.after else self._remaining(claim.blocks)
+            left = tuple(BlockRemaining(*left) for left in claim.left)
+        elif claim.after:
+            left = _block_remaining(claim.after)
+        else:
+            return self._remaining(claim.blocks, claim.analyst)
+        return self._binding(claim.analyst, left)
+
+    def _cap(self, analyst: str) -> float | None:
+        mine = self.policy.analysts.get(analyst)
+        return None if mine is None else mine.max_epsilon_per_block
+
+    def _binding(self, analyst: str,
+                 blocks: tuple[BlockRemaining, ...]) -> tuple[BlockRemaining, ...]:
+        """Each block's epsilon left for ``analyst``: the smaller of the block's budget left and
+        their own limit per block left (one more ledger read, only for an analyst with a
+        limit).  Read through the analyst's own view: never another's spending."""
+        cap = self._cap(analyst)
+        if cap is None or not blocks:
+            return blocks
+        views = self.ledger.budget_view(Viewer.of(analyst), [r.block for r in blocks])
+        spent = {v["block"]: v["by_analyst"].get(analyst, 0.0) for v in views}
+        return tuple(_bind(r, cap - spent.get(r.block, 0.0)) for r in blocks)
+
+    def budget_left(self, analyst: str | None = None) -> list[tuple[BlockRemaining, float]]:
+        """Every block the ledger holds, as ``analyst`` may see it: what they can still spend
+        on it (their own limit per block applied, as in a report's ``remaining``) and what they
+        spent on it themselves.  Block totals are public; only their own spending is read (the
+        ledger's view for them, ``Viewer.of``)."""
+        analyst = self._analyst(analyst)
+        cap = self._cap(analyst)
+        out = []
+        for view in self.ledger.budget_view(Viewer.of(analyst)):
+            spent, left = view["guarantee_spent"], view["guarantee_left"]
+            block = BlockRemaining(view["block"],
+                                   "retired" if view["state"] == "retired" else "active",
+                                   left["epsilon"], left["delta"], spent["epsilon"],
+                                   spent["delta"])
+            mine = view["by_analyst"].get(analyst, 0.0)
+            out.append((block if cap is None else _bind(block, cap - mine), mine))
+        return out
+
+    def _left_message(self, analyst: str, blocks: tuple[str, ...]) -> str:
+        """What ``analyst`` has left on ``blocks`` (for a budget refusal): the tightest block,
+        and whether their own limit or the block's budget binds there."""
+        left = self._remaining(blocks, analyst)
+        if not left:
+            return ""
+        tight = min(left, key=lambda r: (r.epsilon_left, r.block))
+        cap = self._cap(analyst)
+        where = f"{len(left)} block(s) this query reads" if len(left) > 1 else "this block"
+        text = (f"you have epsilon {tight.epsilon_left:.4g} left on the {where} "
+                f"(tightest: {tight.block}")
+        if cap is not None and tight.analyst_epsilon_left is not None:
+            text += (f", where your own limit of {cap:g} per block leaves "
+                     f"{tight.analyst_epsilon_left:.4g} and the block's budget "
+                     f"{tight.block_epsilon_left:.4g})")
+        else:
+            text += f", whose budget leaves {tight.epsilon_left:.4g})"
+        return text + "; SHOW chorus.budget (or GET /v1/budget) lists every block"
 
     def _check_types(self, live: dict[str, dict[str, str]]) -> None:
         families = {"int": ("integer",), "float": ("float", "integer"), "text": ("text",),
@@ -342,6 +432,15 @@ class Engine:
                         f"'{cp.type}' but the database column is {actual}",
                         hint="declare the type the database has",
                     )
+
+
+def _bind(left: BlockRemaining, mine: float) -> BlockRemaining:
+    """A block's budget left, with the analyst's own limit left (``mine``) when it binds."""
+    mine = max(0.0, mine)
+    return dataclasses.replace(
+        left, epsilon_left=min(left.epsilon_left, mine),
+        binding="analyst" if mine < left.epsilon_left else "block",
+        block_epsilon_left=left.epsilon_left, analyst_epsilon_left=mine)
 
 
 def _block_remaining(blocks: Sequence[BlockBudget]) -> tuple[BlockRemaining, ...]:

@@ -145,7 +145,10 @@ class BlockRemaining:
 
     ``epsilon_spent``/``delta_spent``: everything released or granted on the block so far is
     (epsilon_spent, delta_spent)-DP (with Rényi accounting: converted at the best order);
-    ``epsilon_left``/``delta_left``: what remains of the block's (epsilon^G, delta^G).
+    ``epsilon_left``/``delta_left``: what the analyst can still spend on the block: what remains
+    of the block's (epsilon^G, delta^G) or, when smaller, of the analyst's own limit per block
+    (``max_epsilon_per_block``), as ``binding`` says.  With such a limit, ``block_epsilon_left``
+    is the block's own and ``analyst_epsilon_left`` the analyst's.
     """
 
     block: str
@@ -154,6 +157,9 @@ class BlockRemaining:
     delta_left: float
     epsilon_spent: float
     delta_spent: float
+    binding: Literal["block", "analyst"] = "block"
+    block_epsilon_left: float | None = None
+    analyst_epsilon_left: float | None = None
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from budget.ledger import Viewer
+from chorus_py.activity import QueryEvent
 
 # Claim states, grouped the way the dashboard shows them.  Unknown states are counted on their own.
 GRANTED_STATES = frozenset({"granted", "allocated", "consumed"})
@@ -250,9 +251,8 @@ def _ledger_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetri
 class _LedgerCollector(Collector):
     """Reads the ledger at scrape time: budget per block, claims per state, spending."""
 
-    def __init__(self, engine: Any, refusals: PromCounter) -> None:
+    def __init__(self, engine: Any) -> None:
         self._engine = engine
-        self._refusals = refusals
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The families without samples: the registry calls this, not ``collect``, when the
@@ -278,35 +278,109 @@ class _LedgerCollector(Collector):
         yield spent
 
 
+#: Latency buckets (seconds) of every query histogram.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0)
+
+
 class Metrics:
-    """The Prometheus metrics of one REST app (its own registry, so apps never share counters)."""
+    """The Prometheus metrics of one REST app (its own registry, so apps never share counters).
+
+    The REST counters (``chorus_rest_requests``, ``chorus_query_duration_seconds``) are fed by
+    the app; everything else by the engine's activity (:mod:`chorus_py.activity`), which every
+    front door of ``chorus serve`` reports to: wire, REST and in-process DB-API queries, their
+    refusals and cost, failed logins, wire connections and the database's health.
+    """
 
     def __init__(self, engine: Any) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = PromCounter(
             "chorus_rest_requests", "REST requests answered, by endpoint and outcome.",
             ["endpoint", "outcome"], registry=self.registry)
-        self.refusals = PromCounter(
-            "chorus_refusals", "Queries refused, by SQLSTATE (class 53: privacy budget).",
-            ["sqlstate"], registry=self.registry)
         self.latency = Histogram(
-            "chorus_query_duration_seconds", "Time to answer a query or explain request.",
-            ["endpoint"], registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                     10.0, 30.0))
-        self.registry.register(_LedgerCollector(engine, self.refusals))
+            "chorus_query_duration_seconds", "Time to answer a REST query or explain request.",
+            ["endpoint"], registry=self.registry, buckets=_LATENCY_BUCKETS)
+        self.queries = PromCounter(
+            "chorus_queries", "Queries and EXPLAINs of every front door, by door, action and "
+            "outcome (answered, refused, canceled, failed).", ["door", "action", "outcome"],
+            registry=self.registry)
+        self.refusals = PromCounter(
+            "chorus_refusals", "Queries refused, by front door, SQLSTATE (class 53: privacy "
+            "budget) and reason (the error's class).", ["door", "sqlstate", "reason"],
+            registry=self.registry)
+        self.epsilon = PromCounter(
+            "chorus_epsilon_charged", "Epsilon charged by answered queries, by front door.",
+            ["door"], registry=self.registry)
+        self.delta = PromCounter(
+            "chorus_delta_charged", "Delta charged by answered queries, by front door.",
+            ["door"], registry=self.registry)
+        self.door_latency = Histogram(
+            "chorus_door_query_duration_seconds", "Time the engine took for a query or "
+            "EXPLAIN, by front door and action.", ["door", "action"], registry=self.registry,
+            buckets=_LATENCY_BUCKETS)
+        self.connections = Gauge(
+            "chorus_connections", "Open connections, by front door (wire).", ["door"],
+            registry=self.registry)
+        self.connections_opened = PromCounter(
+            "chorus_connections_opened", "Connections accepted, by front door (wire).",
+            ["door"], registry=self.registry)
+        self.failed_logins = PromCounter(
+            "chorus_failed_logins", "Failed logins (wrong password, unknown user or token), by "
+            "front door.", ["door"], registry=self.registry)
+        self.backend_up = Gauge(
+            "chorus_backend_up", "1 when the last health probe reached the database, else 0.",
+            registry=self.registry)
+        self.registry.register(_LedgerCollector(engine))
         self._budget_refusals = 0
         self._lock = threading.Lock()
+        self._children: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        activity = getattr(engine, "activity", None)
+        if activity is not None:
+            activity.subscribe(self)
 
-    def refused(self, sqlstate: str) -> None:
+    # -- chorus_py.activity.ActivityListener
+    def on_query(self, event: QueryEvent) -> None:
+        """Count one query of any front door."""
+        key = (event.door, event.action, event.outcome)
+        children = self._children.get(key)
+        if children is None:  # labels() looks up under a lock: once per key, not per query
+            children = self._children.setdefault(key, (
+                self.queries.labels(*key), self.door_latency.labels(*key[:2]),
+                self.epsilon.labels(key[0]), self.delta.labels(key[0])))
+        queries, latency, epsilon, delta = children
+        queries.inc()
+        latency.observe(event.ms / 1000)
+        if event.outcome == "refused":
+            self.refused(event.door, event.sqlstate or "", event.reason or "")
+        if event.charged:
+            epsilon.inc(event.epsilon or 0.0)
+            delta.inc(event.delta or 0.0)
+
+    def on_login_failed(self, door: str) -> None:
+        """Count a failed login."""
+        self.failed_logins.labels(door).inc()
+
+    def on_connection(self, door: str, opened: bool) -> None:
+        """Count a connection opened or closed."""
+        if opened:
+            self.connections_opened.labels(door).inc()
+            self.connections.labels(door).inc()
+        else:
+            self.connections.labels(door).dec()
+
+    def on_health(self, up: bool) -> None:
+        """The database's health as the last probe saw it."""
+        self.backend_up.set(1 if up else 0)
+
+    def refused(self, door: str, sqlstate: str, reason: str) -> None:
         """Count a refusal; budget refusals (class 53) also feed the dashboard."""
-        self.refusals.labels(sqlstate).inc()
+        self.refusals.labels(door, sqlstate, reason).inc()
         if sqlstate.startswith("53"):
             with self._lock:
                 self._budget_refusals += 1
 
     @property
     def budget_refusals(self) -> int:
-        """Budget refusals observed by this app."""
+        """Budget refusals observed by this app (every front door)."""
         with self._lock:
             return self._budget_refusals

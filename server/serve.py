@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ from server.listen import Listener, StartListener
 from server.pgwire.listener import pgwire_listener
 from server.pgwire.server import DEFAULT_LISTEN
 from server.rest.listener import DEFAULT_HOST, DEFAULT_PORT, rest_listener
+
+log = logging.getLogger("chorus.serve")
 
 #: Where the REST API and budget dashboard listen by default.
 DEFAULT_REST = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
@@ -35,7 +37,7 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
     engine = Engine.from_policy(policy_path)
     # Least privilege (docs/owner-guide.md): what the start-up checks found, for the owner.
     for warning in getattr(engine.backend, "warnings", ()):
-        print(f"chorus: warning: {warning}", file=sys.stderr, flush=True)
+        log.warning("%s", warning)  # a log line: one JSON object under --log-format json
     runner: Callable[[Any], Any] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop  # type: ignore[import-not-found]  # optional: a faster event loop

@@ -87,7 +87,7 @@ def test_query_json(policy: Path) -> None:
     result = chorus("-v", "query", "--policy", str(policy), "--analyst", "alice", "--json",
                     COUNT_SQL)
     assert result.returncode == 0, result.stderr
-    assert "chorus.engine" in result.stderr
+    assert "chorus.audit" in result.stderr and "sql_sha256=" in result.stderr
     answer = one_json(result.stdout)
     assert {"columns", "rows", "report"} <= answer.keys()
     assert len(answer["columns"]) == 1

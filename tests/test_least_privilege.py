@@ -291,8 +291,8 @@ def test_chorus_serve_prints_the_warnings(postgres_data: str,
             if "Postgres wire protocol on" in line:
                 break
         out = "".join(lines)
-        assert "chorus: warning: the proxy connects to Postgres as postgres, a superuser" in out
-        assert "chorus: warning: public queries run on the main connection" in out
+        assert "WARNING the proxy connects to Postgres as postgres, a superuser" in out
+        assert "WARNING public queries run on the main connection" in out
     finally:
         proc.terminate()
         proc.wait(20)

@@ -74,7 +74,7 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
     for me, other in OTHER.items():
         owner = wire.engine.ledger.budget_view(Viewer.owner())
         with psycopg.connect(wire.url(me), autocommit=True) as con:
-            cur = con.execute("SHOW chorus.budget")
+            cur = con.execute("SHOW chorus.budget_full")
             names = [d.name for d in cur.description]
             rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         assert f"by_analyst_{me}" in names
@@ -93,7 +93,7 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
                     mine[f"guarantee_{part}"]["epsilon"])
         # the same in binary results, and over the simple query protocol (psql)
         with psycopg.connect(wire.url(me), autocommit=True) as con:
-            binary = con.cursor(binary=True).execute("SHOW chorus.budget")
+            binary = con.cursor(binary=True).execute("SHOW chorus.budget_full")
             assert [d.name for d in binary.description] == names
             assert other not in json.dumps(binary.fetchall(), default=str)
             # a query's report (EXPLAIN: rows; an answer: a NOTICE) shows block totals only
@@ -106,7 +106,7 @@ def test_wire_show_budget_shows_only_the_sessions_own_spending(
             assert notices and other not in json.dumps([explained, notices], default=str)
         psql = shutil.which("psql")
         if psql is not None:
-            shown = subprocess.run([psql, wire.url(me), "-XAc", "SHOW chorus.budget"],
+            shown = subprocess.run([psql, wire.url(me), "-XAc", "SHOW chorus.budget_full"],
                                    capture_output=True, text=True, timeout=60, check=False)
             assert shown.returncode == 0, shown.stderr
             assert f"by_analyst_{me}" in shown.stdout and other not in shown.stdout

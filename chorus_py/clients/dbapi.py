@@ -276,7 +276,7 @@ class _Local:
     def execute(self, sql: str, epsilon: float | None, delta: float | None,
                 wait_seconds: float | None, **options: Any) -> _Answer:
         result = self.engine.execute(sql, analyst=self.analyst, epsilon=epsilon, delta=delta,
-                                     wait_seconds=wait_seconds, **options)
+                                     wait_seconds=wait_seconds, door="dbapi", **options)
         return _Answer(tuple(result.columns), tuple(result.types), list(result.rows),
                        result.report, lambda: [tuple(interval_dict(iv) for iv in row)
                                                for row in result.intervals()])
@@ -284,7 +284,7 @@ class _Local:
     def explain(self, sql: str, epsilon: float | None, delta: float | None,
                 **options: Any) -> PrivacyReport:
         return self.engine.explain(sql, analyst=self.analyst, epsilon=epsilon, delta=delta,
-                                   **options)
+                                   door="dbapi", **options)
 
     def tables(self) -> dict[str, dict[str, str]]:
         out = {n: {c: cp.type for c, cp in t.columns.items()}

@@ -3,16 +3,19 @@
 :func:`pgwire_listener` is the :data:`server.listen.StartListener` the serving loop
 (:mod:`server.serve`) starts: it builds the :class:`~server.pgwire.server.WireServer` from the
 engine's policy, binds ``--listen`` (a :class:`~server.listen.ListenError` if it cannot) and
-prints the start-up line (address, TLS mode, analysts who can log in).
+logs the start-up line (address, TLS mode, analysts who can log in) under ``chorus.serve``,
+which ``chorus serve`` shows at its default level.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
 from typing import Any
 
 from server.listen import Listener, ListenError, StartListener
 from server.pgwire.server import WireServer, build_wire_server, parse_listen
+
+log = logging.getLogger("chorus.serve.wire")
 
 
 def pgwire_listener(engine: Any, listen: str) -> StartListener:
@@ -26,10 +29,9 @@ def pgwire_listener(engine: Any, listen: str) -> StartListener:
         except OSError as err:
             raise ListenError("Postgres wire protocol", listen, "--listen", err) from None
         analysts = sorted(n for n, v in server.ctx.verifiers.items() if v is not None)
-        print(f"chorus: Postgres wire protocol on {host}:{port} "
-              f"({_tls_mode(server)}); analysts with a password: "
-              f"{', '.join(analysts) or 'none (add one with `chorus passwd`)'}",
-              file=sys.stderr, flush=True)
+        log.info("Postgres wire protocol on %s:%d (%s); analysts with a password: %s", host,
+                 port, _tls_mode(server),
+                 ", ".join(analysts) or "none (add one with `chorus passwd`)")
         return server
 
     return start

@@ -108,6 +108,8 @@ class WireServer:
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
+        activity = self.ctx.engine.activity
+        activity.connection("wire", True)
         try:
             await self._connection(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
@@ -117,6 +119,7 @@ class WireServer:
         except Exception:
             log.exception("wire connection failed")
         finally:
+            activity.connection("wire", False)
             if task is not None:
                 self._connections.discard(task)
             writer.close()

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import re
+import textwrap
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -352,7 +353,11 @@ class Session:
             self._fatal("08P01", f"malformed SCRAM message: {err}")
             return
         except AuthenticationFailed:
-            log.info("authentication failed for analyst %r", self.user)
+            # The client is told nothing more (no user enumeration); the operator's log is.
+            verifiers = self.ctx.verifiers
+            why = "wrong_password" if verifiers.get(self.user) is not None else \
+                "no_password" if self.user in verifiers else "unknown_user"
+            self.ctx.engine.activity.login_failed("wire", self.user, why)
             self._fatal("28P01", f'password authentication failed for user "{self.user}"')
             return
         self._send(p.authentication_sasl_final(final))
@@ -567,7 +572,9 @@ class Session:
         if name == INTERVALS:
             return INTERVAL_FIELDS
         if name == "chorus.budget":
-            return tuple(Column(n, o) for n, o in self._budget()[0])
+            return tuple(Column(n, o) for n, o in _BUDGET_COLUMNS)
+        if name == "chorus.budget_full":
+            return tuple(Column(n, o) for n, o in self._budget_full()[0])
         if name == "all":
             return (Column("name", t.TEXT), Column("setting", t.TEXT),
                     Column("description", t.TEXT))
@@ -637,7 +644,7 @@ class Session:
             answer: QueryResult = yield Work(lambda: self.ctx.engine.execute(
                 sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
                 sensitivity=self.sensitivity, gamma=self.gamma, wait_seconds=self.wait_seconds,
-                remaining=False))
+                remaining=False, door="wire"))
             fields = tuple(Column(n, t.PORTABLE_OIDS.get(ty, t.TEXT))
                            for n, ty in zip(answer.columns, answer.types, strict=True))
             if portal.fields is not None or prepared.fields is not None:
@@ -694,11 +701,11 @@ class Session:
             sql = self._engine_sql(fake, params)
         report: PrivacyReport = yield Work(lambda: self.ctx.engine.explain(
             sql, analyst=self.user, epsilon=self.epsilon, delta=self.delta,
-            sensitivity=self.sensitivity, gamma=self.gamma))
+            sensitivity=self.sensitivity, gamma=self.gamma, door="wire"))
         if st.explain_format == "json":
             rows = [(json.dumps(report.to_dict(), default=str),)]
         else:
-            rows = [(line,) for line in explain_lines(report)]
+            rows = [(line,) for line in explain_lines(report, self.ctx.dialect)]
         return fields, rows, "EXPLAIN", b""
 
     # -- session commands -----------------------------------------------------------------------
@@ -858,7 +865,9 @@ class Session:
         if name == "chorus.analyst":
             return [(self.user,)]
         if name == "chorus.budget":
-            return self._budget()[1]
+            return self._budget()
+        if name == "chorus.budget_full":
+            return self._budget_full()[1]
         if name == "all":
             rows = [(k, v, "") for k, v in sorted(self.settings.items())]
             rows += [("chorus.delta", self._show_rows("chorus.delta")[0][0],
@@ -876,8 +885,19 @@ class Session:
             return [(self.settings[name],)]
         raise WireError("42704", f'unrecognized configuration parameter "{name}"')
 
-    def _budget(self) -> tuple[list[tuple[str, int]], list[tuple[Any, ...]]]:
-        """SHOW chorus.budget: one row per private block of the ledger, as this session's
+    def _budget(self) -> list[tuple[Any, ...]]:
+        """SHOW chorus.budget: one short row per block of the ledger (:data:`_BUDGET_COLUMNS`),
+        rounded: what this analyst can still spend on it (their own limit per block or the
+        block's budget, whichever binds), what they spent, what everyone spent."""
+        rows = []
+        for left, mine in self.ctx.engine.budget_left(self.user):
+            rows.append((left.block, left.state, _round(left.epsilon_left),
+                         "your limit" if left.binding == "analyst" else "block",
+                         _round(mine), _round(left.epsilon_spent), _round(left.delta_left)))
+        return rows
+
+    def _budget_full(self) -> tuple[list[tuple[str, int]], list[tuple[Any, ...]]]:
+        """SHOW chorus.budget_full: every field of every block of the ledger, as this session's
         analyst may see it: block totals, and only their own spending (``by_analyst_<name>``).
         The wire protocol has no data-owner login, so no wire session sees other analysts."""
         viewer = Viewer.of(self.user)
@@ -915,6 +935,17 @@ def _encode(value: Any, oid: int, fmt: int) -> bytes | None:
         log.warning("value %r does not fit its described type %d; sent as NULL",
                     type(value).__name__, oid)
         return None
+
+
+#: The columns of SHOW chorus.budget (SHOW chorus.budget_full has every field of the ledger).
+_BUDGET_COLUMNS = (("block", t.TEXT), ("state", t.TEXT), ("epsilon_left", t.FLOAT8),
+                   ("limited_by", t.TEXT), ("your_epsilon_spent", t.FLOAT8),
+                   ("epsilon_spent", t.FLOAT8), ("delta_left", t.FLOAT8))
+
+
+def _round(value: float) -> float:
+    """Four significant digits: a budget shown, not a budget computed with."""
+    return float(f"{value:.4g}")
 
 
 def _g(value: float) -> str:
@@ -1111,8 +1142,10 @@ def interval_rows(answer: QueryResult) -> list[tuple[Any, ...]]:
     return out
 
 
-def explain_lines(report: PrivacyReport) -> list[str]:
-    """The DP explanation as text lines (the rows of EXPLAIN)."""
+def explain_lines(report: PrivacyReport, dialect: str | None = None) -> list[str]:
+    """The DP explanation as text lines (the rows of EXPLAIN): one fact per row, details
+    indented under their heading, the rewritten SQL laid out over rows (pretty-printed in
+    ``dialect`` when given), so psql and notebooks show it without a very wide row."""
     lines = [f"verdict: {report.verdict}",
              f"cost: epsilon={report.epsilon:g} delta={report.delta:g} (nothing is charged by "
              "EXPLAIN)"]
@@ -1126,10 +1159,10 @@ def explain_lines(report: PrivacyReport) -> list[str]:
             f" (at most {report.stability} rows per {unit})" if unit else " (event level)"))
     for m in report.measurements:
         mech = m.mechanism
-        lines.append(f"measurement {m.id} = {m.aggregate}: sensitivity {shown(m.sensitivity)} "
-                     f"({m.derivation}); {mech.get('name')} epsilon={mech.get('epsilon', 0):.4g}"
-                     f" scale={shown(mech.get('scale', 0))}; 95% error within "
-                     f"+-{shown(m.error_bound_95)}")
+        lines += [f"measurement {m.id} = {m.aggregate}",
+                  f"  sensitivity {shown(m.sensitivity)}: {m.derivation}",
+                  f"  {mech.get('name')} noise: epsilon={mech.get('epsilon', 0):.4g}, scale "
+                  f"{shown(mech.get('scale', 0))}, 95% error within +-{shown(m.error_bound_95)}"]
     for col in report.columns:
         if col.role == "aggregate":
             lines.append(f"column {col.name}: {col.mechanism}, scale {shown(col.scale)}, 95% "
@@ -1155,5 +1188,21 @@ def explain_lines(report: PrivacyReport) -> list[str]:
     lines += [f"note: {n}" for n in report.notes]
     lines += [f"warning: {w}" for w in report.warnings]
     if report.rewritten_sql:
-        lines.append(f"rewritten SQL: {report.rewritten_sql}")
+        lines.append("rewritten SQL:")
+        lines += [f"  {line}" for line in _sql_rows(report.rewritten_sql, dialect)]
     return lines
+
+
+#: The widest row the rewritten SQL is wrapped to when it cannot be pretty-printed.
+_SQL_WIDTH = 100
+
+
+def _sql_rows(sql: str, dialect: str | None) -> list[str]:
+    """The rewritten SQL as rows: sqlglot's layout in ``dialect``, else wrapped at spaces."""
+    if dialect is not None:
+        try:
+            return sqlglot.transpile(sql, read=dialect, write=dialect, pretty=True)[0] \
+                .splitlines()
+        except Exception:  # its own text is shown, wrapped, rather than no text
+            log.debug("the rewritten SQL did not pretty-print", exc_info=True)
+    return textwrap.wrap(sql, _SQL_WIDTH, break_long_words=False, break_on_hyphens=False)

@@ -24,7 +24,6 @@ become problem documents (:mod:`server.rest.problems`); bodies are size-limited
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -56,8 +55,6 @@ from server.rest.models import (
     QueryResponse,
 )
 from server.rest.problems import http_status, install_handlers, problem, responses
-
-log = logging.getLogger("chorus.rest")
 
 _NAME_MAX = 200
 
@@ -93,8 +90,7 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
             return await run_in_threadpool(call)
         except ChorusError as err:
             outcome = "refused" if http_status(err.sqlstate) < 500 else "error"
-            if outcome == "refused":
-                metrics.refused(err.sqlstate)
+            if outcome == "refused":  # the metrics count it from the engine's activity
                 refusals[err.sqlstate] = refusals.get(err.sqlstate, 0) + 1
             raise
         except BaseException:
@@ -112,7 +108,8 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
         def run() -> Any:
             answer = engine.execute(body.sql, analyst=who.analyst, epsilon=body.epsilon,
                                     delta=body.delta, wait_seconds=body.wait_seconds,
-                                    sensitivity=body.sensitivity, gamma=body.gamma)
+                                    sensitivity=body.sensitivity, gamma=body.gamma,
+                                    door="rest")
             if history.due():  # the dashboard's "budget over time", at most once a second
                 # totals only are recorded: the owner's view loses nothing
                 history.record(budget_views.ledger_blocks(engine, Viewer.owner()))
@@ -130,7 +127,7 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
         """What a query would cost and how it would be answered; nothing runs or is charged."""
         report = await _answer("explain", lambda: engine.explain(
             body.sql, analyst=who.analyst, epsilon=body.epsilon, delta=body.delta,
-            sensitivity=body.sensitivity, gamma=body.gamma))
+            sensitivity=body.sensitivity, gamma=body.gamma, door="rest"))
         return {"report": budget_views.jsonable(report.to_dict())}
 
     @app.get("/v1/info", response_model=InfoResponse, tags=["metadata"],
@@ -197,10 +194,13 @@ def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
         """200 when the proxy is up and its backend answers a trivial query."""
         try:
             await run_in_threadpool(engine.backend.run, "SELECT 1")
-        except Exception:
-            log.warning("health check: the backend does not answer", exc_info=True)
+        except Exception as err:
+            # Logged once when the state changes, not a traceback per probe (load balancers
+            # probe every few seconds).
+            engine.activity.health(False, err)
             return problem(503, "the database does not answer", sqlstate="08006",
                            instance="/healthz")
+        engine.activity.health(True)
         return {"status": "ok"}
 
     # -- the dashboard page (static files; the data needs the owner token)

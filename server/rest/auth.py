@@ -78,10 +78,13 @@ def _unauthorized(detail: str) -> StarletteHTTPException:
 
 
 def _principal(request: Request, creds: HTTPAuthorizationCredentials | None) -> Principal:
+    activity = request.app.state.engine.activity
     if creds is None or not creds.credentials:
+        activity.login_failed("rest", None, "no_token")
         raise _unauthorized("a bearer token is required (Authorization: Bearer TOKEN)")
     who = request.app.state.tokens.identify(creds.credentials)
     if who is None:
+        activity.login_failed("rest", None, "unknown_token")  # never the token itself
         raise _unauthorized("unknown token")
     return who
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -25,6 +24,8 @@ from server.listen import ListenError
 from server.rest.app import create_app
 
 log = logging.getLogger("chorus.rest")
+# The start-up line: under chorus.serve, which `chorus serve` shows at its default level.
+started_log = logging.getLogger("chorus.serve.rest")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -69,8 +70,11 @@ def rest_server(app: FastAPI, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     With ``handle_signals`` False (the default) uvicorn installs no signal handlers: the program
     that embeds it (``chorus serve``) decides when to stop.  ``config`` goes to uvicorn.Config.
     """
+    # log_config None: uvicorn's records go to the program's handlers (one format, text or
+    # JSON: chorus_py.activity.configure_logging), not handlers of its own.
     options: dict[str, Any] = {"log_level": "info", "access_log": False, "lifespan": "off",
-                               "server_header": False, "timeout_graceful_shutdown": 10}
+                               "server_header": False, "timeout_graceful_shutdown": 10,
+                               "log_config": None}
     options.update(config)
     cls = uvicorn.Server if handle_signals else _EmbeddedServer
     return cls(uvicorn.Config(app, host=host, port=port, **options))
@@ -151,8 +155,8 @@ def rest_listener(engine: Any, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}",
         bound_host, bound_port = sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         url = f"http://{shown}:{bound_port}"
-        print(f"chorus: REST API on {url}/v1 (OpenAPI: {url}/openapi.json), budget dashboard "
-              f"on {url}/dashboard", file=sys.stderr, flush=True)
+        started_log.info("REST API on %s/v1 (OpenAPI: %s/openapi.json), budget dashboard on "
+                         "%s/dashboard", url, url, url)
         return RestListener(server, task, url)
 
     return start

@@ -43,6 +43,8 @@ def test_python_examples_run(demo_proxy: tuple[Path, str], guide: str, index: in
     with contextlib.redirect_stdout(out):
         exec(compile(code, f"{guide}[{index}]", "exec"), {"__name__": "__docs__"})
     assert out.getvalue().strip()  # every example shows something
+    # ...and something meant: a None printed is a field read where the answer is not
+    assert not re.search(r"\bNone\b", out.getvalue()), out.getvalue()
 
 
 def test_guides_have_examples() -> None:

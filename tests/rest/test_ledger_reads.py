@@ -74,7 +74,7 @@ def test_registering_the_metrics_reads_no_claim(engine: Engine) -> None:
     # describe() gives the registry the collector's names: a second one is refused as a
     # duplicate, still without reading the ledger.
     with pytest.raises(ValueError, match="Duplicated"):
-        metrics.registry.register(_LedgerCollector(engine, metrics.refusals))
+        metrics.registry.register(_LedgerCollector(engine))
     assert _reads(engine) == []
 
     text = generate_latest(metrics.registry).decode()

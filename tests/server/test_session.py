@@ -50,7 +50,16 @@ def test_settings_and_budget(wire: Wire) -> None:
         assert spent(wire) == pytest.approx(before + 2 * 0.5)  # two daily blocks, bob's 0.5
         claims = [c for c in wire.engine.ledger.claims() if getattr(c, "analyst", "") == "bob"]
         assert claims, "the connection's analyst is charged"
-        cur = con.execute("SHOW chorus.budget")
+        cur = con.execute("SHOW chorus.budget")  # compact: what bob can spend, rounded
+        names = [d.name for d in cur.description]
+        assert names == ["block", "state", "epsilon_left", "limited_by", "your_epsilon_spent",
+                         "epsilon_spent", "delta_left"]
+        compact = {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
+        assert compact["trips/2026-01-01"] | {"epsilon_spent": 0, "delta_left": 0} == {
+            "block": "trips/2026-01-01", "state": "active", "epsilon_left": 999.5,
+            "limited_by": "block", "your_epsilon_spent": 0.5, "epsilon_spent": 0,
+            "delta_left": 0}
+        cur = con.execute("SHOW chorus.budget_full")  # every field of the ledger
         names = [d.name for d in cur.description]
         rows = cur.fetchall()
         assert names[0] == "block" and "epsilon_global" in names
