@@ -44,7 +44,7 @@ from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
 from chorus_py.kinds.sampled import SampledKind, SampledRequest
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.policy import Policy, load_policy
+from chorus_py.policy import Policy, block_schemes, load_policy
 from chorus_py.report import BlockRemaining, PrivacyReport, QueryResult
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
@@ -86,6 +86,14 @@ class Engine:
             if isinstance(err, ValueError | OSError | sqlite3.Error):
                 raise PolicyError(f"{policy.source}: privacy.ledger: cannot open the budget "
                                   f"ledger: {err}") from None
+            raise
+        try:
+            # Blocks cut two ways would overlap (fresh budget for the same rows): refused.
+            self.ledger.check_block_schemes(block_schemes(policy))
+        except BaseException:
+            self.backend.close()
+            if ledger is None:
+                self.ledger.close()
             raise
         self.statements = Statements(self.backend, self.ledger, self.dialect,
                                      rules_from_policy(policy, self.schema, SCHEMA))

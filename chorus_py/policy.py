@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -43,6 +43,7 @@ ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
 
 _IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")
+_ID_RANGE_RE = re.compile(r"^(.*):(-?\d+)-(-?\d+)$")  # an id-range block: rider_id:0-9999
 # The most blocks a schedule may have (a query with no filter on the block column is charged
 # on all of them).
 MAX_BLOCKS = 100_000
@@ -421,6 +422,26 @@ class BlockConfig(_Strict):
         grid = self.grid
         return isinstance(grid, MonthGrid) or (grid.step % timedelta(days=1) == timedelta(0)
                                                and grid.origin.time() == datetime.min.time())
+
+    @property
+    def scheme(self) -> str:
+        """How this config cuts its table, in words: the ledger records it per table and refuses
+        another (``budget.ledger.Ledger.check_block_schemes``)."""
+        per = self.ids_per_block
+        cut = f"ranges of {per} ids from 0" if per is not None else self.grid.scheme
+        return f"{self.column}: {cut}"
+
+    def names(self, label: str) -> bool:
+        """True when ``label`` (a block id without its table) is a block this config can cut,
+        at any time (not only in the schedule's current span)."""
+        per = self.ids_per_block
+        if per is None:
+            return self.grid.index_of_label(label) is not None
+        match = _ID_RANGE_RE.match(label)
+        if match is None or match.group(1) != self.column:
+            return False
+        lo, hi = int(match.group(2)), int(match.group(3))
+        return lo % per == 0 and hi == lo + per - 1
 
     def count_at(self, now: datetime) -> int:
         """How many blocks the schedule has at ``now`` (naive UTC): a function of the policy
@@ -855,6 +876,24 @@ class Policy(_Strict):
                         f"{self.source}: tables.{name}.privacy_unit: the attribution table "
                         f"'{unit.table}' is missing or has no column '{lacking[0]}'",
                         hint="create it with one row per (row id, unit id) pair")
+
+
+def block_schemes(policy: Policy) -> dict[str, tuple[str, Callable[[str], bool]]]:
+    """Per private table: how its blocks are cut (in words), and a test of whether a ledger's
+    block id is one of them.  A table without a block config is one block, named by the table.
+    """
+    out: dict[str, tuple[str, Callable[[str], bool]]] = {}
+    for name, table in policy.tables.items():
+        if table.public:
+            continue
+        block = table.block
+        if block is None:
+            out[name] = ("one block: the whole table", lambda i, n=name: i == n)
+        else:
+            prefix = f"{name}/"
+            out[name] = (block.scheme, lambda i, p=prefix, b=block: i.startswith(p)
+                         and b.names(i[len(p):]))
+    return out
 
 
 def _format_error(source: str, err: ValidationError) -> str:
