@@ -84,10 +84,15 @@ class FixedGrid:
         """How this grid cuts time, in words (recorded by the ledger)."""
         seconds = int(self.step.total_seconds())
         if seconds % (7 * 86400) == 0:
-            weeks = seconds // (7 * 86400)
-            return (f"{weeks} week{'s' * (weeks != 1)} from "
-                    f"{weekday_name(self.origin)} 00:00 UTC")
-        return f"every {seconds} s from {self.origin.isoformat(sep=' ')} UTC"
+            return f"{_count(seconds // (7 * 86400), 'week')} from " \
+                   f"{weekday_name(self.origin)} 00:00 UTC"
+        unit = next(u for u in ("day", "hour", "minute", "second") if seconds % _SECONDS[u] == 0)
+        return f"{_count(seconds // _SECONDS[unit], unit)} from " \
+               f"{self.origin.isoformat(sep=' ', timespec='minutes')} UTC"
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}{'s' * (n != 1)}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class MonthGrid:
     @property
     def scheme(self) -> str:
         """How this grid cuts time, in words (recorded by the ledger)."""
-        return f"{self.months} calendar month{'s' * (self.months != 1)} from 1970-01 (UTC)"
+        return f"{_count(self.months, 'calendar month')} from 1970-01 (UTC)"
 
 
 Grid = FixedGrid | MonthGrid
