@@ -396,6 +396,9 @@ bounding = "per-query"
 # Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget,
 # on a public schedule: the demo's quarter, [start, end) in UTC (without end: up to today).
 # Blocks never come from the data; trips outside the schedule belong to no block, never read.
+# Other sizes: "1 hour", "1 week" (weeks begin on week_start, "monday" by default: ISO weeks,
+# ids like 2026-W03), "1 month" (calendar months, ids like 2026-01), "3 months", "1 year".
+# The ledger keeps the cut it was made with: changing size or week_start later needs a new ledger.
 block = {{ column = "pickup_time", size = "1 day", start = "{block_start}", end = "{block_end}" }}
 
 [tables.trips.columns]
