@@ -457,3 +457,21 @@ def test_labels_round_trip_on_date_boundaries() -> None:
     assert weeks.index_of_label("2026-W53") == weeks.index(datetime(2026, 12, 28))
     assert grid_for("1 week", "thursday").index_of_label("2026-01-02") is None  # a Friday
     assert date(2026, 1, 1).weekday() == 3
+
+
+def test_the_dashboard_shows_months_in_calendar_order(scratch: Callable[..., Engine]) -> None:
+    """The owner's dashboard lists every month of the schedule by its calendar id, in order,
+    the month a query read with its charge."""
+    from server.dashboard.data import build_dashboard
+    from server.metrics import BudgetHistory, Metrics
+
+    engine = scratch("cal", [
+        "CREATE TABLE cal (uid BIGINT, ts TIMESTAMP)",
+        "INSERT INTO cal VALUES " + ", ".join(f"({u}, TIMESTAMP '{t}')" for u, t in EDGE_ROWS)],
+        MONTHS_POLICY)
+    engine.execute("SELECT COUNT(*) FROM cal WHERE ts >= '2024-02-01' AND ts < '2024-03-01'",
+                   epsilon=2.0)
+    bars = build_dashboard(engine, BudgetHistory(), Metrics(engine))["blocks"]
+    assert [b["block"] for b in bars] == [f"cal/2024-{m:02d}" for m in range(1, 13)] + [
+        "cal/2025-01"]
+    assert {b["block"]: b["consumed"] for b in bars if b["consumed"]} == {"cal/2024-02": 2.0}
