@@ -475,3 +475,23 @@ def test_the_dashboard_shows_months_in_calendar_order(scratch: Callable[..., Eng
     assert [b["block"] for b in bars] == [f"cal/2024-{m:02d}" for m in range(1, 13)] + [
         "cal/2025-01"]
     assert {b["block"]: b["consumed"] for b in bars if b["consumed"]} == {"cal/2024-02": 2.0}
+
+
+@settings(max_examples=100, deadline=None)
+@given(moves=st.lists(st.datetimes(min_value=datetime(2023, 12, 1),
+                                   max_value=datetime(2025, 3, 1)), min_size=1, max_size=12))
+def test_the_catalog_follows_the_clock_across_months(moves: list[datetime]) -> None:
+    """One catalog (which keeps a table's windows until the next block begins) whose clock
+    jumps back and forth answers what the month schedule says at that time, also on the last
+    microsecond of a month and at the first of the next."""
+    from chorus_py.stores.schedules import BlockCatalog
+
+    block = _block("1 month", "2024-01-01", "2025-02-01")
+    grid = block.grid
+    now = [moves[0]]
+    catalog = BlockCatalog(clock=lambda: now[0])
+    for moment in moves:
+        following = grid.boundary(grid.index(moment) + 1)
+        for at in (moment, following - US, following):
+            now[0] = at
+            assert catalog.windows("t", block) == scheduled_windows("t", block, at), at
