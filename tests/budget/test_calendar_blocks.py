@@ -9,6 +9,7 @@ and the ledger refusing a policy that cuts a table's blocks another way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -21,7 +22,7 @@ from sqlglot import exp
 
 from analyses.blocks import BlockWindows, read_windows
 from budget.ledger import Ledger, LedgerMismatch
-from budget.store import PostgresStore, SQLiteStore, Store
+from budget.store import MemoryStore, PostgresStore, SQLiteStore, Store
 from chorus_py.blockgrid import WEEKDAYS, FixedGrid, MonthGrid, grid_for
 from chorus_py.engine import Engine
 from chorus_py.policy import block_schemes, parse_policy
@@ -495,3 +496,36 @@ def test_the_catalog_follows_the_clock_across_months(moves: list[datetime]) -> N
         for at in (moment, following - US, following):
             now[0] = at
             assert catalog.windows("t", block) == scheduled_windows("t", block, at), at
+
+
+@pytest.mark.parametrize(("held", "table"), [
+    (["t/2026-01-01", "t/2026-03-31"], {"columns": {"ts": {"type": "timestamp"}}, "block": {
+        "column": "ts", "size": "1 day", "start": "2026-01-01"}}),
+    (["t/2026-01-01T06:00"], {"columns": {"ts": {"type": "timestamp"}}, "block": {
+        "column": "ts", "size": "6 hours", "start": "2026-01-01"}}),
+    (["t/uid:0-999", "t/uid:-1000--1"], {
+        "privacy_unit": "uid", "max_rows_per_unit": 1, "columns": {"uid": {"type": "int"}},
+        "block": {"column": "uid", "size": "1000 ids", "start": -1000, "end": 5000}}),
+    (["t"], {"columns": {"ts": {"type": "timestamp"}}}),
+])
+def test_old_ledgers_of_unchanged_cuts_keep_working(open_store: Callable[[], Store],
+                                                    held: list[str],
+                                                    table: dict[str, Any]) -> None:
+    """Days, shorter windows, id ranges and whole tables are cut as before: a ledger made before
+    cuts were recorded starts, and the cut is recorded; a block of another cut is refused."""
+    policy = parse_policy({"backend": {"url": "duckdb:///:memory:"},
+                           "privacy": {"epsilon_per_block": 1.0}, "tables": {"t": table}})
+    old = Ledger(1.0, 0.0, store=open_store())
+    old.ensure_blocks(held)
+    old.close()
+    ledger = Ledger(1.0, 0.0, store=open_store())
+    ledger.check_block_schemes(block_schemes(policy))
+    assert "blocks:t" in ledger.store.meta()
+    ledger.close()
+    # The same ledger with one block of another cut, had nothing been recorded: refused.
+    wrong = {"t": "t/2026-W01", "t/2026-01-01": "t", "t/2026-01-01T06:00": "t/2026-01-01T07:00",
+             "t/uid:0-999": "t/uid:0-499"}[held[0]]
+    fresh = Ledger(1.0, 0.0, store=MemoryStore())
+    fresh.ensure_blocks([*held, wrong])
+    with pytest.raises(LedgerMismatch, match=f"does not make: {re.escape(wrong)};"):
+        fresh.check_block_schemes(block_schemes(policy))
