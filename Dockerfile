@@ -5,7 +5,9 @@
 #   docker run -v $PWD/policy.toml:/var/lib/chorus/policy.toml:ro -p 127.0.0.1:8000:8000 chorus-py
 #
 # docker-compose.yml runs it next to a Postgres loaded with the demo data.
-FROM python:3.11-slim
+# Pinned: the base image to a patch release, every Python dependency to the version the tests
+# ran (deploy/constraints.txt), so a rebuild installs what was tested.
+FROM python:3.11.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -14,13 +16,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY deploy/constraints.txt ./deploy/
 COPY chorus_py ./chorus_py
 COPY analyses ./analyses
 COPY rewriters ./rewriters
 COPY mechanisms ./mechanisms
 COPY budget ./budget
 COPY server ./server
-RUN pip install . \
+RUN pip install --constraint deploy/constraints.txt . \
     && useradd --system --uid 10001 --home-dir /var/lib/chorus --create-home chorus
 
 # The policy is mounted into /var/lib/chorus; the SQLite budget ledger it names

@@ -58,10 +58,12 @@ _TZ_SPREAD = timedelta(hours=14)  # the largest UTC offset in use (UTC+14; UTC-1
 
 @dataclass(frozen=True)
 class BlockWindows:
-    """Consecutive windows [start + i * width, start + (i + 1) * width) for i < count.
+    """Consecutive windows: block i is [bound(i), bound(i + 1)) for 0 <= i < count.
 
-    Time windows (datetime start, timedelta width), or ranges of privacy-unit ids (int start and
-    width, User DP; ``column`` names the unit).
+    ``width`` cuts them: ranges of ``width`` privacy-unit ids from an int ``start`` (User DP;
+    ``column`` names the unit); windows of one fixed length (a timedelta) from a datetime
+    ``start``; or a grid (``chorus_py.blockgrid``: calendar months, ISO weeks) with ``start`` on
+    one of its boundaries.
     """
 
     table: str
@@ -71,12 +73,32 @@ class BlockWindows:
     column: str = ""
 
     @property
-    def end(self) -> datetime:
+    def end(self) -> Any:
         """End of the last window."""
-        return self.start + self.width * self.count
+        return self.bound(self.count)
+
+    def bound(self, i: int) -> Any:
+        """The start of block i (``bound(count)`` is the end of the last one)."""
+        if isinstance(self.width, int | timedelta):
+            return self.start + self.width * i
+        return self.width.boundary(self._first + i)
+
+    def index(self, point: Point) -> int:
+        """The i whose window [bound(i), bound(i + 1)) holds ``point`` (may lie outside
+        0..count - 1)."""
+        if isinstance(self.width, timedelta):
+            return (point - self.start) // self.width
+        if isinstance(self.width, int):
+            return math.floor((point - self.start) / self.width)
+        return self.width.index(point) - self._first
+
+    @cached_property
+    def _first(self) -> int:
+        return self.width.index(self.start)
 
     def ids(self) -> tuple[str, ...]:
-        """Block ids such as ``trips/2026-01-01`` (time shown when windows are sub-day), or
+        """Block ids such as ``trips/2026-01-01`` (time shown when windows are sub-day),
+        ``trips/2026-01`` (calendar months), ``trips/2026-W03`` (ISO weeks), or
         ``trips/rider_id:0-9999`` for id ranges."""
         return self._ids
 
@@ -88,6 +110,9 @@ class BlockWindows:
             return tuple(f"{self.table}/{self.column}:{lo}-{lo + self.width - 1}"
                          for lo in range(self.start, self.start + self.width * self.count,
                                          self.width))
+        if not isinstance(self.width, timedelta):
+            return tuple(f"{self.table}/{self.width.label(self._first + i)}"
+                         for i in range(self.count))
         daily = self.width % timedelta(days=1) == timedelta(0)
         out = []
         for i in range(self.count):
@@ -139,9 +164,7 @@ def read_windows(intervals: IntervalSet, windows: BlockWindows) -> BlocksRead:
     all_ids = windows.ids()
     ids: list[str] = []
     for lo, hi in runs:
-        first = (lo - windows.start) // windows.width
-        last = (hi - windows.start) // windows.width
-        ids.extend(all_ids[first:last])
+        ids.extend(all_ids[windows.index(lo):windows.index(hi)])
     return BlocksRead(tuple(ids), runs[0][0], runs[-1][1], tuple(runs))
 
 
@@ -151,12 +174,11 @@ def _runs(intervals: IntervalSet, windows: BlockWindows) -> list[tuple[Point, Po
         return []
     spans = []
     for lo, _lo_incl, hi, hi_incl in intervals:
-        first = 0 if lo is None else _index(windows, lo)
+        first = 0 if lo is None else windows.index(lo)
         last = windows.count - 1
         if hi is not None:
-            last = _index(windows, hi)
-            offset = (hi - windows.start) % windows.width
-            if not hi_incl and not offset:  # "< boundary" stops in the block before it
+            last = windows.index(hi)
+            if not hi_incl and windows.bound(last) == hi:  # "< boundary": the block before
                 last -= 1
         first, last = max(first, 0), min(last, windows.count - 1)
         if first <= last:
@@ -168,12 +190,7 @@ def _runs(intervals: IntervalSet, windows: BlockWindows) -> list[tuple[Point, Po
             merged[-1][1] = max(merged[-1][1], last)
         else:
             merged.append([first, last])
-    return [(windows.start + windows.width * a, windows.start + windows.width * (b + 1))
-            for a, b in merged]
-
-
-def _index(windows: BlockWindows, point: Point) -> int:
-    return math.floor((point - windows.start) / windows.width)
+    return [(windows.bound(a), windows.bound(b + 1)) for a, b in merged]
 
 
 # -- the abstract interpretation ------------------------------------------------------------

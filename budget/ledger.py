@@ -49,6 +49,7 @@ from budget.scheduler import (
     SchedulerSettings,
 )
 from budget.store import (
+    BLOCKS_KEY,
     SCHEMA_VERSION,
     ClaimTotals,
     LedgerMismatch,
@@ -367,6 +368,36 @@ class Ledger:
         self.store.close()
 
     # -- blocks -------------------------------------------------------------------------------
+    def check_block_schemes(self, schemes: Mapping[str, tuple[str, Callable[[str], bool]]]
+                            ) -> None:
+        """Record how each table's blocks are cut; refuse a policy that cuts them another way.
+
+        ``schemes``: per table, the cut in words (``chorus_py.policy.block_schemes``) and a test
+        of whether a block id is one of its blocks.  Blocks cut two ways would overlap, and the
+        same rows would be charged on fresh budget: a changed cut raises ``LedgerMismatch``.  A
+        ledger that has not recorded a table's cut yet (made before cuts were recorded) is
+        checked block by block: every block it holds of that table must be one the policy's cut
+        makes (weeks that began on Thursdays keep working with ``week_start = "thursday"``).
+        """
+        stored = self.store.meta()
+        unrecorded = [t for t in schemes if f"{BLOCKS_KEY}{t}" not in stored]
+        if unrecorded:
+            held = self._peek(lambda tx: [b.block_id for b in tx.all_blocks()])
+            for table in unrecorded:
+                text, names = schemes[table]
+                foreign = [i for i in held if (i == table or i.startswith(f"{table}/"))
+                           and not names(i)]
+                if foreign:
+                    raise LedgerMismatch(
+                        f"the budget ledger holds blocks of table {table} that the policy's "
+                        f"cut ('{text}') does not make: {_listed(foreign)}; blocks cut two ways "
+                        "overlap, so the same rows would be charged on fresh budget",
+                        hint=f"keep tables.{table}.block as the ledger was made with it (for "
+                        "weeks that began on Thursdays: week_start = \"thursday\"), or point "
+                        "privacy.ledger at a new ledger if the owner means to start every "
+                        "budget afresh")
+        self.store.check_meta({f"{BLOCKS_KEY}{t}": text for t, (text, _) in schemes.items()})
+
     def ensure_blocks(self, block_ids: Iterable[str]) -> None:
         """Create blocks seen for the first time, each with a fresh global budget."""
         ids = [b for b in dict.fromkeys(block_ids) if b not in self._known]

@@ -94,8 +94,11 @@ from budget.journal import touched
 from budget.scheduler import BlockState, ClaimRecord, InvariantError, check_blocks
 from chorus_py.errors import OperationalError, PolicyError
 
-__all__ = ["ClaimTotals", "LedgerMismatch", "LedgerUnavailable", "MemoryStore", "PostgresStore",
-           "SQLStore", "SQLiteStore", "Store", "Tx"]
+__all__ = ["BLOCKS_KEY", "ClaimTotals", "LedgerMismatch", "LedgerUnavailable", "MemoryStore",
+           "PostgresStore", "SQLStore", "SQLiteStore", "Store", "Tx"]
+
+# Meta keys ``blocks:<table>``: how that table's blocks are cut (``Ledger.check_block_schemes``).
+BLOCKS_KEY = "blocks:"
 
 # The ledger's layout: 2 added block-row checkpoints, 3 block lists stored once by reference.
 SCHEMA_VERSION = "3"
@@ -284,6 +287,10 @@ class Store:
         """Record the ledger's settings on first use; refuse a ledger made with others."""
         raise NotImplementedError
 
+    def meta(self) -> dict[str, str]:
+        """The settings recorded so far."""
+        raise NotImplementedError
+
     def claims(self, analyst: str | None = None,
                states: Iterable[str] | None = None) -> list[ClaimRecord]:
         """Every claim, oldest first; when given, only ``analyst``'s and only in ``states``."""
@@ -312,6 +319,15 @@ def _check_meta(stored: dict[str, str], wanted: dict[str, str], where: str) -> N
                 f"{'a newer' if newer else 'another'} version of chorus; this one reads schema "
                 f"{value}", hint="run the same chorus version on every proxy that shares the "
                 "ledger (a newer one upgrades an older ledger when it opens it)")
+        if key.startswith(BLOCKS_KEY) and key in stored and stored[key] != value:
+            table = key.removeprefix(BLOCKS_KEY)
+            raise LedgerMismatch(
+                f"the budget ledger {where} holds blocks of table {table} cut as "
+                f"'{stored[key]}', but the policy now cuts them as '{value}': blocks of the two "
+                "cuts overlap, so the same rows would be charged on fresh budget",
+                hint=f"keep tables.{table}.block as the ledger was made with it (for weeks that "
+                "began on Thursdays: week_start = \"thursday\"), or point privacy.ledger at a "
+                "new ledger if the owner means to start every budget afresh")
         if key in stored and stored[key] != value:
             raise LedgerMismatch(
                 f"the budget ledger {where} was created with {key} = {stored[key]}, but the "
@@ -407,6 +423,10 @@ class MemoryStore(Store):
         with self._lock:
             _check_meta(self._meta, meta, "in memory")
             self._meta.update(meta)
+
+    def meta(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._meta)
 
     def claims(self, analyst: str | None = None,
                states: Iterable[str] | None = None) -> list[ClaimRecord]:
@@ -985,6 +1005,11 @@ class SQLStore(Store):
             missing = [{"key": k, "value": v} for k, v in meta.items() if k not in stored]
             if missing:
                 tx._conn.execute(insert(self.meta_t), missing)
+
+    def meta(self) -> dict[str, str]:
+        col = self.meta_t.c
+        with self._read() as conn:
+            return {k: v for k, v in conn.execute(select(col.key, col.value))}
 
     def claims(self, analyst: str | None = None,
                states: Iterable[str] | None = None) -> list[ClaimRecord]:

@@ -76,8 +76,11 @@ def main(verbose: int) -> None:
               help="Number of trips to generate.")
 @click.option("--epsilon", type=float, default=None, help="Epsilon of each example query.")
 @click.option("--no-queries", is_flag=True, help="Only generate data and policy.")
+@click.option("--if-empty", is_flag=True,
+              help="Do nothing when every demo table already holds rows (docker-compose.yml "
+              "loads the data once, not on every start).")
 def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | None,
-         no_queries: bool) -> None:
+         no_queries: bool, if_empty: bool) -> None:
     """Generate a ride-sharing dataset and its policy, then answer example queries.
 
     The data (trips with rider, driver, city, pickup time over 90 days, fare, distance) is
@@ -88,9 +91,17 @@ def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | N
       chorus demo
       chorus demo --dir /tmp/demo --rows 100000
       chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo
+      chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo --if-empty --no-queries
     """
-    from chorus_py.demo import generate_demo
+    from chorus_py.demo import demo_loaded, generate_demo
     from chorus_py.demo.people import JOIN_QUERIES
+
+    try:
+        if if_empty and demo_loaded(directory, backend_url):
+            click.echo("the demo tables already hold rows: nothing loaded (--if-empty)")
+            return
+    except ChorusError as err:
+        _fail(err)
 
     def progress(message: str, fraction: float) -> None:
         click.echo(f"[{fraction:4.0%}] {message}", err=True)

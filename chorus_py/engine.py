@@ -44,7 +44,7 @@ from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
 from chorus_py.kinds.sampled import SampledKind, SampledRequest
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.policy import Policy, load_policy
+from chorus_py.policy import AttributionTable, Policy, block_schemes, load_policy
 from chorus_py.report import BlockRemaining, PrivacyReport, QueryResult
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
@@ -68,9 +68,13 @@ class Engine:
             self._check_types(live)
             # Wall 5 (least privilege): public-only queries run on a connection restricted to
             # the public tables; refused at start when it could read a private one.
+            # The private tables include the attribution tables the policy names (who wrote
+            # which paper): the main connection reads them, and they are declared.
             self.backend.restrict_public(
                 [t for t, tp in policy.tables.items() if tp.public],
-                [t for t, tp in policy.tables.items() if not tp.public],
+                [t for t, tp in policy.tables.items() if not tp.public]
+                + [tp.privacy_unit.table for tp in policy.tables.values()
+                   if isinstance(tp.privacy_unit, AttributionTable)],
                 policy.backend.public_url, block_ttl_seconds)
             # The schema table_columns read: the generated SQL names every table in it.
             self.schema = str(self.backend.run("SELECT current_schema()").rows[0][0])
@@ -84,6 +88,14 @@ class Engine:
             if isinstance(err, ValueError | OSError | sqlite3.Error):
                 raise PolicyError(f"{policy.source}: privacy.ledger: cannot open the budget "
                                   f"ledger: {err}") from None
+            raise
+        try:
+            # Blocks cut two ways would overlap (fresh budget for the same rows): refused.
+            self.ledger.check_block_schemes(block_schemes(policy))
+        except BaseException:
+            self.backend.close()
+            if ledger is None:
+                self.ledger.close()
             raise
         self.statements = Statements(self.backend, self.ledger, self.dialect,
                                      rules_from_policy(policy, self.schema, SCHEMA))

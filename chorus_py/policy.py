@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -27,16 +27,23 @@ from pydantic import (
     model_validator,
 )
 
+from chorus_py.blockgrid import (
+    WEEKDAYS,
+    FixedGrid,
+    Grid,
+    MonthGrid,
+    grid_for,
+    is_time_size,
+    is_week_size,
+    weekday_name,
+)
 from chorus_py.errors import PolicyError
 
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
 
-_SIZE_RE = re.compile(r"^\s*([1-9]\d*)\s*(second|minute|hour|day|week)s?\s*$")
 _IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")
-_SIZE_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
-# Block boundaries lie on the grid of their size counted from here (UTC), as they always have.
-_EPOCH = datetime(1970, 1, 1)
+_ID_RANGE_RE = re.compile(r"^(.*):(-?\d+)-(-?\d+)$")  # an id-range block: rider_id:0-9999
 # The most blocks a schedule may have (a query with no filter on the block column is charged
 # on all of them).
 MAX_BLOCKS = 100_000
@@ -275,15 +282,18 @@ class ColumnPolicy(_Strict):
 class BlockConfig(_Strict):
     """How a table is cut into private blocks, on a public schedule.
 
-    Time windows of ``size`` ("1 hour", "1 day", "1 week") on a date/timestamp ``column`` (Event
-    and User-Time DP), or ranges of ``size`` ids ("10000 ids") of the privacy unit (User DP).
+    Time windows of ``size`` ("1 hour", "1 day", "1 week", "1 month", "3 months", "1 year") on a
+    date/timestamp ``column`` (Event and User-Time DP), or ranges of ``size`` ids ("10000 ids")
+    of the privacy unit (User DP).  Weeks begin on ``week_start`` (ISO: Monday by default);
+    months are calendar months.
 
     The blocks are declared, never read from the data (DESIGN.md section 11, wall 7): time
     blocks run from ``start`` to ``end`` (exclusive; unset: up to the block holding the current
     UTC time, so a new block appears when its window begins, whatever the data holds); id-range
     blocks cover ``[start, end)``.  Rows outside the schedule belong to no block and are never
-    read.  Boundaries lie on the grid of ``size`` counted from 1970-01-01 00:00 UTC (for ids,
-    from 0), so that editing ``start`` or ``end`` adds or removes whole blocks and never creates
+    read.  Boundaries lie on the grid of ``size`` (``chorus_py.blockgrid``: fixed steps from
+    1970-01-01 00:00 UTC, weeks from their start day, calendar months; for ids, multiples of the
+    size), so that editing ``start`` or ``end`` adds or removes whole blocks and never creates
     a block overlapping an existing one (which would bring fresh budget for the same rows).
     """
 
@@ -291,14 +301,21 @@ class BlockConfig(_Strict):
     size: str = "1 day"
     start: datetime | int | None = None
     end: datetime | int | None = None
+    # The day weeks begin on (only for sizes in weeks); unset: Monday, as ISO weeks.
+    week_start: Literal[WEEKDAYS] | None = None  # type: ignore[valid-type]
 
     @field_validator("size")
     @classmethod
     def _parse_size(cls, size: str) -> str:
-        if not (_SIZE_RE.match(size) or _IDS_RE.match(size)):
-            raise ValueError("expected a window such as '1 hour', '1 day' or '1 week', or a "
-                             "range of ids such as '10000 ids'")
+        if not (is_time_size(size) or _IDS_RE.match(size)):
+            raise ValueError("expected a window such as '1 hour', '1 day', '1 week' or "
+                             "'1 month', or a range of ids such as '10000 ids'")
         return size
+
+    @field_validator("week_start", mode="before")
+    @classmethod
+    def _day_name(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("start", "end", mode="before")
     @classmethod
@@ -325,6 +342,9 @@ class BlockConfig(_Strict):
     @model_validator(mode="after")
     def _public_schedule(self) -> BlockConfig:
         per = self.ids_per_block
+        if self.week_start is not None and not is_week_size(self.size):
+            raise ValueError(f"week_start applies to blocks of whole weeks, not "
+                             f"'{self.size.strip()}': remove it, or use size = \"1 week\"")
         if per is not None:
             if not isinstance(self.start, int) or not isinstance(self.end, int):
                 raise ValueError(
@@ -351,16 +371,18 @@ class BlockConfig(_Strict):
                                                                        datetime | None):
                 raise ValueError("start and end of time blocks are dates or timestamps (UTC), "
                                  "e.g. start = \"2026-01-01\"")
-            width = self.width
+            grid = self.grid
             for name, point in (("start", self.start), ("end", self.end)):
                 if point is None:
                     continue
-                if (point - _EPOCH) % width:
-                    below = point - (point - _EPOCH) % width
+                below = grid.boundary(grid.index(point))
+                if below != point:
                     raise ValueError(
                         f"{name} = {point.isoformat()} is not on a boundary of "
-                        f"'{self.size.strip()}' blocks (counted from 1970-01-01 00:00 UTC): use "
-                        f"{below.isoformat()} or {(below + width).isoformat()}")
+                        f"'{self.size.strip()}' blocks ({_grid_words(grid)}): use "
+                        f"{below.isoformat()} or "
+                        f"{grid.boundary(grid.index(point) + 1).isoformat()}"
+                        + _thursday_hint(self, point))
             if self.end is not None and self.end <= self.start:
                 raise ValueError("end must be later than start")
         count = self.count_at(datetime.now(UTC).replace(tzinfo=None))
@@ -377,17 +399,49 @@ class BlockConfig(_Strict):
         return int(match.group(1)) if match else None
 
     @property
+    def grid(self) -> Grid:
+        """Where time blocks begin and end and what they are called (``chorus_py.blockgrid``)."""
+        return grid_for(self.size, self.week_start or "monday")
+
+    @property
     def seconds(self) -> int:
-        """The window length in seconds."""
-        match = _SIZE_RE.match(self.size)
-        if match is None:
-            raise ValueError(f"block size {self.size!r} is not a time window")
-        return int(match.group(1)) * _SIZE_SECONDS[match.group(2)]
+        """The window length in seconds (windows of a fixed length only, not months)."""
+        grid = self.grid
+        if not isinstance(grid, FixedGrid):
+            raise ValueError(f"blocks of {self.size!r} are calendar months, of varying length")
+        return int(grid.step.total_seconds())
 
     @property
     def width(self) -> timedelta:
-        """The window length."""
+        """The window length (windows of a fixed length only, not months)."""
         return timedelta(seconds=self.seconds)
+
+    @property
+    def whole_days(self) -> bool:
+        """True when every boundary is a midnight (days, weeks, months)."""
+        grid = self.grid
+        return isinstance(grid, MonthGrid) or (grid.step % timedelta(days=1) == timedelta(0)
+                                               and grid.origin.time() == datetime.min.time())
+
+    @property
+    def scheme(self) -> str:
+        """How this config cuts its table, in words: the ledger records it per table and refuses
+        another (``budget.ledger.Ledger.check_block_schemes``)."""
+        per = self.ids_per_block
+        cut = f"ranges of {per} ids from 0" if per is not None else self.grid.scheme
+        return f"{self.column}: {cut}"
+
+    def names(self, label: str) -> bool:
+        """True when ``label`` (a block id without its table) is a block this config can cut,
+        at any time (not only in the schedule's current span)."""
+        per = self.ids_per_block
+        if per is None:
+            return self.grid.index_of_label(label) is not None
+        match = _ID_RANGE_RE.match(label)
+        if match is None or match.group(1) != self.column:
+            return False
+        lo, hi = int(match.group(2)), int(match.group(3))
+        return lo % per == 0 and hi == lo + per - 1
 
     def count_at(self, now: datetime) -> int:
         """How many blocks the schedule has at ``now`` (naive UTC): a function of the policy
@@ -400,10 +454,28 @@ class BlockConfig(_Strict):
         assert isinstance(self.start, datetime)
         if now < self.start:
             return 0
-        count = (now - self.start) // self.width + 1
+        grid = self.grid
+        first = grid.index(self.start)
+        count = grid.index(now) - first + 1
         if isinstance(self.end, datetime):
-            count = min(count, (self.end - self.start) // self.width)
+            count = min(count, grid.index(self.end) - first)
         return count
+
+
+def _grid_words(grid: Grid) -> str:
+    if isinstance(grid, MonthGrid):
+        return "the first of a month, 00:00 UTC"
+    if grid.step % timedelta(weeks=1) == timedelta(0):
+        return f"weeks begin on {weekday_name(grid.origin)}, 00:00 UTC"
+    return "counted from 1970-01-01 00:00 UTC"
+
+
+def _thursday_hint(block: BlockConfig, point: datetime) -> str:
+    """Weeks began on Thursdays (1970-01-01) before they had a start day: say how to keep them."""
+    if block.week_start is None and is_week_size(block.size) and point.weekday() == 3:
+        return ("; or keep the blocks of a policy written before weeks began on Mondays with "
+                "week_start = \"thursday\"")
+    return ""
 
 
 class SamplingColumn(_Strict):
@@ -579,7 +651,7 @@ class TablePolicy(_Strict):
             elif col.type not in ("date", "timestamp"):
                 raise ValueError("block column must be of type date or timestamp (or the int "
                                  "privacy_unit with size = 'N ids')")
-            elif col.type == "date" and self.block.seconds % 86400:
+            elif col.type == "date" and not self.block.whole_days:
                 # A date is its midnight: a sub-day window could only be restricted by whole
                 # days, reading rows of the day's first block while charging another.
                 raise ValueError("blocks of a date column must be whole days (e.g. '1 day', "
@@ -804,6 +876,24 @@ class Policy(_Strict):
                         f"{self.source}: tables.{name}.privacy_unit: the attribution table "
                         f"'{unit.table}' is missing or has no column '{lacking[0]}'",
                         hint="create it with one row per (row id, unit id) pair")
+
+
+def block_schemes(policy: Policy) -> dict[str, tuple[str, Callable[[str], bool]]]:
+    """Per private table: how its blocks are cut (in words), and a test of whether a ledger's
+    block id is one of them.  A table without a block config is one block, named by the table.
+    """
+    out: dict[str, tuple[str, Callable[[str], bool]]] = {}
+    for name, table in policy.tables.items():
+        if table.public:
+            continue
+        block = table.block
+        if block is None:
+            out[name] = ("one block: the whole table", lambda i, n=name: i == n)
+        else:
+            prefix = f"{name}/"
+            out[name] = (block.scheme, lambda i, p=prefix, b=block: i.startswith(p)
+                         and b.names(i[len(p):]))
+    return out
 
 
 def _format_error(source: str, err: ValidationError) -> str:

@@ -72,10 +72,12 @@ def test_valid_policy_loads(duckdb_data: str, write_policy: WritePolicy) -> None
                                                ("1 week", 604800), (" 30 minutes ", 1800)])
 def test_block_sizes(duckdb_data: str, write_policy: WritePolicy, size: str,
                      seconds: int) -> None:
-    # Boundaries lie on the size's grid from 1970-01-01 (a Thursday): weeks end on 2026-04-02.
-    end = "2026-04-02" if size == "1 week" else "2026-04-01"
+    # Boundaries lie on the size's grid from 1970-01-01; weeks begin on Mondays (ISO weeks).
+    weekly = size == "1 week"
+    start, end = ("2025-12-29", "2026-03-30") if weekly else ("2026-01-01", "2026-04-01")
     path = _variant(write_policy(duckdb_data), ('size = "1 day"', f'size = "{size}"'),
-                    ('end = "2026-04-01"', f'end = "{end}"'))
+                    ('end = "2026-04-01"', f'end = "{end}"'),
+                    ('start = "2026-01-01"', f'start = "{start}"'))
     block = load_policy(path).tables["trips"].block
     assert block is not None
     assert block.seconds == seconds and block.width.total_seconds() == seconds
@@ -144,7 +146,8 @@ INVALID = {
         "tables.trips", "block column 'dropoff_time' is not a declared column"),
     "bad block size": (
         [('size = "1 day"', 'size = "1 fortnight"')],
-        "tables.trips.block.size", "expected a window such as '1 hour', '1 day' or '1 week'"),
+        "tables.trips.block.size",
+        "expected a window such as '1 hour', '1 day', '1 week' or '1 month'"),
     "public table with a privacy_unit": (
         [("[tables.cities]\npublic = true", '[tables.cities]\npublic = true\nprivacy_unit = "id"')],
         "tables.cities", "a public table takes no privacy_unit"),

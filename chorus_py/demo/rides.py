@@ -396,6 +396,9 @@ bounding = "per-query"
 # Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget,
 # on a public schedule: the demo's quarter, [start, end) in UTC (without end: up to today).
 # Blocks never come from the data; trips outside the schedule belong to no block, never read.
+# Other sizes: "1 hour", "1 week" (weeks begin on week_start, "monday" by default: ISO weeks,
+# ids like 2026-W03), "1 month" (calendar months, ids like 2026-01), "3 months", "1 year".
+# The ledger keeps the cut it was made with: changing size or week_start later needs a new ledger.
 block = {{ column = "pickup_time", size = "1 day", start = "{block_start}", end = "{block_end}" }}
 
 [tables.trips.columns]
@@ -606,3 +609,41 @@ def generate_demo(
         1.0,
     )
     return policy_path
+
+
+# The tables generate_demo writes (replacing them): the trips and cities, the papers and their
+# authors, the riders and drivers.
+DEMO_TABLES = ("trips", "cities", "papers", "paper_authors", "riders", "drivers")
+
+
+def demo_loaded(directory: pathlib.Path, backend_url: str | None = None) -> bool:
+    """True when every demo table exists and holds rows (``chorus demo --if-empty`` then loads
+    nothing): in the Postgres database of ``backend_url``, else in ``DIR/demo.duckdb``.  A load
+    cut short leaves a table missing or empty, so it is loaded again in full."""
+    if backend_url is None:
+        path = pathlib.Path(directory).expanduser() / "demo.duckdb"
+        if not path.is_file():
+            return False
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            present = {r[0] for r in con.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()").fetchall()}
+            return all(t in present and con.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone() == (True,)
+                for t in DEMO_TABLES)
+        finally:
+            con.close()
+    import psycopg
+
+    try:
+        with psycopg.connect(backend_url, connect_timeout=10) as con:
+            for table in DEMO_TABLES:
+                if con.execute("SELECT to_regclass(%s) IS NOT NULL",
+                               [table]).fetchone() != (True,):
+                    return False
+                if con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone() != (True,):
+                    return False
+    except psycopg.Error as err:
+        raise OperationalError(f"cannot read the demo tables at {backend_url}: {err}") from None
+    return True

@@ -3,8 +3,9 @@
 A table's blocks are declared in its policy (``chorus_py.policy.BlockConfig``): time windows of
 ``size`` from ``start`` up to ``end``, or, without ``end``, up to the window holding the current
 UTC time (a new block appears when its window begins, whatever rows exist); id-range blocks over
-the declared ``[start, end)``.  Boundaries lie on the grid of the size counted from 1970-01-01
-00:00 UTC (a ``timestamp`` without time zone is read as UTC).  As in PrivateKube, the set of
+the declared ``[start, end)``.  Boundaries lie on the grid of the size (``chorus_py.blockgrid``:
+fixed steps from 1970-01-01 00:00 UTC, weeks from their start day, calendar months; a
+``timestamp`` without time zone is read as UTC).  As in PrivateKube, the set of
 blocks is public; here it is public by declaration (DESIGN.md section 11, wall 7): which blocks
 exist, and so which blocks a query is charged on, is the same whether or not any one person's
 rows are in the database.  Rows outside the schedule belong to no block: every query is
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from analyses.blocks import BlockWindows
+from chorus_py.blockgrid import FixedGrid
 from chorus_py.policy import BlockConfig
 
 
@@ -34,7 +36,12 @@ def scheduled_windows(table: str, block: BlockConfig, now: datetime) -> BlockWin
     per = block.ids_per_block
     if per is not None:
         return BlockWindows(table, block.start, per, block.count_at(now), block.column)
-    return BlockWindows(table, block.start, block.width, block.count_at(now))
+    grid = block.grid
+    # Windows of one fixed length from a start on their grid are that grid: they keep their
+    # timedelta form (and so their ids and the names stored samples derive from them); the grid
+    # itself cuts calendar months and names ISO weeks.
+    width = grid.step if isinstance(grid, FixedGrid) and not grid.iso_weeks else grid
+    return BlockWindows(table, block.start, width, block.count_at(now))
 
 
 class BlockCatalog:
@@ -84,10 +91,10 @@ def _unchanged_between(block: BlockConfig, windows: BlockWindows) -> tuple[datet
     if block.ids_per_block is not None:
         return datetime.min, datetime.max  # a declared range: no clock involved
     assert isinstance(block.start, datetime)
-    width, count = block.width, windows.count
+    count = windows.count
     if count == 0:
         return datetime.min, block.start
-    begun = block.start + width * (count - 1)  # the last block's start
-    if isinstance(block.end, datetime) and count == (block.end - block.start) // width:
+    begun = windows.bound(count - 1)  # the last block's start
+    if isinstance(block.end, datetime) and windows.end >= block.end:
         return begun, datetime.max  # complete: no block begins any more
-    return begun, begun + width
+    return begun, windows.end

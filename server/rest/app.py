@@ -233,6 +233,7 @@ def _info(engine: Any, who: Principal) -> dict[str, Any]:
             "block_size": table.block.size if table.block else None,
             "block_start": _schedule_bound(table.block.start) if table.block else None,
             "block_end": _schedule_bound(table.block.end) if table.block else None,
+            "block_scheme": table.block.scheme if table.block else None,
             "columns": {c: {"type": cp.type, "lower": cp.lower, "upper": cp.upper,
                             "public_values": list(cp.public_values)
                             if cp.public_values is not None else None,

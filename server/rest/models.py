@@ -183,6 +183,9 @@ class TableInfo(_Model):
     # time blocks run up to the current one.
     block_start: str | int | None = None
     block_end: str | int | None = None
+    # How the blocks are cut, in words ("pickup_time: 1 week from Monday 00:00 UTC",
+    # "pickup_time: 1 calendar month from 1970-01 (UTC)"): what the block ids count.
+    block_scheme: str | None = None
     columns: dict[str, ColumnInfo]
 
 

@@ -322,7 +322,8 @@ SIZES = {"1 hour": 3600, "6 hours": 6 * 3600, "1 day": 86400, "2 days": 2 * 8640
 def schedules(draw: st.DrawFn) -> tuple[str, datetime, datetime | None, datetime]:
     size = draw(st.sampled_from(sorted(SIZES)))
     width = timedelta(seconds=SIZES[size])
-    epoch = datetime(1970, 1, 1)
+    # Fixed sizes count from 1970-01-01 00:00 UTC; weeks from the first Monday (ISO weeks).
+    epoch = datetime(1970, 1, 5) if size == "1 week" else datetime(1970, 1, 1)
     start = epoch + width * ((datetime(2026, 1, 1) - epoch) // width
                              + draw(st.integers(-20, 20)))
     count = draw(st.integers(1, 30))
@@ -372,8 +373,9 @@ def test_windows_and_reads_are_functions_of_the_schedule_alone(
     for point in points:
         con.execute("INSERT INTO t VALUES (?)", [point])
     got = con.execute(f"SELECT COUNT(*) FROM t WHERE {where.sql('duckdb')}").fetchone()[0]
-    charged = {(start + width * i) for i in range(windows.count)
-               if f"t/{_label(start + width * i, width)}" in reads.ids}
+    labels = [f"t/{_label(start + width * i, width, size)}" for i in range(windows.count)]
+    assert list(windows.ids()) == labels
+    charged = {(start + width * i) for i in range(windows.count) if labels[i] in reads.ids}
     assert got == sum(any(b <= p < b + width for b in charged) for p in points)
     assert all(start <= b and b <= now and (end is None or b < end) for b in charged)
 
@@ -405,7 +407,9 @@ def test_the_catalog_follows_the_clock(
             assert catalog.windows("t", block) == scheduled_windows("t", block, moment)
 
 
-def _label(point: datetime, width: timedelta) -> str:
+def _label(point: datetime, width: timedelta, size: str) -> str:
+    if size == "1 week":  # ISO weeks
+        return f"{point.isocalendar()[0]}-W{point.isocalendar()[1]:02d}"
     daily = width % timedelta(days=1) == timedelta(0)
     return point.date().isoformat() if daily else point.isoformat(timespec="minutes")
 
@@ -429,7 +433,19 @@ def _table_block(block: dict[str, Any], column_type: str = "timestamp") -> Any:
     ({"column": "uid", "size": "100 ids", "start": 100, "end": 100}, "greater than start"),
     ({"column": "ts", "size": "1 day", "start": "2026-01-01T06:00:00"},
      r"not on a boundary of '1 day' blocks .* use 2026-01-01T00:00:00 or 2026-01-02T00:00:00"),
-    ({"column": "ts", "size": "1 week", "start": "2026-01-05"}, "not on a boundary"),
+    ({"column": "ts", "size": "1 week", "start": "2026-01-01"},
+     r"weeks begin on Monday.* use 2025-12-29T00:00:00 or 2026-01-05T00:00:00; or keep .* "
+     r"week_start = \"thursday\""),
+    ({"column": "ts", "size": "1 week", "start": "2026-01-05", "week_start": "sunday"},
+     r"weeks begin on Sunday.* use 2026-01-04T00:00:00 or 2026-01-11T00:00:00$"),
+    ({"column": "ts", "size": "1 day", "start": "2026-01-05", "week_start": "monday"},
+     "week_start applies to blocks of whole weeks"),
+    ({"column": "ts", "size": "1 week", "start": "2026-01-05", "week_start": "mon"},
+     "Input should be 'monday'"),
+    ({"column": "ts", "size": "1 month", "start": "2024-02-29"},
+     r"the first of a month.* use 2024-02-01T00:00:00 or 2024-03-01T00:00:00"),
+    ({"column": "ts", "size": "3 months", "start": "2026-02-01"},
+     r"use 2026-01-01T00:00:00 or 2026-04-01T00:00:00"),
     ({"column": "ts", "size": "1 day", "start": "2026-01-02", "end": "2026-01-01"},
      "later than start"),
     ({"column": "ts", "size": "1 day", "start": 0}, "are dates or timestamps"),
@@ -453,7 +469,10 @@ def test_block_schedule_forms() -> None:
     assert block.count_at(datetime(2030, 1, 1)) == 24
     assert block.count_at(datetime(2026, 1, 1, 5, 30)) == 6
     assert block.count_at(datetime(2025, 12, 31, 23, 59)) == 0
-    assert _table_block({"column": "ts", "size": "1 week", "start": "2026-01-01"}) is not None
+    assert _table_block({"column": "ts", "size": "1 week", "start": "2026-01-05"}) is not None
+    # Weeks before they had a start day: Thursdays, as 1970-01-01.
+    assert _table_block({"column": "ts", "size": "1 week", "start": "2026-01-01",
+                         "week_start": "Thursday"}) is not None
     with pytest.raises(PolicyError, match="date column must be whole days"):
         _table_block({"column": "ts", "size": "6 hours", "start": "2026-01-01"}, "date")
     ids = _table_block({"column": "uid", "size": "100 ids", "start": -200, "end": 300})

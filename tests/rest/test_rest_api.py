@@ -237,6 +237,7 @@ def test_info(live: ServerThread) -> None:
     # The public block schedule (never derived from the data).
     assert (trips["block_start"], trips["block_end"]) == ("2026-01-01T00:00:00Z",
                                                           "2026-04-01T00:00:00Z")
+    assert trips["block_scheme"] == "pickup_time: 1 day from 1970-01-01 00:00 UTC"
     assert trips["columns"]["fare"] == {"type": "float", "lower": 0.0, "upper": 200.0,
                                         "public_values": None, "private_id": False}
     assert info["tables"]["cities"]["public"] is True
