@@ -117,6 +117,17 @@ class Engine:
         """Load and check a policy file, connect to its backend."""
         return cls(load_policy(path), **kwargs)
 
+    def adopt_policy(self, policy: Policy) -> None:
+        """Take a reloaded policy that differs from the current one only in what
+        :func:`chorus_py.reload.reload_differences` allows (analysts, their tokens, passwords
+        and limits; the owner's token).  Two attribute assignments, no lock: a query in
+        flight finishes under what it read, the next one reads the new policy; sessions and
+        caches stay (they depend on the tables and budgets, which are unchanged)."""
+        self.ledger.analyst_caps = {name: a.max_epsilon_per_block
+                                    for name, a in policy.analysts.items()
+                                    if a.max_epsilon_per_block is not None}
+        self.policy = policy
+
     def close(self) -> None:
         """Close the backend and ledger connections."""
         self.backend.close()
