@@ -50,7 +50,8 @@ _TYPES = {"integer": "int", "float": "float", "text": "text", "boolean": "bool",
           "date": "date", "timestamp": "timestamp"}
 _PEOPLE = re.compile(r"(user|person|people|patient|customer|client|member|rider|driver|"
                      r"employee|student|account|subscriber|visitor|citizen|author|owner|"
-                     r"buyer|seller|voter|respondent|participant|household)")
+                     r"buyer|seller|voter|respondent|participant|household|staff|doctor|"
+                     r"nurse|^(first_|last_|full_)?name$|email|phone|birth|address|ssn)")
 _ID = re.compile(r"(^id$|_id$|^uid$|_uid$|_key$)")
 _WHEN = re.compile(r"(_at$|time|date|^ts$|_ts$|day|created|when)")
 _EPOCH = datetime(1970, 1, 1)

@@ -74,13 +74,14 @@ def check_all(policy: Policy, backend: Backend, ledger: Any | None,
     of every table whose declared columns all exist."""
     live = backend.table_columns()
     findings = check_names(policy, live)
-    findings += check_role(policy, backend)
+    # The other checks read only what exists: a missing name is reported once, above.
+    present = policy.model_copy(update={"tables": {
+        name: table for name, table in policy.tables.items()
+        if name in live and all(c in live[name] for c in table.columns)}})
+    findings += check_role(present, backend)
     if ledger is not None:
         findings += check_ledger(policy, ledger)
-    present = {name: table for name, table in policy.tables.items()
-               if name in live and all(c in live[name] for c in table.columns)}
-    findings += check_policy(policy.model_copy(update={"tables": present}), backend,
-                             clip_warning)
+    findings += check_policy(present, backend, clip_warning)
     return findings
 
 

@@ -1,0 +1,118 @@
+"""`chorus token add|revoke` edit one key of the policy file in place, keeping the owner's
+comments; an analyst may list several token digests; what a reload may change."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chorus_py.errors import PolicyError
+from chorus_py.policy import load_policy, parse_policy
+from chorus_py.policy_edit import with_token_digests
+from chorus_py.reload import reload_differences
+
+CHORUS = Path(sys.executable).parent / "chorus"
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+BASE = f"""# the owner's comment on top
+[backend]
+url = "duckdb:///:memory:"
+
+[privacy]
+epsilon_per_block = 1  # why 1: the board decided
+
+[tables.t]
+public = true
+
+[analysts.alice]
+# alice is the statistician
+token_sha256 = [
+  "{A}",
+  "{B}",
+]
+max_epsilon_per_query = 0.5
+
+[analysts.bob]
+token_sha256 = "{C}"
+"""
+
+
+def test_an_analyst_may_hold_several_tokens_each_listed_once() -> None:
+    import tomllib
+
+    policy = parse_policy(tomllib.loads(BASE))
+    assert policy.analysts["alice"].token_digests == (A, B)
+    assert policy.analysts["bob"].token_digests == (C,)
+    with pytest.raises(PolicyError, match="once"):
+        parse_policy(tomllib.loads(BASE.replace(f'"{B}"', f'"{A}"')))
+    with pytest.raises(PolicyError, match="64 hex digits"):
+        parse_policy(tomllib.loads(BASE.replace(f'"{B}"', '"not-a-digest"')))
+
+
+def test_edits_keep_comments_and_touch_only_the_key() -> None:
+    one = with_token_digests(BASE, "alice", (B,))
+    assert f'token_sha256 = "{B}"\n' in one and A not in one
+    assert "# alice is the statistician" in one and "# why 1: the board decided" in one
+    assert one.replace(f'token_sha256 = "{B}"\n', "") == BASE.replace(
+        f'token_sha256 = [\n  "{A}",\n  "{B}",\n]\n', "")
+    none = with_token_digests(BASE, "bob", ())
+    assert C not in none and "[analysts.bob]" in none
+    new = with_token_digests(BASE, "carol", (C,))
+    assert new.startswith(BASE) and new.endswith(f'[analysts.carol]\ntoken_sha256 = "{C}"\n')
+
+
+def test_a_form_the_edit_does_not_handle_is_refused_untouched() -> None:
+    inline = BASE.replace(f'[analysts.bob]\ntoken_sha256 = "{C}"\n',
+                          f'[analysts]\nbob = {{ token_sha256 = "{C}" }}\n')
+    with pytest.raises(PolicyError, match="edit it by hand"):
+        with_token_digests(inline, "bob", (A,))
+
+
+def test_token_add_then_revoke_on_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(BASE)
+    added = subprocess.run([str(CHORUS), "token", "add", "--policy", str(path), "bob"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.strip()
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert load_policy(path).analysts["bob"].token_digests == (C, digest)
+    assert token not in path.read_text()
+    revoked = subprocess.run([str(CHORUS), "token", "revoke", "--policy", str(path), "bob",
+                              "--sha256", C[:8]], capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert revoked.returncode == 0, revoked.stderr
+    assert load_policy(path).analysts["bob"].token_digests == (digest,)
+    ambiguous = subprocess.run([str(CHORUS), "token", "revoke", "--policy", str(path), "alice",
+                                "--sha256", "abc"], capture_output=True, text=True, timeout=60,
+                               check=False)
+    assert ambiguous.returncode == 1 and "8 hex digits" in ambiguous.stderr
+    # No server runs: --reload says so (exit 1) after writing the file.
+    failed = subprocess.run([str(CHORUS), "token", "add", "--policy", str(path), "bob",
+                             "--reload"], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert failed.returncode == 1 and "no process id" in failed.stderr
+    assert len(load_policy(path).analysts["bob"].token_digests) == 2
+
+
+def test_what_a_reload_may_change() -> None:
+    import tomllib
+
+    old = parse_policy(tomllib.loads(BASE))
+
+    def new(text: str) -> list[str]:
+        return reload_differences(old, parse_policy(tomllib.loads(text)))
+
+    assert new(BASE.replace("max_epsilon_per_query = 0.5", "max_epsilon_per_query = 0.1")) == []
+    assert new(BASE + f'\n[server]\nowner_token_sha256 = "{A}"\n') == []
+    assert new(BASE + "\n[analysts.dora]\n") == []
+    assert new(BASE.replace("epsilon_per_block = 1", "epsilon_per_block = 2")) == [
+        "privacy.epsilon_per_block"]
+    assert new(BASE.replace("public = true", "public = true\n\n[tables.u]\npublic = true")) == [
+        "tables"]
+    assert new(BASE + "\n[server]\nmax_connections = 5\n") == ["server.max_connections"]
+    assert new(BASE + "\n[limits]\nmax_sql_chars = 1000\n") == ["limits.max_sql_chars"]
