@@ -100,8 +100,8 @@ def read_stats(backend: Backend, dialect: str) -> dict[str, TableStats]:
     """Every table of the backend's schema, with its rows and column statistics."""
     out: dict[str, TableStats] = {}
     for table, columns in sorted(backend.table_columns().items()):
-        if table != table.lower():
-            continue  # the policy names tables in lower case
+        if table != table.lower():  # the policy names tables in lower case
+            continue
         kept: dict[str, ColumnStats] = {}
         skipped: dict[str, str] = {}
         for name, portable in columns.items():
@@ -206,6 +206,11 @@ def _block(cs: ColumnStats) -> tuple[str, datetime] | None:
     return size, start
 
 
+def _key(name: str) -> str:
+    """A TOML key: bare when it can be, quoted otherwise."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _literal(name)
+
+
 def _literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -250,6 +255,9 @@ def draft_policy(url: str, backend: Backend, dialect: str, policy_dir: Path,
         messages.append(f"privacy unit: '{unit}' ({why_unit})")
     for table, ts in stats.items():
         lines += _table_lines(backend, dialect, table, ts, unit, why_unit, messages)
+    for table in sorted(set(backend.table_columns()) - set(stats)):
+        messages.append(f"{table}: left out (the policy names tables in lower case: rename it "
+                        "or make a lower-case view)")
     lines += [
         f"[analysts.{analyst}]",
         "# The SHA-256 of a REST token printed once by `chorus init`; add a password for the",
@@ -280,7 +288,7 @@ def _table_lines(backend: Backend, dialect: str, table: str, ts: TableStats, uni
     if not has_unit and not people and not _PEOPLE.search(table) \
             and ts.rows <= PUBLIC_MAX_ROWS:
         messages.append(f"{table}: public ({ts.rows} rows, no '{unit or 'unit'}' column)")
-        return [f"[tables.{table}]",
+        return [f"[tables.{_key(table)}]",
                 f"# {ts.rows} rows and no privacy unit column: drafted as a public lookup "
                 "table (small tables",
                 "# without a person column usually describe things: cities, products).  "
@@ -289,7 +297,11 @@ def _table_lines(backend: Backend, dialect: str, table: str, ts: TableStats, uni
                 "confirm it holds",
                 "# nothing about people, or make it private (remove this line).",
                 "public = true", ""]
-    out = [f"[tables.{table}]", f"# {ts.rows:,} rows."]
+    if not ts.columns:
+        messages.append(f"{table}: left out (no column of a type the proxy declares)")
+        return [f"# {table}: left out, no column of a type the proxy declares "
+                f"({', '.join(ts.skipped)})", ""]
+    out = [f"[tables.{_key(table)}]", f"# {ts.rows:,} rows."]
     if has_unit:
         assert unit is not None
         k = _rows_per_unit(backend, dialect, table, unit)
@@ -304,10 +316,12 @@ def _table_lines(backend: Backend, dialect: str, table: str, ts: TableStats, uni
                 "rows belong to",
                 "# people, set privacy_unit = \"<column>\" and max_rows_per_unit."]
         if people:
-            out.append(f"# ({', '.join(people)}: named like a person, but not '{unit}'; a "
-                       "table about these people is private, never public.)")
-    when = sorted((name for name, cs in ts.columns.items() if cs.type in ("date", "timestamp")),
-                  key=lambda n: not _WHEN.search(n))
+            chosen = f"not the unit '{unit}'" if unit else "no unit was guessed"
+            out.append(f"# ({', '.join(people)}: named like a person, {chosen}; a table "
+                       "about people is drafted private, never public.)")
+    # When something happened, not a person's attribute (a birth date is no event time).
+    when = sorted((name for name, cs in ts.columns.items() if cs.type in ("date", "timestamp")
+                   and not _PEOPLE.search(name)), key=lambda n: not _WHEN.search(n))
     block = _block(ts.columns[when[0]]) if when else None
     if block is not None:
         size, start = block
@@ -318,7 +332,7 @@ def _table_lines(backend: Backend, dialect: str, table: str, ts: TableStats, uni
                 "# block grid).  TODO: confirm the column and the start; add end = \"...\" "
                 "for data that stops.",
                 f'block = {{ column = "{when[0]}", size = "{size}", start = "{shown}" }}']
-    out += ["", f"[tables.{table}.columns]"]
+    out += ["", f"[tables.{_key(table)}.columns]"]
     for name, cs in ts.columns.items():
         out += _column_lines(table, name, cs, name == unit, messages)
     for name, why in ts.skipped.items():
@@ -351,5 +365,5 @@ def _column_lines(table: str, name: str, cs: ColumnStats, is_unit: bool,
         shown = ", ".join(_literal(v) for v in cs.values)
         notes.append(f"# TODO: the {len(cs.values)} values in the data; uncomment to release "
                      "them as groups without a threshold, only if the list itself is public:")
-        notes.append(f"# {name} = {{ {entry}, public_values = [{shown}] }}")
-    return [*notes, f"{name} = {{ {entry} }}"]
+        notes.append(f"# {_key(name)} = {{ {entry}, public_values = [{shown}] }}")
+    return [*notes, f"{_key(name)} = {{ {entry} }}"]

@@ -20,12 +20,18 @@ from pathlib import Path
 from chorus_py.errors import PolicyError
 from chorus_py.policy import parse_policy
 
-_HEADER = re.compile(r'^\s*\[\[?\s*([A-Za-z0-9_.\-" ]+?)\s*\]\]?\s*(#.*)?$')
+_HEADER = re.compile(r'^\s*\[\[?\s*([^\[\]#]+?)\s*\]\]?\s*(#.*)?$')
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def _section_name(analyst: str) -> str:
     return f"analysts.{analyst}" if _BARE.match(analyst) else f'analysts."{analyst}"'
+
+
+def _normal(header: str) -> str:
+    """A table header's key without the blanks around its dots (those inside quotes kept)."""
+    return "".join(part if part.startswith('"') else part.replace(" ", "").replace("\t", "")
+                   for part in re.split(r'("[^"]*")', header))
 
 
 def _value(digests: tuple[str, ...]) -> str:
@@ -39,9 +45,9 @@ def with_token_digests(text: str, analyst: str, digests: tuple[str, ...]) -> str
     empty; the section added at the end when missing).  Raises :class:`PolicyError` when the
     result would change anything else."""
     lines = text.splitlines(keepends=True)
-    wanted = _section_name(analyst).replace(" ", "")
+    wanted = _normal(_section_name(analyst))
     start = next((i for i, line in enumerate(lines)
-                  if (m := _HEADER.match(line)) and m.group(1).replace(" ", "") == wanted), None)
+                  if (m := _HEADER.match(line)) and _normal(m.group(1)) == wanted), None)
     new_line = f"token_sha256 = {_value(digests)}\n" if digests else ""
     if start is None:
         if digests:

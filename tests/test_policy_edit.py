@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chorus_py.errors import PolicyError
 from chorus_py.policy import load_policy, parse_policy
@@ -116,3 +118,27 @@ def test_what_a_reload_may_change() -> None:
         "tables"]
     assert new(BASE + "\n[server]\nmax_connections = 5\n") == ["server.max_connections"]
     assert new(BASE + "\n[limits]\nmax_sql_chars = 1000\n") == ["limits.max_sql_chars"]
+
+
+_NAMES = st.from_regex(r"[a-z][a-z0-9_-]{0,11}", fullmatch=True) | st.sampled_from(
+    ["alice", "bob", "carol x", "dé"])
+_DIGESTS = st.lists(st.sampled_from([A, B, C, "d" * 64, "0123456789abcdef" * 4]),
+                    unique=True, max_size=3).map(tuple)
+
+
+@settings(max_examples=150, deadline=None)
+@given(analyst=_NAMES, digests=_DIGESTS, then=_DIGESTS)
+def test_any_edit_reads_back_as_written_and_changes_nothing_else(
+        analyst: str, digests: tuple[str, ...], then: tuple[str, ...]) -> None:
+    import tomllib
+
+    for text in (BASE, with_token_digests(BASE, analyst, digests)):
+        edited = with_token_digests(text, analyst, then)
+        after = parse_policy(tomllib.loads(edited))
+        before = parse_policy(tomllib.loads(text))
+        found = after.analysts.get(analyst)
+        assert (found.token_digests if found else ()) == then
+        assert {n: a for n, a in after.analysts.items() if n != analyst} == {
+            n: a for n, a in before.analysts.items() if n != analyst}
+        assert after.model_dump(exclude={"analysts"}) == before.model_dump(
+            exclude={"analysts"})
