@@ -44,7 +44,7 @@ from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
 from chorus_py.kinds.sampled import SampledKind, SampledRequest
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.policy import Policy, load_policy
+from chorus_py.policy import LIVE_TYPES, Policy, load_policy
 from chorus_py.report import BlockRemaining, PrivacyReport, QueryResult
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
@@ -342,12 +342,10 @@ class Engine:
         return _block_remaining(claim.after) if claim.after else self._remaining(claim.blocks)
 
     def _check_types(self, live: dict[str, dict[str, str]]) -> None:
-        families = {"int": ("integer",), "float": ("float", "integer"), "text": ("text",),
-                    "bool": ("boolean",), "date": ("date",), "timestamp": ("timestamp",)}
         for name, table in self.policy.tables.items():
             for col, cp in table.columns.items():
                 actual = live[name][col]
-                if actual not in families[cp.type]:
+                if actual not in LIVE_TYPES[cp.type]:
                     raise PolicyError(
                         f"{self.policy.source}: tables.{name}.columns.{col}.type: declared "
                         f"'{cp.type}' but the database column is {actual}",

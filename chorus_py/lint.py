@@ -36,7 +36,7 @@ from sqlglot import exp
 
 from chorus_py.backends import Backend
 from chorus_py.errors import ChorusError
-from chorus_py.policy import AttributionTable, Policy
+from chorus_py.policy import LIVE_TYPES, AttributionTable, Policy
 
 #: Share of a column's rows outside its bounds above which ``check`` warns.
 CLIP_WARNING = 0.01
@@ -77,7 +77,8 @@ def check_all(policy: Policy, backend: Backend, ledger: Any | None,
     # The other checks read only what exists: a missing name is reported once, above.
     present = policy.model_copy(update={"tables": {
         name: table for name, table in policy.tables.items()
-        if name in live and all(c in live[name] for c in table.columns)}})
+        if name in live and all(live[name].get(c) in LIVE_TYPES[cp.type]
+                                for c, cp in table.columns.items())}})
     findings += check_role(present, backend)
     if ledger is not None:
         findings += check_ledger(policy, ledger)
@@ -95,11 +96,16 @@ def check_names(policy: Policy, live: dict[str, dict[str, str]]) -> list[Finding
                                "create the table, or remove it from the policy; tables: "
                                + ", ".join(sorted(live)[:20])))
             continue
-        missing = [c for c in table.columns if c not in live[name]]
-        for column in missing:
-            out.append(Finding("error", f"{where}.columns.{column}",
-                               f"the table '{name}' has no column '{column}'",
-                               "columns in the database: " + ", ".join(live[name])))
+        for column, cp in table.columns.items():
+            actual = live[name].get(column)
+            if actual is None:
+                out.append(Finding("error", f"{where}.columns.{column}",
+                                   f"the table '{name}' has no column '{column}'",
+                                   "columns in the database: " + ", ".join(live[name])))
+            elif actual not in LIVE_TYPES[cp.type]:
+                out.append(Finding("error", f"{where}.columns.{column}.type",
+                                   f"declared '{cp.type}' but the database column is {actual}",
+                                   "declare the type the database has"))
         unit = table.privacy_unit
         if isinstance(unit, AttributionTable) and not {unit.row_id, unit.unit_id} <= set(
                 live.get(unit.table, {})):

@@ -31,6 +31,10 @@ from chorus_py.errors import PolicyError
 
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
+#: The database types (``backends.portable_type``) each declared type accepts.
+LIVE_TYPES: dict[str, tuple[str, ...]] = {
+    "int": ("integer",), "float": ("float", "integer"), "text": ("text",), "bool": ("boolean",),
+    "date": ("date",), "timestamp": ("timestamp",)}
 
 _SIZE_RE = re.compile(r"^\s*([1-9]\d*)\s*(second|minute|hour|day|week)s?\s*$")
 _IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")

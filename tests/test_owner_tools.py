@@ -223,9 +223,11 @@ def test_check_reports_every_missing_name_not_only_the_first(
     shutil.copy(duckdb_data.removeprefix("duckdb:///"), data)
     path = _policy(tmp_path / "policy.toml", f"duckdb:///{data}", 3)
     path.write_text(path.read_text().replace("fare = ", "fair = ").replace(
-        "[analysts.alice]", "[tables.trip]\npublic = true\n\n[analysts.alice]"))
+        "[analysts.alice]", "[tables.trip]\npublic = true\n\n[analysts.alice]").replace(
+        'pickup_time = { type = "timestamp" }', 'pickup_time = { type = "date" }'))
     checked = chorus("check", "--policy", str(path), "--json")
     assert checked.returncode == 1
     errors = {f["where"] for f in json.loads(checked.stdout) if f["severity"] == "error"}
-    assert errors == {"tables.trips.columns.fair", "tables.trip"}
+    assert errors == {"tables.trips.columns.fair", "tables.trip",
+                      "tables.trips.columns.pickup_time.type"}
     assert tomllib.loads(path.read_text())  # check never edits the file
