@@ -21,7 +21,8 @@ finds:
   for them until ``chorus budget --policy P reconcile`` raises them, journaled);
 - the proxy's database role (Postgres): a superuser or a role that can write the declared tables
   (errors), or one that can create tables or read undeclared ones, or public queries on the
-  main connection (warnings), as ``chorus serve`` warns at start.
+  main connection (warnings), as ``chorus serve`` warns at start; and a role that can neither
+  create nor use the proxy's schema when a table needs stored samples (an error).
 
 It is an owner-side tool, like ``chorus bound``: its findings quote data (counts, values) and are
 never shown to analysts.  Each statement is a plain aggregate over one declared column.
@@ -34,7 +35,7 @@ from typing import Any, Literal
 
 from sqlglot import exp
 
-from chorus_py.backends import Backend
+from chorus_py.backends import SCHEMA, Backend
 from chorus_py.errors import ChorusError
 from chorus_py.policy import LIVE_TYPES, AttributionTable, Policy
 
@@ -149,7 +150,30 @@ def check_role(policy: Policy, backend: Backend) -> list[Finding]:
         problem, _, fix = text.partition(": ")
         out.append(Finding("error" if severe else "warning", "backend.url", problem,
                            fix or "see docs/owner-guide.md, 'Least privilege'"))
-    return out
+    return out + _private_schema(policy, backend)
+
+
+def _private_schema(policy: Policy, backend: Backend) -> list[Finding]:
+    """Postgres: tables the proxy keeps samples of (``bounding = "materialized"``, several
+    units per row) need its schema, which a least-privilege role cannot create itself."""
+    needing = [name for name, t in policy.tables.items() if t.bounding == "materialized"]
+    if policy.backend.dialect != "postgres" or not needing:
+        return []
+    exists, create_db, role = backend.run(
+        f"SELECT to_regnamespace('{SCHEMA}') IS NOT NULL, "
+        "has_database_privilege(current_database(), 'CREATE'), current_user::text").rows[0]
+    if not exists:
+        if create_db:
+            return []  # created on first use (a warning above already says CREATE is too much)
+        return [Finding("error", "backend.url", f"the proxy's role {role} cannot create its "
+                        f"schema {SCHEMA}, which {', '.join(needing)} need(s) for stored "
+                        "samples", f"as the owner: CREATE SCHEMA {SCHEMA} AUTHORIZATION {role}")]
+    (usable,) = backend.run(f"SELECT has_schema_privilege('{SCHEMA}', 'USAGE, CREATE')").rows[0]
+    if usable:
+        return []
+    return [Finding("error", "backend.url", f"the proxy's role {role} cannot create tables in "
+                    f"its schema {SCHEMA}, which {', '.join(needing)} need(s)",
+                    f"GRANT USAGE, CREATE ON SCHEMA {SCHEMA} TO {role}")]
 
 
 def check_ledger(policy: Policy, ledger: Any) -> list[Finding]:

@@ -113,6 +113,17 @@ def test_check_passes_with_a_read_only_role_and_fails_when_it_can_write(
         checked = chorus("check", "--policy", str(out))
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "error" not in checked.stdout
+        # Stored samples need the proxy's schema, which this role cannot create.
+        good = out.read_text()
+        out.write_text(good.replace('privacy_unit = "patient_id"', 'privacy_unit = '
+                                    '"patient_id"\nbounding = "materialized"'))
+        schema = chorus("check", "--policy", str(out))
+        assert schema.returncode == 1
+        assert f"CREATE SCHEMA chorus_private AUTHORIZATION {role}" in schema.stdout
+        with psycopg.connect(clinic, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA chorus_private AUTHORIZATION {role}")
+        assert chorus("check", "--policy", str(out)).returncode == 0
+        out.write_text(good)
         with psycopg.connect(clinic, autocommit=True) as admin:
             admin.execute(f"GRANT UPDATE ON visits TO {role}")
         wrote = chorus("check", "--policy", str(out))
