@@ -75,6 +75,12 @@ def reload_policy(engine: Any, path: str | Path) -> ReloadOutcome:
     except ChorusError as err:
         return ReloadOutcome(False, f"reload of {path} refused, the old policy stays: "
                              f"{err.message}")
+    if old.analysts and not new.analysts:
+        # With no analyst declared the engine accepts any name (a policy for one in-process
+        # user): sessions opened by the removed analysts would go on asking.
+        return ReloadOutcome(False, f"reload of {path} refused, the old policy stays: it "
+                             "declares no analyst, which would let open sessions go on under "
+                             "any name; keep one analyst, or stop the server")
     restart = reload_differences(old, new)
     if restart:
         return ReloadOutcome(False, f"reload of {path} refused, the old policy stays: "

@@ -142,3 +142,26 @@ def test_any_edit_reads_back_as_written_and_changes_nothing_else(
             n: a for n, a in before.analysts.items() if n != analyst}
         assert after.model_dump(exclude={"analysts"}) == before.model_dump(
             exclude={"analysts"})
+
+
+def test_a_reload_that_removes_every_analyst_is_refused(tmp_path: Path) -> None:
+    import duckdb
+
+    from chorus_py.engine import Engine
+    from chorus_py.reload import reload_policy
+
+    duckdb.connect(str(tmp_path / "t.duckdb")).execute("CREATE TABLE t AS SELECT 1 AS x").close()
+    text = BASE.replace("duckdb:///:memory:", "duckdb:///t.duckdb")
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    with Engine(load_policy(path)) as engine:
+        before = engine.policy
+        path.write_text(text.split("[analysts.alice]")[0])
+        outcome = reload_policy(engine, path)
+        assert not outcome.applied and "declares no analyst" in outcome.message
+        assert engine.policy is before
+        path.write_text(text + "\n[analysts.erin]\nmax_epsilon_per_block = 0.3\n")
+        outcome = reload_policy(engine, path)
+        assert outcome.applied and outcome.message.endswith("added: erin")
+        assert set(engine.policy.analysts) == {"alice", "bob", "erin"}
+        assert engine.ledger.analyst_caps == {"erin": 0.3}
