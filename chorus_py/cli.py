@@ -210,10 +210,10 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
 @click.option("--rest", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT",
               help="Where the REST API (/v1, /openapi.json) and the budget dashboard "
               "(/dashboard) listen; --rest '' turns them off.")
-@click.option("--pid-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--pid-file", default=None, metavar="PATH",
               help="Where to write the process id for `chorus reload` (default: <policy "
               "stem>.pid next to the policy; '' for none).")
-def serve(policy_path: Path, listen: str, rest: str, pid_file: Path | None) -> None:
+def serve(policy_path: Path, listen: str, rest: str, pid_file: str | None) -> None:
     """Serve the Postgres wire protocol: any Postgres client can connect.
 
     Each connection is one analyst of the policy, authenticated with SCRAM-SHA-256 against the
@@ -247,10 +247,11 @@ def serve(policy_path: Path, listen: str, rest: str, pid_file: Path | None) -> N
             raise click.BadParameter(str(err), param_hint="--rest") from None
     from chorus_py.reload import pid_file_for
 
-    if pid_file is None:
-        pid_file = pid_file_for(policy_path)
+    pid_path: Path | None = pid_file_for(policy_path)
+    if pid_file is not None:  # given: that file, or none at all for ''
+        pid_path = Path(pid_file) if pid_file else None
     try:
-        run_server(policy_path, listen, rest or None, pid_file if str(pid_file) else None)
+        run_server(policy_path, listen, rest or None, pid_path)
     except (PolicyError, OperationalError) as err:
         _fail(err, status=FAILED)
     except ChorusError as err:
