@@ -39,11 +39,11 @@ def chorus(*args: str) -> subprocess.CompletedProcess[str]:
 class Served:
     """A running `chorus serve`: its ports and everything it printed on stderr so far."""
 
-    def __init__(self, policy: Path) -> None:
+    def __init__(self, policy: Path, *options: str) -> None:
         self.policy, self.wire, self.rest = policy, _free_port(), _free_port()
         self.proc = subprocess.Popen(
             [str(CHORUS), "serve", "--policy", str(policy), "--listen",
-             f"127.0.0.1:{self.wire}", "--rest", f"127.0.0.1:{self.rest}"],
+             f"127.0.0.1:{self.wire}", "--rest", f"127.0.0.1:{self.rest}", *options],
             stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -155,3 +155,20 @@ def test_a_policy_that_fails_validation_or_needs_a_restart_is_refused(served: Se
         served.reload("changed: alice")
         with pytest.raises(psycopg.Error, match=r"above the per-query maximum 0\.2"):
             session.execute("SELECT COUNT(*) FROM trips")
+
+
+def test_without_a_pid_file_sighup_still_reloads(postgres_data: str,
+                                                 write_policy: Callable[..., Path]) -> None:
+    policy = write_policy(postgres_data)
+    server = Served(policy, "--pid-file", "")
+    try:
+        assert not policy.with_name(f"{policy.stem}.pid").exists()
+        refused = chorus("reload", "--policy", str(policy))
+        assert refused.returncode == 1 and "no process id" in refused.stderr
+        policy.write_text(policy.read_text() + "\n[analysts.frank]\n")
+        mark = len(server.lines)
+        os.kill(server.proc.pid, signal.SIGHUP)
+        server.wait_for("added: frank", after=mark)
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(30)
