@@ -284,6 +284,8 @@ def check(policy_path: Path, as_json: bool) -> None:
     from chorus_py.lint import check_all
     from chorus_py.policy import load_policy
 
+    # The role's warnings are findings here: not logged a second time by the backend.
+    logging.getLogger("chorus.backends").setLevel(logging.ERROR)
     try:
         policy = load_policy(policy_path)
         backend = open_backend(policy.backend.url, policy.backend.statement_timeout_seconds)

@@ -73,6 +73,9 @@ def init(url: str, out: Path, analyst: str, force: bool) -> None:
         _fail(OperationalError(f"reading the schema failed: {err.detail}"))
     finally:
         backend.close()
+    # Owner-only: it quotes the data and may hold the database password.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch(mode=0o600, exist_ok=True)
     out.write_text(draft.text, encoding="utf-8")
     for message in draft.messages:
         click.secho(message, fg="yellow" if message.startswith("WARNING") else None, err=True)
