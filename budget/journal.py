@@ -32,7 +32,7 @@ def touched(event: str, data: Mapping[str, Any]) -> tuple[str, ...]:
         return tuple(data["blocks"])
     if event in MOVES:
         return tuple(data["blocks"])
-    if event in ("block_retired", "block_reopened"):
+    if event in ("block_retired", "block_reopened", "block_budget_raised"):
         return (data["block"],)
     return ()
 
@@ -73,6 +73,9 @@ def apply(blocks: dict[str, BlockState], event: str, data: Mapping[str, Any],
             else:  # claim_refunded: consumed -> allocated -> unlocked
                 sched.unconsume(block, amount, delta)
                 sched.release(block, amount, delta, who, eps)
+    elif event == "block_budget_raised" and (only is None or data["block"] in only):
+        sched.raise_budget(blocks[data["block"]], data["epsilon_global"], data["delta_global"],
+                           data["added"], data["pool_added"], data["into"])
     elif event in ("block_retired", "block_reopened") and (only is None
                                                           or data["block"] in only):
         blocks[data["block"]].retired = event == "block_retired"

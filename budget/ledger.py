@@ -415,6 +415,48 @@ class Ledger:
                     tx.log("block_created", None, {"block": block.to_dict()}, now)
         self._known.update(ids)
 
+    def raise_budgets(self, epsilon_global: float, delta_global: float) -> list[str]:
+        """Raise every block whose global budget is below ``(epsilon_global, delta_global)``
+        to it (the policy's ``epsilon_per_block`` / ``delta_per_block`` after the owner raised
+        them: blocks keep the budget they were created with otherwise).  The ids raised.
+
+        Budgets only grow: a block above the new value in either epsilon or delta is left as it
+        is (lowering it could not take back what was spent).  One transaction, journaled as
+        ``block_budget_raised`` per block (and ``block_reopened`` for a retired block that has
+        budget again), so ``replay`` rebuilds the raised blocks exactly.
+        """
+        if not (math.isfinite(epsilon_global) and epsilon_global > 0
+                and math.isfinite(delta_global) and 0 <= delta_global < 1):
+            raise ValueError("block budgets must be positive: epsilon > 0, 0 <= delta < 1")
+        cap, pool = self.accountant.capacity(epsilon_global, delta_global)
+        into = "unlocked" if self.settings.policy == "fcfs" else "locked"
+        raised: list[str] = []
+        with self._tx() as tx:
+            now = self.clock()
+            for block in tx.all_blocks():
+                if block.epsilon_global > epsilon_global or block.delta_global > delta_global \
+                        or (block.epsilon_global, block.delta_global) == (epsilon_global,
+                                                                          delta_global):
+                    continue
+                data = {"block": block.block_id, "epsilon_global": epsilon_global,
+                        "delta_global": delta_global, "into": into,
+                        "added": [max(0.0, c - g) for c, g in zip(cap, block.global_,
+                                                                 strict=True)],
+                        "pool_added": max(0.0, pool - block.delta_pool)}
+                sched.raise_budget(block, epsilon_global, delta_global, data["added"],
+                                   data["pool_added"], into)
+                tx.save_block(block)
+                tx.log("block_budget_raised", None, data, now)
+                if block.retired and not sched.exhausted(block):
+                    block.retired = False
+                    tx.log("block_reopened", None, {"block": block.block_id}, now)
+                raised.append(block.block_id)
+            if raised:
+                self._schedule(tx, now)  # waiting claims may fit now
+        self._keys.clear()  # DPF order keys read the blocks' global budgets
+        self._notify()
+        return raised
+
     # -- claims -------------------------------------------------------------------------------
     def can_claim(self, blocks: Sequence[str], epsilon: float, delta: float,
                   events: Sequence[Event] | None = None) -> list[str]:

@@ -243,6 +243,19 @@ def check_basic(blocks: Sequence[BlockState]) -> None:
 
 
 # -- transitions ------------------------------------------------------------------------------
+def raise_budget(block: BlockState, epsilon_global: float, delta_global: float,
+                 added: Sequence[float], pool_added: float, into: str) -> None:
+    """Raise a block's global budget to ``(epsilon_global, delta_global)``: ``added`` (one
+    entry per order) joins the global vector and ``into`` ("unlocked" under FCFS, "locked" under
+    DPF, which unlocks it on its own schedule), ``pool_added`` the delta pool.  The owner's
+    ``chorus budget raise``; the journal's replay applies the same amounts."""
+    for i, x in enumerate(added):
+        block.global_[i] += x
+        getattr(block, into)[i] += x
+    block.delta_pool += pool_added
+    block.epsilon_global, block.delta_global = epsilon_global, delta_global
+
+
 def move(block: BlockState, source: str, target: str, amount: Sequence[float]) -> None:
     """Move ``amount`` (one entry per accounting order) of a block's budget from the state
     ``source`` to ``target`` (locked, unlocked, allocated, consumed): the one transition every

@@ -226,7 +226,11 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="Log lines as text, or one JSON object per line. Every "
               "query, refusal, failed login and database health change is logged.")
-def serve(policy_path: Path, listen: str, rest: str, log_format: str) -> None:
+@click.option("--pid-file", default=None, metavar="PATH",
+              help="Where to write the process id for `chorus reload` (default: <policy "
+              "stem>.pid next to the policy; '' for none).")
+def serve(policy_path: Path, listen: str, rest: str, log_format: str,
+          pid_file: str | None) -> None:
     """Serve the Postgres wire protocol: any Postgres client can connect.
 
     Each connection is one analyst of the policy, authenticated with SCRAM-SHA-256 against the
@@ -238,6 +242,7 @@ def serve(policy_path: Path, listen: str, rest: str, log_format: str) -> None:
     \b
     Examples:
       chorus serve --policy demo/policy.toml
+      chorus reload --policy demo/policy.toml   # analysts, tokens, passwords: no restart
       psql postgresql://demo:demo@127.0.0.1:6432/demo
       curl -H 'Authorization: Bearer demo-token' -d '{"sql": "SELECT COUNT(*) FROM trips"}' \\
           -H 'Content-Type: application/json' http://127.0.0.1:8000/v1/query
@@ -260,8 +265,13 @@ def serve(policy_path: Path, listen: str, rest: str, log_format: str) -> None:
             parse_rest(rest)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--rest") from None
+    from chorus_py.reload import pid_file_for
+
+    pid_path: Path | None = pid_file_for(policy_path)
+    if pid_file is not None:  # given: that file, or none at all for ''
+        pid_path = Path(pid_file) if pid_file else None
     try:
-        run_server(policy_path, listen, rest or None)
+        run_server(policy_path, listen, rest or None, pid_path)
     except (PolicyError, OperationalError) as err:
         _fail(err, status=FAILED)
     except ChorusError as err:
@@ -277,9 +287,11 @@ def serve(policy_path: Path, listen: str, rest: str, log_format: str) -> None:
               type=click.Path(dir_okay=False, path_type=Path), help="The policy file.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def check(policy_path: Path, as_json: bool) -> None:
-    """Check a policy against the live data (for the data owner): public_values no row has (a
-    typo is released as a category of its own), values the list misses, bounds that clip much
-    of a column.  Exits 1 when there is an error.
+    """Check a policy against the live data and the ledger (for the data owner): names the
+    database lacks or the policy leaves unused, public_values no row has (a typo is released as
+    a category of its own), values the list misses, bounds that clip much of a column, ledger
+    blocks whose budget differs from the policy (`chorus budget reconcile`), a database role
+    that can write.  Exits 1 when there is an error (for CI).
 
     Its findings quote the data: never show them to analysts.
 
@@ -287,22 +299,35 @@ def check(policy_path: Path, as_json: bool) -> None:
     """
     from dataclasses import asdict
 
-    from chorus_py.lint import check_policy
+    from budget.ledger import open_ledger
+    from chorus_py.backends import open_backend
+    from chorus_py.lint import check_all
+    from chorus_py.policy import load_policy
 
-    engine = _engine(policy_path, as_json)
+    # The role's warnings are findings here: not logged a second time by the backend.
+    logging.getLogger("chorus.backends").setLevel(logging.ERROR)
     try:
-        findings = check_policy(engine.policy, engine.backend)
+        policy = load_policy(policy_path)
+        backend = open_backend(policy.backend.url, policy.backend.statement_timeout_seconds)
     except ChorusError as err:
-        _fail(err, as_json)
+        _fail(err, as_json, status=FAILED)
+    try:
+        ledger = open_ledger(policy.privacy, policy.source, policy.analysts)
+        try:
+            findings = check_all(policy, backend, ledger)
+        finally:
+            ledger.close()
+    except ChorusError as err:
+        _fail(err, as_json, status=FAILED)
     finally:
-        engine.close()
+        backend.close()
     if as_json:
         click.echo(json.dumps([asdict(f) for f in findings]))
     elif not findings:
         click.secho(f"{policy_path}: no problem found", fg="green")
     for f in [] if as_json else findings:
-        click.secho(f"{f.severity}: {f.where}: {f.problem}", fg="red" if f.severity == "error"
-                    else "yellow")
+        click.secho(f"{f.severity}: {f.where}: {f.problem}", fg={"error": "red",
+                    "warning": "yellow"}.get(f.severity))
         click.echo(f"  fix: {f.fix}")
     if any(f.severity == "error" for f in findings):
         sys.exit(1)
@@ -671,3 +696,15 @@ def _print_report(report: dict[str, Any], verbose: bool = False) -> None:
             click.echo("    " + report["rewritten_sql"])
     for warning in report.get("warnings") or ():
         click.secho(f"  warning: {warning}", fg="yellow")
+
+
+def _register_owner_commands() -> None:
+    """The owner's commands live in chorus_py.cli_owner (init, reload, token, reconcile)."""
+    from chorus_py.cli_owner import budget_reconcile, init, reload, token
+
+    for command in (init, reload, token):
+        main.add_command(command)
+    budget.add_command(budget_reconcile)
+
+
+_register_owner_commands()

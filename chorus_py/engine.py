@@ -44,7 +44,7 @@ from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
 from chorus_py.kinds.sampled import SampledKind, SampledRequest
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.policy import AttributionTable, Policy, block_schemes, load_policy
+from chorus_py.policy import LIVE_TYPES, AttributionTable, Policy, block_schemes, load_policy
 from chorus_py.report import BlockRemaining, PrivacyReport, QueryResult
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
@@ -128,6 +128,17 @@ class Engine:
     def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
         """Load and check a policy file, connect to its backend."""
         return cls(load_policy(path), **kwargs)
+
+    def adopt_policy(self, policy: Policy) -> None:
+        """Take a reloaded policy that differs from the current one only in what
+        :func:`chorus_py.reload.reload_differences` allows (analysts, their tokens, passwords
+        and limits; the owner's token).  Two attribute assignments, no lock: a query in
+        flight finishes under what it read, the next one reads the new policy; sessions and
+        caches stay (they depend on the tables and budgets, which are unchanged)."""
+        self.ledger.analyst_caps = {name: a.max_epsilon_per_block
+                                    for name, a in policy.analysts.items()
+                                    if a.max_epsilon_per_block is not None}
+        self.policy = policy
 
     def close(self) -> None:
         """Close the backend and ledger connections."""
@@ -433,12 +444,10 @@ class Engine:
         return text + "; SHOW chorus.budget (or GET /v1/budget) lists every block"
 
     def _check_types(self, live: dict[str, dict[str, str]]) -> None:
-        families = {"int": ("integer",), "float": ("float", "integer"), "text": ("text",),
-                    "bool": ("boolean",), "date": ("date",), "timestamp": ("timestamp",)}
         for name, table in self.policy.tables.items():
             for col, cp in table.columns.items():
                 actual = live[name][col]
-                if actual not in families[cp.type]:
+                if actual not in LIVE_TYPES[cp.type]:
                     raise PolicyError(
                         f"{self.policy.source}: tables.{name}.columns.{col}.type: declared "
                         f"'{cp.type}' but the database column is {actual}",

@@ -41,6 +41,10 @@ from chorus_py.errors import PolicyError
 
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 NUMERIC_TYPES: frozenset[str] = frozenset({"int", "float"})
+#: The database types (``backends.portable_type``) each declared type accepts.
+LIVE_TYPES: dict[str, tuple[str, ...]] = {
+    "int": ("integer",), "float": ("float", "integer"), "text": ("text",), "bool": ("boolean",),
+    "date": ("date",), "timestamp": ("timestamp",)}
 
 _IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")
 _ID_RANGE_RE = re.compile(r"^(.*):(-?\d+)-(-?\d+)$")  # an id-range block: rider_id:0-9999
@@ -745,8 +749,10 @@ class AnalystPolicy(_Strict):
     """An analyst. Credentials (SCRAM verifier, REST token hash) belong to the front doors."""
 
     password: str | None = None
-    # SHA-256 (hex) of the analyst's REST bearer token; the token itself is never stored.
-    token_sha256: str | None = None
+    # SHA-256 (hex) of the analyst's REST bearer token, or a list of them: two at once while a
+    # token is rotated (`chorus token add`, then `chorus token revoke` of the old one).  The
+    # tokens themselves are never stored.
+    token_sha256: str | tuple[str, ...] | None = None
     max_epsilon_per_query: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # The most this analyst may spend on any one block, in total (the sum of the epsilons of
     # their queries that read it); unset: only the block's own budget limits them.
@@ -754,8 +760,20 @@ class AnalystPolicy(_Strict):
 
     @field_validator("token_sha256")
     @classmethod
-    def _token_hash(cls, value: str | None) -> str | None:
+    def _token_hash(cls, value: str | tuple[str, ...] | None
+                    ) -> str | tuple[str, ...] | None:
+        if isinstance(value, tuple):
+            digests = tuple(_sha256_hex(v) or "" for v in value)
+            if not digests or len(set(digests)) != len(digests):
+                raise ValueError("list each token's SHA-256 once (at least one)")
+            return digests
         return _sha256_hex(value)
+
+    @property
+    def token_digests(self) -> tuple[str, ...]:
+        """Every SHA-256 under which this analyst's REST tokens are accepted."""
+        value = self.token_sha256
+        return () if value is None else (value,) if isinstance(value, str) else value
 
     @field_validator("password")
     @classmethod

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from chorus_py.engine import Engine
+from chorus_py.reload import reload_policy
 from server.listen import Listener, StartListener
 from server.pgwire.listener import pgwire_listener
 from server.pgwire.server import DEFAULT_LISTEN
@@ -31,9 +33,10 @@ DEFAULT_REST = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
-          rest: str | None = DEFAULT_REST) -> None:
+          rest: str | None = DEFAULT_REST, pid_file: Path | None = None) -> None:
     """Load the policy, build the engine once, serve the wire protocol and (unless ``rest`` is
-    None or empty) the REST API and dashboard until SIGINT/SIGTERM."""
+    None or empty) the REST API and dashboard until SIGINT/SIGTERM; on SIGHUP read the policy
+    again (:mod:`chorus_py.reload`).  ``pid_file``: where ``chorus reload`` finds the process."""
     engine = Engine.from_policy(policy_path)
     # Least privilege (docs/owner-guide.md): what the start-up checks found, for the owner.
     for warning in getattr(engine.backend, "warnings", ()):
@@ -46,20 +49,51 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
     listeners = [pgwire_listener(engine, listen)]
     if rest:
         listeners.append(rest_listener(engine, rest))
+
+    def reload() -> None:
+        outcome = reload_policy(engine, policy_path)
+        # A log line (one JSON object under --log-format json), like the start-up warnings.
+        (log.info if outcome.applied else log.warning)("%s", outcome.message)
+
+    written = _write_pid(pid_file)
     try:
-        runner(run_listeners(listeners))
+        runner(run_listeners(listeners, on_reload=reload))
     finally:
+        if written is not None:
+            with contextlib.suppress(OSError):
+                if written.read_text().strip() == str(os.getpid()):
+                    written.unlink()
         engine.close()
 
 
-async def run_listeners(listeners: Sequence[StartListener]) -> None:
+def _write_pid(pid_file: Path | None) -> Path | None:
+    """Write this process's id for ``chorus reload``; a warning (not a failure) if the file
+    cannot be written: SIGHUP still works."""
+    if pid_file is None:
+        return None
+    try:
+        pid_file.write_text(f"{os.getpid()}\n")
+    except OSError as err:
+        log.warning("cannot write the pid file %s (%s): `chorus reload` will not find this "
+                    "server; send it SIGHUP (kill -HUP %d)", pid_file, err.strerror,
+                    os.getpid())
+        return None
+    return pid_file
+
+
+async def run_listeners(listeners: Sequence[StartListener],
+                        on_reload: Callable[[], None] | None = None) -> None:
     """Start every listener, wait for SIGINT or SIGTERM, close them all (those started, when
-    one fails to start)."""
+    one fails to start).  On SIGHUP, ``on_reload`` runs in a worker thread (it reads a file):
+    the loop keeps serving the open sessions meanwhile."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    if on_reload is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, _in_thread(loop, on_reload))
     started: list[Listener] = []
     try:
         for start in listeners:
@@ -68,3 +102,24 @@ async def run_listeners(listeners: Sequence[StartListener]) -> None:
     finally:
         for listener in started:
             await listener.close()
+
+
+def _in_thread(loop: asyncio.AbstractEventLoop, work: Callable[[], None]) -> Callable[[], None]:
+    """A signal handler that runs ``work`` in the loop's thread pool, one run at a time (a
+    second SIGHUP during a reload waits for it: reloads apply in order)."""
+    lock = asyncio.Lock()
+    running: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak refs)
+
+    async def run() -> None:
+        async with lock:
+            try:
+                await loop.run_in_executor(None, work)
+            except Exception as err:  # never let a failed reload stop the server
+                log.error("reload failed, the old policy stays: %r", err)
+
+    def handler() -> None:
+        task = loop.create_task(run())
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    return handler

@@ -477,8 +477,9 @@ max_epsilon_per_query = 2.0
 # ... and a limit on their total spending on any one block (unset here: only the block's own
 # budget limits them), e.g. max_epsilon_per_block = 5.0
 # The analyst's REST bearer token, stored only as its SHA-256 (the demo token is "demo-token").
-# Make a real one with `python -c "import secrets; print(secrets.token_urlsafe(32))"`, give it
-# to the analyst and store `printf %s THE_TOKEN | sha256sum` here.
+# Make a real one with `chorus token add --policy policy.toml demo`, which prints it once and
+# writes its SHA-256 here.  A list of digests (token_sha256 = ["...", "..."]) accepts any of
+# them: a token is rotated by adding the new one, then `chorus token revoke ... --oldest`.
 token_sha256 = "7c43ef5ae21d43ce2743f770c68e24def1a43ee2f416d2438410c8af7af2ff2c"
 # The analyst's wire-protocol password, stored only as a SCRAM-SHA-256 verifier (the demo
 # password is "demo": `psql postgresql://demo:demo@127.0.0.1:6432/demo` after `chorus serve`).

@@ -27,7 +27,7 @@ import secrets
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -365,6 +365,34 @@ def _run_loop(loop: asyncio.AbstractEventLoop, main: Any) -> None:
     loop.close()
 
 
+class PolicyVerifiers(Mapping[str, Any]):
+    """Analyst -> SCRAM verifier (None: no password), read from the engine's policy again
+    whenever it is replaced (``chorus reload``): a new analyst or password works for the next
+    login, and sessions already logged in are left as they are."""
+
+    def __init__(self, engine: Any, parse: Any) -> None:
+        self._engine, self._parse = engine, parse
+        self._snapshot: tuple[Any, dict[str, Any]] = (None, {})
+
+    def _current(self) -> dict[str, Any]:
+        policy, verifiers = self._snapshot
+        if policy is not self._engine.policy:
+            policy = self._engine.policy
+            verifiers = {name: self._parse(a.password) if a.password else None
+                         for name, a in policy.analysts.items()}
+            self._snapshot = (policy, verifiers)  # one tuple, replaced at once
+        return verifiers
+
+    def __getitem__(self, name: str) -> Any:
+        return self._current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+
 def build_wire_server(engine: Any) -> WireServer:
     """A wire server for an engine, configured by its policy's ``[server]`` section."""
     from pathlib import Path
@@ -382,8 +410,7 @@ def build_wire_server(engine: Any) -> WireServer:
                              for c, ty in public.get(name, {}).items()}
         else:
             columns[name] = {c: t.POLICY_OIDS[cp.type] for c, cp in table.columns.items()}
-    verifiers = {name: parse_verifier(a.password) if a.password else None
-                 for name, a in policy.analysts.items()}
+    verifiers = PolicyVerifiers(engine, parse_verifier)
     config = getattr(policy, "server", None)
     limits = Limits()
     tls = None

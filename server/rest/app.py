@@ -62,7 +62,7 @@ _NAME_MAX = 200
 def create_app(engine: Any, *, max_body_bytes: int = MAX_BODY_BYTES,
                dashboard_refresh_ms: int = 2000) -> FastAPI:
     """The REST app over ``engine`` (which the caller keeps and closes)."""
-    tokens = Tokens(engine.policy)
+    tokens = Tokens(engine)
     metrics = Metrics(engine)
     history = budget_views.BudgetHistory()
     outcomes: dict[str, int] = {"ok": 0, "refused": 0, "error": 0}

@@ -45,26 +45,42 @@ def _digest(token: str) -> str:
 
 
 class Tokens:
-    """Token digests from the policy; comparisons take the same time whatever matches."""
+    """Token digests from the engine's policy; comparisons take the same time whatever matches.
 
-    def __init__(self, policy: Any) -> None:
-        self._analysts = [(a.token_sha256, name) for name, a in policy.analysts.items()
-                          if a.token_sha256]
-        self._owner = policy.server.owner_token_sha256
+    The digests are read again whenever the engine's policy is replaced (``chorus reload``), so a
+    revoked token stops working on the next request and a new one works at once.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._snapshot = self._digests()
+
+    def _digests(self) -> tuple[Any, list[tuple[str, str]], str | None]:
+        """(policy, [(digest, analyst)], owner digest), read again after a reload; one tuple,
+        replaced at once, so a request never sees one policy's analysts with another's owner."""
+        snapshot = getattr(self, "_snapshot", None)
+        policy = self._engine.policy
+        if snapshot is not None and snapshot[0] is policy:
+            return snapshot
+        snapshot = (policy, [(digest, name) for name, a in policy.analysts.items()
+                             for digest in a.token_digests], policy.server.owner_token_sha256)
+        self._snapshot = snapshot
+        return snapshot
 
     @property
     def owner_configured(self) -> bool:
         """Whether the policy gives an owner token (without one, owner routes are closed)."""
-        return self._owner is not None
+        return self._digests()[2] is not None
 
     def identify(self, token: str) -> Principal | None:
         """The analyst or owner whose digest ``token`` matches, or None."""
+        _, analysts, owner = self._digests()
         digest = _digest(token)
         found: Principal | None = None
-        for stored, name in self._analysts:
+        for stored, name in analysts:
             if hmac.compare_digest(stored, digest):
                 found = Principal(name, False)
-        if self._owner is not None and hmac.compare_digest(self._owner, digest):
+        if owner is not None and hmac.compare_digest(owner, digest):
             found = Principal(None, True)
         return found
 
