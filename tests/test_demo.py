@@ -334,13 +334,13 @@ def _check_join_answers(policy_path: pathlib.Path) -> None:
         true = {sql: engine.backend.run(sql).rows for _, sql in JOIN_QUERIES}
         (_, members_sql), (_, vehicles_sql) = JOIN_QUERIES
         # trips JOIN riders, both with privacy unit rider_id (<= 200 trips, 1 rider row): the
-        # join keys are the unit columns, mf_k = c at any k, so S(k) = 200 * 1 + 1 * 200 +
-        # 200 * 1 = 600 (shared-unit rule), S* = 600 at k = 0, scale 2 * 600 / 0.5 = 2400.
+        # join keys are the unit columns, so a rider's trips pair only with its own row:
+        # S(k) = 200 * 1 = 200 at any k, S* = 200, scale 2 * 200 / 0.5 = 800.
         result = engine.execute(members_sql, epsilon=0.5, delta=1e-8)
         elastic = result.report.elastic
-        assert (elastic.at_zero, elastic.peak_k, elastic.smooth_bound) == (600, 0, 600)
+        assert (elastic.at_zero, elastic.peak_k, elastic.smooth_bound) == (200, 0, 200)
         assert not elastic.data_dependent
-        assert result.report.columns[1].scale == pytest.approx(2400)
+        assert result.report.columns[1].scale == pytest.approx(800)
         assert [k for k, _ in result.rows] == ["plus", "standard"]
         assert result.report.charged and "riders" in result.report.blocks
         for (key, noisy), (_, exact) in zip(result.rows, sorted(true[members_sql]), strict=True):
