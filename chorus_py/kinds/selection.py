@@ -124,27 +124,11 @@ class Selection:
             rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
         else:  # event level: the units (rows) the value histograms counted
             rows = RowModel.exact_rows(max(max(sum(c.weights()), 1.0) for c in columns))
-        index = {arg.key: i for i, arg in enumerate(clipped)}
-        by_id = {m.id: m for m in query.measurements}
-        terms = []
-        for mid, mechanism in plan.all_mechanisms().items():
-            m = by_id.get(mid)
-            column = index.get(m.argument.sql()) if m is not None and m.argument is not None \
-                else None
-            kind = "count" if m is None or m.integral else m.kind
-            # With g bounded, the unreleased key-release count's scale is min(g, k) / eps:
-            # the cap rule leaves it out (g, not k, sets tau).
-            weight = 0.0 if per_unit is not None and mid == THRESHOLD_ID \
-                else cap_weight(query, mid)
-            terms.append(CapTerm(weight, mechanism.epsilon,
-                                 m.total if m is not None else False, column,
-                                 "count" if kind == "count_units" else kind,
-                                 bool(m is not None and m.center)))
-        groups = 1
-        if query.keys and not query.thresholded:
-            groups = math.prod(len(k.public_values or ()) for k in query.keys)
+        terms = cap_terms(query, plan, {arg.key: i for i, arg in enumerate(clipped)},
+                          per_unit is not None)
         auto = query.auto_cap and cap_matters(query)
-        choice = choose(rows, terms, columns, groups, None if auto else (query.stability,))
+        choice = choose(rows, terms, columns, public_groups(query) or 1,
+                        None if auto else (query.stability,))
         return Choices(
             choice.cap, tuple((arg.key, *columns[i].interval(choice.bounds[i]))
                               for i, arg in enumerate(clipped)), per_unit,
@@ -223,14 +207,28 @@ def cap_stays_at_limit(query: AggregateQuery, plan: NoisePlan, epsilon: float) -
     for the query answered with ``plan`` (``mechanisms.caps.limit_is_certain``)."""
     if query.thresholded or (query.table_policy.auto_clipping and clipped_arguments(query)):
         return False
+    return limit_is_certain(cap_terms(query, plan, {}, False), epsilon,
+                            public_groups(query) or 1)
+
+
+def cap_terms(query: AggregateQuery, plan: NoisePlan, index: dict[str, int],
+              groups_bounded: bool) -> list[CapTerm]:
+    """The rule's view of every noisy measurement of ``plan`` (``mechanisms.caps.CapTerm``);
+    ``index`` gives the clipped expressions' columns by their SQL."""
     by_id = {m.id: m for m in query.measurements}
     terms = []
     for mid, mechanism in plan.all_mechanisms().items():
         m = by_id.get(mid)
-        terms.append(CapTerm(cap_weight(query, mid), mechanism.epsilon,
-                             m.total if m is not None else False))
-    groups = math.prod(len(k.public_values or ()) for k in query.keys) if query.keys else 1
-    return limit_is_certain(terms, epsilon, groups)
+        column = index.get(m.argument.sql()) if m is not None and m.argument is not None \
+            else None
+        kind = "count" if m is None or m.integral else m.kind
+        # With g bounded, the unreleased key-release count's scale is min(g, k) / eps: the
+        # cap rule leaves it out (g, not k, sets tau).
+        weight = 0.0 if groups_bounded and mid == THRESHOLD_ID else cap_weight(query, mid)
+        terms.append(CapTerm(weight, mechanism.epsilon, m.total if m is not None else False,
+                             column, "count" if kind == "count_units" else kind,
+                             bool(m is not None and m.center)))
+    return terms
 
 
 def public_groups(query: AggregateQuery) -> int | None:
