@@ -26,7 +26,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` and, above it,
    a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
    rows grouped by the unit then only counted, or each row weighted by
-   ``1 / COUNT(*) OVER (PARTITION BY unit)``.
+   ``1 / COUNT(*) OVER (PARTITION BY unit)``.  A ranked copy (``chorus_private.T__ranked_*``,
+   every row of T with its unit's row count, ``__chorus_unit_rows``) is not bounded by itself:
+   it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in the reading
+   SELECT's WHERE (the light units, whose k rows at most are all kept).
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -61,6 +64,8 @@ Release = Literal["exact", "noised_in_sql", "noised_by_proxy", "sampled"]
 NOISY = "chorus_noisy"       # the rewriter's noise CTE (rewriters.pipeline.NOISY)
 EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
+_RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
+_UNIT_ROWS = "__chorus_unit_rows"
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
     exp.StddevSamp)
@@ -127,7 +132,12 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     if release == "exact":
         raise Refused(f"a statement released without noise reads private table '{private[0][1]}'")
     allowed = _SAMPLED_AGGREGATES if release == "sampled" else _BARRIER_AGGREGATES
-    barriers = [_check_private_read(t, name, rules, allowed) for t, name in private]
+    barriers: list[exp.Select] = []
+    for table, name in private:
+        barrier = _check_private_read(table, name, rules, allowed)
+        # Several reads may share one barrier (a ranked copy's light and heavy branches).
+        if not any(barrier is b for b in barriers):
+            barriers.append(barrier)
     if release == "noised_in_sql":
         _check_noise(tree, barriers)
 
@@ -181,7 +191,7 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
     db = table.args.get("db")
     name = table.name
     if db is not None and db.name == rules.private_schema:
-        for marker in _SAMPLE_MARKERS:
+        for marker in (*_SAMPLE_MARKERS, _RANKED_MARKER):
             base = name.split(marker)[0]
             if marker in name and base in rules.private:
                 return base
@@ -218,8 +228,11 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     barrier = chain[index]
     _check_barrier(barrier, name, allowed)
     db = table.args.get("db")
-    sample = db is not None and db.name == rules.private_schema  # bounded when it was stored
-    if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
+    stored = db is not None and db.name == rules.private_schema
+    sample = stored and _RANKED_MARKER not in table.name  # bounded when it was stored
+    light = stored and not sample and _light_units(reader.args.get("where"), alias, sole)
+    if spec.unit is not None and not sample and not light \
+            and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit}")
     return barrier
@@ -305,6 +318,49 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                              for p in s.expressions for a in _plain_aggregates(p)) \
                     and any(_aggregates(s) for s in above):
                 return True
+            if _unit_shares(select, above, unit):
+                return True
+    return False
+
+
+def _unit_shares(grouped: exp.Select, above: list[exp.Select], unit: str) -> bool:
+    """Above ``grouped``, a GROUP BY of the unit (and other keys): each output of the next
+    SELECT is a column other than the unit or ``n / SUM(n) OVER (PARTITION BY unit)`` with n
+    a COUNT of ``grouped`` (a unit's shares add up to 1), and the SELECT after it only sums
+    them (value histograms)."""
+    if len(above) < 2 or not _aggregates(above[1]):
+        return False
+    counts = {item.alias for item in grouped.expressions
+              if isinstance(item, exp.Alias) and isinstance(item.this, exp.Count)}
+    shares = 0
+    for item in above[0].expressions:
+        value = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(value, exp.Column) and value.name != unit:
+            continue
+        if not isinstance(value, exp.Div) or not isinstance(value.expression, exp.Window):
+            return False
+        window, numerator = value.expression, value.this
+        while isinstance(numerator, exp.Cast):
+            numerator = numerator.this
+        total = window.this
+        if not (isinstance(total, exp.Sum) and isinstance(total.this, exp.Column)
+                and isinstance(numerator, exp.Column) and numerator.name == total.this.name
+                and numerator.name in counts and _partitioned_by(window, unit)):
+            return False
+        shares += 1
+    return shares > 0 and all(isinstance(a, exp.Sum) for p in above[1].expressions
+                              for a in _plain_aggregates(p))
+
+
+def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
+    """Whether WHERE ANDs ``alias.__chorus_unit_rows <= <int>``: of a ranked copy, only units
+    with at most that many rows in all, so at most that many rows each."""
+    for c in _conjuncts(where):
+        if isinstance(c, exp.LTE) and isinstance(c.this, exp.Column) \
+                and c.this.name == _UNIT_ROWS and (c.this.table == alias
+                                                   or (sole and not c.this.table)) \
+                and isinstance(c.expression, exp.Literal) and c.expression.is_int:
+            return True
     return False
 
 

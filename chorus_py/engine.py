@@ -49,7 +49,7 @@ from chorus_py.report import BlockRemaining, PrivacyReport, QueryResult
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
 from chorus_py.stores.frequencies import FrequencyCatalog
-from chorus_py.stores.samples import BoundedSamples
+from chorus_py.stores.samples import BoundedSamples, ranked_copy_applies
 from chorus_py.stores.schedules import BlockCatalog
 
 
@@ -140,8 +140,19 @@ class Engine:
                                     if a.max_epsilon_per_block is not None}
         self.policy = policy
 
+    def warm_up(self, wait: bool = False) -> None:
+        """Start building the ranked copies that per-query bounding reads (``ranked_copy``,
+        ``chorus_py.stores.samples``), so that the first queries need not rank their rows
+        themselves for long; ``wait``: until they are built."""
+        for table, tp in self.policy.tables.items():
+            if ranked_copy_applies(tp):
+                self.samples.ranked(table, tp)
+        if wait:
+            self.samples.wait()
+
     def close(self) -> None:
-        """Close the backend and ledger connections."""
+        """Close the backend and ledger connections (after any ranked copy being built)."""
+        self.samples.wait()
         self.backend.close()
         self.ledger.close()
         self.statements.close()

@@ -38,6 +38,7 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
     None or empty) the REST API and dashboard until SIGINT/SIGTERM; on SIGHUP read the policy
     again (:mod:`chorus_py.reload`).  ``pid_file``: where ``chorus reload`` finds the process."""
     engine = Engine.from_policy(policy_path)
+    engine.warm_up()  # ranked copies build in the background; queries do not wait for them
     # Least privilege (docs/owner-guide.md): what the start-up checks found, for the owner.
     for warning in getattr(engine.backend, "warnings", ()):
         log.warning("%s", warning)  # a log line: one JSON object under --log-format json
