@@ -17,7 +17,6 @@ from sqlglot import exp
 
 from analyses.query import AggregateQuery, OutputColumn
 from rewriters.blocks import BlockRestriction
-from rewriters.clipping import clipping
 from rewriters.contribution import contribution
 from rewriters.groups import public_filter
 from rewriters.pipeline import NOISY, filtered_rows
@@ -35,13 +34,15 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     >>> tp = TablePolicy(privacy_unit="u", max_rows_per_unit=2,
     ...                  columns={"u": {"type": "int"}, "x": {"type": "float"}})
     >>> q = AggregateQuery("t", "t", tp, None, (), (), (), None, (), None, None, 2, False, None)
-    >>> print(quantile_histogram(q, parse_one("t.x"), 0, 10, 100, None, None)
-    ...       .sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
-    SELECT h.b AS b, COUNT(*) AS n FROM (SELECT LEAST(GREATEST(CAST(FLOOR((CAST(CASE WHEN t.x
-    IS NULL THEN NULL ELSE LEAST(GREATEST(t.x, 0), 10) END AS DOUBLE) - 0) * 10.0) AS BIGINT),
-    0), 99) AS b FROM (SELECT * FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.u ORDER BY
-    r.__chorus_rand) AS __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM t AS t
-    WHERE NOT t.x IS NULL) AS r) AS b WHERE b.__chorus_rank <= 2) AS t) AS h GROUP BY h.b
+    >>> from rewriters.dialect import dialect
+    >>> tree = quantile_histogram(q, parse_one("t.x"), 0, 10, 100, None, None)
+    >>> print(dialect(tree, "postgres").sql("postgres"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT h.b AS b, COUNT(*) AS n FROM (SELECT CASE WHEN r.v <= 0 THEN 0 WHEN r.v >= 10 THEN 99
+    ELSE LEAST(CAST(FLOOR((r.v - 0) * 10.0) AS BIGINT), 99) END AS b FROM (SELECT CAST(t.x AS
+    DOUBLE PRECISION) AS v FROM (SELECT * FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.u
+    ORDER BY r.__chorus_rand) AS __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM t
+    AS t WHERE NOT t.x IS NULL) AS r) AS b WHERE b.__chorus_rank <= 2) AS t) AS r) AS h GROUP BY
+    h.b
     """
     if not (upper > lower and bins >= 1):
         raise ValueError("a quantile histogram needs upper > lower and at least one bin")
@@ -59,23 +60,31 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         raise ValueError("a table whose rows belong to several units is read from its S")
     if isinstance(unit, str) and sample is None:
         rows = contribution(rows, unit, query.stability)
-    scale = bins / (upper - lower)
-    clipped = exp.cast(clipping(value, lower, upper), exp.DType.DOUBLE)
-    position = exp.Mul(this=exp.Paren(this=exp.Sub(this=clipped, expression=_number(lower))),
-                       expression=exp.Literal.number(repr(float(scale))))
-    index = exp.cast(exp.Floor(this=position), exp.DType.BIGINT)
-    # FLOOR of the top value is `bins`: the last bin is closed; GREATEST guards rounding below 0.
-    bin_expr = exp.Least(this=exp.Greatest(this=index, expressions=[exp.Literal.number(0)]),
-                         expressions=[exp.Literal.number(bins - 1)])
+    # The value once per row (v, a double: not NULL, filtered above), then its bin: written
+    # inside the bin's CASE it would be rendered once per branch.
     columns: list[exp.Expr] = [exp.alias_(_key_index(safety(k.expr), k.public_values or ()),
                                           f"g{i}") for i, k in enumerate(query.keys)]
-    per_row = exp.select(*columns, exp.alias_(bin_expr, "b")).from_(
+    per_row = exp.select(*columns, exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
         rows.subquery(alias, copy=False), copy=False)
+    v = exp.column("v", table="r")
+    scale = bins / (upper - lower)
+    position = exp.Mul(this=exp.Paren(this=exp.Sub(this=v.copy(), expression=_number(lower))),
+                       expression=exp.Literal.number(repr(float(scale))))
+    # Clipping is the outer branches; inside, FLOOR may round up to `bins` at the very top.
+    inside = exp.Least(this=exp.cast(exp.Floor(this=position), exp.DType.BIGINT),
+                       expressions=[exp.Literal.number(bins - 1)])
+    bin_expr = exp.Case(ifs=[
+        exp.If(this=v.copy() <= _number(lower), true=exp.Literal.number(0)),
+        exp.If(this=v.copy() >= _number(upper), true=exp.Literal.number(bins - 1))],
+        default=inside)
+    binned = exp.select(*[exp.column(f"g{i}", table="r") for i in range(len(query.keys))],
+                        exp.alias_(bin_expr, "b")).from_(per_row.subquery("r", copy=False),
+                                                         copy=False)
     group = [exp.column(f"g{i}", table="h") for i in range(len(query.keys))]
     group.append(exp.column("b", table="h"))
     return (exp.select(*[exp.alias_(c, c.name) for c in group],
                        exp.alias_(exp.Count(this=exp.Star()), "n"))
-            .from_(per_row.subquery("h", copy=False), copy=False)
+            .from_(binned.subquery("h", copy=False), copy=False)
             .group_by(*[c.copy() for c in group], copy=False))
 
 
