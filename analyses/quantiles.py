@@ -69,6 +69,15 @@ class QuantileQuery:
     quantiles: tuple[QuantileSpec, ...]
 
     @property
+    def shape(self) -> tuple[object, ...]:
+        """What determines the answer's statements and meaning: the normalised query (its
+        quantiles show there as the same marked SUMs, whatever their p) and each quantile's
+        function, p and argument, and the output names.  Caches key on this."""
+        return (self.query.normalized_sql,
+                tuple((q.function, q.p, q.argument.sql()) for q in self.quantiles),
+                tuple(o.name for o in self.query.outputs))
+
+    @property
     def arguments(self) -> tuple[str, ...]:
         """The distinct quantiled expressions (their SQL), in order: one histogram each."""
         return tuple(dict.fromkeys(q.argument.sql() for q in self.quantiles))

@@ -143,8 +143,10 @@ def check_node(node: exp.Expr) -> None:
             f"{_REFUSED_AGGREGATES[name]} is not supported here: plain Laplace noise cannot "
             "protect a statistic with unbounded sensitivity",
             hint="a quantile, MIN or MAX is answered as an outermost aggregate of one table by "
-            "the exponential mechanism (no option needed), or by sensitivity sampling: SET "
-            "chorus.sensitivity = 'sampled'")
+            "the exponential mechanism, in the default (analytic) mode"
+            + ("" if name in ("Min", "Max") else
+               "; percentiles also by sensitivity sampling: SET chorus.sensitivity = "
+               "'sampled'"))
     if name in _REFUSED_AGGREGATES:
         raise NotSupportedError(
             f"{_REFUSED_AGGREGATES[name]} is not supported: plain Laplace noise cannot protect "

@@ -90,7 +90,7 @@ class QuantileKind:
                                                                  query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.services.samples.relation(query.table, query.table_policy))
-        key = (query.normalized_sql, epsilon, restriction, sample)
+        key = (analysis.shape, epsilon, restriction, sample)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare(analysis, epsilon, reads, restriction, sample)
@@ -131,7 +131,7 @@ class QuantileKind:
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
                         detail, statements=tuple(sql for _, sql in histograms),
                         finish=(_create(detail), finish),
-                        answer_key=(query.normalized_sql, epsilon, report.blocks))
+                        answer_key=(analysis.shape, epsilon, report.blocks))
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Histograms from the database, bins drawn here, the outputs finished here."""
