@@ -211,7 +211,7 @@ def analyze_quantiles(sql: str, dialect: str,
             return exp.column(f"q{i}")
         return node
 
-    outputs = tuple(dataclasses.replace(o, expr=o.expr.transform(unmark))
+    outputs = tuple(dataclasses.replace(o, expr=_bare(o.expr.transform(unmark)))
                     for o in analysis.outputs)
     having = analysis.having.transform(unmark) if analysis.having is not None else None
     order = tuple(exp.Ordered(this=o.this.transform(unmark), desc=o.args.get("desc"),
@@ -222,6 +222,12 @@ def analyze_quantiles(sql: str, dialect: str,
         raise NotSupportedError("a query answers either quantiles or other aggregates")
     query = dataclasses.replace(analysis, outputs=outputs, having=having, order=order)
     return QuantileQuery(query, tuple(specs[i] for i in sorted(specs)))
+
+
+def _bare(node: exp.Expr) -> exp.Expr:
+    """``(q0)`` as ``q0``: the parentheses the substitution put around each quantile."""
+    return node.transform(lambda n: n.this if isinstance(n, exp.Paren)
+                          and isinstance(n.this, exp.Column) else n)
 
 
 def _name(item: exp.Expr, out: OutputColumn) -> str:

@@ -235,11 +235,11 @@ class _RankBars:
             if out.key is not None or not out.measurements:
                 cells.append(None)
                 continue
-            reasons = [f"{q.source}: with 95% probability its rank is within "
-                       f"{m.rank_error(BINS):.4g} values of {q.p:g} n (n: the rows counted)"
+            # The rank bound is public (epsilon, Delta, bins); a value interval would need the
+            # data's distribution, which is not released.
+            reasons = [f"rank within {m.rank_error(BINS):.4g} of {q.p:g} n (95%)"
                        for q, m in (bounds[i] for i in out.measurements)]
-            cells.append(NoInterval("a DP quantile has no value interval without the data's "
-                                    "distribution; " + "; ".join(reasons)))
+            cells.append(NoInterval("; ".join(reasons) + ", no value interval"))
         return tuple(tuple(cells) for _ in range(self.rows))
 
 
@@ -261,15 +261,21 @@ def _report(analysis: QuantileQuery, mechanisms: tuple[ExponentialMechanism, ...
             f"{m.sensitivity:g} (mechanisms.exponential)",
             {**m.describe(), "bins": BINS, "bin_width": width,
              "rank_error_95": m.rank_error(BINS)}, None))
+    by_id = {q.id: (q, m) for q, m in zip(analysis.quantiles, mechanisms, strict=True)}
     columns = []
     for out in query.outputs:
         if out.key is not None:
             columns.append(ColumnReport(out.name, "group_key", out.source, ()))
         elif not out.measurements:
             columns.append(ColumnReport(out.name, "constant", out.source, ()))
-        elif out.expr.sql() in {q.id for q in analysis.quantiles}:
-            columns.append(ColumnReport(out.name, "aggregate", out.source, out.measurements,
-                                        "exponential"))
+        elif out.expr.sql() in by_id:
+            # scale: the mechanism's 2 Delta / epsilon (utility units, i.e. ranks); its 95%
+            # error in values is data-dependent (not shown), in ranks it is in the note.
+            q, m = by_id[out.expr.sql()]
+            columns.append(ColumnReport(
+                out.name, "aggregate", out.source, out.measurements, "exponential",
+                2 * m.sensitivity / m.epsilon,
+                note=f"95% rank error within {m.rank_error(BINS):.4g} values of {q.p:g} n"))
         else:
             columns.append(ColumnReport(out.name, "derived", out.source, out.measurements,
                                         note="post-processing of DP quantiles: "
