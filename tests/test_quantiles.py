@@ -203,3 +203,40 @@ def test_quantiles_of_one_column_are_not_confused_by_caches(skew: Engine) -> Non
         assert m.aggregate.startswith(fn)
         answers[fn] = result.rows[0][0]
     assert answers["MIN"] < answers["MEDIAN"] < answers["MAX"]
+
+
+def test_report_columns_name_the_mechanism(skew: Engine) -> None:
+    report = skew.explain("SELECT g, MEDIAN(v) AS m, MAX(v) - MIN(v) AS spread FROM skew "
+                          "GROUP BY g", epsilon=3.0, **ALICE)
+    key, median, spread = report.columns
+    assert key.role == "group_key"
+    # epsilon 1 each; Delta = 3 * 0.5: the exponential mechanism's 2 Delta / epsilon = 3.
+    assert median.role == "aggregate" and median.mechanism == "exponential"
+    assert median.scale == pytest.approx(3.0)
+    assert "rank error" in median.note
+    assert spread.role == "derived" and spread.measurements == ("q1", "q2")
+    assert report.delta == 0 and report.epsilon == 3.0
+    assert nothing_spent(skew)
+
+
+def test_event_level_table(engine: Engine) -> None:
+    """visits has no privacy unit: one row per neighbour, Delta = max(p, 1 - p)."""
+    result = engine.execute("SELECT MEDIAN(seconds), PERCENTILE_DISC(0.2) WITHIN GROUP "
+                            "(ORDER BY seconds) FROM visits", epsilon=20.0, **ALICE)
+    assert [m.sensitivity for m in result.report.measurements] == [0.5, 0.8]
+    # seconds = visit_id % 700 over 1..1000: 1..699 and 0 once, then 1..300 again, so the
+    # values up to 300 come twice: rank 500 is at 250, rank 200 at 100 (each value two ranks;
+    # the 95% rank bound here is ~ 1.2 ranks, so +-15 is loose).
+    median, p20 = result.rows[0]
+    assert 235 <= median <= 265 and 85 <= p20 <= 115
+    assert "ROW_NUMBER" not in (result.report.rewritten_sql or "")
+
+
+def test_materialized_bounding_reads_the_stored_sample(scratch: Callable[..., Engine]) -> None:
+    engine = scratch("skew", CREATE, POLICY.replace(
+        'max_rows_per_unit = 3\n\n[tables.skew.columns]',
+        'max_rows_per_unit = 3\nbounding = "materialized"\n\n[tables.skew.columns]'))
+    result = engine.execute("SELECT MEDIAN(v) FROM skew", epsilon=20.0, **ALICE)
+    assert "chorus_private" in (result.report.rewritten_sql or "")
+    assert 0 <= result.rows[0][0] <= 100
+    engine.backend.run_owned(["DROP TABLE IF EXISTS quant_other"])
