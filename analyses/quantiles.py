@@ -104,7 +104,8 @@ def _is_quantile(node: exp.Expr) -> bool:
 
 def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
     """A copy of ``tree`` with quantile i replaced by ``(SUM(x) + marker_i)``, and for each
-    (p, function name, source text).  Refuses other aggregates next to quantiles."""
+    distinct quantile (p, function name, source text).  Refuses other aggregates next to
+    quantiles."""
     other = next((n for n in tree.find_all(*AGGREGATES)), None)
     if other is not None:
         raise NotSupportedError(
@@ -112,15 +113,21 @@ def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
             "quantiles or COUNT/SUM/AVG-like aggregates, not both",
             hint="ask the quantiles and the other aggregates in separate queries")
     found: list[tuple[float, str, str]] = []
+    # The same quantile asked twice (in SELECT and HAVING or ORDER BY, or MEDIAN(x) next to
+    # PERCENTILE_CONT(0.5) ... x) is one release: one draw, one charge, the same value in both.
+    seen: dict[tuple[float, str], int] = {}
 
     def visit(node: exp.Expr) -> exp.Expr:
         if not _is_quantile(node):
             return node
         value, p, name = _read(node)
-        if len(found) >= _MAX_QUANTILES:
-            raise QueryRefused(f"more than {_MAX_QUANTILES} quantiles in one query")
-        found.append((p, name, display_sql(node)))
-        marker = exp.Literal.number(_MARKER.format(len(found) - 1))
+        index = seen.get((p, value.sql()))
+        if index is None:
+            if len(found) >= _MAX_QUANTILES:
+                raise QueryRefused(f"more than {_MAX_QUANTILES} quantiles in one query")
+            index = seen[(p, value.sql())] = len(found)
+            found.append((p, name, display_sql(node)))
+        marker = exp.Literal.number(_MARKER.format(index))
         return exp.Paren(this=exp.Add(this=exp.Sum(this=value.copy()), expression=marker))
 
     return tree.copy().transform(visit), found

@@ -240,3 +240,16 @@ def test_materialized_bounding_reads_the_stored_sample(scratch: Callable[..., En
     assert "chorus_private" in (result.report.rewritten_sql or "")
     assert 0 <= result.rows[0][0] <= 100
     engine.backend.run_owned(["DROP TABLE IF EXISTS quant_other"])
+
+
+def test_a_quantile_asked_twice_is_one_release(skew: Engine) -> None:
+    """MEDIAN(v) in SELECT, HAVING and ORDER BY (and spelled PERCENTILE_CONT(0.5)) is one draw
+    and one charge: the HAVING filters the very values shown (it filtered an independent draw)."""
+    sql = ("SELECT g, MEDIAN(v) AS m, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY v) AS m2 "
+           "FROM skew GROUP BY g HAVING MEDIAN(v) > 30 ORDER BY MEDIAN(v)")
+    for _ in range(5):
+        result = skew.execute(sql, epsilon=0.05, **ALICE)  # noisy: independent draws differ
+        (m,) = result.report.measurements
+        assert m.mechanism["epsilon"] == 0.05
+        assert all(row[1] > 30 and row[1] == row[2] for row in result.rows)
+        assert [row[1] for row in result.rows] == sorted(row[1] for row in result.rows)
