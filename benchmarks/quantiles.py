@@ -151,7 +151,11 @@ def render(rows: list[dict[str, object]], n_rows: int, runs: int) -> str:
               "100 at the median with k = 200; over about a million trips that is a fraction "
               "of a percent of the ranks even at epsilon 0.1. Sensitivity sampling adds Laplace "
               "noise scaled to how far one rider's 200 rows move the quantile in samples of P: "
-              "its error is in values, and its guarantee is the weaker random DP."]
+              "its error is in values, and its guarantee is the weaker random DP. Its answers "
+              "are snapped to a power-of-two grid (the snapping mechanism), so once the noise "
+              "is small its error is the distance from the truth to the nearest grid point "
+              "(the same at epsilon 0.5 and 1). The sampled mode has no MIN or MAX. Both modes "
+              "read at most 200 trips per rider: part of each error is that cap, not noise."]
     return "\n".join(lines)
 
 
