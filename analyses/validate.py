@@ -56,6 +56,9 @@ _REFUSED_AGGREGATES = {
     "ArrayAgg": "ARRAY_AGG", "GroupConcat": "STRING_AGG", "Mode": "MODE",
 }
 
+_QUANTILE_AGGREGATES = frozenset({"Min", "Max", "Median", "PercentileCont", "PercentileDisc",
+                                  "Quantile", "ApproxQuantile"})
+
 TOO_DEEP = "the query nests too deeply to analyse"
 
 
@@ -134,6 +137,16 @@ def check_node(node: exp.Expr) -> None:
             )
         return
     name = type(node).__name__
+    if name in _QUANTILE_AGGREGATES:
+        # Reached only where the quantile kind (analyses.quantiles) did not take the query.
+        raise NotSupportedError(
+            f"{_REFUSED_AGGREGATES[name]} is not supported here: plain Laplace noise cannot "
+            "protect a statistic with unbounded sensitivity",
+            hint="a quantile, MIN or MAX is answered as an outermost aggregate of one table by "
+            "the exponential mechanism, in the default (analytic) mode"
+            + ("" if name in ("Min", "Max") else
+               "; percentiles also by sensitivity sampling: SET chorus.sensitivity = "
+               "'sampled'"))
     if name in _REFUSED_AGGREGATES:
         raise NotSupportedError(
             f"{_REFUSED_AGGREGATES[name]} is not supported: plain Laplace noise cannot protect "

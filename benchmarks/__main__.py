@@ -28,6 +28,7 @@ BENCHMARKS = {
     "joins": "joins: analyse + rewrite time, max-frequency metrics",
     "attribution": "multi-attribution bounding: speed, distance from optimal",
     "sampling": "sensitivity sampling: time, convergence",
+    "quantiles": "DP quantiles: rank error, exponential mechanism vs sensitivity sampling",
     "scan_options": "issue 23 study: one-scan designs for the default policy, cold prepares",
 }
 

@@ -42,6 +42,7 @@ from chorus_py.errors import BudgetExhausted, InvalidParameter, PolicyError, Que
 from chorus_py.kinds.base import Prepared, QueryKind, Services
 from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.public import PublicKind
+from chorus_py.kinds.quantile import QuantileKind
 from chorus_py.kinds.sampled import SampledKind, SampledRequest
 from chorus_py.kinds.single import SingleTableKind
 from chorus_py.policy import LIVE_TYPES, AttributionTable, Policy, block_schemes, load_policy
@@ -119,6 +120,7 @@ class Engine:
         self.single = SingleTableKind(services)
         self.join = JoinKind(services)
         self.sampled = SampledKind(services)  # sensitivity sampling, opt-in per query
+        self.quantile = QuantileKind(services, self._analyse)  # DP quantiles, MIN, MAX
         # What the doors and the engine did, for the log and the metrics (chorus_py.activity).
         self.activity = Activity()
         # Steps 1-4 are pure functions of (SQL, policy): cached.
@@ -280,6 +282,8 @@ class Engine:
         """The kind that answers ``sql``, and what its ``prepare`` takes."""
         if self.sampled.wanted(sensitivity, gamma) and self.sampled.accepts(sql):
             return self.sampled, SampledRequest(sql, gamma)
+        if self.quantile.accepts(sql):
+            return self.quantile, self.quantile.analyse(sql)
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
             return self.public, analysis

@@ -176,7 +176,10 @@ columns.x = {{ distribution = "normal", mean = 0, sd = 10 }}
 
 
 REFUSALS = [
-    ("SELECT MEDIAN(seconds) FROM visits", {}, NotSupportedError, "MEDIAN is not supported"),
+    # Without the opt-in a median is answered by the exponential mechanism; grouped by a key
+    # without public values it is refused, naming the sampled mode.
+    ("SELECT page, MEDIAN(seconds) FROM visits GROUP BY page", {}, NotSupportedError,
+     "chorus.sensitivity = 'sampled'"),
     ("SELECT MEDIAN(seconds) FROM visits", {"gamma": 0.05}, InvalidParameter,
      "gamma applies only"),
     ("SELECT MEDIAN(seconds) FROM visits", {"sensitivity": "exact"}, InvalidParameter,

@@ -7,7 +7,8 @@
              rewritten SQL as text with holes).
 ``join``     joins, elastic sensitivity.
 ``sampled``  sensitivity sampling (random DP), opt-in.
+``quantile`` MEDIAN, percentiles, MIN and MAX: the exponential mechanism over a one-scan histogram.
 
-A new kind (e.g. DP quantiles) is a new module with a class satisfying ``QueryKind``, and a line
+A new kind is a new module with a class satisfying ``QueryKind``, and a line
 in ``Engine._pick``.  No kind imports the engine: what they use comes in ``base.Services``.
 """

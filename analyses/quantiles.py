@@ -1,0 +1,258 @@
+"""DP quantiles: which queries ask for them, and what each asks (``chorus_py.kinds.quantile``).
+
+Accepted: MEDIAN(x); PERCENTILE_CONT(p) / PERCENTILE_DISC(p) WITHIN GROUP (ORDER BY x [DESC]);
+DuckDB's QUANTILE(x, p), QUANTILE_CONT / QUANTILE_DISC(x, p), APPROX_QUANTILE(x, p); MIN(x) and
+MAX(x), answered as the 1st and 99th percentiles (:data:`MIN_P`, :data:`MAX_P`): the true
+minimum of a column has no bounded sensitivity (one person moves it to any bound), a
+low percentile does.  ``ORDER BY x DESC`` asks for the (1 - p)-quantile.
+
+The rest of the query is analysed by ``analyses.query`` itself, so the table, filter, block,
+group keys, totality and declared bounds follow exactly the rules of every other aggregate:
+each quantile is first replaced by a marked ``SUM(x)`` (which needs x bounded and total, as a
+quantile over the clipped x does), then the markers in the lifted outputs become the quantile's
+own id ``q<i>``.  Nothing else is accepted in the same query (other aggregates, joins, keys
+released by a threshold): those refusals name the mode that answers them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from analyses.query import AggregateQuery, OutputColumn, PublicQuery, display_sql
+from analyses.validate import AGGREGATES
+from chorus_py.errors import NotSupportedError, QueryRefused
+
+#: MIN(x) and MAX(x) are answered as these quantiles (documented in docs/analyst-guide.md).
+MIN_P = 0.01
+MAX_P = 0.99
+
+_FRACTION_FUNCTIONS = (exp.PercentileCont, exp.PercentileDisc, exp.Quantile,
+                       exp.ApproxQuantile)
+QUANTILE_NODES: tuple[type[exp.Expr], ...] = (exp.Median, exp.Min, exp.Max, exp.WithinGroup,
+                                              *_FRACTION_FUNCTIONS)
+# A marker no analyst query can contain next to an aggregate: the query holds no other
+# aggregate (checked before the substitution), so ``SUM(x) + marker`` comes only from here.
+_MARKER = "90719925474099{:03d}"
+_MAX_QUANTILES = 64
+
+SAMPLED_HINT = ("or opt in to sensitivity sampling, which answers any percentile: "
+                "SET chorus.sensitivity = 'sampled' (REST: \"sensitivity\": \"sampled\")")
+
+
+@dataclass(frozen=True)
+class QuantileSpec:
+    """One quantile the query asks: q<i> = the p-quantile of ``argument`` clipped to
+    [lower, upper]; ``integral`` for an integer column (answers are rounded)."""
+
+    id: str
+    p: float
+    function: str
+    source: str
+    argument: exp.Expr
+    lower: float
+    upper: float
+    integral: bool
+
+
+@dataclass(frozen=True)
+class QuantileQuery:
+    """A quantile query: the analysed query (its table, filter, keys, stability; its outputs,
+    HAVING and ORDER BY over key ids ``k<j>`` and quantile ids ``q<i>``) and its quantiles."""
+
+    query: AggregateQuery
+    quantiles: tuple[QuantileSpec, ...]
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """What determines the answer's statements and meaning: the normalised query (its
+        quantiles show there as the same marked SUMs, whatever their p) and each quantile's
+        function, p and argument, and the output names.  Caches key on this."""
+        return (self.query.normalized_sql,
+                tuple((q.function, q.p, q.argument.sql()) for q in self.quantiles),
+                tuple(o.name for o in self.query.outputs))
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The distinct quantiled expressions (their SQL), in order: one histogram each."""
+        return tuple(dict.fromkeys(q.argument.sql() for q in self.quantiles))
+
+
+def asks_quantiles(sql: str, dialect: str) -> bool:
+    """Whether ``sql`` holds a quantile, MIN or MAX (a cheap parse; False if it does not parse:
+    the ordinary path then reports the syntax error)."""
+    try:
+        trees = sqlglot.parse(sql, read=dialect)
+    except (ParseError, TokenError, RecursionError, ValueError):
+        return False
+    return any(tree is not None and any(_is_quantile(n) for n in tree.walk())
+               for tree in trees)
+
+
+def _is_quantile(node: exp.Expr) -> bool:
+    if isinstance(node, exp.WithinGroup):
+        return isinstance(node.this, exp.PercentileCont | exp.PercentileDisc)
+    if isinstance(node, exp.Min | exp.Max):
+        return not node.expressions  # MIN(a, b) is LEAST in some dialects: not an aggregate
+    return isinstance(node, QUANTILE_NODES) and not isinstance(node.parent, exp.WithinGroup)
+
+
+def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
+    """A copy of ``tree`` with quantile i replaced by ``(SUM(x) + marker_i)``, and for each
+    distinct quantile (p, function name, source text).  Refuses other aggregates next to
+    quantiles."""
+    other = next((n for n in tree.find_all(*AGGREGATES)), None)
+    if other is not None:
+        raise NotSupportedError(
+            f"{display_sql(other)} next to a quantile, MIN or MAX: a query answers either "
+            "quantiles or COUNT/SUM/AVG-like aggregates, not both",
+            hint="ask the quantiles and the other aggregates in separate queries")
+    found: list[tuple[float, str, str]] = []
+    # The same quantile asked twice (in SELECT and HAVING or ORDER BY, or MEDIAN(x) next to
+    # PERCENTILE_CONT(0.5) ... x) is one release: one draw, one charge, the same value in both.
+    seen: dict[tuple[float, str], int] = {}
+
+    def visit(node: exp.Expr) -> exp.Expr:
+        if not _is_quantile(node):
+            return node
+        value, p, name = _read(node)
+        index = seen.get((p, value.sql()))
+        if index is None:
+            if len(found) >= _MAX_QUANTILES:
+                raise QueryRefused(f"more than {_MAX_QUANTILES} quantiles in one query")
+            index = seen[(p, value.sql())] = len(found)
+            found.append((p, name, display_sql(node)))
+        marker = exp.Literal.number(_MARKER.format(index))
+        return exp.Paren(this=exp.Add(this=exp.Sum(this=value.copy()), expression=marker))
+
+    return tree.copy().transform(visit), found
+
+
+def _read(node: exp.Expr) -> tuple[exp.Expr, float, str]:
+    """(value, p, function name) of one quantile node."""
+    if isinstance(node, exp.WithinGroup):
+        inner, order = node.this, node.expression
+        if not isinstance(order, exp.Order) or len(order.expressions) != 1:
+            raise NotSupportedError("PERCENTILE_CONT/DISC need WITHIN GROUP (ORDER BY one "
+                                    "expression)")
+        ordered = order.expressions[0]
+        p = _fraction(inner.this, inner.sql_name())
+        return (_value(ordered.this, inner.sql_name()),
+                1.0 - p if ordered.args.get("desc") else p, inner.sql_name())
+    if isinstance(node, exp.Median):
+        return _value(node.this, "MEDIAN"), 0.5, "MEDIAN"
+    if isinstance(node, exp.Min):
+        return _value(node.this, "MIN"), MIN_P, "MIN"
+    if isinstance(node, exp.Max):
+        return _value(node.this, "MAX"), MAX_P, "MAX"
+    name = node.sql_name()
+    p_node = node.args.get("quantile") if isinstance(node, exp.Quantile | exp.ApproxQuantile) \
+        else node.args.get("expression")
+    return _value(node.this, name), _fraction(p_node, name), name
+
+
+def _value(node: exp.Expr | None, name: str) -> exp.Expr:
+    if node is None or isinstance(node, exp.Star):
+        raise QueryRefused(f"{name} needs a value to rank")
+    if isinstance(node, exp.Distinct):
+        raise NotSupportedError(f"{name}(DISTINCT ...) is not supported",
+                                hint=f"use {name}(column)")
+    return node
+
+
+def _fraction(node: exp.Expr | None, name: str) -> float:
+    if not isinstance(node, exp.Literal) or node.is_string:
+        raise QueryRefused(f"{name}: the fraction must be a number literal in [0, 1]",
+                           hint="e.g. PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY fare)")
+    p = float(node.name)
+    if not 0.0 <= p <= 1.0:
+        raise QueryRefused(f"{name}: the fraction {node.name} is outside [0, 1]")
+    return p
+
+
+def analyze_quantiles(sql: str, dialect: str,
+                      analyse: Callable[[str], AggregateQuery | PublicQuery]) -> QuantileQuery:
+    """Analyse a quantile query: ``analyse`` is the ordinary analysis (parse, validate, bind,
+    ``analyses.query.analyze_query``) applied to the query with its quantiles substituted."""
+    try:
+        tree = sqlglot.parse_one(sql, read=dialect)
+    except (ParseError, TokenError) as err:  # asks_quantiles parsed it: not expected
+        raise QueryRefused(f"syntax error: {err}") from None
+    replaced, found = substitute(tree)
+    analysis = analyse(replaced.sql(dialect))
+    if isinstance(analysis, PublicQuery):
+        raise QueryRefused("quantiles of public tables need no privacy: the proxy answers "
+                           "public tables exactly only with ordinary aggregates",
+                           hint="use the aggregates COUNT, SUM, AVG on public tables")
+    where = "a quantile, MIN or MAX"
+    if analysis.join is not None:
+        raise NotSupportedError(
+            f"{where} over a join is not supported by the analytic quantile mode",
+            hint="ask it of one table, " + SAMPLED_HINT.replace("any percentile", "percentiles "
+                                                                 "of one table"))
+    if analysis.thresholded:
+        key = next(k for k in analysis.keys if k.public_values is None)
+        raise NotSupportedError(
+            f"{where} grouped by {display_sql(key.expr)}, a column without public_values, is "
+            "not supported (its groups would need a noisy threshold)",
+            hint="group by columns with public_values (the data owner declares them), "
+            + SAMPLED_HINT)
+    by_marker = {_MARKER.format(i): i for i in range(len(found))}
+    measured = {m.id: m for m in analysis.measurements}
+    specs: dict[int, QuantileSpec] = {}
+
+    def unmark(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Add) and isinstance(node.expression, exp.Literal) and \
+                node.expression.name in by_marker and isinstance(node.this, exp.Column):
+            i = by_marker[node.expression.name]
+            m = measured[node.this.name]
+            assert m.lower is not None and m.upper is not None and m.argument is not None
+            p, name, source = found[i]
+            specs[i] = QuantileSpec(f"q{i}", p, name, source, m.argument, m.lower, m.upper,
+                                    _integral(analysis, m.argument))
+            return exp.column(f"q{i}")
+        return node
+
+    outputs = tuple(dataclasses.replace(o, expr=_bare(o.expr.transform(unmark)))
+                    for o in analysis.outputs)
+    having = analysis.having.transform(unmark) if analysis.having is not None else None
+    order = tuple(exp.Ordered(this=o.this.transform(unmark), desc=o.args.get("desc"),
+                              nulls_first=o.args.get("nulls_first")) for o in analysis.order)
+    outputs = tuple(dataclasses.replace(o, measurements=_quantile_ids(o), name=_name(item, o))
+                    for o, item in zip(outputs, tree.expressions, strict=True))
+    if any(c.name.startswith("m") for o in outputs for c in o.expr.find_all(exp.Column)):
+        raise NotSupportedError("a query answers either quantiles or other aggregates")
+    query = dataclasses.replace(analysis, outputs=outputs, having=having, order=order)
+    return QuantileQuery(query, tuple(specs[i] for i in sorted(specs)))
+
+
+def _bare(node: exp.Expr) -> exp.Expr:
+    """``(q0)`` as ``q0``: the parentheses the substitution put around each quantile."""
+    return node.transform(lambda n: n.this if isinstance(n, exp.Paren)
+                          and isinstance(n.this, exp.Column) else n)
+
+
+def _name(item: exp.Expr, out: OutputColumn) -> str:
+    """An unnamed quantile output is named as Postgres names it: its function, lower case."""
+    if isinstance(item, exp.Alias) or not _is_quantile(item):
+        return out.name
+    inner = item.this if isinstance(item, exp.WithinGroup) else item
+    return inner.sql_name().lower()
+
+
+def _quantile_ids(out: OutputColumn) -> tuple[str, ...]:
+    return tuple(sorted({c.name for c in out.expr.find_all(exp.Column)
+                         if c.name.startswith("q")}))
+
+
+def _integral(query: AggregateQuery, argument: exp.Expr) -> bool:
+    """Whether the quantiled value is an integer column (its answers are rounded)."""
+    if not isinstance(argument, exp.Column):
+        return False
+    column = query.table_policy.columns.get(argument.name)
+    return column is not None and column.type == "int"

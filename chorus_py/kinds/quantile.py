@@ -1,0 +1,302 @@
+"""DP quantiles, MEDIAN, MIN and MAX under analytic sensitivity: the exponential mechanism.
+
+Prepare: the query is analysed by ``analyses.quantiles`` (the ordinary analysis, with each
+quantile in place of a SUM), its blocks by ``analyses.blocks``, and each distinct quantiled
+value gets one histogram statement (``rewriters.quantiles``: one scan, all groups, :data:`BINS`
+bins over the declared bounds).  Epsilon is split equally over the quantiles (basic
+composition); each costs a pure epsilon-DP event.
+
+Run, after the claim: the database returns the exact histograms (they stay in the proxy), the
+proxy draws each quantile's bin with the exponential mechanism (``mechanisms.exponential``,
+os.urandom), per group, and a value uniformly in the bin; the outputs, HAVING, ORDER BY and
+LIMIT are then computed over those values in the scratch DuckDB (post-processing).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from analyses.blocks import BlocksRead, blocks_read
+from analyses.quantiles import QuantileQuery, analyze_quantiles, asks_quantiles
+from analyses.query import AggregateQuery, PublicQuery, display_sql
+from budget.accounting import Event
+from chorus_py.backends import SCHEMA, ResultSet, portable_type
+from chorus_py.caches import LRU
+from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
+from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
+from chorus_py.statements import QueryRun
+from mechanisms.exponential import ExponentialMechanism, bin_value, rank_sensitivity, rank_utility
+from mechanisms.intervals import Interval, NoInterval
+from rewriters.blocks import BlockRestriction
+from rewriters.dialect import dialect
+from rewriters.pipeline import NOISY
+from rewriters.quantiles import quantile_finish, quantile_histogram
+
+#: Bins of the histogram over [lower, upper]: the answer's resolution is (upper - lower) / BINS.
+BINS = 10_000
+#: The most (group, bin) cells one histogram may return.
+MAX_CELLS = 2_000_000
+
+
+@dataclass(frozen=True)
+class QuantileDetail:
+    """The kind's state of a prepared quantile query (``Prepared.detail``)."""
+
+    analysis: QuantileQuery
+    mechanisms: tuple[ExponentialMechanism, ...]  # one per quantile, in order
+    histograms: tuple[tuple[str, str], ...]       # (argument SQL, statement) per argument
+    groups: tuple[tuple[object, ...], ...]        # the public key combinations, in order
+    finish: str
+
+
+class QuantileKind:
+    """Quantile, MEDIAN, MIN and MAX queries of one private table."""
+
+    charges = True
+
+    def __init__(self, services: Services,
+                 analyse: Callable[[str], AggregateQuery | PublicQuery]) -> None:
+        self.services = services
+        self._analyse = analyse
+        self._analyses: LRU[str, QuantileQuery] = LRU(1024)
+        self._prepared: LRU[tuple[object, ...], Prepared] = LRU(1024)
+
+    def accepts(self, sql: str) -> bool:
+        """Whether ``sql`` asks a quantile, MIN or MAX."""
+        return asks_quantiles(sql, self.services.dialect)
+
+    def analyse(self, sql: str) -> QuantileQuery:
+        """The quantile analysis of ``sql`` (cached; refusals cost nothing)."""
+        found = self._analyses.get(sql)
+        if found is None:
+            found = analyze_quantiles(sql, self.services.dialect, self._analyse)
+            self._analyses.put(sql, found)
+        return found
+
+    def prepare(self, analysis: QuantileQuery, analyst: str, epsilon: float,
+                delta: float) -> Prepared:
+        """Blocks, histogram statements, mechanisms, report, events: pure, nothing charged."""
+        query = analysis.query
+        reads, restriction = self._blocks(query)
+        sample = None
+        if query.table_policy.multi_attribution:
+            sample = (SCHEMA, self.services.attribution.relation(query.table,
+                                                                 query.table_policy))
+        elif query.table_policy.bounding == "materialized":
+            sample = (SCHEMA, self.services.samples.relation(query.table, query.table_policy))
+        key = (analysis.shape, epsilon, restriction, sample)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare(analysis, epsilon, reads, restriction, sample)
+            self._prepared.put(key, prepared)
+        return prepared
+
+    def _prepare(self, analysis: QuantileQuery, epsilon: float, reads: BlocksRead | None,
+                 restriction: BlockRestriction | None,
+                 sample: tuple[str, str] | None) -> Prepared:
+        services = self.services
+        query = analysis.query
+        groups = tuple(itertools.product(*[k.public_values or () for k in query.keys]))
+        if query.keys and len(groups) * BINS > MAX_CELLS:
+            raise QueryRefused(f"{len(groups)} groups of {BINS} bins each are too many for a "
+                               "quantile query", hint="filter the group keys to fewer values")
+        # Basic composition: the quantiles share epsilon equally.
+        share = epsilon / len(analysis.quantiles)
+        try:
+            mechanisms = tuple(ExponentialMechanism(share, rank_sensitivity(q.p, query.stability))
+                               for q in analysis.quantiles)
+        except ValueError as err:
+            raise InvalidParameter(f"cannot calibrate the exponential mechanism: {err}",
+                                   hint="ask for a larger epsilon") from None
+        histograms = []
+        for argument in analysis.arguments:
+            spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
+            tree = quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
+                                      restriction, sample)
+            sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+            services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
+            histograms.append((argument, sql))
+        finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
+                                 query.offset).sql("duckdb")
+        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish)
+        report = _report(analysis, mechanisms, reads,
+                         "\n".join(sql for _, sql in histograms), epsilon)
+        events = tuple(Event.epsilon_delta(m.epsilon) for m in mechanisms)
+        return Prepared(report, reads.ids if reads is not None else (query.table,), events,
+                        detail, statements=tuple(sql for _, sql in histograms),
+                        finish=(_create(detail), finish),
+                        answer_key=(analysis.shape, epsilon, report.blocks))
+
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
+        """Histograms from the database, bins drawn here, the outputs finished here."""
+        detail: QuantileDetail = prepared.detail
+        analysis = detail.analysis
+        n_keys = len(analysis.query.keys)
+        n_groups = len(detail.groups) if n_keys else 1
+        counts: dict[str, np.ndarray] = {}
+        for argument, sql in detail.histograms:
+            cells = np.zeros((n_groups, BINS))
+            for row in self.services.statements.run(sql, run).rows:
+                group = _group_index(row[:n_keys], analysis)
+                if group is not None:
+                    cells[group, int(row[n_keys])] += float(row[n_keys + 1])
+            counts[argument] = cells  # exact: never leaves this function
+        rows = []
+        for g in range(n_groups):
+            values = []
+            for spec, mechanism in zip(analysis.quantiles, detail.mechanisms, strict=True):
+                drawn = mechanism.sample(rank_utility(counts[spec.argument.sql()][g], spec.p))
+                values.append(bin_value(drawn, BINS, spec.lower, spec.upper, spec.integral))
+            keys = detail.groups[g] if n_keys else ()
+            rows.append((*keys, *values))
+        del counts
+        result = self._finish(detail, rows)
+        return Answer(result, _RankBars(detail, len(result.rows)))
+
+    def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
+        con = self.services.statements.scratch()
+        try:
+            con.execute(_create(detail))
+            if rows:
+                con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(rows[0]))})",
+                                rows)
+            try:
+                cur = con.execute(detail.finish)
+            except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
+                raise BackendError(
+                    "the outputs of this query could not be computed from its DP quantiles",
+                    hint="the budget of this query was charged, as its histograms read the "
+                    "data; check the query's output expressions") from None
+            desc = cur.description or []
+            return ResultSet(tuple(d[0] for d in desc),
+                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+        finally:
+            con.close()
+
+    def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None,
+                                                      BlockRestriction | None]:
+        block = query.table_policy.block
+        if block is None:
+            return None, None
+        reads = blocks_read(query, self.services.blocks.windows(query.table, block))
+        column_type = query.table_policy.columns[block.column].type
+        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
+                                       reads.separate_runs)
+
+
+def _group_index(keys: tuple[Any, ...], analysis: QuantileQuery) -> int | None:
+    """The row-major index of a histogram row's key-value indexes in the public grid."""
+    index = 0
+    for value, key in zip(keys, analysis.query.keys, strict=True):
+        if value is None:  # a value the policy does not declare: filtered out already
+            return None
+        index = index * len(key.public_values or ()) + int(value)
+    return index
+
+
+def _duck_type(values: list[object]) -> str:
+    if all(isinstance(v, bool) for v in values):
+        return "BOOLEAN"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "BIGINT"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return "DOUBLE"
+    return "VARCHAR"
+
+
+def _create(detail: QuantileDetail) -> str:
+    """The scratch table of the finish: key ids typed from the declared values, quantile ids."""
+    query = detail.analysis.query
+    columns = [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
+               for k in query.keys]
+    columns += [f"{q.id} DOUBLE" for q in detail.analysis.quantiles]
+    return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
+
+
+class _RankBars:
+    """Error bars of a quantile answer: none in values (they would need the data's
+    distribution); the reason states the rank bound of the exponential mechanism."""
+
+    def __init__(self, detail: QuantileDetail, rows: int) -> None:
+        self.detail, self.rows = detail, rows
+
+    def intervals(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
+        analysis = self.detail.analysis
+        bounds = {q.id: (q, m) for q, m in zip(analysis.quantiles, self.detail.mechanisms,
+                                               strict=True)}
+        cells: list[Interval | NoInterval | None] = []
+        for out in analysis.query.outputs:
+            if out.key is not None or not out.measurements:
+                cells.append(None)
+                continue
+            # The rank bound is public (epsilon, Delta, bins); a value interval would need the
+            # data's distribution, which is not released.
+            reasons = [f"rank within {m.rank_error(BINS):.4g} of {q.p:g} n (95%)"
+                       for q, m in (bounds[i] for i in out.measurements)]
+            cells.append(NoInterval("; ".join(reasons) + ", no value interval"))
+        return tuple(tuple(cells) for _ in range(self.rows))
+
+
+def _report(analysis: QuantileQuery, mechanisms: tuple[ExponentialMechanism, ...],
+            reads: BlocksRead | None, sql: str, epsilon: float) -> PrivacyReport:
+    """The report: each quantile's mechanism, epsilon and utility sensitivity; the bins drawn
+    in the proxy whatever ``privacy.noise`` says (the selection needs the histogram)."""
+    query = analysis.query
+    k, unit = query.stability, query.privacy_unit
+    measurements = []
+    for q, m in zip(analysis.quantiles, mechanisms, strict=True):
+        width = (q.upper - q.lower) / BINS
+        measurements.append(MeasurementReport(
+            q.id, f"{q.function} = the {q.p:g}-quantile of {display_sql(q.argument)} "
+            f"clipped to [{q.lower:g}, {q.upper:g}]", m.sensitivity,
+            "rank utility u = -dist(p n, ranks of the bin), one "
+            + (f"{unit}'s <= {k} rows" if unit else "row (event level)")
+            + f" move it by <= k max(p, 1 - p) = {k} * {max(q.p, 1 - q.p):g} = "
+            f"{m.sensitivity:g} (mechanisms.exponential)",
+            {**m.describe(), "bins": BINS, "bin_width": width,
+             "rank_error_95": m.rank_error(BINS)}, None))
+    by_id = {q.id: (q, m) for q, m in zip(analysis.quantiles, mechanisms, strict=True)}
+    columns = []
+    for out in query.outputs:
+        if out.key is not None:
+            columns.append(ColumnReport(out.name, "group_key", out.source, ()))
+        elif not out.measurements:
+            columns.append(ColumnReport(out.name, "constant", out.source, ()))
+        elif out.expr.sql() in by_id:
+            # scale: the mechanism's 2 Delta / epsilon (utility units, i.e. ranks); its 95%
+            # error in values is data-dependent (not shown), in ranks it is in the note.
+            q, m = by_id[out.expr.sql()]
+            columns.append(ColumnReport(
+                out.name, "aggregate", out.source, out.measurements, "exponential",
+                2 * m.sensitivity / m.epsilon,
+                note=f"95% rank error within {m.rank_error(BINS):.4g} values of {q.p:g} n"))
+        else:
+            columns.append(ColumnReport(out.name, "derived", out.source, out.measurements,
+                                        note="post-processing of DP quantiles: "
+                                        + out.expr.sql()))
+    notes = [f"exponential mechanism over {BINS} bins of the declared bounds, the bin drawn by "
+             "the proxy from os.urandom and a value uniform in it; epsilon split equally over "
+             f"{len(mechanisms)} quantile(s): {epsilon / len(mechanisms):g} each",
+             "MIN and MAX are the DP 1st and 99th percentiles, not the minimum and maximum"
+             if any(q.function in ("MIN", "MAX") for q in analysis.quantiles) else "",
+             f"at most {k} rows per {unit} (the policy's limit), chosen at random after the "
+             "filter" if unit else "event level: one row per neighbour",
+             "the error is stated in ranks (mechanism.rank_error_95): a value interval would "
+             "need the data's distribution"]
+    if query.keys:
+        notes.append("groups: every declared public value; a unit's <= k rows spread over "
+                     "groups cost epsilon in all (mechanisms.exponential, 'Groups')")
+    return PrivacyReport(
+        analyst="", verdict="allowed", charged=False, epsilon=epsilon, delta=0.0,
+        noise="proxy", tables=(query.table,),
+        blocks=reads.ids if reads is not None else (query.table,), stability=k,
+        privacy_unit=unit, measurements=tuple(measurements), columns=tuple(columns),
+        key_release=KeyRelease("public_values", note="every declared value, nothing else")
+        if query.keys else None, rewritten_sql=sql, notes=tuple(n for n in notes if n))
+

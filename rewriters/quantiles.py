@@ -1,0 +1,119 @@
+"""SQL for DP quantiles (``chorus_py.kinds.quantile``): the histogram the database computes in
+one scan, and the finish the proxy runs over the selected values.
+
+``quantile_histogram`` counts, per group of public keys (by the index of the key's declared
+value) and per bin of the clipped value, the rows of the query: its filter, its claimed blocks,
+then at most k rows per unit (``rewriters.contribution``), NULL values left out as the
+percentile functions leave them.  Its exact counts stay in the proxy: only the bins the
+exponential mechanism draws from them leave it (``mechanisms.exponential``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sqlglot import exp
+
+from analyses.query import AggregateQuery, OutputColumn
+from rewriters.blocks import BlockRestriction
+from rewriters.contribution import contribution
+from rewriters.groups import public_filter
+from rewriters.pipeline import NOISY, filtered_rows
+from rewriters.safety import safety
+
+
+def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upper: float,
+                       bins: int, restriction: BlockRestriction | None,
+                       sample: tuple[str, str] | None) -> exp.Select:
+    """Rows (g0, ..., b, n): per group index and bin b in [0, bins) of the value clipped to
+    [lower, upper], the number n of rows.  Bins and groups without rows are absent.
+
+    >>> from sqlglot import parse_one
+    >>> from chorus_py.policy import TablePolicy
+    >>> tp = TablePolicy(privacy_unit="u", max_rows_per_unit=2,
+    ...                  columns={"u": {"type": "int"}, "x": {"type": "float"}})
+    >>> q = AggregateQuery("t", "t", tp, None, (), (), (), None, (), None, None, 2, False, None)
+    >>> from rewriters.dialect import dialect
+    >>> tree = quantile_histogram(q, parse_one("t.x"), 0, 10, 100, None, None)
+    >>> print(dialect(tree, "postgres").sql("postgres"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT h.b AS b, COUNT(*) AS n FROM (SELECT CASE WHEN r.v <= 0 THEN 0 WHEN r.v >= 10 THEN 99
+    ELSE LEAST(CAST(FLOOR((r.v - 0) * 10.0) AS BIGINT), 99) END AS b FROM (SELECT CAST(t.x AS
+    DOUBLE PRECISION) AS v FROM (SELECT * FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.u
+    ORDER BY r.__chorus_rand) AS __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM t
+    AS t WHERE NOT t.x IS NULL) AS r) AS b WHERE b.__chorus_rank <= 2) AS t) AS r) AS h GROUP BY
+    h.b
+    """
+    if not (upper > lower and bins >= 1):
+        raise ValueError("a quantile histogram needs upper > lower and at least one bin")
+    alias = query.alias
+    value = safety(argument)
+    # filtered_rows makes the whole filter safe (rewriters.safety): the raw expressions here.
+    where = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
+    for key in query.keys:  # undeclared key values are dropped, as in every public-key query
+        where = exp.and_(where, public_filter(key.expr, key.public_values or ()))
+    if query.where is not None:
+        where = exp.and_(query.where.copy(), where)
+    rows = filtered_rows(dataclasses.replace(query, where=where), restriction, sample)
+    unit = query.table_policy.privacy_unit
+    if query.table_policy.multi_attribution and sample is None:  # only its kept set S bounds it
+        raise ValueError("a table whose rows belong to several units is read from its S")
+    if isinstance(unit, str) and sample is None:
+        rows = contribution(rows, unit, query.stability)
+    # The value once per row (v, a double: not NULL, filtered above), then its bin: written
+    # inside the bin's CASE it would be rendered once per branch.
+    columns: list[exp.Expr] = [exp.alias_(_key_index(safety(k.expr), k.public_values or ()),
+                                          f"g{i}") for i, k in enumerate(query.keys)]
+    per_row = exp.select(*columns, exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
+        rows.subquery(alias, copy=False), copy=False)
+    v = exp.column("v", table="r")
+    scale = bins / (upper - lower)
+    position = exp.Mul(this=exp.Paren(this=exp.Sub(this=v.copy(), expression=_number(lower))),
+                       expression=exp.Literal.number(repr(float(scale))))
+    # Clipping is the outer branches; inside, FLOOR may round up to `bins` at the very top.
+    inside = exp.Least(this=exp.cast(exp.Floor(this=position), exp.DType.BIGINT),
+                       expressions=[exp.Literal.number(bins - 1)])
+    bin_expr = exp.Case(ifs=[
+        exp.If(this=v.copy() <= _number(lower), true=exp.Literal.number(0)),
+        exp.If(this=v.copy() >= _number(upper), true=exp.Literal.number(bins - 1))],
+        default=inside)
+    binned = exp.select(*[exp.column(f"g{i}", table="r") for i in range(len(query.keys))],
+                        exp.alias_(bin_expr, "b")).from_(per_row.subquery("r", copy=False),
+                                                         copy=False)
+    group = [exp.column(f"g{i}", table="h") for i in range(len(query.keys))]
+    group.append(exp.column("b", table="h"))
+    return (exp.select(*[exp.alias_(c, c.name) for c in group],
+                       exp.alias_(exp.Count(this=exp.Star()), "n"))
+            .from_(binned.subquery("h", copy=False), copy=False)
+            .group_by(*[c.copy() for c in group], copy=False))
+
+
+def _key_index(key: exp.Expr, values: Sequence[object]) -> exp.Expr:
+    """``CASE WHEN key IN (v0) THEN 0 WHEN key IN (v1) THEN 1 ... END``: the index of the
+    row's key among the declared values (rendered as ``rewriters.groups`` renders them)."""
+    ifs = [exp.If(this=public_filter(key, [v]), true=exp.Literal.number(i))
+           for i, v in enumerate(values)]
+    return exp.Case(ifs=ifs, default=exp.Null()) if ifs else exp.Null()
+
+
+def _number(value: float) -> exp.Expr:
+    literal = exp.Literal.number(repr(abs(float(value))).removesuffix(".0"))
+    return exp.Neg(this=literal) if value < 0 else literal
+
+
+def quantile_finish(outputs: Sequence[OutputColumn], having: exp.Expr | None,
+                    order: Sequence[exp.Ordered], limit: int | None,
+                    offset: int | None) -> exp.Select:
+    """The outputs, HAVING, ORDER BY, LIMIT over the table ``chorus_noisy`` of key ids and
+    quantile ids (post-processing, in the proxy's scratch DuckDB)."""
+    finish = exp.select(*[exp.alias_(o.expr.copy(), o.name, quoted=True)
+                          for o in outputs]).from_(NOISY)
+    if having is not None:
+        finish = finish.where(having.copy(), copy=False)
+    if order:
+        finish = finish.order_by(*[o.copy() for o in order], copy=False)
+    if limit is not None:
+        finish = finish.limit(limit, copy=False)
+    if offset is not None:
+        finish = finish.offset(offset, copy=False)
+    return finish

@@ -1,0 +1,255 @@
+"""DP quantiles end to end (``chorus_py.kinds.quantile``) on DuckDB and Postgres: answers near
+the true quantile on small skewed tables, hand-derived sensitivities in the report, the charge,
+one histogram statement per quantiled column, and refusals that name the mode that answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from chorus_py.engine import Engine
+from chorus_py.errors import NotSupportedError, QueryRefused
+from tests.conftest import nothing_spent
+
+ALICE = {"analyst": "alice"}
+
+# 200 units; unit u has (u % 3) + 1 rows (at most k = 3: nothing is dropped by the cap).  The
+# value is skewed: u ** 2 / 400, so most values are small (median ~ 25, max 100).  Group g is
+# 'a' for u <= 150, 'b' above; 'c' is declared but has no row.
+POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+delta_per_block = 0.5
+max_epsilon_per_query = 1e5
+
+[tables.skew]
+privacy_unit = "unit_id"
+max_rows_per_unit = 3
+
+[tables.skew.columns]
+unit_id = {{ type = "int", private_id = true }}
+g       = {{ type = "text", public_values = ["a", "b", "c"] }}
+h       = {{ type = "int" }}
+v       = {{ type = "float", lower = 0, upper = 100 }}
+n       = {{ type = "int", lower = 0, upper = 1000 }}
+free    = {{ type = "float" }}
+
+[tables.quant_other]
+privacy_unit = "unit_id"
+max_rows_per_unit = 3
+
+[tables.quant_other.columns]
+unit_id = {{ type = "int", private_id = true }}
+w       = {{ type = "float", lower = 0, upper = 10 }}
+
+[analysts.alice]
+"""
+
+CREATE = [
+    "CREATE TABLE skew AS SELECT CAST(u AS BIGINT) AS unit_id, "
+    "CASE WHEN u <= 150 THEN 'a' ELSE 'b' END AS g, CAST(u % 7 AS BIGINT) AS h, "
+    "CAST(u * u AS DOUBLE PRECISION) / 400 AS v, CAST(u AS BIGINT) AS n, "
+    "CAST(u AS DOUBLE PRECISION) AS free "
+    "FROM generate_series(1, 200) AS a(u), generate_series(1, 3) AS b(r) WHERE r <= u % 3 + 1",
+    "DROP TABLE IF EXISTS quant_other",
+    "CREATE TABLE quant_other AS SELECT CAST(1 AS BIGINT) AS unit_id, "
+    "CAST(1 AS DOUBLE PRECISION) AS w",
+]
+
+
+@pytest.fixture
+def skew(scratch: Callable[..., Engine]) -> Iterator[Engine]:
+    engine = scratch("skew", CREATE, POLICY)
+    yield engine
+    engine.backend.run_owned(["DROP TABLE IF EXISTS quant_other"])
+
+
+def _values(engine: Engine, sql: str) -> list[float]:
+    return sorted(float(r[0]) for r in engine.backend.run(sql).rows)
+
+
+def _rank(values: list[float], x: float) -> int:
+    return sum(1 for v in values if v < x)
+
+
+def test_median_is_near_the_true_median(skew: Engine) -> None:
+    values = _values(skew, "SELECT v FROM skew")
+    n = len(values)
+    result = skew.execute("SELECT MEDIAN(v) FROM skew", epsilon=20.0, **ALICE)
+    assert result.columns == ("median",)
+    (answer,) = result.rows[0]
+    (m,) = result.report.measurements
+    # Delta = k max(p, 1 - p) = 3 * 0.5; its 95% rank bound, here ~ 3.6 values (+ 1 for ties).
+    assert m.sensitivity == 1.5
+    assert m.mechanism["name"] == "exponential" and m.mechanism["epsilon"] == 20.0
+    bound = m.mechanism["rank_error_95"]
+    assert abs(_rank(values, answer) - n / 2) <= 4 * bound + 1
+    assert 0 <= answer <= 100
+
+
+def test_percentiles_share_epsilon_and_one_scan(skew: Engine) -> None:
+    values = _values(skew, "SELECT v FROM skew")
+    n = len(values)
+    sql = ("SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY v) AS p90, "
+           "PERCENTILE_DISC(0.25) WITHIN GROUP (ORDER BY v) AS p25, MIN(v) AS lo, "
+           "MAX(v) AS hi FROM skew")
+    explained = skew.explain(sql, epsilon=40.0, **ALICE)
+    result = skew.execute(sql, epsilon=40.0, **ALICE)
+    assert result.columns == ("p90", "p25", "lo", "hi")
+    # One histogram of v for all four quantiles.
+    assert result.report.rewritten_sql.count("GROUP BY") == 1
+    sens = [m.sensitivity for m in result.report.measurements]
+    assert sens == pytest.approx([3 * 0.9, 3 * 0.75, 3 * 0.99, 3 * 0.99])
+    assert [m.mechanism["epsilon"] for m in result.report.measurements] == [10.0] * 4
+    assert result.report.epsilon == explained.epsilon == 40.0
+    for (p, answer), m in zip(zip((0.9, 0.25, 0.01, 0.99), result.rows[0], strict=True),
+                              result.report.measurements, strict=True):
+        assert abs(_rank(values, answer) - p * n) <= 4 * m.mechanism["rank_error_95"] + 1
+    charged = sum(b.epsilon_consumed for b in skew.ledger.blocks())
+    assert charged == pytest.approx(40.0)
+
+
+def test_groups_with_public_values(skew: Engine) -> None:
+    result = skew.execute("SELECT g, MEDIAN(v) AS m FROM skew GROUP BY g ORDER BY g",
+                          epsilon=20.0, **ALICE)
+    assert [r[0] for r in result.rows] == ["a", "b", "c"]  # 'c' has no row: still answered
+    for g, m in result.rows:
+        truth = _values(skew, f"SELECT v FROM skew WHERE g = '{g}'")
+        if truth:
+            assert abs(_rank(truth, m) - len(truth) / 2) <= 4 * result.report.measurements[
+                0].mechanism["rank_error_95"] + 1
+        assert 0 <= m <= 100
+    assert result.report.key_release is not None
+    assert result.report.key_release.method == "public_values"
+
+
+def test_integer_column_gives_integers_and_filters_apply(skew: Engine) -> None:
+    result = skew.execute("SELECT MEDIAN(n) FROM skew WHERE g = 'b' AND n > 160",
+                          epsilon=30.0, **ALICE)
+    (answer,) = result.rows[0]
+    assert float(answer).is_integer()
+    assert 161 <= answer <= 200  # the true median is ~ 181; rank bound ~ 2 values
+
+
+def test_desc_order_is_the_complement(skew: Engine) -> None:
+    result = skew.execute("SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY v DESC) FROM skew",
+                          epsilon=20.0, **ALICE)
+    assert "0.1-quantile" in result.report.measurements[0].aggregate
+
+
+def test_duckdb_spellings(backend_url: str, skew: Engine) -> None:
+    if not backend_url.startswith("duckdb"):
+        pytest.skip("QUANTILE_CONT and QUANTILE are DuckDB's")
+    result = skew.execute("SELECT QUANTILE_CONT(v, 0.5), QUANTILE(v, 0.75), "
+                          "APPROX_QUANTILE(v, 0.1) FROM skew", epsilon=30.0, **ALICE)
+    ps = [m.aggregate.split(" = the ")[1].split("-quantile")[0]
+          for m in result.report.measurements]
+    assert ps == ["0.5", "0.75", "0.1"]
+
+
+@pytest.mark.parametrize(("sql", "error", "words"), [
+    ("SELECT h, MEDIAN(v) FROM skew GROUP BY h", NotSupportedError,
+     ("public_values", "chorus.sensitivity = 'sampled'")),
+    ("SELECT MEDIAN(s.v) FROM skew s JOIN quant_other o ON s.unit_id = o.unit_id",
+     NotSupportedError, ("join", "chorus.sensitivity = 'sampled'")),
+    ("SELECT MEDIAN(v), COUNT(*) FROM skew", NotSupportedError, ("separate queries",)),
+    ("SELECT MEDIAN(DISTINCT v) FROM skew", NotSupportedError, ("DISTINCT",)),
+    ("SELECT MEDIAN(free) FROM skew", QueryRefused, ("declared bounds",)),
+    ("SELECT PERCENTILE_CONT(1.5) WITHIN GROUP (ORDER BY v) FROM skew", QueryRefused,
+     ("outside [0, 1]",)),
+    ("SELECT MAX(unit_id) FROM skew", QueryRefused, ("declared bounds",)),
+])
+def test_refusals_cost_nothing_and_say_what_answers(skew: Engine, sql: str, error: type,
+                                                   words: tuple[str, ...]) -> None:
+    with pytest.raises(error) as raised:
+        skew.execute(sql, epsilon=1.0, **ALICE)
+    text = str(raised.value) + " " + (getattr(raised.value, "hint", "") or "")
+    for word in words:
+        assert word in text
+    assert nothing_spent(skew)
+
+
+def test_sampled_mode_keeps_its_own_queries(skew: Engine) -> None:
+    """Opting in to sensitivity sampling picks the sampled kind, not the quantile kind: here
+    it refuses (this policy names no sampling distribution), with its own message."""
+    with pytest.raises(QueryRefused, match="sampling distribution"):
+        skew.execute("SELECT MEDIAN(v) FROM skew", epsilon=5.0, sensitivity="sampled", **ALICE)
+    assert nothing_spent(skew)
+
+
+def test_refused_quantiles_in_validation_name_the_modes() -> None:
+    from sqlglot import parse_one
+
+    from analyses.validate import check_node
+    with pytest.raises(NotSupportedError) as raised:
+        check_node(parse_one("MODE(x)", read="duckdb"))
+    assert "MODE" in str(raised.value)
+    with pytest.raises(NotSupportedError) as raised:
+        check_node(parse_one("MEDIAN(x)", read="duckdb"))
+    assert "sampled" in raised.value.hint and "quantile" in raised.value.hint
+
+
+def test_quantiles_of_one_column_are_not_confused_by_caches(skew: Engine) -> None:
+    """MEDIAN(v), MIN(v) and MAX(v) normalise to the same marked SUM(v): the prepared-query and
+    answer caches must still tell them apart (they did not: MIN came back as the median)."""
+    answers = {}
+    for fn in ("MEDIAN", "MIN", "MAX", "MEDIAN"):
+        result = skew.execute(f"SELECT {fn}(v) FROM skew", epsilon=30.0, **ALICE)
+        (m,) = result.report.measurements
+        assert m.aggregate.startswith(fn)
+        answers[fn] = result.rows[0][0]
+    assert answers["MIN"] < answers["MEDIAN"] < answers["MAX"]
+
+
+def test_report_columns_name_the_mechanism(skew: Engine) -> None:
+    report = skew.explain("SELECT g, MEDIAN(v) AS m, MAX(v) - MIN(v) AS spread FROM skew "
+                          "GROUP BY g", epsilon=3.0, **ALICE)
+    key, median, spread = report.columns
+    assert key.role == "group_key"
+    # epsilon 1 each; Delta = 3 * 0.5: the exponential mechanism's 2 Delta / epsilon = 3.
+    assert median.role == "aggregate" and median.mechanism == "exponential"
+    assert median.scale == pytest.approx(3.0)
+    assert "rank error" in median.note
+    assert spread.role == "derived" and spread.measurements == ("q1", "q2")
+    assert report.delta == 0 and report.epsilon == 3.0
+    assert nothing_spent(skew)
+
+
+def test_event_level_table(engine: Engine) -> None:
+    """visits has no privacy unit: one row per neighbour, Delta = max(p, 1 - p)."""
+    result = engine.execute("SELECT MEDIAN(seconds), PERCENTILE_DISC(0.2) WITHIN GROUP "
+                            "(ORDER BY seconds) FROM visits", epsilon=20.0, **ALICE)
+    assert [m.sensitivity for m in result.report.measurements] == [0.5, 0.8]
+    # seconds = visit_id % 700 over 1..1000: 1..699 and 0 once, then 1..300 again, so the
+    # values up to 300 come twice: rank 500 is at 250, rank 200 at 100 (each value two ranks;
+    # the 95% rank bound here is ~ 1.2 ranks, so +-15 is loose).
+    median, p20 = result.rows[0]
+    assert 235 <= median <= 265 and 85 <= p20 <= 115
+    assert "ROW_NUMBER" not in (result.report.rewritten_sql or "")
+
+
+def test_materialized_bounding_reads_the_stored_sample(scratch: Callable[..., Engine]) -> None:
+    engine = scratch("skew", CREATE, POLICY.replace(
+        'max_rows_per_unit = 3\n\n[tables.skew.columns]',
+        'max_rows_per_unit = 3\nbounding = "materialized"\n\n[tables.skew.columns]'))
+    result = engine.execute("SELECT MEDIAN(v) FROM skew", epsilon=20.0, **ALICE)
+    assert "chorus_private" in (result.report.rewritten_sql or "")
+    assert 0 <= result.rows[0][0] <= 100
+    engine.backend.run_owned(["DROP TABLE IF EXISTS quant_other"])
+
+
+def test_a_quantile_asked_twice_is_one_release(skew: Engine) -> None:
+    """MEDIAN(v) in SELECT, HAVING and ORDER BY (and spelled PERCENTILE_CONT(0.5)) is one draw
+    and one charge: the HAVING filters the very values shown (it filtered an independent draw)."""
+    sql = ("SELECT g, MEDIAN(v) AS m, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY v) AS m2 "
+           "FROM skew GROUP BY g HAVING MEDIAN(v) > 30 ORDER BY MEDIAN(v)")
+    for _ in range(5):
+        result = skew.execute(sql, epsilon=0.05, **ALICE)  # noisy: independent draws differ
+        (m,) = result.report.measurements
+        assert m.mechanism["epsilon"] == 0.05
+        assert all(row[1] > 30 and row[1] == row[2] for row in result.rows)
+        assert [row[1] for row in result.rows] == sorted(row[1] for row in result.rows)
