@@ -43,7 +43,7 @@ MAX_KEYS = 10_000
 # DATE_TRUNC units: the bucket's start (a timestamp).  EXTRACT fields: an integer with the
 # size of its cycle (None: not cyclic) and the step at which the field is constant.
 TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour")
-_FIELDS: dict[str, tuple[int | None, str]] = {
+FIELDS: dict[str, tuple[int | None, str]] = {
     "year": (None, "month"), "isoyear": (None, "day"), "quarter": (4, "month"),
     "month": (12, "month"), "week": (53, "day"), "day": (31, "day"), "doy": (366, "day"),
     "dow": (7, "day"), "isodow": (7, "day"), "hour": (24, "hour"),
@@ -141,7 +141,7 @@ def _calendar(key: exp.Expr, tables: Mapping[str, tuple[str, TablePolicy]],
         name = _ALIASES.get(name, name[:-1] if name.endswith("s") else name)
     if kind == "trunc" and name not in TRUNC_UNITS:
         return None
-    if kind == "field" and name not in _FIELDS:
+    if kind == "field" and name not in FIELDS:
         return None
     return CalendarKeys(arg.table, arg.name, kind, name or "day", typ == "date")
 
@@ -164,8 +164,8 @@ def calendar_values(domain: CalendarKeys,
     (0, 1, 2, 3, 4, 5, 6)
     """
     step = domain.unit if domain.kind == "trunc" else (
-        "day" if domain.kind == "date" else _FIELDS[domain.unit][1])
-    cycle = _FIELDS[domain.unit][0] if domain.kind == "field" else None
+        "day" if domain.kind == "date" else FIELDS[domain.unit][1])
+    cycle = FIELDS[domain.unit][0] if domain.kind == "field" else None
     found: set[object] = set()
     for start, end in runs:
         for moment in _steps(_as_datetime(start), _as_datetime(end), step):
