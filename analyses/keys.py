@@ -53,6 +53,43 @@ _ALIASES = {"dayofweek": "dow", "dayofyear": "doy", "dayofweekiso": "isodow",
             "weekofyear": "week", "yearofweek": "isoyear", "yearofweekiso": "isoyear"}
 
 
+# Other spellings of EXTRACT (DuckDB's YEAR(ts), HOUR(ts), DAYOFWEEK(ts)...; DATE_PART('hour',
+# ts)), with the field each extracts: ``as_extract`` writes them as EXTRACT, which the
+# validator, the totality analysis and the key analysis know.  Each has DuckDB's meaning, which
+# is EXTRACT's there (DAYOFWEEK counts from Sunday = 0, WEEK is the ISO week).
+_SPELLINGS: dict[type[exp.Expr], str] = {
+    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
+    exp.DayOfMonth: "day", exp.Hour: "hour", exp.Minute: "minute", exp.Second: "second",
+    exp.DayOfWeek: "dow", exp.DayOfWeekIso: "isodow", exp.DayOfYear: "doy", exp.Week: "week",
+    exp.WeekOfYear: "week",
+}
+_PART_FIELDS = frozenset({*FIELDS, "minute", "second"})
+
+
+def as_extract(tree: exp.Expr) -> exp.Expr:
+    """``tree`` with the other spellings of EXTRACT written as EXTRACT (a new tree).
+
+    Only fields named in a fixed list are rewritten (the field becomes SQL text).
+
+    >>> from sqlglot import parse_one
+    >>> as_extract(parse_one("SELECT HOUR(ts), DATE_PART('dow', ts) FROM t", "duckdb")).sql()
+    'SELECT EXTRACT(HOUR FROM ts), EXTRACT(DOW FROM ts) FROM t'
+    """
+    def visit(node: exp.Expr) -> exp.Expr:
+        field = _SPELLINGS.get(type(node))
+        if field is not None and [k for k, v in node.args.items() if v] == ["this"]:
+            return exp.Extract(this=exp.var(field.upper()), expression=node.this)
+        if isinstance(node, exp.Anonymous) and node.name.upper() == "DATE_PART" \
+                and len(node.expressions) == 2 and isinstance(node.expressions[0], exp.Literal) \
+                and node.expressions[0].is_string \
+                and node.expressions[0].name.lower() in _PART_FIELDS:
+            return exp.Extract(this=exp.var(node.expressions[0].name.upper()),
+                               expression=node.expressions[1])
+        return node
+
+    return tree.transform(visit)
+
+
 @dataclass(frozen=True)
 class CalendarKeys:
     """Buckets of a block column: ``kind`` "trunc" (DATE_TRUNC to ``unit``), "field"
@@ -63,13 +100,12 @@ class CalendarKeys:
     column: str
     kind: str
     unit: str
-    date_column: bool = False
 
     def describe(self) -> str:
         """For the report: where the keys come from."""
-        what = {"trunc": f"every {self.unit}", "field": f"every {self.unit} value",
-                "date": "every day"}[self.kind]
-        return f"{what} of the blocks read ({self.column}, public schedule)"
+        what = {"trunc": f"every {self.unit} of", "field":
+                f"every value of EXTRACT({self.unit}) over", "date": "every day of"}[self.kind]
+        return f"{what} the blocks read (the public schedule of {self.column})"
 
 
 @dataclass(frozen=True)
@@ -97,7 +133,7 @@ def key_domain(key: exp.Expr, tables: Mapping[str, tuple[str, TablePolicy]],
     >>> from chorus_py.policy import TablePolicy
     >>> cities = TablePolicy(public=True)
     >>> key_domain(exp.column("country", table="c"), {"c": ("cities", cities),
-    ...            "t": ("trips", TablePolicy())}, {})
+    ...            "t": ("trips", TablePolicy(columns={"city": {"type": "text"}}))}, {})
     TableKeys(alias='c', table='cities')
     """
     calendar = _calendar(key, tables, column_type)
@@ -143,7 +179,7 @@ def _calendar(key: exp.Expr, tables: Mapping[str, tuple[str, TablePolicy]],
         return None
     if kind == "field" and name not in FIELDS:
         return None
-    return CalendarKeys(arg.table, arg.name, kind, name or "day", typ == "date")
+    return CalendarKeys(arg.table, arg.name, kind, name or "day")
 
 
 def calendar_values(domain: CalendarKeys,

@@ -1,8 +1,10 @@
 """Group keys: public values are completed, other keys are gated by a noisy count.
 
-- When every GROUP BY column declares ``public_values``, the answer has exactly one row per
-  combination of declared values (missing groups come back as noisy zeros, undeclared values
-  are dropped), so the set of released keys depends on the policy only.
+- When every GROUP BY key is public (a column that declares ``public_values``, a calendar
+  bucket of the block column, a column of a joined public table: ``analyses.keys``), the answer
+  has exactly one row per combination of public keys (missing groups come back as noisy zeros,
+  other values are dropped), so the set of released keys depends on the policy, the clock and
+  public tables only.
 - Otherwise a key is released only if its noisy count exceeds tau (``mechanisms.thresholding``).
 """
 

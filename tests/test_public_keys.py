@@ -121,6 +121,25 @@ def test_an_hour_of_day_series_returns_all_24_hours(rides: Engine) -> None:
     assert all(n >= 0 for _, n in result.rows)
 
 
+def test_other_spellings_of_extract_are_calendar_keys(rides: Engine) -> None:
+    # DuckDB's HOUR(ts) and DATE_PART('hour', ts) (Postgres parses date_part as EXTRACT) are
+    # written as EXTRACT before the allowlists, so they are calendar keys too.
+    for sql in ("SELECT HOUR(ts), COUNT(*) FROM pk_rides GROUP BY 1 ORDER BY 1",
+                "SELECT DATE_PART('hour', ts), COUNT(*) FROM pk_rides GROUP BY 1 ORDER BY 1"):
+        assert [int(h) for h in _keys(_ask(rides, sql))] == list(range(24))
+    years = _ask(rides, "SELECT YEAR(ts), MONTH(ts), COUNT(*) FROM pk_rides GROUP BY 1, 2 "
+                        "ORDER BY 1, 2")
+    assert [(int(y), int(m)) for y, m, _ in years.rows] == [(2026, 1), (2026, 2), (2026, 3)]
+
+
+def test_date_part_with_a_field_outside_the_list_stays_refused() -> None:
+    from analyses.validate import parse_statement
+
+    with pytest.raises(QueryRefused, match="DATE_PART"):
+        parse_statement("SELECT COUNT(*) FROM t GROUP BY DATE_PART('hour FROM ts) --', ts)",
+                        "duckdb", frozenset({"t"}))
+
+
 def test_distinct_riders_per_bucket_have_sensitivity_min_k_g(rides: Engine) -> None:
     # COUNT(DISTINCT rider_id): a rider's <= 5 rows reach <= min(5, G) groups, each count
     # moving by 1: by month G = 3 -> Delta 3; by day of week G = 7 -> Delta 5.

@@ -118,6 +118,14 @@ def key_release_odds_of(query: AggregateQuery, plan: NoisePlan,
                             query.groups_per_unit, epsilon), counted
 
 
+def _show_key(expr: exp.Expr) -> str:
+    """A group key as the report names it: SQL as Postgres writes it, names unquoted."""
+    plain = expr.copy()
+    for ident in plain.find_all(exp.Identifier):
+        ident.set("quoted", False)
+    return plain.sql("postgres")
+
+
 def listed_keys(query: AggregateQuery,
                 restrictions: Mapping[str, BlockRestriction]) -> AggregateQuery:
     """``query`` with its calendar keys listed over the blocks it reads (``restrictions``, by
@@ -387,7 +395,7 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
         )
     elif query.keys:
         key_release = KeyRelease("public_values", note="; ".join(
-            f"{display_sql(k.expr)}: " + ("every declared value, nothing else"
+            f"{_show_key(k.expr)}: " + ("every declared value, nothing else"
                                           if k.domain is None else k.domain.describe())
             for k in query.keys) if any(k.domain is not None for k in query.keys)
             else "every declared value, nothing else")
