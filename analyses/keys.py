@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import Literal
 
 from sqlglot import exp
 
@@ -98,7 +99,7 @@ class CalendarKeys:
 
     alias: str
     column: str
-    kind: str
+    kind: Literal["trunc", "field", "date"]
     unit: str
 
     def describe(self) -> str:
@@ -151,6 +152,7 @@ def key_domain(key: exp.Expr, tables: Mapping[str, tuple[str, TablePolicy]],
 def _calendar(key: exp.Expr, tables: Mapping[str, tuple[str, TablePolicy]],
               column_type: Mapping[tuple[str, str], str]) -> CalendarKeys | None:
     node = key.unnest()
+    kind: Literal["trunc", "field", "date"]
     if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
         arg, unit = node.this, node.args.get("unit")
         kind = "trunc"
