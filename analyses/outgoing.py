@@ -35,8 +35,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
    expression with RANDOM() (noise), every barrier lies inside E, and E is the barrier itself,
    the public-values grid LEFT JOIN the barrier, or ``SELECT ... FROM (barrier) AS e WHERE
-   FALSE`` (no declared key left: no row).  Keys that come from rows (not from the grid)
-   need a ``noisy column > literal`` threshold in the outer WHERE.  A statement whose exact
+   FALSE`` (no declared key left: no row).  The grid is made of literal VALUES and of SELECTs
+   that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
+   that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
+   outer WHERE.  A statement whose exact
    result goes to the proxy's noise (``noised_by_proxy``: answers in proxy mode, selection
    histograms; ``sampled`` for sampled sensitivity, which may also take percentiles) needs 1-4
    only; one released exactly (``exact``: public
@@ -139,7 +141,7 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
     if release == "noised_in_sql":
-        _check_noise(tree, barriers)
+        _check_noise(tree, barriers, rules)
 
 
 # -- 1. binding ------------------------------------------------------------------------------
@@ -426,7 +428,7 @@ def _window(conjuncts: list[exp.Expr], alias: str, column: str, sole: bool) -> b
 
 
 # -- 5. noise --------------------------------------------------------------------------------
-def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
+def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRules) -> None:
     with_ = tree.args.get("with_")
     ctes = with_.expressions if isinstance(with_, exp.With) else []
     if len(ctes) != 1 or ctes[0].alias_or_name != NOISY or not ctes[0].args.get("materialized"):
@@ -452,7 +454,7 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
     if len(barriers) == 1 and _released_empty(exact, barriers[0]):
         return  # WHERE FALSE over the aggregation: no row reaches the noise, nothing is released
     for barrier in barriers:
-        if barrier is not exact and not _grid_over(exact, barrier):
+        if barrier is not exact and not _grid_over(exact, barrier, rules):
             raise Refused("an aggregation of a private table is not the exact measurements "
                           "the noise reads")
     passed: list[str] = []
@@ -467,7 +469,7 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
             noised.add(item.alias_or_name)
         else:
             raise Refused(f"{NOISY} outputs {item.alias_or_name} without noise")
-    from_rows = [k for k in passed if not _public_key(exact, k)]
+    from_rows = [k for k in passed if not _public_key(exact, k, rules)]
     if from_rows:
         where = tree.args.get("where")
         gate = any(isinstance(c, exp.GT) and isinstance(c.this, exp.Column)
@@ -489,27 +491,34 @@ def _released_empty(exact: exp.Select, barrier: exp.Select) -> bool:
         and where.this.this is False
 
 
-def _grid_over(exact: exp.Select, barrier: exp.Select) -> bool:
-    """``exact`` is ``grid LEFT JOIN (barrier) AS e``, the grid made of literal VALUES."""
+def _grid_over(exact: exp.Select, barrier: exp.Select, rules: OutgoingRules) -> bool:
+    """``exact`` is ``grid LEFT JOIN (barrier) AS e``, the grid made of literal VALUES and
+    of reads of public tables."""
     joins = exact.args.get("joins") or []
     if len(joins) != 1 or exact.args.get("where") or exact.args.get("group"):
         return False
     join = joins[0]
     grid = exact.args["from_"].this if exact.args.get("from_") else None
     return (join.side or "").upper() == "LEFT" and isinstance(join.this, exp.Subquery) \
-        and join.this.this is barrier and grid is not None and grid.find(exp.Table) is None \
-        and not any(isinstance(s, exp.Select) and s.find(exp.Table) for s in [grid])
+        and join.this.this is barrier and grid is not None and _public_only(grid, rules)
 
 
-def _public_key(exact: exp.Select, key: str) -> bool:
-    """Whether output ``key`` of ``exact`` is a column of a table-free source (the grid)."""
+def _public_only(node: exp.Expr, rules: OutgoingRules) -> bool:
+    """Whether ``node`` reads no table but public ones (each qualified by the proxy's
+    schema: ``_declared`` refuses anything else)."""
+    return all(_declared(t, rules) in rules.public for t in node.find_all(exp.Table))
+
+
+def _public_key(exact: exp.Select, key: str, rules: OutgoingRules) -> bool:
+    """Whether output ``key`` of ``exact`` is a column of a source that reads no private
+    table (the grid)."""
     item = next((i for i in exact.expressions if i.alias_or_name == key), None)
     value = item.this if isinstance(item, exp.Alias) else item
     if not isinstance(value, exp.Column):
         return False
     sources = [exact.args["from_"].this] if exact.args.get("from_") else []
     sources += [j.this for j in exact.args.get("joins") or []]
-    return any(s.alias_or_name == value.table and s.find(exp.Table) is None for s in sources)
+    return any(s.alias_or_name == value.table and _public_only(s, rules) for s in sources)
 
 
 def rules_from_policy(policy: Policy, schema: str | None, private_schema: str) -> OutgoingRules:

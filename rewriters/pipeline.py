@@ -29,8 +29,9 @@ from rewriters.blocks import BlockRestriction, blocks
 from rewriters.clipping import clipping
 from rewriters.contribution import RANK, contribution, group_bound, ranked_contribution
 from rewriters.dialect import dialect
-from rewriters.groups import complete_groups, public_filter, public_grid
+from rewriters.groups import complete_groups, public_filter
 from rewriters.joins import join_rows
+from rewriters.keys import key_grid
 from rewriters.noise import noise
 from rewriters.safety import safety
 
@@ -127,8 +128,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         measure = measure.group_by(*[safety(k.expr) for k in query.keys], copy=False)
     key_ids = [k.id for k in query.keys]
     if query.keys and not query.thresholded:
-        grid = public_grid([(k.id, k.public_values or ()) for k in query.keys])
-        measure = complete_groups(measure, key_ids, measure_ids, grid)
+        grid, null_safe = key_grid(query)
+        measure = complete_groups(measure, key_ids, measure_ids, grid, null_safe)
 
     # 4. Outputs, HAVING, ORDER BY and LIMIT over the noisy values (post-processing).  After
     #    the outputs, the noisy measurements themselves (``released_measurements``): the proxy

@@ -26,6 +26,7 @@ from chorus_py.kinds.analytic import (
     aggregate_report,
     finish_plan,
     key_release_odds_of,
+    listed_keys,
     run_analytic,
 )
 from chorus_py.kinds.base import Answer, Prepared, Services
@@ -125,6 +126,8 @@ class SingleTableKind:
                           chosen: Choices | None, reused: bool) -> Prepared:
         services = self.services
         asked = query
+        # Calendar keys of the block column: listed over the blocks read (no threshold).
+        query = listed_keys(query, {query.alias: restriction} if restriction else {})
         cap_epsilon = 0.0
         if query.auto_cap and not cap_matters(query):
             # COUNT(DISTINCT unit) alone has sensitivity 1 whatever the rows per unit: nothing
