@@ -320,38 +320,7 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                              for p in s.expressions for a in _plain_aggregates(p)) \
                     and any(_aggregates(s) for s in above):
                 return True
-            if _unit_shares(select, above, unit):
-                return True
     return False
-
-
-def _unit_shares(grouped: exp.Select, above: list[exp.Select], unit: str) -> bool:
-    """Above ``grouped``, a GROUP BY of the unit (and other keys): each output of the next
-    SELECT is a column other than the unit or ``n / SUM(n) OVER (PARTITION BY unit)`` with n
-    a COUNT of ``grouped`` (a unit's shares add up to 1), and the SELECT after it only sums
-    them (value histograms)."""
-    if len(above) < 2 or not _aggregates(above[1]):
-        return False
-    counts = {item.alias for item in grouped.expressions
-              if isinstance(item, exp.Alias) and isinstance(item.this, exp.Count)}
-    shares = 0
-    for item in above[0].expressions:
-        value = item.this if isinstance(item, exp.Alias) else item
-        if isinstance(value, exp.Column) and value.name != unit:
-            continue
-        if not isinstance(value, exp.Div) or not isinstance(value.expression, exp.Window):
-            return False
-        window, numerator = value.expression, value.this
-        while isinstance(numerator, exp.Cast):
-            numerator = numerator.this
-        total = window.this
-        if not (isinstance(total, exp.Sum) and isinstance(total.this, exp.Column)
-                and isinstance(numerator, exp.Column) and numerator.name == total.this.name
-                and numerator.name in counts and _partitioned_by(window, unit)):
-            return False
-        shares += 1
-    return shares > 0 and all(isinstance(a, exp.Sum) for p in above[1].expressions
-                              for a in _plain_aggregates(p))
 
 
 def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:

@@ -51,12 +51,6 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
     Bin 0: magnitude >= edges[0]; bin j: edges[j] <= magnitude < edges[j - 1]; bin len(edges):
     below the last edge.  Bins without rows are absent.
 
-    A unit u with n_u non-NULL values, n_ub of them in bin b, adds n_ub / n_u to bin b: its
-    rows weigh 1 / n_u each, 1 in all (sensitivity 1).  The rows are first counted per (unit,
-    bin) by a hash aggregate, and n_u is the sum of a unit's counts, a window over those few
-    aggregated rows: the same weights as ``1 / COUNT(*) OVER (PARTITION BY unit)`` per row,
-    without a window over (a sort of) every filtered row, which cost most of a SUM's time.
-
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
     >>> tp = TablePolicy(privacy_unit="u", max_rows_per_unit=5,
@@ -64,45 +58,36 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
     >>> q = AggregateQuery("t", "t", tp, None, (), (), (), None, (), None, None, 5, False, None)
     >>> print(value_histogram(q, parse_one("t.x"), 0, 10, (10.0, 5.0), None, None)
     ...       .sql())  # doctest: +NORMALIZE_WHITESPACE
-    SELECT v.b AS b, SUM(v.w) AS w FROM (SELECT p.b AS b, CAST(p.n AS DOUBLE) / SUM(p.n) OVER
-    (PARTITION BY p.u) AS w FROM (SELECT r.u AS u, CASE WHEN r.m >= 10.0 THEN 0 WHEN r.m >= 5.0
-    THEN 1 ELSE 2 END AS b, COUNT(*) AS n FROM (SELECT ABS(CASE WHEN t.x IS NULL THEN NULL ELSE
-    LEAST(GREATEST(t.x, 0), 10) END) AS m, t.u AS u FROM (SELECT t.* FROM t AS t) AS t WHERE
-    NOT t.x IS NULL) AS r GROUP BY r.u, CASE WHEN r.m >= 10.0 THEN 0 WHEN r.m >= 5.0 THEN 1 ELSE
-    2 END) AS p) AS v GROUP BY v.b
+    SELECT v.b AS b, SUM(v.w) AS w FROM (SELECT CASE WHEN r.m >= 10.0 THEN 0 WHEN r.m >= 5.0
+    THEN 1 ELSE 2 END AS b, r.w AS w FROM (SELECT ABS(CASE WHEN t.x IS NULL THEN NULL ELSE
+    LEAST(GREATEST(t.x, 0), 10) END) AS m, CAST(1 AS DOUBLE) / COUNT(*) OVER (PARTITION BY t.u)
+    AS w FROM (SELECT t.* FROM t AS t) AS t WHERE NOT t.x IS NULL) AS r) AS v GROUP BY v.b
     """
     alias = query.alias
     rows = filtered_rows(query, restriction, sample)
     value = safety(argument)
+    one = exp.cast(exp.Literal.number(1), exp.DType.DOUBLE)
     unit = query.privacy_unit
+    if unit is None:
+        weight: exp.Expr = one  # event level: every row is its own unit
+    else:
+        weight = exp.Div(this=one, expression=exp.Window(
+            this=exp.Count(this=exp.Star()), partition_by=[exp.column(unit, table=alias)]))
     # The clipped magnitude is computed once per row (m), then binned: written inside every
     # WHEN, it was rendered (and built) once per edge, 26 times.
     # Every tree here is built fresh for this statement: the builders need not copy them.
     per_row = (exp.select(exp.alias_(exp.Abs(this=clipping(value, lower, upper)), "m"),
-                          *([exp.alias_(exp.column(unit, table=alias), unit)] if unit else []))
+                          exp.alias_(weight, "w"))
                .from_(rows.subquery(alias, copy=False), copy=False)
                .where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
                       copy=False))
     magnitude = exp.column("m", table="r")
     ifs = [exp.If(this=magnitude.copy() >= exp.Literal.number(edge), true=exp.Literal.number(j))
            for j, edge in enumerate(edges)]
-    bin_index = exp.Case(ifs=ifs, default=exp.Literal.number(len(edges)))
-    one = exp.cast(exp.Literal.number(1), exp.DType.DOUBLE)
-    if unit is None:  # event level: every row is its own unit, of weight 1
-        binned = exp.select(exp.alias_(bin_index, "b"), exp.alias_(one, "w")).from_(
-            per_row.subquery("r", copy=False), copy=False)
-    else:
-        counted = (exp.select(exp.alias_(exp.column(unit, table="r"), unit),
-                              exp.alias_(bin_index, "b"),
-                              exp.alias_(exp.Count(this=exp.Star()), "n"))
-                   .from_(per_row.subquery("r", copy=False), copy=False)
-                   .group_by(exp.column(unit, table="r"), bin_index.copy(), copy=False))
-        n = exp.column("n", table="p")
-        weight = exp.Div(this=exp.cast(n, exp.DType.DOUBLE), expression=exp.Window(
-            this=exp.Sum(this=n.copy()), partition_by=[exp.column(unit, table="p")]))
-        binned = exp.select(exp.alias_(exp.column("b", table="p"), "b"),
-                            exp.alias_(weight, "w")).from_(counted.subquery("p", copy=False),
-                                                           copy=False)
+    binned = exp.select(
+        exp.alias_(exp.Case(ifs=ifs, default=exp.Literal.number(len(edges))), "b"),
+        exp.alias_(exp.column("w", table="r"), "w")).from_(per_row.subquery("r", copy=False),
+                                                            copy=False)
     return (exp.select(exp.alias_(exp.column("b", table="v"), "b"),
                        exp.alias_(exp.Sum(this=exp.column("w", table="v")), "w"))
             .from_(binned.subquery("v", copy=False), copy=False)

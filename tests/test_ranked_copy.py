@@ -21,11 +21,9 @@ import psycopg
 import pytest
 from sqlglot import parse_one
 
-from analyses.query import AggregateQuery
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from rewriters.contribution import ranked_contribution, ranked_table
-from rewriters.selection import value_histogram
 
 #: Rows per unit: one light unit of each size up to the cap and heavier ones.
 SIZES = {1: 1, 2: 2, 3: 3, 4: 5, 5: 8, 6: 40}
@@ -217,25 +215,3 @@ def test_without_a_copy_queries_rank_their_rows_and_the_owner_is_told(
     filtered = collections.Counter(p for _, p, v in _rows() if v >= 2)
     assert _exact(engine, sql)[0][0] == sum(min(c, K) for c in filtered.values())
 
-
-def test_value_histogram_equals_the_per_row_weights(
-        skewed: tuple[str, str], engines: Callable[[bool], Engine]) -> None:
-    """The clipping histogram counted per (unit, bin) gives each row of a unit the weight
-    1 / (its unit's non-NULL values), exactly what a window over every row gave."""
-    _, table = skewed
-    engine = engines(True)
-    query = engine._analyse(f"SELECT SUM(v) FROM {table} WHERE v >= 1")
-    assert isinstance(query, AggregateQuery)
-    edges = (50.0, 10.0, 4.0, 2.0)
-    sql = value_histogram(query, parse_one(f"{table}.v"), 0.0, 100.0, edges, None, None)
-    got = dict(engine.backend.run(sql.sql(engine.dialect)).rows)
-    case = " ".join(f"WHEN v >= {e} THEN {j}" for j, e in enumerate(edges))
-    reference = engine.backend.run(
-        f"SELECT b, SUM(w) FROM (SELECT CASE {case} ELSE {len(edges)} END AS b, "
-        f"CAST(1 AS DOUBLE PRECISION) / COUNT(*) OVER (PARTITION BY person) AS w "
-        f"FROM {table} WHERE v >= 1) AS r GROUP BY b").rows
-    assert got.keys() == {b for b, _ in reference}
-    for b, w in reference:
-        assert got[b] == pytest.approx(w)
-    # Each unit with a passing value adds 1 in all (sensitivity 1).
-    assert sum(got.values()) == pytest.approx(sum(1 for n in SIZES.values() if n > 1))
