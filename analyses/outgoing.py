@@ -43,6 +43,7 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -216,13 +217,124 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     if index is None:
         raise Refused(f"private table '{name}' is read outside any aggregation")
     barrier = chain[index]
-    _check_barrier(barrier, name, allowed)
     db = table.args.get("db")
     sample = db is not None and db.name == rules.private_schema  # bounded when it was stored
+    if spec.unit is not None and not sample and index == 0 and sole \
+            and _per_person(barrier, alias, spec.unit, name, allowed):
+        return _above_per_person(chain, name, allowed)
+    _check_barrier(barrier, name, allowed)
     if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit}")
     return barrier
+
+
+# -- 3'. the per-person barrier ------------------------------------------------------------------
+def _per_person(barrier: exp.Select, alias: str, unit: str, name: str,
+                allowed: tuple[type[exp.Expr], ...]) -> bool:
+    """Whether ``barrier`` (the direct reader of the table, no join) is ``SELECT clip(agg) AS
+    v, ... GROUP BY alias.unit``: one row per unit, every output bounded by literals (rule 3',
+    module docstring).  False sends the read through the usual rules 3-4."""
+    group = barrier.args.get("group")
+    keys = group.expressions if group is not None else []
+    if len(keys) != 1 or not isinstance(keys[0], exp.Column) or keys[0].name != unit \
+            or keys[0].table not in (alias, "") \
+            or any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets")):
+        return False
+    bounded = []
+    for item in barrier.expressions:
+        found = _interval(item.this if isinstance(item, exp.Alias) else item)
+        bounded.append(found is None or all(math.isfinite(v) for v in found))
+    if not all(bounded):
+        return False
+    # A person's own rows only, so MIN and MAX of them are one person's values too.
+    _check_barrier(barrier, name, (*allowed, exp.Min, exp.Max))
+    return True
+
+
+def _above_per_person(chain: list[exp.Select], name: str,
+                      allowed: tuple[type[exp.Expr], ...]) -> exp.Select:
+    """The aggregation over the per-person rows (the barrier rule 5 checks): reached through
+    FROM only, by SELECTs that neither join, nor drop rows by their neighbours (LIMIT,
+    DISTINCT, windows), nor read anything else."""
+    for below, select in zip(chain, chain[1:], strict=False):
+        holder = below.parent
+        if not isinstance(holder, exp.Subquery) or not isinstance(holder.parent, exp.From) \
+                or holder.parent.parent is not select:
+            raise Refused(f"the per-person rows of '{name}' are read other than as a FROM")
+        if select.args.get("joins"):
+            raise Refused(f"the per-person rows of '{name}' are joined (a person could give "
+                          "several rows)")
+        for arg in ("expressions", "where", "group"):
+            value = select.args.get(arg)
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, exp.Expr) and item.find(exp.Select) is not None:
+                    raise Refused(f"the SELECT over the per-person rows of '{name}' has a "
+                                  f"subquery in {arg}")
+        if _aggregates(select):
+            _check_barrier(select, name, allowed)
+            return select
+        for arg in _FORBIDDEN_IN_BARRIER:
+            if select.args.get(arg):
+                raise Refused(f"the per-person rows of '{name}' go through {arg.upper()}")
+        if any(isinstance(n, exp.Window) for item in select.expressions for n in _local(item)):
+            raise Refused(f"the per-person rows of '{name}' go through a window function")
+    raise Refused(f"the per-person rows of '{name}' are read outside any aggregation")
+
+
+_Interval = tuple[float, float]
+
+
+def _interval(node: exp.Expr) -> _Interval | None:
+    """Values ``node`` can take, whatever its columns and aggregates hold (-inf..inf unless
+    literals bound it); None: always NULL.  LEAST and GREATEST take their bound from a literal
+    argument only: Postgres skips NULL arguments, so another argument may not bind."""
+    if isinstance(node, exp.Paren):
+        return _interval(node.this)
+    if isinstance(node, exp.Null):
+        return None
+    constant = _constant(node)
+    if constant is not None:
+        return (constant, constant)
+    if isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.NUMERIC_TYPES):
+        inner = _interval(node.this)
+        if inner is not None and node.to.is_type(*exp.DataType.INTEGER_TYPES):
+            return (math.floor(inner[0]), math.ceil(inner[1]))
+        return inner
+    if isinstance(node, exp.Least | exp.Greatest):
+        args = [node.this, *node.expressions]
+        parts = [p for p in (_interval(a) for a in args) if p is not None]
+        if not parts:
+            return None
+        literal = [c for c in (_constant(a) for a in args) if c is not None]
+        if isinstance(node, exp.Least):
+            return (min(p[0] for p in parts), min([*literal, max(p[1] for p in parts)]))
+        return (max([*literal, min(p[0] for p in parts)]), max(p[1] for p in parts))
+    if isinstance(node, exp.Case):
+        branches = [i.args.get("true") for i in node.args.get("ifs") or []]
+        branches.append(node.args.get("default") or exp.Null())
+        parts = [p for p in (_interval(b) for b in branches if b is not None) if p is not None]
+        if not parts:
+            return None
+        return (min(p[0] for p in parts), max(p[1] for p in parts))
+    return (-math.inf, math.inf)
+
+
+def _constant(node: exp.Expr) -> float | None:
+    """The value of a numeric literal (negated, parenthesised or cast), else None."""
+    if isinstance(node, exp.Paren | exp.Cast):
+        if isinstance(node, exp.Cast) and not node.to.is_type(*exp.DataType.NUMERIC_TYPES):
+            return None
+        return _constant(node.this)
+    if isinstance(node, exp.Neg):
+        inner = _constant(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this)
+        except ValueError:
+            return None
+    return None
 
 
 def _select_ancestors(node: exp.Expr) -> list[exp.Select]:

@@ -1,0 +1,159 @@
+"""Per-person questions (``analyses.per_person``): an outer aggregate over one clipped row per
+person.
+
+Prepare: the blocks the inner query reads (its table's block column, from its WHERE), the noise
+plan of the outer query (one row per person: COUNT -> 1, SUM(v) -> max(|L|, |U|)), the rewrite
+of the outer query by ``rewriters.pipeline`` over a placeholder relation, which is then replaced
+by the per-person SELECT::
+
+    SELECT <clip(v, L, U)> AS v, ... FROM schema.t AS t
+    WHERE <inner filter> AND <claimed blocks> GROUP BY t.unit
+
+No row cap is needed: the inner GROUP BY unit is the barrier that gives each person one row,
+and the clip bounds that row's value.  The outgoing verifier checks exactly that shape
+(``analyses.outgoing``, per-person barrier).  No private choices are made (no selection):
+bounds come from the query or the policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlglot import exp
+
+from analyses.blocks import BlocksRead, blocks_read
+from analyses.per_person import RELATION, PerPersonQuery
+from analyses.query import AggregateQuery
+from budget.accounting import events_for_plan
+from chorus_py.caches import LRU
+from chorus_py.errors import InvalidParameter
+from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
+from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.report import PrivacyReport
+from chorus_py.statements import QueryRun
+from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
+from rewriters.blocks import BlockRestriction, blocks
+from rewriters.clipping import clipping
+from rewriters.pipeline import pipeline
+
+
+class PerPersonKind:
+    """An aggregate of per-person values (a subquery or CTE grouped by the privacy unit)."""
+
+    charges = True
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._prepared: LRU[tuple[object, ...], Prepared] = LRU(256)
+
+    def prepare(self, query: PerPersonQuery, analyst: str, epsilon: float,
+                delta: float) -> Prepared:
+        """Plan, rewrite, verify and report; nothing charged."""
+        reads, restriction = self._blocks(query)
+        key = (query.normalized_sql, epsilon, delta, restriction)
+        found = self._prepared.get(key)
+        if found is None:
+            found = self._prepare(query, epsilon, delta, reads, restriction)
+            self._prepared.put(key, found)
+        return found
+
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
+        """Run the statement (noised in SQL, or measured then noised by the proxy)."""
+        return run_analytic(self.services.statements, prepared.detail,
+                            self.services.policy.privacy.noise, run)
+
+    def _prepare(self, query: PerPersonQuery, epsilon: float, delta: float,
+                 reads: BlocksRead | None, restriction: BlockRestriction | None) -> Prepared:
+        services = self.services
+        outer = query.outer
+        plan = _noise_plan(outer, epsilon, delta,
+                           services.policy.privacy.threshold_epsilon_share)
+        rewritten = pipeline(outer, plan, None, services.dialect)
+        rewritten = dataclasses.replace(
+            rewritten, measure=_splice(rewritten.measure, relation(query, restriction)))
+        proxy = services.policy.privacy.noise != "sql"
+        sql = rewritten.measure_sql() if proxy else rewritten.sql_with_noise(plan)
+        services.statements.verify_outgoing(sql, services.release, (query.table,))
+        detail = AnalyticQuery(outer, plan, reads, rewritten if proxy else None, sql, restriction)
+        report = _report(query, aggregate_report(outer, plan, reads, sql,
+                                                 services.policy.privacy.noise), reads)
+        return Prepared(report, report.blocks, events_for_plan(plan), detail,
+                        statements=(sql,), finish=finish_plan(detail) if proxy else None,
+                        answer_key=(query.normalized_sql, epsilon, delta, report.blocks))
+
+    def _blocks(self, query: PerPersonQuery) -> tuple[BlocksRead | None,
+                                                      BlockRestriction | None]:
+        block = query.rows.table_policy.block
+        if block is None:
+            return None, None
+        windows = self.services.blocks.windows(query.table, block)
+        reads = blocks_read(query.rows, windows)
+        column_type = query.rows.table_policy.columns[block.column].type
+        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
+                                       reads.separate_runs)
+
+
+def relation(query: PerPersonQuery, restriction: BlockRestriction | None) -> exp.Select:
+    """The per-person SELECT: each value clipped to [L, U] (NULL stays NULL), the inner
+    filter and the claimed blocks, grouped by the unit."""
+    items = []
+    for v in query.values:
+        clipped = clipping(v.expr, v.lower, v.upper)
+        if v.integral:  # an integer in [L, U] (or NULL): the cast is exact and cannot fail
+            clipped = exp.cast(clipped, exp.DType.BIGINT)
+        items.append(exp.alias_(clipped, v.name))
+    where = query.rows.where
+    if restriction is not None:
+        where = blocks(where, exp.column(restriction.column, table=query.alias),
+                       restriction.start, restriction.end, restriction.column_type,
+                       restriction.windows)
+    select = exp.select(*items).from_(
+        exp.table_(query.table, db=query.schema, alias=query.alias), copy=False)
+    if where is not None:
+        select = select.where(where.copy(), copy=False)
+    return select.group_by(exp.column(query.unit, table=query.alias), copy=False)
+
+
+def _splice(measure: exp.Select, per_person: exp.Select) -> exp.Select:
+    """``measure`` with the placeholder relation replaced by the per-person SELECT."""
+    def visit(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Table) and node.name == RELATION and not node.args.get("db"):
+            return exp.Subquery(this=per_person.copy(),
+                                alias=exp.TableAlias(this=exp.to_identifier(node.alias_or_name)))
+        return node
+
+    spliced = measure.transform(visit)
+    assert isinstance(spliced, exp.Select) and spliced.find(exp.Subquery) is not None
+    return spliced
+
+
+def _noise_plan(outer: AggregateQuery, epsilon: float, delta: float,
+                share: float) -> NoisePlan:
+    """The split of epsilon (and delta, for a key threshold) over the outer measurements."""
+    requests = [NoiseRequest(m.id, m.sensitivity, m.integral) for m in outer.measurements]
+    threshold = None
+    if outer.thresholded:
+        if delta <= 0:
+            raise InvalidParameter(
+                "grouping per-person values without public keys releases them through a noisy "
+                "threshold, which needs delta > 0", hint="pass a small delta (e.g. 1e-8)")
+        # One row per person: a person reaches one group (D = 1).
+        threshold = ThresholdRequest(outer.threshold_source, 1)
+    try:
+        return plan_noise(requests, epsilon, delta, threshold, share)
+    except ValueError as err:
+        raise InvalidParameter(f"cannot calibrate noise for epsilon={epsilon:g}: {err}",
+                               hint="ask for a larger epsilon") from None
+
+
+def _report(query: PerPersonQuery, report: PrivacyReport,
+            reads: BlocksRead | None) -> PrivacyReport:
+    """The outer query's report, said about the private table and its people."""
+    clips = "; ".join(f"{v.name} clipped to [{v.lower:g}, {v.upper:g}] (bounds from "
+                      f"{v.origin})" for v in query.values)
+    notes = (f"one row per {query.unit}: the subquery groups '{query.table}' by {query.unit}, "
+             f"so adding or removing a person adds or removes one row; {clips}",
+             *(n for n in report.notes if not n.startswith("at most")))
+    return dataclasses.replace(
+        report, tables=(query.table,), privacy_unit=query.unit, stability=1,
+        blocks=reads.ids if reads is not None else (query.table,), notes=notes)
