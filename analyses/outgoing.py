@@ -22,6 +22,13 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    no subquery outside its FROM; its aggregates are COUNT, SUM, AVG, VARIANCE or STDDEV; each of
    its outputs is a GROUP BY expression or reads columns only inside aggregates.  So nothing of
    T leaves the barrier but aggregates and group keys.
+3'. *Per-person barrier* (issue 24, ``analyses.per_person``): the direct reader of T (no join)
+   groups by T's privacy unit alone and every output is bounded by literals (LEAST/GREATEST
+   with a literal, CASE branches, casts; Postgres skips NULL arguments of LEAST and GREATEST,
+   so only a literal argument binds).  Each unit is then one row of bounded values, and rule 4
+   is met without a row cap.  Above it the rows are read through FROM only, by SELECTs without
+   joins, subqueries, LIMIT, OFFSET, DISTINCT or windows, up to the first aggregating SELECT,
+   which must pass rule 3 and is the barrier rule 5 checks.
 4. *Contribution bounding* (T has a privacy unit and is read directly, not through its sample):
    between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` and, above it,
    a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
@@ -42,6 +49,7 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -257,7 +265,7 @@ def _above_per_person(chain: list[exp.Select], name: str,
     """The aggregation over the per-person rows (the barrier rule 5 checks): reached through
     FROM only, by SELECTs that neither join, nor drop rows by their neighbours (LIMIT,
     DISTINCT, windows), nor read anything else."""
-    for below, select in zip(chain, chain[1:], strict=False):
+    for below, select in itertools.pairwise(chain):
         holder = below.parent
         if not isinstance(holder, exp.Subquery) or not isinstance(holder.parent, exp.From) \
                 or holder.parent.parent is not select:
