@@ -255,7 +255,8 @@ _RIDERS = st.lists(st.tuples(st.integers(1, 6), st.lists(st.floats(0, 200), min_
                    min_size=1, max_size=8)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(riders=_RIDERS, which=st.sampled_from(sorted(_PROPERTY_SQL)), gone=st.integers(0, 7))
 def test_removing_one_person_moves_each_measurement_by_at_most_its_sensitivity(
         measures: dict[str, tuple[str, tuple[float, ...]]],
