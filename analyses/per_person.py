@@ -127,8 +127,8 @@ def analyze_per_person(parsed: ParsedStatement, policy: Policy, dialect: str,
         n = len(_top_aggregates(expr))
         per_values.append(_bounded_value(name, expr, stands[:n], rows, tp))
         stands = stands[n:]
-    outer = _outer_query(tree, outer_alias, tuple(per_values), unit_outputs, unit, policy, dialect,
-                         constants)
+    outer = _outer_query(tree, outer_alias, tuple(per_values), unit_outputs, table, unit,
+                         policy, dialect, constants)
     return PerPersonQuery(table, unit, rows.alias, rows, tuple(per_values), outer, db)
 
 
@@ -379,7 +379,7 @@ def _finite(found: Interval | None) -> Interval | None:
 
 # -- the outer query ----------------------------------------------------------------------------
 def _outer_query(tree: exp.Select, alias: str, values: tuple[PerPersonValue, ...],
-                 unit_outputs: set[str], unit: str, policy: Policy, dialect: str,
+                 unit_outputs: set[str], table: str, unit: str, policy: Policy, dialect: str,
                  constants: ConstantCheck | None) -> AggregateQuery:
     """The outer query over the per-person relation, analysed as a table of one row per
     person: no privacy unit of its own (a neighbour changes one row), columns bounded."""
@@ -395,14 +395,21 @@ def _outer_query(tree: exp.Select, alias: str, values: tuple[PerPersonValue, ...
         type="int" if v.integral else "float", lower=v.lower, upper=v.upper,
         public_values=tuple(range(int(v.lower), int(v.upper) + 1))
         if v.integral and v.upper - v.lower < MAX_PUBLIC_KEYS else None) for v in values}
-    virtual = TablePolicy(columns=columns)
+    # Automatic clipping (the table's own setting) narrows bounds that came from the policy.
+    auto = policy.tables[table].auto_clipping and any("policy" in v.origin for v in values)
+    virtual = TablePolicy(columns=columns, clipping="auto" if auto else "fixed")
     tables = {**policy.tables, RELATION: virtual}
     local = policy.model_copy(update={"tables": tables})
     analysed = analyze_query(ParsedStatement(outer, (RELATION,)), local, dialect, {}, constants)
     assert not isinstance(analysed, PublicQuery)
-    # One row per person: the event-level derivations, said in the unit's words.
+    return per_row_derivations(analysed, unit)
+
+
+def per_row_derivations(outer: AggregateQuery, unit: str) -> AggregateQuery:
+    """``outer`` with its event-level derivations said in the unit's words (one row per
+    person is what event level means for the per-person relation)."""
     measurements = tuple(dataclasses.replace(m, derivation=m.derivation.replace(
         "stability 1 (event-level: one row per neighbour)",
         f"one row per {unit} (the subquery groups by {unit}), value clipped")
-    ) for m in analysed.measurements)
-    return dataclasses.replace(analysed, measurements=measurements)
+    ) for m in outer.measurements)
+    return dataclasses.replace(outer, measurements=measurements)

@@ -311,3 +311,29 @@ def test_the_bound_is_reached(measures: dict[str, tuple[str, tuple[float, ...]]]
         moved = abs(_measure(sql, heavy)[()][index]
                     - _measure(sql, [r for r in heavy if r[0] != 1])[()][index])
         assert moved == sensitivities[index] == expected
+
+
+def test_automatic_bounds_narrow_the_policy_bounds(backend_url: str,
+                                                   make_engine: Callable[..., Engine]) -> None:
+    # contribution = "auto" makes clipping automatic: the bound [0, 10 x 200] from the policy
+    # is narrowed from a noisy histogram of the per-rider spends, with 10% of epsilon.
+    engine = make_engine(backend_url, contribution="auto")
+    sql = SPEND + "SELECT SUM(spend) AS total FROM per"
+    result = engine.execute(sql, epsilon=50, **ALICE)
+    contribution = result.report.contribution
+    assert contribution is not None and result.report.epsilon == 50
+    step, = contribution.steps
+    assert step.kind == "bounds" and step.declared == "[0, 2000]"
+    assert step.epsilon == pytest.approx(5.0)
+    lo, hi = (float(v) for v in step.chosen.strip("[]").split(","))
+    m, = result.report.measurements
+    assert m.sensitivity == hi and lo == 0 and hi <= 2000
+    (true,), = _truth(engine, f"SELECT SUM(LEAST(s, {hi})) FROM (SELECT SUM(fare) AS s "
+                      "FROM trips GROUP BY rider_id) AS p")
+    assert abs(result.rows[0][0] - float(true)) <= tolerance(result.report.columns[0])
+    # A bound the query gives itself is kept: nothing to choose.
+    own = engine.execute("WITH per AS (SELECT rider_id, LEAST(SUM(fare), 300) AS spend "
+                         "FROM trips GROUP BY rider_id) SELECT SUM(spend) FROM per",
+                         epsilon=50, **ALICE)
+    assert own.report.contribution is None
+    assert own.report.measurements[0].sensitivity == 300

@@ -11,8 +11,9 @@ by the per-person SELECT::
 
 No row cap is needed: the inner GROUP BY unit is the barrier that gives each person one row,
 and the clip bounds that row's value.  The outgoing verifier checks exactly that shape
-(``analyses.outgoing``, per-person barrier).  No private choices are made (no selection):
-bounds come from the query or the policy.
+(``analyses.outgoing``, per-person barrier).  Bounds come from the query or the policy; with
+automatic clipping (the table's ``clipping``), the outer sums' bounds are then narrowed from
+noisy histograms of the per-person values (a :class:`~chorus_py.kinds.selection.Selection`).
 """
 
 from __future__ import annotations
@@ -22,19 +23,28 @@ import dataclasses
 from sqlglot import exp
 
 from analyses.blocks import BlocksRead, blocks_read
-from analyses.per_person import RELATION, PerPersonQuery
+from analyses.per_person import RELATION, PerPersonQuery, per_row_derivations
 from analyses.query import AggregateQuery
-from budget.accounting import events_for_plan
+from budget.accounting import Event, events_for_plan
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.selection import (
+    Choices,
+    Histogram,
+    Selection,
+    histogram_builders,
+    with_contribution,
+)
 from chorus_py.report import PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction, blocks
 from rewriters.clipping import clipping
+from rewriters.dialect import dialect
 from rewriters.pipeline import pipeline
+from rewriters.selection import clipped_arguments
 
 
 class PerPersonKind:
@@ -48,38 +58,89 @@ class PerPersonKind:
 
     def prepare(self, query: PerPersonQuery, analyst: str, epsilon: float,
                 delta: float) -> Prepared:
-        """Plan, rewrite, verify and report; nothing charged."""
-        reads, restriction = self._blocks(query)
-        key = (query.normalized_sql, epsilon, delta, restriction)
-        found = self._prepared.get(key)
-        if found is None:
-            found = self._prepare(query, epsilon, delta, reads, restriction)
-            self._prepared.put(key, found)
-        return found
+        """Plan, rewrite, verify and report; nothing charged.  With bounds still to choose, the
+        query is prepared at the policy's bounds with its :class:`Selection` (or with the
+        choices of an identical earlier query of this analyst, reused for free)."""
+        prepared = self._cached(query, epsilon, delta)
+        if prepared.selection is None:
+            return prepared
+        earlier = self.services.choices.get(analyst, prepared.selection.key)
+        if earlier is not None:
+            return self._cached(query, epsilon, delta, earlier, reused=True)
+        return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Run the statement (noised in SQL, or measured then noised by the proxy)."""
         return run_analytic(self.services.statements, prepared.detail,
                             self.services.policy.privacy.noise, run)
 
+    def _cached(self, query: PerPersonQuery, epsilon: float, delta: float,
+                chosen: Choices | None = None, reused: bool = False) -> Prepared:
+        reads, restriction = self._blocks(query)
+        key = (query.normalized_sql, epsilon, delta, restriction, chosen, reused)
+        found = self._prepared.get(key)
+        if found is None:
+            found = self._prepare(query, epsilon, delta, reads, restriction, chosen, reused)
+            self._prepared.put(key, found)
+        return found
+
     def _prepare(self, query: PerPersonQuery, epsilon: float, delta: float,
-                 reads: BlocksRead | None, restriction: BlockRestriction | None) -> Prepared:
+                 reads: BlocksRead | None, restriction: BlockRestriction | None,
+                 chosen: Choices | None, reused: bool) -> Prepared:
         services = self.services
         outer = query.outer
-        plan = _noise_plan(outer, epsilon, delta,
+        per_person = relation(query, restriction)
+        # Bounds from the policy are wide (k rows' worth): with automatic clipping, the outer
+        # sums' bounds are narrowed per query from noisy histograms of the per-person values
+        # (kinds.selection, mechanisms.clip_bounds; event level: each person is one row of
+        # weight 1), paid from cap_epsilon_share of epsilon; reused choices cost nothing.
+        clipped = clipped_arguments(outer) if outer.table_policy.auto_clipping else ()
+        choice_epsilon = 0.0 if reused or not clipped else \
+            epsilon * services.policy.privacy.cap_epsilon_share
+        if chosen is not None:
+            outer = per_row_derivations(outer.with_bounds(
+                {a: (lo, hi) for a, lo, hi in chosen.bounds}), query.unit)
+        plan = _noise_plan(outer, epsilon - choice_epsilon, delta,
                            services.policy.privacy.threshold_epsilon_share)
         rewritten = pipeline(outer, plan, None, services.dialect)
-        rewritten = dataclasses.replace(
-            rewritten, measure=_splice(rewritten.measure, relation(query, restriction)))
+        rewritten = dataclasses.replace(rewritten, measure=_splice(rewritten.measure,
+                                                                   per_person))
         proxy = services.policy.privacy.noise != "sql"
         sql = rewritten.measure_sql() if proxy else rewritten.sql_with_noise(plan)
         services.statements.verify_outgoing(sql, services.release, (query.table,))
-        detail = AnalyticQuery(outer, plan, reads, rewritten if proxy else None, sql, restriction)
+        detail = AnalyticQuery(outer, plan, reads, rewritten if proxy else None, sql,
+                               restriction, chosen=chosen)
         report = _report(query, aggregate_report(outer, plan, reads, sql,
                                                  services.policy.privacy.noise), reads)
-        return Prepared(report, report.blocks, events_for_plan(plan), detail,
-                        statements=(sql,), finish=finish_plan(detail) if proxy else None,
-                        answer_key=(query.normalized_sql, epsilon, delta, report.blocks))
+        if clipped:
+            report = with_contribution(report, outer, choice_epsilon, chosen, clipped, reused)
+        still_open = bool(clipped) and chosen is None
+        events = (Event.epsilon_delta(report.epsilon, report.delta),) if still_open \
+            else events_for_plan(plan)
+        statements: tuple[str, ...] = (sql,)
+        selection = None
+        if still_open:
+            histograms = self._histograms(outer, per_person, query.table)
+            selection = Selection(outer, plan, choice_epsilon, histograms,
+                                  (query.normalized_sql, epsilon, delta, restriction),
+                                  lambda choice: self._cached(query, epsilon, delta, choice))
+            statements += tuple(h for _, _, h in histograms)
+        return Prepared(report, report.blocks, events, detail, statements=statements,
+                        finish=finish_plan(detail) if proxy else None,
+                        answer_key=(query.normalized_sql, epsilon, delta, report.blocks),
+                        selection=selection)
+
+    def _histograms(self, outer: AggregateQuery, per_person: exp.Select,
+                    table: str) -> tuple[Histogram, ...]:
+        """The value histograms of the outer sums, read from the per-person rows."""
+        out = []
+        for what, size, build in histogram_builders(outer, None, None):
+            tree = _splice(build(), per_person)
+            sql = dialect(tree, self.services.dialect, copy=False).sql(self.services.dialect,
+                                                                       copy=False)
+            self.services.statements.verify_outgoing(sql, "noised_by_proxy", (table,))
+            out.append((what, size, sql))
+        return tuple(out)
 
     def _blocks(self, query: PerPersonQuery) -> tuple[BlocksRead | None,
                                                       BlockRestriction | None]:
