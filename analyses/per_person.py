@@ -159,7 +159,7 @@ def _inner_select(tree: exp.Select) -> tuple[exp.Select, str] | None:
 
 def _check_inner_shape(inner: exp.Select, table: str, unit: str) -> None:
     group = inner.args["group"]
-    keys = group.expressions
+    keys = [_positional(k, inner) for k in group.expressions]
     if len(keys) != 1 or not isinstance(keys[0], exp.Column) or keys[0].name != unit \
             or any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets")):
         raise QueryRefused(
@@ -181,6 +181,15 @@ def _check_inner_shape(inner: exp.Select, table: str, unit: str) -> None:
         raise NotSupportedError(
             "a per-person subquery may not hold subqueries or window functions",
             hint=f"one SELECT ... FROM {table} WHERE ... GROUP BY {unit}")
+
+
+def _positional(key: exp.Expr, inner: exp.Select) -> exp.Expr:
+    """``GROUP BY 1``: the first output's expression (the unit, when it is output first)."""
+    if isinstance(key, exp.Literal) and key.is_int and \
+            1 <= int(key.name) <= len(inner.expressions):
+        item = inner.expressions[int(key.name) - 1]
+        return item.this if isinstance(item, exp.Alias) else item
+    return key
 
 
 def _values(inner: exp.Select, unit: str) -> tuple[list[tuple[str, exp.Expr]], set[str]]:
