@@ -5,6 +5,7 @@ sensitivity on small skewed data."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -16,6 +17,7 @@ from analyses.per_person import PerPersonQuery
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
 from chorus_py.errors import ChorusError, InternalError, NotSupportedError, QueryRefused
+from chorus_py.policy import load_policy
 from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
@@ -232,7 +234,6 @@ def measures(duckdb_data: str, tmp_path_factory: pytest.TempPathFactory) -> dict
         str, tuple[float, ...]]]:
     """The exact measurement statement (proxy noise mode) of each query, and the
     sensitivities of its measurements."""
-    from chorus_py.policy import load_policy
     from tests.conftest import POLICY_TEMPLATE
 
     path = tmp_path_factory.mktemp("pp") / "policy.toml"
@@ -314,26 +315,41 @@ def test_the_bound_is_reached(measures: dict[str, tuple[str, tuple[float, ...]]]
 
 
 def test_automatic_bounds_narrow_the_policy_bounds(backend_url: str,
-                                                   make_engine: Callable[..., Engine]) -> None:
-    # contribution = "auto" makes clipping automatic: the bound [0, 10 x 200] from the policy
-    # is narrowed from a noisy histogram of the per-rider spends, with 10% of epsilon.
+                                                   write_policy: Callable[..., Path]) -> None:
+    # clipping = "auto" (explicit): the bound [0, 10 x 200] from the policy is narrowed from a
+    # noisy histogram of the per-rider spends, with 10% of epsilon.
+    path = write_policy(backend_url)
+    path.write_text(path.read_text().replace('contribution = "fixed"',
+                                             'contribution = "fixed"\nclipping = "auto"'))
+    engine = Engine(load_policy(path))
+    try:
+        sql = SPEND + "SELECT SUM(spend) AS total FROM per"
+        result = engine.execute(sql, epsilon=50, **ALICE)
+        contribution = result.report.contribution
+        assert contribution is not None and result.report.epsilon == 50
+        step, = contribution.steps
+        assert step.kind == "bounds" and step.declared == "[0, 2000]"
+        assert step.epsilon == pytest.approx(5.0)
+        lo, hi = (float(v) for v in step.chosen.strip("[]").split(","))
+        m, = result.report.measurements
+        assert m.sensitivity == hi and lo == 0 and hi <= 2000
+        (true,), = _truth(engine, f"SELECT SUM(LEAST(s, {hi})) FROM (SELECT SUM(fare) AS s "
+                          "FROM trips GROUP BY rider_id) AS p")
+        assert abs(result.rows[0][0] - float(true)) <= tolerance(result.report.columns[0])
+        # A bound the query gives itself is kept: nothing to choose.
+        own = engine.execute("WITH per AS (SELECT rider_id, LEAST(SUM(fare), 300) AS spend "
+                             "FROM trips GROUP BY rider_id) SELECT SUM(spend) FROM per",
+                             epsilon=50, **ALICE)
+        assert own.report.contribution is None
+        assert own.report.measurements[0].sensitivity == 300
+    finally:
+        engine.close()
+
+
+def test_no_automatic_bounds_by_default(backend_url: str,
+                                        make_engine: Callable[..., Engine]) -> None:
+    # contribution = "auto" alone keeps the policy's bound for per-person values.
     engine = make_engine(backend_url, contribution="auto")
-    sql = SPEND + "SELECT SUM(spend) AS total FROM per"
-    result = engine.execute(sql, epsilon=50, **ALICE)
-    contribution = result.report.contribution
-    assert contribution is not None and result.report.epsilon == 50
-    step, = contribution.steps
-    assert step.kind == "bounds" and step.declared == "[0, 2000]"
-    assert step.epsilon == pytest.approx(5.0)
-    lo, hi = (float(v) for v in step.chosen.strip("[]").split(","))
-    m, = result.report.measurements
-    assert m.sensitivity == hi and lo == 0 and hi <= 2000
-    (true,), = _truth(engine, f"SELECT SUM(LEAST(s, {hi})) FROM (SELECT SUM(fare) AS s "
-                      "FROM trips GROUP BY rider_id) AS p")
-    assert abs(result.rows[0][0] - float(true)) <= tolerance(result.report.columns[0])
-    # A bound the query gives itself is kept: nothing to choose.
-    own = engine.execute("WITH per AS (SELECT rider_id, LEAST(SUM(fare), 300) AS spend "
-                         "FROM trips GROUP BY rider_id) SELECT SUM(spend) FROM per",
-                         epsilon=50, **ALICE)
-    assert own.report.contribution is None
-    assert own.report.measurements[0].sensitivity == 300
+    result = engine.execute(SPEND + "SELECT SUM(spend) FROM per", epsilon=5, **ALICE)
+    assert result.report.contribution is None
+    assert result.report.measurements[0].sensitivity == 2000
