@@ -22,8 +22,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    no subquery outside its FROM; its aggregates are COUNT, SUM, AVG, VARIANCE or STDDEV; each of
    its outputs is a GROUP BY expression or reads columns only inside aggregates.  So nothing of
    T leaves the barrier but aggregates and group keys.
-3'. *Per-person barrier* (issue 24, ``analyses.per_person``): the direct reader of T (no join)
-   groups by T's privacy unit alone and every output is bounded by literals (LEAST/GREATEST
+3'. *Per-person barrier* (issue 24, ``analyses.per_person``): the direct reader of T groups
+   by one privacy-unit column alone, T is that column's table or inner-joined to it by ON
+   equalities of unit columns (its rows in a group are then the group's unit's own), and
+   every output is bounded by literals (LEAST/GREATEST
    with a literal, CASE branches, casts; Postgres skips NULL arguments of LEAST and GREATEST,
    so only a literal argument binds).  Each unit is then one row of bounded values, and rule 4
    is met without a row cap.  Above it the rows are read through FROM only, by SELECTs without
@@ -227,8 +229,8 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     barrier = chain[index]
     db = table.args.get("db")
     sample = db is not None and db.name == rules.private_schema  # bounded when it was stored
-    if spec.unit is not None and not sample and index == 0 and sole \
-            and _per_person(barrier, alias, spec.unit, name, allowed):
+    if spec.unit is not None and not sample and index == 0 \
+            and _per_person(barrier, alias, rules, name, allowed):
         return _above_per_person(chain, name, allowed)
     _check_barrier(barrier, name, allowed)
     if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
@@ -238,26 +240,72 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
 
 
 # -- 3'. the per-person barrier ------------------------------------------------------------------
-def _per_person(barrier: exp.Select, alias: str, unit: str, name: str,
+def _per_person(barrier: exp.Select, alias: str, rules: OutgoingRules, name: str,
                 allowed: tuple[type[exp.Expr], ...]) -> bool:
-    """Whether ``barrier`` (the direct reader of the table, no join) is ``SELECT clip(agg) AS
-    v, ... GROUP BY alias.unit``: one row per unit, every output bounded by literals (rule 3',
-    module docstring).  False sends the read through the usual rules 3-4."""
+    """Whether ``barrier`` (the direct reader of the table ``alias``) is ``SELECT clip(agg) AS
+    v, ... FROM ... GROUP BY g.unit``: one row per unit, every output bounded by literals, and
+    ``alias`` is g or inner-joined to it on the unit (``a.unit = g.unit``, a chain of such ON
+    equalities), so a unit's row holds only that unit's rows (rule 3', module docstring).
+    False sends the read through the usual rules 3-4."""
+    units = _source_units(barrier, rules)
     group = barrier.args.get("group")
     keys = group.expressions if group is not None else []
-    if len(keys) != 1 or not isinstance(keys[0], exp.Column) or keys[0].name != unit \
-            or keys[0].table not in (alias, "") \
+    if units is None or len(keys) != 1 or not isinstance(keys[0], exp.Column) \
             or any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets")):
         return False
-    bounded = []
+    key = keys[0]
+    grouped = key.table or (alias if len(units) == 1 else "")
+    if units.get(grouped) is None or key.name != units[grouped] \
+            or not _unit_linked(barrier, units, alias, grouped):
+        return False
     for item in barrier.expressions:
         found = _interval(item.this if isinstance(item, exp.Alias) else item)
-        bounded.append(found is None or all(math.isfinite(v) for v in found))
-    if not all(bounded):
-        return False
-    # A person's own rows only, so MIN and MAX of them are one person's values too.
+        if found is not None and not all(math.isfinite(v) for v in found):
+            return False
+    # A unit's own rows only, so MIN and MAX of them are one unit's values too.
     _check_barrier(barrier, name, (*allowed, exp.Min, exp.Max))
     return True
+
+
+def _source_units(select: exp.Select, rules: OutgoingRules) -> dict[str, str | None] | None:
+    """The unit column of every source of ``select`` by alias (None: a public table), or None
+    when a source is not a base table or a join is not an inner join with ON."""
+    sources = [select.args["from_"].this] if select.args.get("from_") else []
+    for join in select.args.get("joins") or []:
+        if join.side or (join.kind or "INNER").upper() != "INNER" or join.args.get("on") is None:
+            return None
+        sources.append(join.this)
+    units: dict[str, str | None] = {}
+    for source in sources:
+        if not isinstance(source, exp.Table):
+            return None
+        declared = _declared(source, rules)
+        spec = rules.private.get(declared)
+        units[source.alias_or_name] = spec.unit if spec is not None else None
+    return units
+
+
+def _unit_linked(select: exp.Select, units: dict[str, str | None], start: str,
+                 goal: str) -> bool:
+    """Whether ``start`` reaches ``goal`` through ON equalities ``a.unit_a = b.unit_b``."""
+    edges: dict[str, set[str]] = {}
+    for join in select.args.get("joins") or []:
+        for cond in _conjuncts(join.args.get("on")):
+            if not isinstance(cond, exp.EQ):
+                continue
+            left, right = cond.this, cond.expression
+            if isinstance(left, exp.Column) and isinstance(right, exp.Column) \
+                    and left.table in units and right.table in units \
+                    and units[left.table] is not None and left.name == units[left.table] \
+                    and units[right.table] is not None and right.name == units[right.table]:
+                edges.setdefault(left.table, set()).add(right.table)
+                edges.setdefault(right.table, set()).add(left.table)
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), set()) - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return goal in seen
 
 
 def _above_per_person(chain: list[exp.Select], name: str,

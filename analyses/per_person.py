@@ -37,6 +37,7 @@ import sqlglot
 from sqlglot import exp
 
 from analyses.bounds import Interval, expression_bounds
+from analyses.joins import JoinInfo
 from analyses.query import AggregateQuery, PublicQuery, analyze_query
 from analyses.totality import ConstantCheck
 from analyses.validate import ParsedStatement
@@ -73,7 +74,8 @@ class PerPersonValue:
 class PerPersonQuery:
     """An outer aggregate (``outer``, over the relation ``RELATION``) of per-person values.
 
-    ``rows`` is the inner query's filter as a one-table query (its WHERE, the blocks it reads);
+    ``rows`` is the inner query's rows as an analysed query (its WHERE, its join and the
+    blocks it reads);
     ``values`` the per-person columns; ``alias`` the inner table's alias; ``schema`` the
     backend's schema of the generated SQL.
     """
@@ -85,6 +87,7 @@ class PerPersonQuery:
     values: tuple[PerPersonValue, ...]
     outer: AggregateQuery
     schema: str | None
+    tables: tuple[str, ...]  # every table the subquery reads (the first, and its joins)
 
     @property
     def normalized_sql(self) -> str:
@@ -100,7 +103,7 @@ def analyze_per_person(parsed: ParsedStatement, policy: Policy, dialect: str,
     """The per-person reading of ``parsed``, or None when it does not have that shape (an
     outer query reading one subquery or CTE that aggregates with GROUP BY).  Refuses, naming
     the fix, a query of that shape that is not bounded."""
-    tree = parsed.tree
+    tree = _distinct_units(parsed.tree, policy)
     found = _inner_select(tree)
     if found is None:
         return None
@@ -119,7 +122,7 @@ def analyze_per_person(parsed: ParsedStatement, policy: Policy, dialect: str,
             hint="aggregate the rows in one SELECT")
     _check_inner_shape(inner, table, unit)
     values, unit_outputs = _values(inner, unit)
-    rows = _rows_query(inner, source, values, parsed, policy, dialect, public_columns,
+    rows = _rows_query(inner, source, values, unit, parsed, policy, dialect, public_columns,
                        constants, db)
     stands = _qualified_aggregates(rows)
     per_values = []
@@ -129,7 +132,45 @@ def analyze_per_person(parsed: ParsedStatement, policy: Policy, dialect: str,
         stands = stands[n:]
     outer = _outer_query(tree, outer_alias, tuple(per_values), unit_outputs, table, unit,
                          policy, dialect, constants)
-    return PerPersonQuery(table, unit, rows.alias, rows, tuple(per_values), outer, db)
+    return PerPersonQuery(table, unit, rows.alias, rows, tuple(per_values), outer, db,
+                          rows.tables)
+
+
+def _distinct_units(tree: exp.Select, policy: Policy) -> exp.Select:
+    """``SELECT COUNT(DISTINCT a.unit) FROM a JOIN b ON ... WHERE ...`` (a join, the unit of
+    its first table) as the per-person question it is: the number of people with at least one
+    joined row, ``SELECT COUNT(*) FROM (SELECT COUNT(*) FROM a JOIN b ... WHERE ... AND a.unit
+    IS NOT NULL GROUP BY a.unit)``.  Any other query is returned as it is."""
+    items = tree.expressions
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    if not tree.args.get("joins") or len(items) != 1 or not isinstance(source, exp.Table) \
+            or any(tree.args.get(a) for a in ("group", "having", "with_", "distinct")):
+        return tree
+    count = items[0].this if isinstance(items[0], exp.Alias) else items[0]
+    tp = policy.tables.get(source.name)
+    if not isinstance(count, exp.Count) or not isinstance(count.this, exp.Distinct) \
+            or tp is None or not isinstance(tp.privacy_unit, str):
+        return tree
+    cols = count.this.expressions
+    alias = source.alias_or_name
+    if len(cols) != 1 or not isinstance(cols[0], exp.Column) \
+            or cols[0].name != tp.privacy_unit or cols[0].table not in ("", alias):
+        return tree
+    unit = exp.column(tp.privacy_unit, table=alias)
+    where = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
+    if tree.args.get("where") is not None:
+        where = exp.and_(tree.args["where"].this.copy(), where)
+    inner = exp.select(exp.alias_(exp.Count(this=exp.Star()), "chorus_rows")).from_(
+        source.copy(), copy=False)
+    inner.set("joins", [j.copy() for j in tree.args["joins"]])
+    inner = inner.where(where, copy=False).group_by(unit, copy=False)
+    name = items[0].alias if isinstance(items[0], exp.Alias) else "count"
+    outer = exp.select(exp.alias_(exp.Count(this=exp.Star()), name)).from_(
+        inner.subquery("chorus_units", copy=False), copy=False)
+    for key in ("order", "limit", "offset"):
+        if tree.args.get(key) is not None:
+            outer.set(key, tree.args[key].copy())
+    return outer
 
 
 # -- the shape --------------------------------------------------------------------------------
@@ -166,11 +207,17 @@ def _check_inner_shape(inner: exp.Select, table: str, unit: str) -> None:
             f"a subquery that aggregates '{table}' must GROUP BY its privacy unit '{unit}' "
             "alone: only then does each person give one row to the outer query",
             hint=f"GROUP BY {unit} in the subquery and aggregate its rows in the outer query")
-    if inner.args.get("joins"):
-        raise NotSupportedError(
-            "a per-person subquery must read one table, without a join (a join could give a "
-            "person's value rows of other people)",
-            hint=f"filter '{table}' in the subquery's WHERE")
+    first = inner.args["from_"].this.alias_or_name
+    if keys[0].table not in ("", first):
+        raise QueryRefused(
+            f"a per-person subquery must GROUP BY the privacy unit of its first table "
+            f"({first}.{unit})", hint=f"GROUP BY {first}.{unit}")
+    for join in inner.args.get("joins") or []:
+        if join.side or (join.kind or "INNER").upper() != "INNER" \
+                or join.args.get("on") is None or not isinstance(join.this, exp.Table):
+            raise NotSupportedError(
+                "a per-person subquery may only INNER JOIN tables with ON conditions",
+                hint=f"JOIN other tables ON their {unit} = {first}.{unit}")
     for arg, name in _FORBIDDEN_INSIDE.items():
         if inner.args.get(arg):
             hint = ("move the condition on the per-person value to the outer WHERE"
@@ -263,7 +310,7 @@ def _refuse_distinct() -> exp.Expr:
 
 
 def _rows_query(inner: exp.Select, source: exp.Table, values: list[tuple[str, exp.Expr]],
-                parsed: ParsedStatement, policy: Policy, dialect: str,
+                unit: str, parsed: ParsedStatement, policy: Policy, dialect: str,
                 public_columns: dict[str, dict[str, str]], constants: ConstantCheck | None,
                 db: str | None) -> AggregateQuery:
     """The inner query as a one-table query ``SELECT COUNT(*), <stand-ins> FROM t WHERE ...``:
@@ -273,14 +320,50 @@ def _rows_query(inner: exp.Select, source: exp.Table, values: list[tuple[str, ex
     for i, agg in enumerate(a for _, expr in values for a in _top_aggregates(expr)):
         items.append(exp.alias_(_stand_in(agg), f"chorus_a{i}"))
     synthetic = exp.select(*items).from_(source.copy(), copy=False)
+    joins = inner.args.get("joins") or []
+    if joins:
+        synthetic.set("joins", [j.copy() for j in joins])
     where = inner.args.get("where")
     if where is not None:
         synthetic = synthetic.where(where.this.copy(), copy=False)
-    tables = tuple(t for t in parsed.tables if t == source.name)
+    read = {t.name for t in synthetic.find_all(exp.Table)}
+    tables = tuple(t for t in parsed.tables if t in read)
     analysed = analyze_query(ParsedStatement(synthetic, tables), policy, dialect, public_columns,
                              constants, db)
     assert not isinstance(analysed, PublicQuery)
+    if analysed.join is not None:
+        _check_unit_joins(analysed.join, analysed.alias, unit)
     return analysed
+
+
+def _check_unit_joins(join: JoinInfo, first: str, unit: str) -> None:
+    """Every private table of the subquery must be joined to the first on the privacy unit
+    (``b.unit = a.unit``, directly or through others): a person's group then holds only that
+    person's rows, whatever the other tables hold.  Public tables join freely (they never
+    change between neighbours)."""
+    units = {s.alias: s.policy.privacy_unit for s in join.sources if not s.public}
+    edges: dict[str, set[str]] = {}
+    for j in join.tree.args.get("joins") or []:
+        for cond in j.args["on"].flatten() if isinstance(j.args["on"], exp.And) \
+                else [j.args["on"]]:
+            cond = cond.unnest()
+            if isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column) \
+                    and isinstance(cond.expression, exp.Column):
+                a, b = cond.this, cond.expression
+                if units.get(a.table) == a.name and units.get(b.table) == b.name:
+                    edges.setdefault(a.table, set()).add(b.table)
+                    edges.setdefault(b.table, set()).add(a.table)
+    reached, todo = {first}, [first]
+    while todo:
+        for nxt in edges.get(todo.pop(), set()) - reached:
+            reached.add(nxt)
+            todo.append(nxt)
+    for s in join.private_sources:
+        if s.policy.privacy_unit != unit or s.alias not in reached:
+            raise QueryRefused(
+                f"table '{s.table}' ({s.alias}) is joined in a per-person subquery other than "
+                f"on the privacy unit: a person's value could hold other people's rows",
+                hint=f"join it ON {s.alias}.{unit} = {first}.{unit}")
 
 
 def _top_aggregates(expr: exp.Expr) -> list[exp.Expr]:

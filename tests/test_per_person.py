@@ -121,6 +121,32 @@ def test_subquery_form_and_proxy_noise(backend_url: str,
     assert abs(result.rows[0][0] - float(true)) < 1.0
 
 
+def test_distinct_units_over_a_self_join(engine: Engine) -> None:
+    # Riders with a trip in SF and one in NYC: COUNT(DISTINCT a.rider_id) over a self-join on
+    # the unit is the number of people with a joined row: one row per person, Delta = 1.
+    sql = ("SELECT COUNT(DISTINCT a.rider_id) AS riders FROM trips a JOIN trips b "
+           "ON a.rider_id = b.rider_id WHERE a.city = 'SF' AND b.city = 'NYC'")
+    assert [m.sensitivity for m in _analysed(engine, sql).outer.measurements] == [1]
+    result = engine.execute(sql, epsilon=200, **ALICE)
+    (true,), = _truth(engine, sql)
+    assert result.rows[0][0] is not None
+    assert abs(result.rows[0][0] - true) <= tolerance(result.report.columns[0])
+    assert result.report.columns[0].name == "riders"
+
+
+def test_per_person_over_a_join_with_a_public_table(engine: Engine) -> None:
+    sql = ("WITH per AS (SELECT t.rider_id, LEAST(SUM(t.fare), 500) AS spend FROM trips t "
+           "JOIN cities c ON t.city = c.city WHERE c.city <> 'LA' GROUP BY t.rider_id) "
+           "SELECT SUM(spend) AS total FROM per")
+    result = engine.execute(sql, epsilon=200, **ALICE)
+    (true,), = _truth(engine, "SELECT SUM(LEAST(s, 500)) FROM (SELECT SUM(t.fare) AS s FROM "
+                      "trips t JOIN cities c ON t.city = c.city WHERE c.city <> 'LA' "
+                      "GROUP BY t.rider_id) AS p")
+    assert abs(result.rows[0][0] - float(true)) <= tolerance(result.report.columns[0])
+    assert result.report.measurements[0].sensitivity == 500
+    assert set(result.report.tables) == {"trips", "cities"}
+
+
 # -- refusals: named, free ----------------------------------------------------------------------
 @pytest.mark.parametrize(("sql", "error", "words"), [
     ("WITH per AS (SELECT city, COUNT(*) AS n FROM trips GROUP BY city) "
@@ -132,8 +158,17 @@ def test_subquery_form_and_proxy_noise(backend_url: str,
     ("WITH per AS (SELECT rider_id, COUNT(*) AS n FROM trips GROUP BY rider_id LIMIT 10) "
      "SELECT SUM(n) FROM per", QueryRefused, "LIMIT"),
     ("WITH per AS (SELECT t.rider_id, COUNT(*) AS n FROM trips t JOIN trips u "
-     "ON t.city = u.city GROUP BY t.rider_id) SELECT SUM(n) FROM per", NotSupportedError,
-     "without a join"),
+     "ON t.city = u.city GROUP BY t.rider_id) SELECT SUM(n) FROM per", QueryRefused,
+     "other than on the privacy unit"),
+    ("WITH per AS (SELECT t.rider_id, COUNT(*) AS n FROM trips t JOIN trips u "
+     "ON t.rider_id = u.driver_id GROUP BY t.rider_id) SELECT SUM(n) FROM per", QueryRefused,
+     "other than on the privacy unit"),
+    ("WITH per AS (SELECT t.rider_id, COUNT(*) AS n FROM trips t LEFT JOIN trips u "
+     "ON t.rider_id = u.rider_id GROUP BY t.rider_id) SELECT SUM(n) FROM per",
+     NotSupportedError, "INNER JOIN"),
+    ("WITH per AS (SELECT u.rider_id, COUNT(*) AS n FROM trips t JOIN trips u "
+     "ON t.rider_id = u.rider_id GROUP BY u.rider_id) SELECT SUM(n) FROM per", QueryRefused,
+     "first table"),
     (COUNTS + "SELECT rider_id, COUNT(*) FROM per GROUP BY rider_id", QueryRefused,
      "privacy unit"),
     ("WITH per AS (SELECT rider_id, SUM(trip_id) AS s FROM trips GROUP BY rider_id) "
@@ -177,6 +212,11 @@ def test_verifier_accepts_the_per_person_shape(backend_url: str,
                                  "END"))
     _verify(engine, GOOD.replace(CLIP, f"CAST({CLIP.replace('SUM(t.fare)', 'COUNT(*)')} "
                                  "AS BIGINT)"))
+    # A self-join on the unit (each occurrence restricted to its blocks) and a public table.
+    joined = GOOD.replace("FROM main.trips AS t WHERE", "FROM main.trips AS t JOIN main.trips "
+                          "AS u ON t.rider_id = u.rider_id JOIN main.cities AS c ON t.city = "
+                          "c.city WHERE " + BLOCK.replace("t.", "u.") + " AND")
+    _verify(engine, joined)
     # The statement the engine generates, noised in SQL, passes (it ran in the tests above).
     sql = engine.explain(SPEND + "SELECT AVG(spend) FROM per", epsilon=1, **ALICE).rewritten_sql
     rules = rules_from_policy(engine.policy, engine.schema, SCHEMA)
@@ -195,6 +235,15 @@ def test_verifier_accepts_the_per_person_shape(backend_url: str,
     GOOD.replace("FROM main.trips AS t WHERE",                               # join: others' rows
                  "FROM main.trips AS t JOIN main.trips AS u ON t.city = u.city WHERE"),
     GOOD.replace(") AS per", ") AS per JOIN main.cities AS c ON TRUE"),     # outer join
+    GOOD.replace("FROM main.trips AS t WHERE", "FROM main.trips AS t JOIN main.trips AS u "
+                 "ON t.rider_id = u.driver_id WHERE " + BLOCK.replace("t.", "u.") + " AND"),
+    GOOD.replace("FROM main.trips AS t WHERE", "FROM main.trips AS t LEFT JOIN main.trips "
+                 "AS u ON t.rider_id = u.rider_id WHERE " + BLOCK.replace("t.", "u.") + " AND"),
+    GOOD.replace("FROM main.trips AS t WHERE", "FROM main.trips AS t JOIN main.trips AS u "
+                 "ON t.rider_id = u.rider_id OR t.city = u.city WHERE "
+                 + BLOCK.replace("t.", "u.") + " AND"),                    # OR: not the unit
+    GOOD.replace("FROM main.trips AS t WHERE", "FROM main.trips AS t JOIN main.trips AS u "
+                 "ON t.rider_id = u.rider_id WHERE"),                      # u without blocks
     GOOD.replace(f"WHERE {BLOCK} ", ""),                                     # no blocks
     GOOD.replace(f"SELECT {CLIP} AS spend", f"SELECT t.rider_id AS r, {CLIP} AS spend")
         .replace("SUM(per.spend) AS m0", "per.r, SUM(per.spend) AS m0") + " GROUP BY per.r",
@@ -226,6 +275,10 @@ _PROPERTY_SQL = {
     "histogram": COUNTS + "SELECT n, COUNT(*) FROM per GROUP BY n",
     "least": ("WITH per AS (SELECT rider_id, LEAST(SUM(fare), 300) - COUNT(*) AS v FROM trips "
               "WHERE fare > 20 GROUP BY rider_id) SELECT SUM(v), COUNT(v) FROM per"),
+    "distinct": ("SELECT COUNT(DISTINCT a.rider_id) FROM trips a JOIN trips b "
+                 "ON a.rider_id = b.rider_id WHERE a.fare > 50 AND b.fare < 100"),
+    "pairs": ("WITH per AS (SELECT a.rider_id, COUNT(*) AS pairs FROM trips a JOIN trips b "
+              "ON a.rider_id = b.rider_id GROUP BY a.rider_id) SELECT SUM(pairs) FROM per"),
 }
 
 

@@ -30,6 +30,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.join import join_blocks
 from chorus_py.kinds.selection import (
     Choices,
     Histogram,
@@ -76,20 +77,21 @@ class PerPersonKind:
 
     def _cached(self, query: PerPersonQuery, epsilon: float, delta: float,
                 chosen: Choices | None = None, reused: bool = False) -> Prepared:
-        reads, restriction = self._blocks(query)
-        key = (query.normalized_sql, epsilon, delta, restriction, chosen, reused)
+        reads, restrictions = self._blocks(query)
+        key = (query.normalized_sql, epsilon, delta, restrictions, chosen, reused)
         found = self._prepared.get(key)
         if found is None:
-            found = self._prepare(query, epsilon, delta, reads, restriction, chosen, reused)
+            found = self._prepare(query, epsilon, delta, reads, restrictions, chosen,
+                                  reused)
             self._prepared.put(key, found)
         return found
 
     def _prepare(self, query: PerPersonQuery, epsilon: float, delta: float,
-                 reads: BlocksRead | None, restriction: BlockRestriction | None,
+                 reads: BlocksRead | None, restrictions: Restrictions,
                  chosen: Choices | None, reused: bool) -> Prepared:
         services = self.services
         outer = query.outer
-        per_person = relation(query, restriction)
+        per_person = relation(query, restrictions)
         # Bounds from the policy are wide (k rows' worth): with automatic clipping, the outer
         # sums' bounds are narrowed per query from noisy histograms of the per-person values
         # (kinds.selection, mechanisms.clip_bounds; event level: each person is one row of
@@ -107,9 +109,9 @@ class PerPersonKind:
                                                                    per_person))
         proxy = services.policy.privacy.noise != "sql"
         sql = rewritten.measure_sql() if proxy else rewritten.sql_with_noise(plan)
-        services.statements.verify_outgoing(sql, services.release, (query.table,))
+        services.statements.verify_outgoing(sql, services.release, query.tables)
         detail = AnalyticQuery(outer, plan, reads, rewritten if proxy else None, sql,
-                               restriction, chosen=chosen)
+                               chosen=chosen)
         report = _report(query, aggregate_report(outer, plan, reads, sql,
                                                  services.policy.privacy.noise), reads)
         if clipped:
@@ -120,9 +122,9 @@ class PerPersonKind:
         statements: tuple[str, ...] = (sql,)
         selection = None
         if still_open:
-            histograms = self._histograms(outer, per_person, query.table)
+            histograms = self._histograms(outer, per_person, query.tables)
             selection = Selection(outer, plan, choice_epsilon, histograms,
-                                  (query.normalized_sql, epsilon, delta, restriction),
+                                  (query.normalized_sql, epsilon, delta, restrictions),
                                   lambda choice: self._cached(query, epsilon, delta, choice))
             statements += tuple(h for _, _, h in histograms)
         return Prepared(report, report.blocks, events, detail, statements=statements,
@@ -131,32 +133,40 @@ class PerPersonKind:
                         selection=selection)
 
     def _histograms(self, outer: AggregateQuery, per_person: exp.Select,
-                    table: str) -> tuple[Histogram, ...]:
+                    tables: tuple[str, ...]) -> tuple[Histogram, ...]:
         """The value histograms of the outer sums, read from the per-person rows."""
         out = []
         for what, size, build in histogram_builders(outer, None, None):
             tree = _splice(build(), per_person)
             sql = dialect(tree, self.services.dialect, copy=False).sql(self.services.dialect,
                                                                        copy=False)
-            self.services.statements.verify_outgoing(sql, "noised_by_proxy", (table,))
+            self.services.statements.verify_outgoing(sql, "noised_by_proxy", tables)
             out.append((what, size, sql))
         return tuple(out)
 
-    def _blocks(self, query: PerPersonQuery) -> tuple[BlocksRead | None,
-                                                      BlockRestriction | None]:
-        block = query.rows.table_policy.block
+    def _blocks(self, query: PerPersonQuery) -> tuple[BlocksRead | None, Restrictions]:
+        """The blocks the subquery reads, and each private occurrence's window by alias."""
+        rows = query.rows
+        if rows.join is not None:
+            reads, by_alias = join_blocks(self.services.blocks, rows)
+            return reads, tuple(sorted(by_alias.items()))
+        block = rows.table_policy.block
         if block is None:
-            return None, None
-        windows = self.services.blocks.windows(query.table, block)
-        reads = blocks_read(query.rows, windows)
-        column_type = query.rows.table_policy.columns[block.column].type
-        return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
-                                       reads.separate_runs)
+            return None, ()
+        reads = blocks_read(rows, self.services.blocks.windows(query.table, block))
+        column_type = rows.table_policy.columns[block.column].type
+        return reads, ((query.alias, BlockRestriction(block.column, column_type, reads.start,
+                                                      reads.end, reads.separate_runs)),)
 
 
-def relation(query: PerPersonQuery, restriction: BlockRestriction | None) -> exp.Select:
-    """The per-person SELECT: each value clipped to [L, U] (NULL stays NULL), the inner
-    filter and the claimed blocks, grouped by the unit."""
+# The claimed window of every private table occurrence, by alias (hashable: a cache key).
+Restrictions = tuple[tuple[str, BlockRestriction], ...]
+
+
+def relation(query: PerPersonQuery, restrictions: Restrictions) -> exp.Select:
+    """The per-person SELECT: each value clipped to [L, U] (NULL stays NULL), the subquery's
+    tables (each qualified by the schema) and filter, the claimed blocks of every private
+    occurrence, grouped by the unit of the first table."""
     items = []
     for v in query.values:
         clipped = clipping(v.expr, v.lower, v.upper)
@@ -164,15 +174,27 @@ def relation(query: PerPersonQuery, restriction: BlockRestriction | None) -> exp
             clipped = exp.cast(clipped, exp.DType.BIGINT)
         items.append(exp.alias_(clipped, v.name))
     where = query.rows.where
-    if restriction is not None:
-        where = blocks(where, exp.column(restriction.column, table=query.alias),
-                       restriction.start, restriction.end, restriction.column_type,
-                       restriction.windows)
-    select = exp.select(*items).from_(
-        exp.table_(query.table, db=query.schema, alias=query.alias), copy=False)
+    for alias, r in restrictions:
+        where = blocks(where, exp.column(r.column, table=alias), r.start, r.end,
+                       r.column_type, r.windows)
+    join = query.rows.join
+    first = join.tree.args["from_"].this.copy() if join is not None else \
+        exp.table_(query.table, alias=query.alias)
+    select = exp.select(*items).from_(_qualified(first, query.schema), copy=False)
+    for j in (join.tree.args.get("joins") or []) if join is not None else []:
+        node = j.copy()
+        node.set("this", _qualified(node.this, query.schema))
+        select.append("joins", node)
     if where is not None:
         select = select.where(where.copy(), copy=False)
     return select.group_by(exp.column(query.unit, table=query.alias), copy=False)
+
+
+def _qualified(table: exp.Expr, schema: str | None) -> exp.Expr:
+    """A base table named in the backend's schema (the outgoing check requires it)."""
+    if isinstance(table, exp.Table) and schema is not None:
+        table.set("db", exp.to_identifier(schema))
+    return table
 
 
 def _splice(measure: exp.Select, per_person: exp.Select) -> exp.Select:
@@ -216,5 +238,5 @@ def _report(query: PerPersonQuery, report: PrivacyReport,
              f"so adding or removing a person adds or removes one row; {clips}",
              *(n for n in report.notes if not n.startswith("at most")))
     return dataclasses.replace(
-        report, tables=(query.table,), privacy_unit=query.unit, stability=1,
+        report, tables=query.tables, privacy_unit=query.unit, stability=1,
         blocks=reads.ids if reads is not None else (query.table,), notes=notes)
