@@ -5,11 +5,13 @@ Shape::
     WITH per AS (SELECT rider_id, SUM(fare) AS spend FROM trips [WHERE ...] GROUP BY rider_id)
     SELECT AVG(spend) FROM per [WHERE ...] [GROUP BY ...]
 
-(or the same with ``FROM (SELECT ...) AS per``).  The inner query groups one private table by
+(or the same with ``FROM (SELECT ...) AS per``).  The inner query groups a private table by
 its privacy unit, so each person is exactly one row of ``per``; every per-person value is
 clipped to an interval [L, U] in SQL (``LEAST(GREATEST(v, L), U)``).  Adding or removing one
-person adds or removes exactly one row of ``per`` and changes no other row (a person's value
-is an aggregate of that person's rows only: the inner query reads one table, no join).  The
+person adds or removes exactly one row of ``per`` and changes no other row: a person's value
+is an aggregate of that person's rows only (other private tables may be inner-joined only on
+the unit, ``b.unit = a.unit``; public tables never change).  ``COUNT(DISTINCT a.unit)`` over
+such a join is the same question: the people with a joined row (``_distinct_units``).  The
 outer query is therefore an ordinary aggregate over a relation of *stability 1* whose columns
 are bounded by [L, U]: COUNT -> 1, SUM(v) -> max(|L|, |U|), AVG via a noisy sum and a noisy
 count (``analyses.query``, event-level rules on that relation).
@@ -487,12 +489,9 @@ def _outer_query(tree: exp.Select, alias: str, values: tuple[PerPersonValue, ...
         type="int" if v.integral else "float", lower=v.lower, upper=v.upper,
         public_values=tuple(range(int(v.lower), int(v.upper) + 1))
         if v.integral and v.upper - v.lower < MAX_PUBLIC_KEYS else None) for v in values}
-    # Bounds that came from the policy are narrowed per query only when the owner set
-    # clipping = "auto" on the table explicitly (not by default with contribution = "auto"):
-    # on the demo the rule (mechanisms.clip_bounds) keeps the wide bound at epsilon <= 1, as
-    # its test should with a few per-person values far out, and its 10% of epsilon then only
-    # adds noise (benchmarks/RESULTS.md, per-person section).
-    auto = policy.tables[table].clipping == "auto" and any("policy" in v.origin for v in values)
+    # Bounds that came from the policy are narrowed per query when the table's clipping is
+    # automatic, as for row values (its setting, or its default).
+    auto = policy.tables[table].auto_clipping and any("policy" in v.origin for v in values)
     virtual = TablePolicy(columns=columns, clipping="auto" if auto else "fixed")
     tables = {**policy.tables, RELATION: virtual}
     local = policy.model_copy(update={"tables": tables})

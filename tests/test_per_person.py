@@ -369,11 +369,10 @@ def test_the_bound_is_reached(measures: dict[str, tuple[str, tuple[float, ...]]]
 
 def test_automatic_bounds_narrow_the_policy_bounds(backend_url: str,
                                                    write_policy: Callable[..., Path]) -> None:
-    # clipping = "auto" (explicit): the bound [0, 10 x 200] from the policy is narrowed from a
-    # noisy histogram of the per-rider spends, with 10% of epsilon.
-    path = write_policy(backend_url)
-    path.write_text(path.read_text().replace('contribution = "fixed"',
-                                             'contribution = "fixed"\nclipping = "auto"'))
+    # Automatic clipping (here the default with contribution = "auto"): the bound [0, 10 x 200]
+    # from the policy is narrowed from a noisy histogram of the per-rider spends, with 10% of
+    # epsilon.
+    path = write_policy(backend_url, contribution="auto")
     engine = Engine(load_policy(path))
     try:
         sql = SPEND + "SELECT SUM(spend) AS total FROM per"
@@ -399,10 +398,14 @@ def test_automatic_bounds_narrow_the_policy_bounds(backend_url: str,
         engine.close()
 
 
-def test_no_automatic_bounds_by_default(backend_url: str,
-                                        make_engine: Callable[..., Engine]) -> None:
-    # contribution = "auto" alone keeps the policy's bound for per-person values.
-    engine = make_engine(backend_url, contribution="auto")
+def test_fixed_clipping_keeps_the_policy_bounds(backend_url: str,
+                                                write_policy: Callable[..., Path]) -> None:
+    # clipping = "fixed" keeps the policy's bound for per-person values.
+    path = write_policy(backend_url, contribution="auto")
+    path.write_text(path.read_text().replace('contribution = "auto"',
+                                             'contribution = "auto"\nclipping = "fixed"'))
+    engine = Engine(load_policy(path))
     result = engine.execute(SPEND + "SELECT SUM(spend) FROM per", epsilon=5, **ALICE)
     assert result.report.contribution is None
     assert result.report.measurements[0].sensitivity == 2000
+    engine.close()
