@@ -354,7 +354,8 @@ def _interval(node: exp.Expr) -> _Interval | None:
         return (constant, constant)
     if isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.NUMERIC_TYPES):
         inner = _interval(node.this)
-        if inner is not None and node.to.is_type(*exp.DataType.INTEGER_TYPES):
+        if inner is not None and node.to.is_type(*exp.DataType.INTEGER_TYPES) \
+                and all(math.isfinite(v) for v in inner):
             return (math.floor(inner[0]), math.ceil(inner[1]))
         return inner
     if isinstance(node, exp.Least | exp.Greatest):

@@ -426,10 +426,10 @@ def _bounded_value(name: str, expr: exp.Expr, stands: list[exp.Expr], rows: Aggr
         # Every aggregate is read as a DOUBLE: per-person arithmetic then never overflows an
         # integer (an error that would depend on the person's data).
         final[placeholder] = exp.cast(new, exp.DType.DOUBLE)
-    found = _finite(expression_bounds(built, lambda c: natural.get(c.name)))
+    found = _finite(_bounds(built, natural))
     origin = "the query's own expression"
     if found is None:
-        found = _finite(expression_bounds(built, lambda c: capped.get(c.name)))
+        found = _finite(_bounds(built, capped))
         origin = (f"the policy: COUNT <= max_rows_per_unit = {k} and SUM over at most {k} "
                   f"rows per {tp.privacy_unit}")
     if found is None:
@@ -463,6 +463,15 @@ def _argument_bounds(rows: AggregateQuery, stand: exp.Expr) -> tuple[float, floa
             assert m.lower is not None and m.upper is not None
             return m.lower, m.upper
     raise AssertionError(f"no measurement for {stand.sql()}")
+
+
+def _bounds(value: exp.Expr, leaves: dict[str, Interval]) -> Interval | None:
+    """The interval of ``value`` with its aggregates in ``leaves`` (None: unbounded; an
+    infinite end may overflow a cast's rounding, which means the same)."""
+    try:
+        return expression_bounds(value, lambda c: leaves.get(c.name))
+    except OverflowError:
+        return None
 
 
 def _finite(found: Interval | None) -> Interval | None:

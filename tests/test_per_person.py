@@ -409,3 +409,19 @@ def test_fixed_clipping_keeps_the_policy_bounds(backend_url: str,
     assert result.report.contribution is None
     assert result.report.measurements[0].sensitivity == 2000
     engine.close()
+
+
+def test_casts_of_unbounded_values(engine: Engine) -> None:
+    # CAST(COUNT(*) AS INT) has no bound of its own (no overflow in the interval arithmetic):
+    # the policy's [0, k] applies.  A CASE over a count is bounded by its branches.
+    q = _analysed(engine, "WITH per AS (SELECT rider_id, CAST(COUNT(*) AS INT) AS n FROM trips "
+                          "GROUP BY rider_id) SELECT AVG(n) FROM per")
+    assert (q.values[0].lower, q.values[0].upper) == (0, 10) and "policy" in q.values[0].origin
+    q = _analysed(engine, "WITH per AS (SELECT rider_id, CASE WHEN COUNT(*) > 3 THEN 1 ELSE 0 "
+                          "END AS heavy FROM trips GROUP BY rider_id) SELECT SUM(heavy) FROM per")
+    assert (q.values[0].lower, q.values[0].upper) == (0, 1) and "query" in q.values[0].origin
+    assert [m.sensitivity for m in q.outer.measurements] == [1]
+    # The verifier's intervals: an integer cast of an unbounded value stays unbounded.
+    _verify(engine, GOOD.replace(CLIP, f"CAST({CLIP} AS INT)"))
+    with pytest.raises(Refused):
+        _verify(engine, GOOD.replace(CLIP, "CAST(SUM(t.fare) AS INT)"))
