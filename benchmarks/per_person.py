@@ -87,7 +87,7 @@ def main() -> None:
                               [(label.replace(")", ', clipping = "auto")'), *rest)])
         finally:
             engine.close()
-    header = (f"Written by `python benchmarks/per_person.py` on "
+    header = (f"Written by `python -m benchmarks.per_person` on "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.rows:,} demo trips "
               f"({riders:,} riders), DuckDB, noise in the database, {args.runs} runs per cell; "
               "median relative error |noisy - truth| / |truth| over runs (and groups).  "
