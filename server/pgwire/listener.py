@@ -10,6 +10,7 @@ which ``chorus serve`` shows at its default level.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 from server.listen import Listener, ListenError, StartListener
@@ -18,14 +19,15 @@ from server.pgwire.server import WireServer, build_wire_server, parse_listen
 log = logging.getLogger("chorus.serve.wire")
 
 
-def pgwire_listener(engine: Any, listen: str) -> StartListener:
-    """The Postgres wire protocol front door on ``listen`` (HOST:PORT)."""
+def pgwire_listener(engine: Any, listen: str, sock: socket.socket | None = None) -> StartListener:
+    """The Postgres wire protocol front door on ``listen`` (HOST:PORT); ``sock``: a socket
+    already bound there (``chorus serve --workers``: the parent's, shared by every worker)."""
     host, port = parse_listen(listen)
 
     async def start() -> Listener:
         server = build_wire_server(engine)
         try:
-            await server.start(host, port)
+            await server.start(host, port, sock)
         except OSError as err:
             raise ListenError("Postgres wire protocol", listen, "--listen", err) from None
         analysts = sorted(n for n, v in server.ctx.verifiers.items() if v is not None)

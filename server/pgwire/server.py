@@ -24,6 +24,7 @@ import hmac
 import itertools
 import logging
 import secrets
+import socket
 import ssl
 import threading
 import time
@@ -83,9 +84,16 @@ class WireServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
 
-    async def start(self, host: str, port: int) -> asyncio.Server:
-        self._server = await asyncio.start_server(self._serve, host, port,
-                                                  limit=self.limits.max_message + 16)
+    async def start(self, host: str | None, port: int | None,
+                    sock: socket.socket | None = None) -> asyncio.Server:
+        """Listen on host:port, or accept on ``sock`` (bound already: ``chorus serve
+        --workers``' workers share the parent's socket)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=sock,
+                                                      limit=self.limits.max_message + 16)
+        else:
+            self._server = await asyncio.start_server(self._serve, host, port,
+                                                      limit=self.limits.max_message + 16)
         return self._server
 
     async def close(self) -> None:
