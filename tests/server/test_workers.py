@@ -19,6 +19,7 @@ import pytest
 
 from budget.ledger import Ledger, open_ledger
 from chorus_py.policy import load_policy
+from tests.budget.conftest import drop_pg_ledger
 from tests.budget.test_durable import check_consistent
 from tests.server.test_reload import CHORUS, Served, chorus
 
@@ -48,30 +49,55 @@ class Workers(Served):
         return self.proc.wait(60)
 
 
-def _policy(write_policy: Callable[..., Path], url: str) -> Path:
-    """The test policy with a budget of 1.0 per block, FCFS without waiting, no answer cache
-    (each query is charged), alice's password and one REST token for her."""
-    policy = write_policy(url, epsilon_per_block=1.0, max_epsilon=1.0)
-    text = policy.read_text().replace(
-        'noise = "sql"', 'noise = "sql"\nanswer_cache_seconds = 0\n'
-        'scheduler = { policy = "fcfs", wait_seconds = 0 }')
-    policy.write_text(text)
+SCHEDULERS = {"fcfs": '{ policy = "fcfs", wait_seconds = 0 }',
+              # Every arrival unlocks a quarter of the block; a claim waits up to 5 s.
+              "dpf-n": '{ policy = "dpf-n", n = 4, wait_seconds = 5 }'}
+
+
+def _policy(write_policy: Callable[..., Path], url: str, scheduler: str = "fcfs",
+            ledger: str | None = None) -> Path:
+    """The test policy with a budget of 1.0 per block, no answer cache (each query is
+    charged), a scheduler of SCHEDULERS, a ledger (default: SQLite next to the policy) and
+    alice's password."""
     from server.pgwire.scram import make_verifier
 
-    policy.write_text(policy.read_text().replace(
+    policy = write_policy(url, epsilon_per_block=1.0, max_epsilon=1.0)
+    privacy = (f'noise = "sql"\nanswer_cache_seconds = 0\nscheduler = {SCHEDULERS[scheduler]}'
+               + (f'\nledger = "{ledger}"' if ledger else ""))
+    policy.write_text(policy.read_text().replace('noise = "sql"', privacy).replace(
         "[analysts.alice]", f'[analysts.alice]\npassword = "{make_verifier("alice-pw")}"'))
     return policy
 
 
 @pytest.fixture
-def served(postgres_data: str, write_policy: Callable[..., Path]
-           ) -> Iterator[tuple[Workers, str]]:
-    policy = _policy(write_policy, postgres_data)
-    token = chorus("token", "add", "--policy", str(policy), "alice").stdout.strip()
-    server = Workers(policy)
-    yield server, token
-    if server.proc.poll() is None:
-        server.stop()
+def start(postgres_data: str, write_policy: Callable[..., Path]
+          ) -> Iterator[Callable[..., tuple[Workers, str]]]:
+    """Start ``chorus serve --workers 2`` on the test data: (server, alice's REST token)."""
+    running: list[Workers] = []
+    pg_ledger = False
+
+    def make(scheduler: str = "fcfs", ledger: str = "sqlite") -> tuple[Workers, str]:
+        nonlocal pg_ledger
+        if ledger == "postgres":
+            pg_ledger = True
+            drop_pg_ledger(postgres_data)
+        policy = _policy(write_policy, postgres_data, scheduler,
+                         postgres_data if ledger == "postgres" else None)
+        token = chorus("token", "add", "--policy", str(policy), "alice").stdout.strip()
+        running.append(Workers(policy))
+        return running[-1], token
+
+    yield make
+    for server in running:
+        if server.proc.poll() is None:
+            server.stop()
+    if pg_ledger:
+        drop_pg_ledger(postgres_data)
+
+
+@pytest.fixture
+def served(start: Callable[..., tuple[Workers, str]]) -> tuple[Workers, str]:
+    return start()
 
 
 def _race(server: Workers, token: str, wire_clients: int = 8, rest_clients: int = 4
@@ -120,9 +146,10 @@ def _ledger(policy: Path) -> Ledger:
     return open_ledger(loaded.privacy, loaded.source, loaded.analysts)
 
 
+@pytest.mark.parametrize(("scheduler", "ledger"), [("fcfs", "sqlite"), ("dpf-n", "postgres")])
 def test_two_workers_racing_for_the_last_budget_never_overspend(
-        served: tuple[Workers, str]) -> None:
-    server, token = served
+        start: Callable[..., tuple[Workers, str]], scheduler: str, ledger: str) -> None:
+    server, token = start(scheduler, ledger)
     answered, errors = _race(server, token)
     assert errors == []
     # Every answer was charged, none beyond the block's budget, and none was refused while
