@@ -244,10 +244,10 @@ def serve(policy_path: Path, listen: str, rest: str, log_format: str,
     The same engine answers REST (bearer tokens: [analysts.NAME] token_sha256) and serves the
     data owner's budget dashboard, on --rest.
 
-    With --workers N, N processes accept on the same sockets (the kernel hands each
-    connection to one) and share the budget ledger: every ledger guarantee holds across them.
-    Each has its own answer cache, metrics and connection limit. Several machines: see "When
-    one machine is not enough" in docs/owner-guide.md.
+    With --workers N, N processes listen on the same ports (SO_REUSEPORT: the kernel hands
+    each connection to one) and share the budget ledger: every ledger guarantee holds across
+    them. Each has its own answer cache, metrics and connection limit. Signals go to the
+    parent. Several machines: "Several proxy processes and machines" in docs/owner-guide.md.
 
     \b
     Examples:

@@ -23,6 +23,7 @@ from typing import Any
 from chorus_py.engine import Engine
 from chorus_py.reload import reload_policy
 from server.listen import Listener, StartListener
+from server.pgwire.cancels import CancelRelay
 from server.pgwire.listener import pgwire_listener
 from server.pgwire.server import DEFAULT_LISTEN
 from server.rest.listener import DEFAULT_HOST, DEFAULT_PORT, rest_listener
@@ -36,7 +37,7 @@ DEFAULT_REST = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
           rest: str | None = DEFAULT_REST, pid_file: Path | None = None, *,
           sockets: Sequence[socket.socket | None] = (None, None),
-          parent: int | None = None,
+          parent: int | None = None, relay: CancelRelay | None = None,
           on_ready: Callable[[], None] | None = None) -> None:
     """Load the policy, build the engine once, serve the wire protocol and (unless ``rest`` is
     None or empty) the REST API and dashboard until SIGINT/SIGTERM; on SIGHUP read the policy
@@ -44,8 +45,8 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
 
     As a worker of ``chorus serve --workers`` (:mod:`server.workers`): ``sockets`` are the
     wire and REST sockets the parent bound (shared by every worker), ``parent`` the parent's
-    process id (the worker stops when the parent is gone), ``on_ready`` is called once every
-    door serves."""
+    process id (the worker stops when the parent is gone), ``relay`` passes cancel requests
+    between the workers, ``on_ready`` is called once every door serves."""
     engine = Engine.from_policy(policy_path)
     engine.warm_up()  # ranked copies build in the background; queries do not wait for them
     # Least privilege (docs/owner-guide.md): what the start-up checks found, for the owner.
@@ -57,7 +58,7 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
 
         runner = uvloop.run
     wire_socket, rest_socket = sockets
-    listeners = [pgwire_listener(engine, listen, wire_socket)]
+    listeners = [pgwire_listener(engine, listen, wire_socket, relay)]
     if rest:
         listeners.append(rest_listener(engine, rest, rest_socket))
 

@@ -17,6 +17,8 @@ What the workers share, and how each guarantee holds across them:
   settled (charged) by the worker started in its place (``Ledger.recover``);
 - what the proxy keeps in the database (stored samples, kept sets, the naming key): built
   under a database lock (``chorus_py.stores.owned``);
+- cancel requests: one may reach another worker than the session's, which relays it
+  (``server.pgwire.cancels``, through a private directory the parent makes);
 - nothing else: each worker has its own answer cache and choice reuse (an identical query
   answered by another worker is charged again: never less than it costs), its own metrics
   and its own connection limit (``[server] max_connections`` is per worker).
@@ -37,10 +39,12 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -97,6 +101,8 @@ class Supervisor:
     count: int
     log_format: str = "text"
     sockets: tuple[socket.socket, socket.socket | None] | None = None
+    # Where the workers relay cancel requests (server.pgwire.cancels): a private directory.
+    cancels: Path | None = None
     workers: list[_Worker] = field(default_factory=list)
     _stop: int | None = None  # the signal that asked to stop
     _reload: bool = False
@@ -129,6 +135,7 @@ class Supervisor:
         assert self.sockets is not None, "bind() first"
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        self.cancels = Path(tempfile.mkdtemp(prefix="chorus-serve-"))  # mode 0700
         try:
             self.workers = [self._spawn(i) for i in range(self.count)]
             status = self._watch()
@@ -139,6 +146,7 @@ class Supervisor:
             for sock in self.sockets:
                 if sock is not None:
                     sock.close()
+            shutil.rmtree(self.cancels, ignore_errors=True)
         return status
 
     # -- internals ------------------------------------------------------------------------------
@@ -153,6 +161,7 @@ class Supervisor:
         command = [sys.executable, "-m", "server.workers", "--policy", str(self.policy_path),
                    "--listen", self.listen, "--rest", self.rest or "",
                    "--ready-fd", str(write), "--parent", str(os.getpid()),
+                   "--cancel-dir", str(self.cancels),
                    "--index", str(index), "--count", str(self.count),
                    "--log-format", self.log_format,
                    "--log-level", str(logging.getLogger().getEffectiveLevel())]
@@ -256,7 +265,7 @@ def _address(sock: socket.socket) -> str:
 def _worker_main(argv: list[str] | None = None) -> None:
     """One worker (started by :class:`Supervisor`): listen with SO_REUSEPORT, serve."""
     parser = argparse.ArgumentParser(prog="python -m server.workers")
-    for name in ("--policy", "--listen", "--rest", "--log-format"):
+    for name in ("--policy", "--listen", "--rest", "--log-format", "--cancel-dir"):
         parser.add_argument(name, required=True)
     for name in ("--ready-fd", "--parent", "--index", "--count", "--log-level"):
         parser.add_argument(name, type=int, required=True)
@@ -264,6 +273,7 @@ def _worker_main(argv: list[str] | None = None) -> None:
 
     from chorus_py.activity import configure_logging
     from chorus_py.errors import ChorusError
+    from server.pgwire.cancels import CancelRelay
     from server.pgwire.server import parse_listen
     from server.rest.listener import parse_listen as parse_rest
     from server.serve import serve
@@ -283,7 +293,8 @@ def _worker_main(argv: list[str] | None = None) -> None:
         rest = (bind_socket(*parse_rest(args.rest), _BACKLOG, reuse_port=True)
                 if args.rest else None)
         serve(args.policy, args.listen, args.rest or None, None, sockets=(wire, rest),
-              parent=args.parent, on_ready=ready)
+              parent=args.parent, on_ready=ready,
+              relay=CancelRelay(Path(args.cancel_dir), args.index, args.count))
     except ChorusError as err:
         sys.stderr.write(f"error: {err.message}\n" + (f"hint: {err.hint}\n" if err.hint else ""))
         sys.exit(1)

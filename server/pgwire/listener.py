@@ -14,18 +14,23 @@ import socket
 from typing import Any
 
 from server.listen import Listener, ListenError, StartListener
+from server.pgwire.cancels import CancelRelay
 from server.pgwire.server import WireServer, build_wire_server, parse_listen
 
 log = logging.getLogger("chorus.serve.wire")
 
 
-def pgwire_listener(engine: Any, listen: str, sock: socket.socket | None = None) -> StartListener:
-    """The Postgres wire protocol front door on ``listen`` (HOST:PORT); ``sock``: a socket
-    already bound there (``chorus serve --workers``: the parent's, shared by every worker)."""
+def pgwire_listener(engine: Any, listen: str, sock: socket.socket | None = None,
+                    relay: CancelRelay | None = None) -> StartListener:
+    """The Postgres wire protocol front door on ``listen`` (HOST:PORT).  As a worker of
+    ``chorus serve --workers``: ``sock``, the worker's socket bound there, and ``relay``, how
+    cancel requests reach the worker that runs the session (:mod:`server.pgwire.cancels`)."""
     host, port = parse_listen(listen)
 
     async def start() -> Listener:
         server = build_wire_server(engine)
+        if relay is not None:
+            server.use_relay(relay)
         try:
             await server.start(host, port, sock)
         except OSError as err:

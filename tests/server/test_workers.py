@@ -256,3 +256,23 @@ def _alive(pid: int) -> bool:
 def test_serve_help_explains_workers() -> None:
     out = " ".join(chorus("serve", "--help").stdout.split())
     assert "--workers" in out and "is restarted" in out and "sharing the ledger" in out
+
+
+def test_a_cancel_request_reaches_the_worker_of_its_session(
+        served: tuple[Workers, str], postgres_data: str) -> None:
+    """Each statement waits on a lock the test holds; psycopg's cancel opens a new connection,
+    which the kernel gives to either worker (about half the time the other one)."""
+    server, _ = served
+    for _ in range(6):
+        with psycopg.connect(postgres_data) as admin, \
+                psycopg.connect(server.url("alice", "alice-pw"), autocommit=True) as con:
+            con.execute(f"SET chorus.epsilon = {EPSILON}")
+            admin.execute("LOCK TABLE trips IN ACCESS EXCLUSIVE MODE")
+            timer = threading.Timer(1.0, con.cancel_safe)
+            timer.start()
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.QueryCanceled, match="user request"):
+                con.execute(ONE_DAY.replace("COUNT(*)", "COUNT(*) + 0"))
+            timer.join()
+            assert time.monotonic() - started < 20
+            admin.rollback()
