@@ -33,7 +33,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.pgwire import QUERIES, _free_port, _policy, _throughput  # noqa: E402
+from benchmarks.pgwire import QUERIES, demo_policy, free_port, throughput  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.demo import generate_demo  # noqa: E402
 
@@ -48,7 +48,7 @@ class _Server:
     """A ``chorus serve`` process (``workers`` of them), started and ready."""
 
     def __init__(self, policy: Path, workers: int) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.dsn = f"postgresql://demo:demo@127.0.0.1:{self.port}/demo"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from chorus_py.cli import main; main()", "serve",
@@ -101,8 +101,8 @@ def main() -> None:
             generate_demo(directory, backend_url=dsn, rows=args.rows)
             for config, bounding, contribution in CONFIGS:
                 # One policy file (and so one SQLite ledger) per server.
-                one = _policy(directory, f"{config} one", bounding, contribution)
-                two = _policy(directory, f"{config} two", bounding, contribution)
+                one = demo_policy(directory, f"{config} one", bounding, contribution)
+                two = demo_policy(directory, f"{config} two", bounding, contribution)
                 servers = {1: _Server(one, 1), 2: _Server(two, 2)}
                 try:
                     qps: dict[int, list[float]] = {1: [], 2: []}
@@ -112,7 +112,7 @@ def main() -> None:
                         for workers in (1, 2) if r % 2 == 0 else (2, 1):
                             print(f"[{config}] round {r + 1}, --workers {workers}",
                                   file=sys.stderr)
-                            qps[workers].append(asyncio.run(_throughput(
+                            qps[workers].append(asyncio.run(throughput(
                                 servers[workers].dsn, args.clients, args.seconds)))
                         ratios.append(qps[2][-1] / qps[1][-1])
                 finally:
