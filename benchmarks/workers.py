@@ -153,18 +153,21 @@ def _report(results: list[dict[str, object]], args: argparse.Namespace) -> str:
                      f"{r['ratio']:.2f} | {r['low']:.2f} - {r['high']:.2f} |")
     lines += [
         "",
-        "Where the time goes: one proxy process runs its Python (parsing the wire protocol, "
-        "the engine, the ledger transaction) under one interpreter lock, so it uses about one "
-        "core however many clients it has; a second process adds a second interpreter. On 2 "
-        "cores that Postgres and the clients also use, the gain is bounded by what the other "
-        "processes leave free: with per-query bounding most of a query's time is Postgres's "
-        "own work, which a second proxy does not make faster; with materialized bounding the "
-        "proxy's CPU is the larger share and a second process helps more. The two processes "
-        "also take turns at the ledger's write lock (one SQLite transaction at a time across "
-        "processes; within a process concurrent claims share one transaction), so claims of "
-        "different processes no longer group-commit together. On a machine with more cores "
-        "than the database needs, expect close to N times one process until the database or "
-        "the ledger is the bottleneck.",
+        "Where the time goes: one proxy process runs its Python (the wire protocol, the "
+        "engine, the ledger transaction) under one interpreter lock, so it uses at most about "
+        "one core however many clients it has; a second process adds a second interpreter, "
+        "which helps only when a core is idle. On this machine none is: 2 cores run Postgres, "
+        "the 8 clients, both proxies and other engineers' test runs (load average about 10 "
+        "during the run), so the two do about as much as one, within the noise (see the range). "
+        "With per-query bounding most of a query's time is Postgres's own work, which a second "
+        "proxy does not make faster at all; with materialized bounding the proxy's CPU is the "
+        "larger share, and that is what more processes can spread over more cores. The "
+        "processes take turns at the ledger (one SQLite transaction at a time; they queue on a "
+        "file lock, so the one waiting wakes when the other commits, where SQLite's busy handler "
+        "slept up to 100 ms and could starve one process), and claims of different processes "
+        "no longer share a group commit. On a machine with cores to spare, expect up to N "
+        "times one process, until Postgres or the ledger is the bottleneck; measure it there "
+        "with this script.",
     ]
     return "\n".join(lines)
 
