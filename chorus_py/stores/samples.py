@@ -49,6 +49,7 @@ from sqlglot import exp
 from analyses.blocks import BlockWindows
 from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
+from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import UNIT_ROWS, ranked_table, sample_table
@@ -178,14 +179,15 @@ class BoundedSamples:
     def _naming_key(self) -> bytes:
         """The shared secret key of the proxy's schema, created by the first proxy to need it."""
         if self._key is None:
-            self._backend.run_owned([
+            # Two proxies racing here: the lock orders them, and the primary key keeps the
+            # first key only.
+            self._backend.run_owned(serialised(self._backend.dialect, [
                 f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
                 f"CREATE TABLE IF NOT EXISTS {SCHEMA}.chorus_key (id INTEGER PRIMARY KEY, "
                 "k TEXT NOT NULL)",
-                # Two proxies racing here: the primary key keeps the first key only.
                 f"INSERT INTO {SCHEMA}.chorus_key VALUES (1, '{secrets.token_hex(32)}') "
                 "ON CONFLICT DO NOTHING",
-            ])
+            ]))
             (key,) = self._backend.run(f"SELECT k FROM {SCHEMA}.chorus_key WHERE id = 1").rows[0]
             self._key = bytes.fromhex(key)
         return self._key
@@ -221,20 +223,21 @@ class BoundedSamples:
             return
         registry = f"{SCHEMA}.chorus_replaced"
         now = time.time()  # wall clock: shared by the proxies on several machines
-        self._backend.run_owned([
+        self._backend.run_owned(serialised(self._backend.dialect, [
             f"CREATE TABLE IF NOT EXISTS {registry} (name TEXT PRIMARY KEY, "
             "since DOUBLE PRECISION NOT NULL)",
             *[f"INSERT INTO {registry} VALUES ('{n}', {now!r}) ON CONFLICT DO NOTHING"
-              for n in stale]])
+              for n in stale]]))
         listed = ", ".join(f"'{n}'" for n in stale)
         expired = [r[0] for r in self._backend.run(
             f"SELECT name FROM {registry} WHERE name IN ({listed}) "
             f"AND since < {now - self._grace()!r}").rows]
         if expired:
-            self._backend.run_owned(
+            self._backend.run_owned(serialised(
+                self._backend.dialect,
                 [f'DROP TABLE IF EXISTS {SCHEMA}."{n}"' for n in expired]
                 + [f"DELETE FROM {registry} WHERE name IN "
-                   f"({', '.join(repr(n) for n in expired)})"])
+                   f"({', '.join(repr(n) for n in expired)})"]))
 
     def _grace(self) -> float:
         """How long a replaced relation is kept: well beyond any proxy's TTL and a query."""
@@ -268,16 +271,22 @@ class BoundedSamples:
                 # quarter no longer scans it all).
                 select = exp.select("*").from_(select.subquery("s")).order_by(
                     exp.column(policy.block.column, quoted=True))
-            statements.append(f'CREATE TABLE {SCHEMA}."{name}" AS {select.sql(dialect)}')
+            # IF NOT EXISTS: another proxy sharing the database may have built it since we
+            # looked (chorus_py.stores.owned orders the two batches); it is the same relation,
+            # as its name says (the same key, fingerprint and span).  Named indexes, so that
+            # the second batch does not add a second copy of each.
+            statements.append(f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{name}" AS '
+                              f'{select.sql(dialect)}')
             if dialect == "postgres":
                 if policy.block is not None:
-                    statements.append(f'CREATE INDEX ON {SCHEMA}."{name}" '
-                                      f'("{policy.block.column}")')
+                    statements.append(f'CREATE INDEX IF NOT EXISTS "{name}_block" ON '
+                                      f'{SCHEMA}."{name}" ("{policy.block.column}")')
                 if kind == RANKED:  # the heavy branch reads only units above k: few rows
-                    statements.append(f'CREATE INDEX ON {SCHEMA}."{name}" ("{UNIT_ROWS}")')
+                    statements.append(f'CREATE INDEX IF NOT EXISTS "{name}_rows" ON '
+                                      f'{SCHEMA}."{name}" ("{UNIT_ROWS}")')
                 # Without statistics the planner guesses ~1000 rows and picks sort-based plans.
                 statements.append(f'ANALYZE {SCHEMA}."{name}"')
-        self._backend.run_owned(statements)
+        self._backend.run_owned(serialised(self._backend.dialect, statements))
         self._retire([r[0] for r in existing if r[0] != name])
         log.info("%s of %s rebuilt as %s.%s in %.0f ms",
                  "ranked copy" if kind == RANKED else "bounded sample", table, SCHEMA, name,
