@@ -606,7 +606,8 @@ def _engine(policy_path: Path, as_json: bool = False) -> Any:
     from chorus_py.engine import Engine
 
     try:
-        return Engine.from_policy(policy_path)
+        # One-shot: read a ranked copy a server built, never start a build to wait for at exit.
+        return Engine.from_policy(policy_path, build_ranked_copies=False)
     except (PolicyError, OperationalError) as err:
         _fail(err, as_json, status=FAILED)
     except ChorusError as err:

@@ -60,7 +60,8 @@ class Engine:
     """Answers analyst SQL with differential privacy against one backend and one ledger."""
 
     def __init__(self, policy: Policy, backend: Backend | None = None,
-                 ledger: Ledger | None = None, block_ttl_seconds: float = 60.0) -> None:
+                 ledger: Ledger | None = None, block_ttl_seconds: float = 60.0,
+                 build_ranked_copies: bool = True) -> None:
         self.policy = policy
         self.dialect = policy.backend.dialect
         self.backend = backend or open_backend(policy.backend.url,
@@ -107,7 +108,10 @@ class Engine:
         # selection: reused for privacy.choice_reuse_seconds (post-processing, no budget).
         self.choices = AnswerCache(policy.privacy.choice_reuse_seconds)
         self.blocks = BlockCatalog()  # the policy's public schedules: reads no data
-        self.samples = BoundedSamples(self.backend, block_ttl_seconds, self.blocks)
+        # A one-shot command (build_ranked_copies=False) reads a ranked copy a server built but
+        # never starts a build (it would wait for it at exit).
+        self.samples = BoundedSamples(self.backend, block_ttl_seconds, self.blocks,
+                                      build_ranked_copies)
         # Max frequencies of join keys (chorus_py.stores.frequencies), re-checked at most once
         # per TTL.
         self.frequencies = FrequencyCatalog(self.backend, block_ttl_seconds)

@@ -215,3 +215,20 @@ def test_without_a_copy_queries_rank_their_rows_and_the_owner_is_told(
     filtered = collections.Counter(p for _, p, v in _rows() if v >= 2)
     assert _exact(engine, sql)[0][0] == sum(min(c, K) for c in filtered.values())
 
+
+
+def test_a_one_shot_engine_reads_a_built_copy_and_never_builds_one(
+        skewed: tuple[str, str], tmp_path: Path) -> None:
+    url, table = skewed
+    path = tmp_path / "one-shot.toml"
+    path.write_text(POLICY.format(url=url, table=table, k=K, ranked="true"))
+    sql = f"SELECT COUNT(*) FROM {table}"
+    with Engine(load_policy(path), build_ranked_copies=False) as once:
+        once.warm_up(wait=True)
+        _, prepared = once.prepare(sql, "alice", epsilon=1.0)
+        assert "__ranked_" not in prepared.detail.sql  # none built, none started
+    with Engine(load_policy(path)) as server:
+        server.warm_up(wait=True)
+    with Engine(load_policy(path), build_ranked_copies=False) as once:
+        _, prepared = once.prepare(sql, "alice", epsilon=1.0)
+        assert "__ranked_" in prepared.detail.sql  # the server's copy

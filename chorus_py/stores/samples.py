@@ -72,7 +72,7 @@ class BoundedSamples:
     """Keeps one up-to-date bounded sample per table (thread-safe)."""
 
     def __init__(self, backend: Backend, ttl_seconds: float = 60.0,
-                 blocks: BlockCatalog | None = None) -> None:
+                 blocks: BlockCatalog | None = None, build_ranked_copies: bool = True) -> None:
         self._backend = backend
         self._ttl = ttl_seconds
         self._blocks = blocks or BlockCatalog()
@@ -80,6 +80,9 @@ class BoundedSamples:
         self._lock = threading.Lock()
         self._key: bytes | None = None  # names the samples; see the module docstring
         self._building: dict[str, threading.Thread] = {}  # ranked copies being built
+        # False for one-shot commands (chorus query): they read a current copy a server built,
+        # but never start a build they would have to wait for at exit.
+        self._build_ranked_copies = build_ranked_copies
 
     def relation(self, table: str, policy: TablePolicy) -> str:
         """The name (``chorus_private.x``) of the current sample of ``table``."""
@@ -114,6 +117,12 @@ class BoundedSamples:
                 return name
             # Changed (or never built): the old copy no longer matches the table.
             self._current.pop((table, RANKED), None)
+            if not self._build_ranked_copies:  # a one-shot command: use one if it is there
+                there = bool(self._backend.run(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                    f"'{SCHEMA}' AND table_name = '{name}'").rows)
+                self._current[(table, RANKED)] = (now, name if there else None)
+                return name if there else None
             self._building[table] = threading.Thread(
                 target=self._build_ranked, args=(table, policy, name, span),
                 name=f"chorus-ranked-{table}", daemon=True)
