@@ -22,18 +22,32 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    no subquery outside its FROM; its aggregates are COUNT, SUM, AVG, VARIANCE or STDDEV; each of
    its outputs is a GROUP BY expression or reads columns only inside aggregates.  So nothing of
    T leaves the barrier but aggregates and group keys.
+3'. *Per-person barrier* (issue 24, ``analyses.per_person``): the direct reader of T groups
+   by one privacy-unit column alone, T is that column's table or inner-joined to it by ON
+   equalities of unit columns (its rows in a group are then the group's unit's own), and
+   every output is bounded by literals (LEAST/GREATEST
+   with a literal, CASE branches, casts; Postgres skips NULL arguments of LEAST and GREATEST,
+   so only a literal argument binds).  Each unit is then one row of bounded values, and rule 4
+   is met without a row cap.  Above it the rows are read through FROM only, by SELECTs without
+   joins, subqueries, LIMIT, OFFSET, DISTINCT or windows, up to the first aggregating SELECT,
+   which must pass rule 3 and is the barrier rule 5 checks.
 4. *Contribution bounding* (T has a privacy unit and is read directly, not through its sample):
    between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` and, above it,
    a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
    rows grouped by the unit then only counted, or each row weighted by
-   ``1 / COUNT(*) OVER (PARTITION BY unit)``.
+   ``1 / COUNT(*) OVER (PARTITION BY unit)``.  A ranked copy (``chorus_private.T__ranked_*``,
+   every row of T with its unit's row count, ``__chorus_unit_rows``) is not bounded by itself:
+   it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in the reading
+   SELECT's WHERE (the light units, whose k rows at most are all kept).
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
    expression with RANDOM() (noise), every barrier lies inside E, and E is the barrier itself,
    the public-values grid LEFT JOIN the barrier, or ``SELECT ... FROM (barrier) AS e WHERE
-   FALSE`` (no declared key left: no row).  Keys that come from rows (not from the grid)
-   need a ``noisy column > literal`` threshold in the outer WHERE.  A statement whose exact
+   FALSE`` (no declared key left: no row).  The grid is made of literal VALUES and of SELECTs
+   that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
+   that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
+   outer WHERE.  A statement whose exact
    result goes to the proxy's noise (``noised_by_proxy``: answers in proxy mode, selection
    histograms; ``sampled`` for sampled sensitivity, which may also take percentiles) needs 1-4
    only; one released exactly (``exact``: public
@@ -42,7 +56,9 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -61,6 +77,8 @@ Release = Literal["exact", "noised_in_sql", "noised_by_proxy", "sampled"]
 NOISY = "chorus_noisy"       # the rewriter's noise CTE (rewriters.pipeline.NOISY)
 EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
+_RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
+_UNIT_ROWS = "__chorus_unit_rows"
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
     exp.StddevSamp)
@@ -127,9 +145,14 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     if release == "exact":
         raise Refused(f"a statement released without noise reads private table '{private[0][1]}'")
     allowed = _SAMPLED_AGGREGATES if release == "sampled" else _BARRIER_AGGREGATES
-    barriers = [_check_private_read(t, name, rules, allowed) for t, name in private]
+    barriers: list[exp.Select] = []
+    for table, name in private:
+        barrier = _check_private_read(table, name, rules, allowed)
+        # Several reads may share one barrier (a ranked copy's light and heavy branches).
+        if not any(barrier is b for b in barriers):
+            barriers.append(barrier)
     if release == "noised_in_sql":
-        _check_noise(tree, barriers)
+        _check_noise(tree, barriers, rules)
 
 
 # -- 1. binding ------------------------------------------------------------------------------
@@ -181,7 +204,7 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
     db = table.args.get("db")
     name = table.name
     if db is not None and db.name == rules.private_schema:
-        for marker in _SAMPLE_MARKERS:
+        for marker in (*_SAMPLE_MARKERS, _RANKED_MARKER):
             base = name.split(marker)[0]
             if marker in name and base in rules.private:
                 return base
@@ -216,13 +239,174 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     if index is None:
         raise Refused(f"private table '{name}' is read outside any aggregation")
     barrier = chain[index]
-    _check_barrier(barrier, name, allowed)
     db = table.args.get("db")
-    sample = db is not None and db.name == rules.private_schema  # bounded when it was stored
-    if spec.unit is not None and not sample and not _bounded(chain, index, spec.unit):
+    stored = db is not None and db.name == rules.private_schema
+    sample = stored and _RANKED_MARKER not in table.name  # bounded when it was stored
+    if spec.unit is not None and not sample and index == 0 \
+            and _per_person(barrier, alias, rules, name, allowed):
+        return _above_per_person(chain, name, allowed)
+    _check_barrier(barrier, name, allowed)
+    light = stored and not sample and _light_units(reader.args.get("where"), alias, sole)
+    if spec.unit is not None and not sample and not light \
+            and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit}")
     return barrier
+
+
+# -- 3'. the per-person barrier ------------------------------------------------------------------
+def _per_person(barrier: exp.Select, alias: str, rules: OutgoingRules, name: str,
+                allowed: tuple[type[exp.Expr], ...]) -> bool:
+    """Whether ``barrier`` (the direct reader of the table ``alias``) is ``SELECT clip(agg) AS
+    v, ... FROM ... GROUP BY g.unit``: one row per unit, every output bounded by literals, and
+    ``alias`` is g or inner-joined to it on the unit (``a.unit = g.unit``, a chain of such ON
+    equalities), so a unit's row holds only that unit's rows (rule 3', module docstring).
+    False sends the read through the usual rules 3-4."""
+    units = _source_units(barrier, rules)
+    group = barrier.args.get("group")
+    keys = group.expressions if group is not None else []
+    if units is None or len(keys) != 1 or not isinstance(keys[0], exp.Column) \
+            or any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets")):
+        return False
+    key = keys[0]
+    grouped = key.table or (alias if len(units) == 1 else "")
+    if units.get(grouped) is None or key.name != units[grouped] \
+            or not _unit_linked(barrier, units, alias, grouped):
+        return False
+    for item in barrier.expressions:
+        found = _interval(item.this if isinstance(item, exp.Alias) else item)
+        if found is not None and not all(math.isfinite(v) for v in found):
+            return False
+    # A unit's own rows only, so MIN and MAX of them are one unit's values too.
+    _check_barrier(barrier, name, (*allowed, exp.Min, exp.Max))
+    return True
+
+
+def _source_units(select: exp.Select, rules: OutgoingRules) -> dict[str, str | None] | None:
+    """The unit column of every source of ``select`` by alias (None: a public table), or None
+    when a source is not a base table or a join is not an inner join with ON."""
+    sources = [select.args["from_"].this] if select.args.get("from_") else []
+    for join in select.args.get("joins") or []:
+        if join.side or (join.kind or "INNER").upper() != "INNER" or join.args.get("on") is None:
+            return None
+        sources.append(join.this)
+    units: dict[str, str | None] = {}
+    for source in sources:
+        if not isinstance(source, exp.Table):
+            return None
+        declared = _declared(source, rules)
+        spec = rules.private.get(declared)
+        units[source.alias_or_name] = spec.unit if spec is not None else None
+    return units
+
+
+def _unit_linked(select: exp.Select, units: dict[str, str | None], start: str,
+                 goal: str) -> bool:
+    """Whether ``start`` reaches ``goal`` through ON equalities ``a.unit_a = b.unit_b``."""
+    edges: dict[str, set[str]] = {}
+    for join in select.args.get("joins") or []:
+        for cond in _conjuncts(join.args.get("on")):
+            if not isinstance(cond, exp.EQ):
+                continue
+            left, right = cond.this, cond.expression
+            if isinstance(left, exp.Column) and isinstance(right, exp.Column) \
+                    and left.table in units and right.table in units \
+                    and units[left.table] is not None and left.name == units[left.table] \
+                    and units[right.table] is not None and right.name == units[right.table]:
+                edges.setdefault(left.table, set()).add(right.table)
+                edges.setdefault(right.table, set()).add(left.table)
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), set()) - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return goal in seen
+
+
+def _above_per_person(chain: list[exp.Select], name: str,
+                      allowed: tuple[type[exp.Expr], ...]) -> exp.Select:
+    """The aggregation over the per-person rows (the barrier rule 5 checks): reached through
+    FROM only, by SELECTs that neither join, nor drop rows by their neighbours (LIMIT,
+    DISTINCT, windows), nor read anything else."""
+    for below, select in itertools.pairwise(chain):
+        holder = below.parent
+        if not isinstance(holder, exp.Subquery) or not isinstance(holder.parent, exp.From) \
+                or holder.parent.parent is not select:
+            raise Refused(f"the per-person rows of '{name}' are read other than as a FROM")
+        if select.args.get("joins"):
+            raise Refused(f"the per-person rows of '{name}' are joined (a person could give "
+                          "several rows)")
+        for arg in ("expressions", "where", "group"):
+            value = select.args.get(arg)
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, exp.Expr) and item.find(exp.Select) is not None:
+                    raise Refused(f"the SELECT over the per-person rows of '{name}' has a "
+                                  f"subquery in {arg}")
+        if _aggregates(select):
+            _check_barrier(select, name, allowed)
+            return select
+        for arg in _FORBIDDEN_IN_BARRIER:
+            if select.args.get(arg):
+                raise Refused(f"the per-person rows of '{name}' go through {arg.upper()}")
+        if any(isinstance(n, exp.Window) for item in select.expressions for n in _local(item)):
+            raise Refused(f"the per-person rows of '{name}' go through a window function")
+    raise Refused(f"the per-person rows of '{name}' are read outside any aggregation")
+
+
+_Interval = tuple[float, float]
+
+
+def _interval(node: exp.Expr) -> _Interval | None:
+    """Values ``node`` can take, whatever its columns and aggregates hold (-inf..inf unless
+    literals bound it); None: always NULL.  LEAST and GREATEST take their bound from a literal
+    argument only: Postgres skips NULL arguments, so another argument may not bind."""
+    if isinstance(node, exp.Paren):
+        return _interval(node.this)
+    if isinstance(node, exp.Null):
+        return None
+    constant = _constant(node)
+    if constant is not None:
+        return (constant, constant)
+    if isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.NUMERIC_TYPES):
+        inner = _interval(node.this)
+        if inner is not None and node.to.is_type(*exp.DataType.INTEGER_TYPES) \
+                and all(math.isfinite(v) for v in inner):
+            return (math.floor(inner[0]), math.ceil(inner[1]))
+        return inner
+    if isinstance(node, exp.Least | exp.Greatest):
+        args = [node.this, *node.expressions]
+        parts = [p for p in (_interval(a) for a in args) if p is not None]
+        if not parts:
+            return None
+        literal = [c for c in (_constant(a) for a in args) if c is not None]
+        if isinstance(node, exp.Least):
+            return (min(p[0] for p in parts), min([*literal, max(p[1] for p in parts)]))
+        return (max([*literal, min(p[0] for p in parts)]), max(p[1] for p in parts))
+    if isinstance(node, exp.Case):
+        branches = [i.args.get("true") for i in node.args.get("ifs") or []]
+        branches.append(node.args.get("default") or exp.Null())
+        parts = [p for p in (_interval(b) for b in branches if b is not None) if p is not None]
+        if not parts:
+            return None
+        return (min(p[0] for p in parts), max(p[1] for p in parts))
+    return (-math.inf, math.inf)
+
+
+def _constant(node: exp.Expr) -> float | None:
+    """The value of a numeric literal (negated, parenthesised or cast), else None."""
+    if isinstance(node, exp.Paren | exp.Cast):
+        if isinstance(node, exp.Cast) and not node.to.is_type(*exp.DataType.NUMERIC_TYPES):
+            return None
+        return _constant(node.this)
+    if isinstance(node, exp.Neg):
+        inner = _constant(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this)
+        except ValueError:
+            return None
+    return None
 
 
 def _select_ancestors(node: exp.Expr) -> list[exp.Select]:
@@ -308,6 +492,18 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
     return False
 
 
+def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
+    """Whether WHERE ANDs ``alias.__chorus_unit_rows <= <int>``: of a ranked copy, only units
+    with at most that many rows in all, so at most that many rows each."""
+    for c in _conjuncts(where):
+        if isinstance(c, exp.LTE) and isinstance(c.this, exp.Column) \
+                and c.this.name == _UNIT_ROWS and (c.this.table == alias
+                                                   or (sole and not c.this.table)) \
+                and isinstance(c.expression, exp.Literal) and c.expression.is_int:
+            return True
+    return False
+
+
 def _partitioned_by(window: exp.Window, unit: str) -> bool:
     parts = window.args.get("partition_by") or []
     return any(isinstance(p, exp.Column) and p.name == unit for p in parts)
@@ -370,7 +566,7 @@ def _window(conjuncts: list[exp.Expr], alias: str, column: str, sole: bool) -> b
 
 
 # -- 5. noise --------------------------------------------------------------------------------
-def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
+def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRules) -> None:
     with_ = tree.args.get("with_")
     ctes = with_.expressions if isinstance(with_, exp.With) else []
     if len(ctes) != 1 or ctes[0].alias_or_name != NOISY or not ctes[0].args.get("materialized"):
@@ -396,7 +592,7 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
     if len(barriers) == 1 and _released_empty(exact, barriers[0]):
         return  # WHERE FALSE over the aggregation: no row reaches the noise, nothing is released
     for barrier in barriers:
-        if barrier is not exact and not _grid_over(exact, barrier):
+        if barrier is not exact and not _grid_over(exact, barrier, rules):
             raise Refused("an aggregation of a private table is not the exact measurements "
                           "the noise reads")
     passed: list[str] = []
@@ -411,7 +607,7 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select]) -> None:
             noised.add(item.alias_or_name)
         else:
             raise Refused(f"{NOISY} outputs {item.alias_or_name} without noise")
-    from_rows = [k for k in passed if not _public_key(exact, k)]
+    from_rows = [k for k in passed if not _public_key(exact, k, rules)]
     if from_rows:
         where = tree.args.get("where")
         gate = any(isinstance(c, exp.GT) and isinstance(c.this, exp.Column)
@@ -433,27 +629,34 @@ def _released_empty(exact: exp.Select, barrier: exp.Select) -> bool:
         and where.this.this is False
 
 
-def _grid_over(exact: exp.Select, barrier: exp.Select) -> bool:
-    """``exact`` is ``grid LEFT JOIN (barrier) AS e``, the grid made of literal VALUES."""
+def _grid_over(exact: exp.Select, barrier: exp.Select, rules: OutgoingRules) -> bool:
+    """``exact`` is ``grid LEFT JOIN (barrier) AS e``, the grid made of literal VALUES and
+    of reads of public tables."""
     joins = exact.args.get("joins") or []
     if len(joins) != 1 or exact.args.get("where") or exact.args.get("group"):
         return False
     join = joins[0]
     grid = exact.args["from_"].this if exact.args.get("from_") else None
     return (join.side or "").upper() == "LEFT" and isinstance(join.this, exp.Subquery) \
-        and join.this.this is barrier and grid is not None and grid.find(exp.Table) is None \
-        and not any(isinstance(s, exp.Select) and s.find(exp.Table) for s in [grid])
+        and join.this.this is barrier and grid is not None and _public_only(grid, rules)
 
 
-def _public_key(exact: exp.Select, key: str) -> bool:
-    """Whether output ``key`` of ``exact`` is a column of a table-free source (the grid)."""
+def _public_only(node: exp.Expr, rules: OutgoingRules) -> bool:
+    """Whether ``node`` reads no table but public ones (each qualified by the proxy's
+    schema: ``_declared`` refuses anything else)."""
+    return all(_declared(t, rules) in rules.public for t in node.find_all(exp.Table))
+
+
+def _public_key(exact: exp.Select, key: str, rules: OutgoingRules) -> bool:
+    """Whether output ``key`` of ``exact`` is a column of a source that reads no private
+    table (the grid)."""
     item = next((i for i in exact.expressions if i.alias_or_name == key), None)
     value = item.this if isinstance(item, exp.Alias) else item
     if not isinstance(value, exp.Column):
         return False
     sources = [exact.args["from_"].this] if exact.args.get("from_") else []
     sources += [j.this for j in exact.args.get("joins") or []]
-    return any(s.alias_or_name == value.table and s.find(exp.Table) is None for s in sources)
+    return any(s.alias_or_name == value.table and _public_only(s, rules) for s in sources)
 
 
 def rules_from_policy(policy: Policy, schema: str | None, private_schema: str) -> OutgoingRules:

@@ -176,7 +176,7 @@ def _fraction(node: exp.Expr | None, name: str) -> float:
 
 
 def analyze_quantiles(sql: str, dialect: str,
-                      analyse: Callable[[str], AggregateQuery | PublicQuery]) -> QuantileQuery:
+                      analyse: Callable[[str], object]) -> QuantileQuery:
     """Analyse a quantile query: ``analyse`` is the ordinary analysis (parse, validate, bind,
     ``analyses.query.analyze_query``) applied to the query with its quantiles substituted."""
     try:
@@ -190,6 +190,11 @@ def analyze_quantiles(sql: str, dialect: str,
                            "public tables exactly only with ordinary aggregates",
                            hint="use the aggregates COUNT, SUM, AVG on public tables")
     where = "a quantile, MIN or MAX"
+    if not isinstance(analysis, AggregateQuery):  # a per-person question (analyses.per_person)
+        raise NotSupportedError(
+            f"{where} of per-person values is not supported yet",
+            hint="ask the per-person question with COUNT, SUM or AVG, or the quantile of the "
+                 "table's own rows")
     if analysis.join is not None:
         raise NotSupportedError(
             f"{where} over a join is not supported by the analytic quantile mode",

@@ -28,6 +28,7 @@ from sqlglot.optimizer.qualify import qualify
 
 from analyses.bounds import expression_bounds
 from analyses.joins import JoinInfo, analyze_joins
+from analyses.keys import CalendarKeys, KeyDomain, key_domain
 from analyses.sensitivity import (
     count_sensitivity,
     count_units_sensitivity,
@@ -49,11 +50,14 @@ SQL_TYPES = {
 
 @dataclass(frozen=True)
 class GroupKey:
-    """A GROUP BY expression; ``public_values`` when it is a column with declared values."""
+    """A GROUP BY expression; ``public_values`` when it is a column with declared values (or,
+    once resolved, calendar buckets); ``domain`` when its keys are public without being
+    declared (``analyses.keys``: calendar buckets of the block column, a public table's)."""
 
     id: str
     expr: exp.Expr
     public_values: tuple[object, ...] | None
+    domain: KeyDomain | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,27 @@ class AggregateQuery:
                                 self.privacy_unit, self.keys, g)
             rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
         return dataclasses.replace(bounded, measurements=tuple(rescaled))
+
+    def with_key_values(self, values: dict[str, tuple[object, ...]]) -> AggregateQuery:
+        """The same query with the calendar keys' values listed (``analyses.keys.
+        calendar_values`` over the blocks read, by key id); sensitivities are derived again,
+        since G, the number of groups, is known now (COUNT(DISTINCT unit): min(s, G))."""
+        keys = tuple(dataclasses.replace(k, public_values=values[k.id]) if k.id in values
+                     else k for k in self.keys)
+        listed = dataclasses.replace(self, keys=keys)
+        if self.join is not None:  # join sensitivities wait for the smooth bound
+            return listed
+        rescaled = []
+        for m in self.measurements:
+            sens, why = _derive(m.kind, self.stability, m.lower, m.upper, m.center,
+                                self.privacy_unit, keys, self.max_groups)
+            rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
+        return dataclasses.replace(listed, measurements=tuple(rescaled))
+
+    def calendar_keys(self) -> dict[str, CalendarKeys]:
+        """The keys whose values are calendar buckets still to list, by key id."""
+        return {k.id: k.domain for k in self.keys
+                if isinstance(k.domain, CalendarKeys) and k.public_values is None}
 
     def with_bounds(self, bounds: dict[str, tuple[float, float]]) -> AggregateQuery:
         """The same query with summed expressions clipped to narrower intervals.
@@ -407,7 +432,9 @@ class _Reader:
                         f"cannot group by {col.name}: it identifies individuals (private_id)",
                         hint=f"filter on it, or count it with COUNT(DISTINCT {col.name})",
                     )
-            self.keys.append(GroupKey(f"k{i}", key, self._public_values(key)))
+            declared = self._public_values(key)
+            self.keys.append(GroupKey(f"k{i}", key, declared, None if declared is not None
+                                      else key_domain(key, self._tables(), self._types())))
         if (group and group.args.get("rollup")) or (group and group.args.get("cube")):
             raise NotSupportedError("ROLLUP, CUBE and GROUPING SETS are not supported")
         outputs = []
@@ -439,7 +466,7 @@ class _Reader:
                         nulls_first=o.args.get("nulls_first"))
             for o in (order.expressions if order else [])
         )
-        public = all(k.public_values is not None for k in self.keys)
+        public = all(k.public_values is not None or k.domain is not None for k in self.keys)
         thresholded = bool(self.keys) and not public
         if thresholded and self.tp.multi_attribution:
             # The key-release threshold assumes a group only a new unit reaches counts 1; with
@@ -449,12 +476,13 @@ class _Reader:
                 "rows belong to several privacy units",
                 hint="group by columns with public_values")
         if thresholded and self.join is not None:
-            key = next(k for k in self.keys if k.public_values is None)
+            key = next(k for k in self.keys if k.public_values is None and k.domain is None)
             raise NotSupportedError(
-                f"GROUP BY {display_sql(key.expr)} over a join: only columns with declared "
-                "public_values can be group keys of a join (a noisy threshold for keys of a "
-                "join is not implemented)",
-                hint="group by a column with public_values, or query without the join")
+                f"GROUP BY {display_sql(key.expr)} over a join: only public keys can be group "
+                "keys of a join (a noisy threshold for keys of a join is not implemented)",
+                hint="group by a column with public_values, a column of a joined public "
+                "table, or a calendar bucket of the block column (DATE_TRUNC, EXTRACT); or "
+                "query without the join")
         return AggregateQuery(
             table=self.table, alias=alias, table_policy=self.tp, where=where,
             keys=tuple(self.keys), measurements=tuple(self.measurements.values()),
@@ -464,6 +492,15 @@ class _Reader:
             threshold_source=self._threshold_source() if thresholded else None,
             normalized_sql=flat.sql(), join=self.join,
         )
+
+    def _tables(self) -> dict[str, tuple[str, TablePolicy]]:
+        if self.join is None:
+            return {self.flat.args["from_"].this.alias_or_name: (self.table, self.tp)}
+        return {s.alias: (s.table, s.policy) for s in self.join.sources}
+
+    def _types(self) -> dict[tuple[str, str], str]:
+        return {(alias, name): cp.type for alias, cols in self.columns.items()
+                for name, cp in cols.items()}
 
     def _public_values(self, key: exp.Expr) -> tuple[object, ...] | None:
         """The declared values of a key column, narrowed by ``key = v`` / ``key IN (...)``.

@@ -18,6 +18,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from analyses.binding import bind_tables
+from analyses.keys import as_extract
 from chorus_py.errors import NotSupportedError, QueryRefused, QuerySyntaxError
 
 # Structural nodes any accepted query may contain.
@@ -102,6 +103,7 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
             f"only SELECT queries are allowed, not {_statement_kind(tree)}",
             hint="the proxy answers aggregate SELECT queries; writes, DDL and COPY are refused",
         )
+    tree = as_extract(tree)  # HOUR(ts), DATE_PART('hour', ts): EXTRACT(HOUR FROM ts)
     for node in tree.walk():
         check_node(node)
     # Names are bound by scope, and the binding is written into the tree (CTEs renamed), so
@@ -168,8 +170,9 @@ def check_node(node: exp.Expr) -> None:
         raise QueryRefused(
             f"function {fname} is not allowed",
             hint="allowed: COUNT, SUM, AVG, VARIANCE, STDDEV, arithmetic, ABS, ROUND, FLOOR, CEIL, "
-            "LEAST, GREATEST, COALESCE, NULLIF, LOWER, UPPER, LENGTH, TRIM, DATE_TRUNC, EXTRACT, "
-            "CAST, CASE; SQRT/LN/LOG/EXP/POWER on aggregates only",
+            "LEAST, GREATEST, COALESCE, NULLIF, LOWER, UPPER, LENGTH, TRIM, DATE_TRUNC, EXTRACT "
+            "(or DATE_PART, YEAR, MONTH, HOUR...), CAST, CASE; SQRT/LN/LOG/EXP/POWER on "
+            "aggregates only",
         )
     raise QueryRefused(f"SQL construct {name} is not allowed", hint="see the allowed SQL in README")
 

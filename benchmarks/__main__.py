@@ -23,6 +23,7 @@ BENCHMARKS = {
     "run": "engine: analyse + rewrite latency, DP / raw query time",
     "accuracy": "automatic caps and clipping bounds against fixed ones",
     "pgwire": "wire protocol: latency and throughput against raw Postgres",
+    "workers": "chorus serve --workers 2 against 1: throughput over the wire",
     "rest": "REST front door: queries per second and latency",
     "ledger": "budget ledger: claims per second, DPF simulations",
     "joins": "joins: analyse + rewrite time, max-frequency metrics",

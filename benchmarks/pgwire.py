@@ -54,7 +54,7 @@ QUERIES = [
 ]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -74,7 +74,7 @@ CONFIGS = [
 ]
 
 
-def _policy(directory: Path, name: str, bounding: str, contribution: str,
+def demo_policy(directory: Path, name: str, bounding: str, contribution: str,
             reuse_seconds: float = 600) -> Path:
     """The demo policy with a budget that lasts the whole benchmark."""
     text = (directory / "policy.toml").read_text()
@@ -145,7 +145,7 @@ async def _latency(raw_dsn: str, proxy_dsn: str, engine: Engine, rounds: int,
     return times
 
 
-async def _throughput(dsn: str, clients: int, seconds: float,
+async def throughput(dsn: str, clients: int, seconds: float,
                       queries: list[str] | list[list[str]] = QUERIES) -> float:
     """Queries per second; a query given as a list of statements runs them one after another."""
     import asyncpg
@@ -222,8 +222,8 @@ def main() -> None:
             print(f"loading {args.rows:,} demo trips into {name}", file=sys.stderr)
             generate_demo(directory, backend_url=raw_dsn, rows=args.rows)
             for config, bounding, contribution, reuse, one_cpu in CONFIGS:
-                policy = _policy(directory, config, bounding, contribution, reuse)
-                port = _free_port()
+                policy = demo_policy(directory, config, bounding, contribution, reuse)
+                port = free_port()
                 proxy_dsn = f"postgresql://demo:demo@127.0.0.1:{port}/demo"
                 proc = _serve(policy, port, one_cpu)
                 try:
@@ -245,12 +245,12 @@ def main() -> None:
                     raws, proxies, ratios, cpu, done = [], [], [], 0.0, 0.0
                     dbs, db_ratios = [], []
                     for _ in range(args.throughput_rounds):
-                        raws.append(asyncio.run(_throughput(raw_dsn, args.clients,
+                        raws.append(asyncio.run(throughput(raw_dsn, args.clients,
                                                             args.seconds)))
-                        dbs.append(asyncio.run(_throughput(raw_dsn, args.clients,
+                        dbs.append(asyncio.run(throughput(raw_dsn, args.clients,
                                                            args.seconds, rewritten)))
                         cpu_before = _cpu_seconds(proc.pid)
-                        proxies.append(asyncio.run(_throughput(proxy_dsn, args.clients,
+                        proxies.append(asyncio.run(throughput(proxy_dsn, args.clients,
                                                                args.seconds)))
                         cpu += _cpu_seconds(proc.pid) - cpu_before
                         done += proxies[-1] * args.seconds
@@ -260,9 +260,9 @@ def main() -> None:
                     # CPU the proxy process spent per query (warm-up queries included: a
                     # slight overestimate).
                     cpu_ms = cpu * 1000 / done
-                    wire_qps = asyncio.run(_throughput(proxy_dsn, args.clients, args.seconds / 2,
+                    wire_qps = asyncio.run(throughput(proxy_dsn, args.clients, args.seconds / 2,
                                                        ["SHOW chorus.epsilon"]))
-                    raw_trivial = asyncio.run(_throughput(raw_dsn, args.clients,
+                    raw_trivial = asyncio.run(throughput(raw_dsn, args.clients,
                                                           args.seconds / 2, ["SHOW TimeZone"]))
                 finally:
                     proc.terminate()

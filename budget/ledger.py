@@ -339,7 +339,10 @@ class Ledger:
         self.analyst_caps = dict(analyst_caps or {})
         self.owner = _owner()
         # DPF order keys depend only on a claim's demands and its blocks' global budgets, which
-        # never change: computed once per waiting claim.
+        # change only when the owner raises them: computed once per waiting claim, kept while
+        # it waits.  The claims waiting are every process's (a ledger shared by `chorus serve
+        # --workers` or several proxies): each pass forgets the keys of claims no longer
+        # waiting, whoever granted or refused them.
         self._keys: dict[int, tuple[tuple[float, ...], int]] = {}
         # Fail early on a Rényi ledger that cannot hold anything (delta^G = 0).
         self.accountant.capacity(self.epsilon_per_block, self.delta_per_block)
@@ -864,6 +867,7 @@ class Ledger:
             else:
                 waiting.append(rec)
         if not waiting:
+            self._keys.clear()  # claims another process settled leave no key behind
             return []
         known: int | _Fit | None = _Fit.UNTESTED
         if arriving is not None and len(waiting) == 1 and waiting[0] is arriving[0]:
@@ -875,6 +879,9 @@ class Ledger:
             order = sorted(waiting, key=lambda r: r.claim_id)
         else:
             keys = self._keys
+            ids = {r.claim_id for r in waiting}
+            for gone in [c for c in keys if c not in ids]:  # settled by another process
+                del keys[gone]
             for r in waiting:
                 if r.claim_id not in keys:
                     keys[r.claim_id] = sched.dpf_key(self.accountant, r, have)

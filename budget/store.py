@@ -49,8 +49,10 @@ and on Postgres).
 
 from __future__ import annotations
 
+import fcntl
 import math
 import operator
+import os
 import sqlite3
 import threading
 import time
@@ -1123,6 +1125,38 @@ class SQLiteStore(SQLStore):
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         super().__init__(engine, "ledger_", row_lock=False, extra_ddl=_SQLITE_TRIGGERS)
+        self._lock_file = None if memory else f"{self.path}-lock"
+        self._lock_fd: int | None = None
+
+    @contextmanager
+    def transaction(self, accounting: str) -> Iterator[Tx]:
+        # Processes sharing the file (``chorus serve --workers``) queue on a file lock, as this
+        # process's threads do on ``_process_lock``: SQLite's busy handler would make the
+        # second process sleep in growing steps (up to 100 ms) until the write lock is free,
+        # where a blocked flock() wakes as soon as the other process commits.  SQLite's own
+        # lock (BEGIN IMMEDIATE) still decides: a process that takes no file lock is safe too.
+        with _process_lock(self.lock_key), self._locked_file():
+            yield from self._transaction(accounting)
+
+    @contextmanager
+    def _locked_file(self) -> Iterator[None]:
+        if self._lock_file is None:
+            yield
+            return
+        if self._lock_fd is None:
+            self._lock_fd = os.open(self._lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        super().close()
+        with _process_lock(self.lock_key):
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
 
 def _pg_url(url: str | URL) -> URL:

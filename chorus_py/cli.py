@@ -229,8 +229,13 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
 @click.option("--pid-file", default=None, metavar="PATH",
               help="Where to write the process id for `chorus reload` (default: <policy "
               "stem>.pid next to the policy; '' for none).")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Proxy processes serving the same ports and sharing the ledger (a SQLite "
+              "file or Postgres; the backend must be Postgres). SIGTERM stops them all; a "
+              "worker that crashes is restarted (exit 1 if workers crash more than 5 times "
+              "in a minute or one fails at start).")
 def serve(policy_path: Path, listen: str, rest: str, log_format: str,
-          pid_file: str | None) -> None:
+          pid_file: str | None, workers: int) -> None:
     """Serve the Postgres wire protocol: any Postgres client can connect.
 
     Each connection is one analyst of the policy, authenticated with SCRAM-SHA-256 against the
@@ -239,9 +244,15 @@ def serve(policy_path: Path, listen: str, rest: str, log_format: str,
     The same engine answers REST (bearer tokens: [analysts.NAME] token_sha256) and serves the
     data owner's budget dashboard, on --rest.
 
+    With --workers N, N processes listen on the same ports (SO_REUSEPORT: the kernel hands
+    each connection to one) and share the budget ledger: every ledger guarantee holds across
+    them. Each has its own answer cache, metrics and connection limit. Signals go to the
+    parent. Several machines: "Several proxy processes and machines" in docs/owner-guide.md.
+
     \b
     Examples:
       chorus serve --policy demo/policy.toml
+      chorus serve --policy pg-policy.toml --workers 4
       chorus reload --policy demo/policy.toml   # analysts, tokens, passwords: no restart
       psql postgresql://demo:demo@127.0.0.1:6432/demo
       curl -H 'Authorization: Bearer demo-token' -d '{"sql": "SELECT COUNT(*) FROM trips"}' \\
@@ -271,6 +282,11 @@ def serve(policy_path: Path, listen: str, rest: str, log_format: str,
     if pid_file is not None:  # given: that file, or none at all for ''
         pid_path = Path(pid_file) if pid_file else None
     try:
+        if workers > 1:
+            from server.workers import serve_workers
+
+            sys.exit(serve_workers(policy_path, listen, rest or None, workers, pid_path,
+                                   log_format))
         run_server(policy_path, listen, rest or None, pid_path)
     except (PolicyError, OperationalError) as err:
         _fail(err, status=FAILED)

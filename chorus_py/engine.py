@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from analyses.outgoing import rules_from_policy
+from analyses.per_person import PerPersonQuery, analyze_per_person
 from analyses.query import AggregateQuery, PublicQuery, analyze_query
 from analyses.totality import check_statement_limits
 from analyses.validate import TOO_DEEP, parse_statement
@@ -41,6 +42,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BudgetExhausted, InvalidParameter, PolicyError, QueryRefused
 from chorus_py.kinds.base import Prepared, QueryKind, Services
 from chorus_py.kinds.join import JoinKind
+from chorus_py.kinds.per_person import PerPersonKind
 from chorus_py.kinds.public import PublicKind
 from chorus_py.kinds.quantile import QuantileKind
 from chorus_py.kinds.sampled import SampledKind, SampledRequest
@@ -50,7 +52,7 @@ from chorus_py.report import BlockRemaining, PrivacyReport, QueryResult
 from chorus_py.statements import QueryRun, Statements
 from chorus_py.stores.attribution import AttributionStore
 from chorus_py.stores.frequencies import FrequencyCatalog
-from chorus_py.stores.samples import BoundedSamples
+from chorus_py.stores.samples import BoundedSamples, ranked_copy_applies
 from chorus_py.stores.schedules import BlockCatalog
 
 
@@ -121,10 +123,11 @@ class Engine:
         self.join = JoinKind(services)
         self.sampled = SampledKind(services)  # sensitivity sampling, opt-in per query
         self.quantile = QuantileKind(services, self._analyse)  # DP quantiles, MIN, MAX
+        self.per_person = PerPersonKind(services)  # aggregates of per-person values
         # What the doors and the engine did, for the log and the metrics (chorus_py.activity).
         self.activity = Activity()
         # Steps 1-4 are pure functions of (SQL, policy): cached.
-        self._analyses: LRU[str, AggregateQuery | PublicQuery] = LRU(1024)
+        self._analyses: LRU[str, AggregateQuery | PublicQuery | PerPersonQuery] = LRU(1024)
 
     @classmethod
     def from_policy(cls, path: str | Path, **kwargs: Any) -> Engine:
@@ -142,8 +145,19 @@ class Engine:
                                     if a.max_epsilon_per_block is not None}
         self.policy = policy
 
+    def warm_up(self, wait: bool = False) -> None:
+        """Start building the ranked copies that per-query bounding reads (``ranked_copy``,
+        ``chorus_py.stores.samples``), so that the first queries need not rank their rows
+        themselves for long; ``wait``: until they are built."""
+        for table, tp in self.policy.tables.items():
+            if ranked_copy_applies(tp):
+                self.samples.ranked(table, tp)
+        if wait:
+            self.samples.wait()
+
     def close(self) -> None:
-        """Close the backend and ledger connections."""
+        """Close the backend and ledger connections (after any ranked copy being built)."""
+        self.samples.wait()
         self.backend.close()
         self.ledger.close()
         self.statements.close()
@@ -276,9 +290,11 @@ class Engine:
         analysis = self._analyse(sql)
         if isinstance(analysis, PublicQuery):
             return self.public, analysis
+        if isinstance(analysis, PerPersonQuery):
+            return self.per_person, analysis
         return (self.join if analysis.join is not None else self.single), analysis
 
-    def _analyse(self, sql: str) -> AggregateQuery | PublicQuery:
+    def _analyse(self, sql: str) -> AggregateQuery | PublicQuery | PerPersonQuery:
         hit = self._analyses.get(sql)
         if hit is not None:
             return hit
@@ -287,9 +303,11 @@ class Engine:
         parsed = parse_statement(sql, self.dialect, frozenset(self.policy.tables))
         check_statement_limits(sql, parsed.tree, limits)
         try:
-            analysis = analyze_query(parsed, self.policy, self.dialect,
-                                     self.public_columns,
-                                     self.statements.run_constant, self.schema)
+            analysis = analyze_per_person(parsed, self.policy, self.dialect,
+                                          self.public_columns, self.statements.run_constant,
+                                          self.schema) or analyze_query(
+                parsed, self.policy, self.dialect, self.public_columns,
+                self.statements.run_constant, self.schema)
         except RecursionError:
             raise QueryRefused(TOO_DEEP, hint="simplify the query") from None
         self._analyses.put(sql, analysis)

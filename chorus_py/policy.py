@@ -587,6 +587,12 @@ class TablePolicy(_Strict):
     # own schema, rebuilt when the table changes, and queries filter that sample (much faster on
     # large tables; filtered queries keep fewer rows of units with more than k rows).
     bounding: Literal["per-query", "materialized"] = "per-query"
+    # Per-query bounding reads a copy of the table the proxy keeps in its schema, each row with
+    # its random rank in its unit and its unit's row count (chorus_py.stores.samples): units
+    # with at most k rows are kept whole without a sort, the same kept rows in distribution,
+    # several times faster.  It costs the table's size in storage, rebuilt when the table
+    # changes.  false: every query ranks its filtered rows itself.
+    ranked_copy: bool = True
     # "auto": max_rows_per_unit is a hard limit and each query picks its own cap k below it,
     # privately, from a noisy histogram of rows per unit (privacy.cap_epsilon_share of its
     # epsilon); "fixed": every query uses max_rows_per_unit.

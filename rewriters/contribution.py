@@ -18,6 +18,8 @@ GROUP_RAND = "__chorus_grand"
 GROUP_SCORE = "__chorus_gscore"
 GROUP_RANK = "__chorus_grank"
 GROUP_KEY = "__chorus_gk"
+UNIT_ROWS = "__chorus_unit_rows"  # a ranked copy's count of its unit's rows (ranked_table)
+KEPT_RANK = "__chorus_krank"  # a row's rank among its unit's filtered rows (ranked_contribution)
 
 
 def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
@@ -112,3 +114,67 @@ def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -
     if where is not None:
         rows = rows.where(where, copy=False)
     return contribution(rows, unit, k)
+
+
+def ranked_table(table: str, unit: str, where: exp.Expr | None = None) -> exp.Select:
+    """Every row of ``table`` (those satisfying ``where``, over alias ``t``) with its random rank
+    in its unit (``__chorus_rank``, 1..n_u, a uniformly random order independent of the row
+    contents) and its unit's row count n_u (``__chorus_unit_rows``), for the proxy to store
+    once per table version (``chorus_py.stores.samples``, ranked copies).
+
+    >>> print(ranked_table("trips", "rider_id").sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS
+    __chorus_rank, COUNT(*) OVER (PARTITION BY r.rider_id) AS __chorus_unit_rows FROM (SELECT
+    t.*, RANDOM() AS __chorus_rand FROM trips AS t) AS r
+    """
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("t"))).from_(
+        exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
+    if where is not None:
+        rows = rows.where(where, copy=False)
+    randomised = rows.select(exp.alias_(exp.Rand(), RAND), copy=False)
+    partition = [exp.column(unit, table="r")]
+    return exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
+        exp.alias_(exp.Window(this=exp.RowNumber(), partition_by=partition,
+                              order=exp.Order(expressions=[
+                                  exp.Ordered(this=exp.column(RAND, table="r"))])), RANK),
+        exp.alias_(exp.Window(this=exp.Count(this=exp.Star()),
+                              partition_by=[p.copy() for p in partition]), UNIT_ROWS),
+    ).from_(randomised.subquery("r", copy=False), copy=False)
+
+
+def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.Union:
+    """Keep at most ``k`` rows per ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
+    alias WHERE <filter>``, a copy made by ``ranked_table``) without sorting the light units.
+
+    A unit with n_u <= k rows in the whole copy has at most k rows after any filter: they are
+    all kept, by a plain scan (the light branch).  Only the rows of heavier units are ranked
+    after the filter, in their stored random order, and the first k kept (the heavy branch).
+    The stored order restricted to the filtered rows is a uniformly random order of them, so
+    the kept rows have the same distribution as ``contribution``'s (k random rows among the
+    unit's filtered rows, or all of them when there are at most k): the same function of the
+    data, the same stability k.  The branches are disjoint (n_u <= k, n_u > k) and both output
+    the copy's columns and a rank (1 in the light branch), so UNION ALL lines them up.
+
+    >>> from sqlglot import parse_one
+    >>> print(ranked_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t WHERE t.fare > 3"),
+    ...       "t", "rider_id", 5).sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT t.*, 1 AS __chorus_krank FROM p.trips__ranked_x AS t WHERE t.fare > 3 AND
+    t.__chorus_unit_rows <= 5 UNION ALL SELECT * FROM (SELECT t.*, ROW_NUMBER() OVER
+    (PARTITION BY t.rider_id ORDER BY t.__chorus_rank) AS __chorus_krank FROM p.trips__ranked_x
+    AS t WHERE t.fare > 3 AND t.__chorus_unit_rows > 5) AS b WHERE b.__chorus_krank <= 5
+    """
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    size = exp.column(UNIT_ROWS, table=alias)
+    cap = exp.Literal.number(k)
+    light = rows.copy().select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
+        exp.LTE(this=size, expression=cap), copy=False)
+    order = exp.Order(expressions=[exp.Ordered(this=exp.column(RANK, table=alias))])
+    heavy = rows.copy().select(exp.alias_(exp.Window(
+        this=exp.RowNumber(), partition_by=[exp.column(unit, table=alias)], order=order),
+        KEPT_RANK), copy=False).where(exp.GT(this=size.copy(), expression=cap.copy()),
+                                      copy=False)
+    kept = (exp.select("*").from_(heavy.subquery("b", copy=False), copy=False)
+            .where(exp.column(KEPT_RANK, table="b") <= cap.copy(), copy=False))
+    return exp.union(light, kept, distinct=False, copy=False)

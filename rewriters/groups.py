@@ -1,23 +1,29 @@
 """Group keys: public values are completed, other keys are gated by a noisy count.
 
-- When every GROUP BY column declares ``public_values``, the answer has exactly one row per
-  combination of declared values (missing groups come back as noisy zeros, undeclared values
-  are dropped), so the set of released keys depends on the policy only.
+- When every GROUP BY key is public (a column that declares ``public_values``, a calendar
+  bucket of the block column, a column of a joined public table: ``analyses.keys``), the answer
+  has exactly one row per combination of public keys (missing groups come back as noisy zeros,
+  other values are dropped), so the set of released keys depends on the policy, the clock and
+  public tables only.
 - Otherwise a key is released only if its noisy count exceeds tau (``mechanisms.thresholding``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from datetime import date, datetime
 
 from sqlglot import exp
 
 GRID = "chorus_keys"
 
 
-def public_grid(keys: Sequence[tuple[str, Sequence[object]]]) -> exp.Select | None:
-    """The cross product of the declared values, one VALUES list per key; None when a key has
-    no value left (the query's WHERE kept none of the declared ones): there is no group.
+def public_grid(keys: Sequence[tuple[str, Sequence[object]]],
+                tables: Sequence[exp.Select] = ()) -> exp.Select | None:
+    """The cross product of the declared values, one VALUES list per key, and of ``tables``
+    (SELECTs over public tables whose outputs are named by key id: ``rewriters.keys``); None
+    when a key has no value left (the query's WHERE kept none of the declared ones): there is
+    no group.
 
     >>> public_grid([("k0", ["SF", "LA"])]).sql("duckdb")
     "SELECT * FROM (VALUES ('SF'), ('LA')) AS g0(k0)"
@@ -26,18 +32,23 @@ def public_grid(keys: Sequence[tuple[str, Sequence[object]]]) -> exp.Select | No
     """
     if any(not values for _, values in keys):
         return None  # an empty VALUES list is not SQL, and the product would be empty anyway
-    select = exp.select("*")
+    parts: list[exp.Expr] = []
     for i, (kid, values) in enumerate(keys):
         rows = [exp.Tuple(expressions=[_literal(v)]) for v in values]
-        table = exp.Values(expressions=rows, alias=exp.TableAlias(
-            this=exp.to_identifier(f"g{i}"), columns=[exp.to_identifier(kid)]))
-        select = select.from_(table) if i == 0 else select.join(table, join_type="cross")
+        parts.append(exp.Values(expressions=rows, alias=exp.TableAlias(
+            this=exp.to_identifier(f"g{i}"), columns=[exp.to_identifier(kid)])))
+    parts += [t.subquery(f"g{len(keys) + i}") for i, t in enumerate(tables)]
+    select = exp.select("*")
+    for i, part in enumerate(parts):
+        select = select.from_(part) if i == 0 else select.join(part, join_type="cross")
     return select
 
 
 def complete_groups(exact: exp.Select, key_ids: Sequence[str], measure_ids: Sequence[str],
-                    grid: exp.Select | None) -> exp.Select:
-    """LEFT JOIN the exact per-group measurements onto the grid of public keys.
+                    grid: exp.Select | None, null_safe: Collection[str] = ()) -> exp.Select:
+    """LEFT JOIN the exact per-group measurements onto the grid of public keys; the keys in
+    ``null_safe`` (read from public tables, which may hold NULLs) match with IS NOT DISTINCT
+    FROM, so a NULL key's group gets its measurements.
 
     With no grid (``public_grid`` found a key with no public value left) the answer has no
     row, whatever the data: the same columns, of the exact query's types, under ``WHERE
@@ -50,7 +61,10 @@ def complete_groups(exact: exp.Select, key_ids: Sequence[str], measure_ids: Sequ
             for m in measure_ids
         ]
         return exp.select(*columns).from_(exact.subquery("e")).where(exp.false())
-    on = exp.and_(*[exp.column(k, table="e").eq(exp.column(k, table=GRID)) for k in key_ids])
+    on = exp.and_(*[exp.NullSafeEQ(this=exp.column(k, table="e"),
+                                   expression=exp.column(k, table=GRID)) if k in null_safe
+                    else exp.column(k, table="e").eq(exp.column(k, table=GRID))
+                    for k in key_ids])
     columns = [exp.column(k, table=GRID) for k in key_ids] + [
         exp.alias_(exp.Coalesce(this=exp.column(m, table="e"),
                                 expressions=[exp.Literal.number(0)]), m)
@@ -76,6 +90,11 @@ def public_filter(key: exp.Expr, values: Sequence[object]) -> exp.Expr:
 
 
 def _literal(value: object) -> exp.Expr:
+    if isinstance(value, datetime):  # calendar buckets (analyses.keys): before date
+        return exp.cast(exp.Literal.string(value.strftime("%Y-%m-%d %H:%M:%S")),
+                        exp.DType.TIMESTAMP)
+    if isinstance(value, date):
+        return exp.cast(exp.Literal.string(value.isoformat()), exp.DType.DATE)
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, int | float):

@@ -27,10 +27,11 @@ from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import BlockRestriction, blocks
 from rewriters.clipping import clipping
-from rewriters.contribution import RANK, contribution, group_bound
+from rewriters.contribution import RANK, contribution, group_bound, ranked_contribution
 from rewriters.dialect import dialect
-from rewriters.groups import complete_groups, public_filter, public_grid
+from rewriters.groups import complete_groups, public_filter
 from rewriters.joins import join_rows
+from rewriters.keys import key_grid
 from rewriters.noise import noise
 from rewriters.safety import safety
 
@@ -66,20 +67,27 @@ class RewrittenQuery:
 def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,
              dialect: str, sample: tuple[str, str] | None = None,
              restrictions: Mapping[str, BlockRestriction] | None = None,
-             samples: Mapping[str, tuple[str, str]] | None = None) -> RewrittenQuery:
+             samples: Mapping[str, tuple[str, str]] | None = None,
+             ranked: tuple[str, str] | None = None) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
     reads it instead of bounding contributions itself.  The cap is ``query.stability``.
     A join query (``query.join``) reads each table through ``rewriters.joins``, restricted to the
     claimed blocks in ``restrictions`` (by table alias), or from the stored samples in ``samples``.
+    ``ranked`` names (schema, table) of a ranked copy of the query's table (per-query bounding
+    without sorting the light units' rows: ``rewriters.contribution.ranked_contribution``).
     """
     tp = query.table_policy
     alias = query.alias
 
     # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.  (A join
     #    builds the rows of each of its tables in rewriters.joins instead: steps 1-2 skipped.)
-    rows = filtered_rows(query, restriction, sample) if query.join is None else None
+    if ranked is not None and (sample is not None or query.join is not None
+                               or tp.privacy_unit is None or (query.max_groups is not None and
+                                                              query.max_groups < query.stability)):
+        raise ValueError("a ranked copy serves per-query bounding of one table's rows only")
+    rows = filtered_rows(query, restriction, sample, ranked) if query.join is None else None
 
     # 2. Contribution bounding: at most k rows per unit (user-level DP), unless the rows come
     #    from a stored sample, which already keeps the rows of rank <= k.
@@ -94,7 +102,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         assert tp.privacy_unit is not None
         rows = group_bound(rows, tp.privacy_unit, [safety(k.expr) for k in query.keys],
                            query.max_groups)
-    if rows is not None and tp.privacy_unit is not None and sample is None:
+    if ranked is not None:
+        assert rows is not None and tp.privacy_unit is not None
+        rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability)
+    elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 
     # 3. Exact measurements per group, with clipping.
@@ -117,8 +128,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         measure = measure.group_by(*[safety(k.expr) for k in query.keys], copy=False)
     key_ids = [k.id for k in query.keys]
     if query.keys and not query.thresholded:
-        grid = public_grid([(k.id, k.public_values or ()) for k in query.keys])
-        measure = complete_groups(measure, key_ids, measure_ids, grid)
+        grid, null_safe = key_grid(query)
+        measure = complete_groups(measure, key_ids, measure_ids, grid, null_safe)
 
     # 4. Outputs, HAVING, ORDER BY and LIMIT over the noisy values (post-processing).  After
     #    the outputs, the noisy measurements themselves (``released_measurements``): the proxy
@@ -154,8 +165,10 @@ def released_measurements(query: AggregateQuery) -> tuple[str, ...]:
 
 
 def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,
-                  sample: tuple[str, str] | None) -> exp.Select:
-    """``SELECT alias.* FROM table WHERE <filter> AND <public keys> AND <claimed blocks>``."""
+                  sample: tuple[str, str] | None,
+                  ranked: tuple[str, str] | None = None) -> exp.Select:
+    """``SELECT alias.* FROM table WHERE <filter> AND <public keys> AND <claimed blocks>``;
+    from the stored ``sample`` (keeping its ranks <= k) or the ``ranked`` copy instead."""
     alias = query.alias
     where = safety(query.where) if query.where is not None else None
     if query.thresholded:
@@ -176,6 +189,9 @@ def filtered_rows(query: AggregateQuery, restriction: BlockRestriction | None,
             # The sample ranks each unit's rows at random: keeping ranks <= k keeps k rows.
             cap = exp.column(RANK, table=alias) <= exp.Literal.number(query.stability)
             where = cap if where is None else exp.and_(where, cap)
+    elif ranked is not None:  # bounded by the caller (ranked_contribution)
+        source = exp.Table(this=exp.to_identifier(ranked[1], quoted=True),
+                           db=exp.to_identifier(ranked[0]))
     source.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
     rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(alias))).from_(
         source, copy=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -45,3 +46,33 @@ class ListenError(Exception):
         hint = why.get(self.errno, "") + ("; " if self.errno in why else "")
         hint += f"choose another address with {self.option} HOST:PORT"
         return hint + (", or turn it off with --rest ''" if self.option == "--rest" else "")
+
+
+def bind_socket(host: str, port: int, backlog: int | None = None,
+                reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to host:port (``SO_REUSEADDR``: a restart need not wait for the old
+    connections' TIME_WAIT); listening already when ``backlog`` is given.
+
+    ``reuse_port``: ``SO_REUSEPORT``, for ``chorus serve --workers N`` (:mod:`server.workers`):
+    each worker listens on a socket of its own on the same address, and the kernel spreads
+    new connections over them (a hash of the client's address and port).  One listening socket
+    shared by every worker would not: an asyncio server accepts every connection waiting at
+    each wake-up, so the first worker to wake takes a whole burst.  Linux lets only processes
+    of the same user join the group.  Raises ``OSError`` (the caller turns it into a
+    :class:`ListenError`).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        if backlog is not None:
+            sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

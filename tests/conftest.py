@@ -157,6 +157,8 @@ def make_engine(write_policy: Callable[..., Path]) -> Iterator[Callable[..., Eng
     def make(url: str, **overrides: object) -> Engine:
         engine = Engine(load_policy(write_policy(url, **overrides)))
         engines.append(engine)
+        # As `chorus serve` does, but waiting: queries read the ranked copies from the start.
+        engine.warm_up(wait=True)
         return engine
 
     yield make

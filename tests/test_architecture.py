@@ -321,7 +321,8 @@ def test_no_private_names_across_modules(project: Graph) -> None:
 
 #: The folders of server/ and what else of server/ each may import: the doors share only
 #: server.listen and server.metrics; REST mounts the dashboard; server.serve imports the doors
-#: and nothing imports it (DESIGN.md section 2, issue 22).
+#: and only server.workers (``chorus serve --workers``: it runs server.serve in each worker)
+#: imports it (DESIGN.md section 2, issue 22).
 SERVER_LAYERS = {
     "server.pgwire": {"server.listen"},
     "server.rest": {"server.listen", "server.metrics", "server.dashboard"},
@@ -329,6 +330,7 @@ SERVER_LAYERS = {
     "server.metrics": set(),
     "server.listen": set(),
     "server.serve": {"server.listen", "server.pgwire", "server.rest"},
+    "server.workers": {"server.listen", "server.pgwire", "server.rest", "server.serve"},
 }
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from chorus_py.engine import Engine
 from chorus_py.errors import BudgetExhausted
+from chorus_py.stores.samples import SAMPLE
 from tests.conftest import nothing_spent, tolerance
 
 ALICE = {"analyst": "alice"}
@@ -320,24 +321,32 @@ def test_materialized_bounding_keeps_k_rows_per_unit(rides: Callable[[int], Engi
 
 
 def test_materialized_sample_is_rebuilt_when_the_table_changes(
-    rides: Callable[[int], Engine],
+    rides: Callable[[int], Engine], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = rides(200)
     first = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
-    old = engine.samples._fingerprint("rides", engine.policy.tables["rides"])
+    old = engine.samples._fingerprint("rides", engine.policy.tables["rides"], SAMPLE)
     engine.backend.run_owned([
         "INSERT INTO rides SELECT rider_id + 1000000, pickup_time, fare FROM rides"])
     if engine.dialect == "postgres":  # the statistics collector publishes counters lazily
         import time
 
         deadline = time.monotonic() + 10
-        while engine.samples._fingerprint("rides", engine.policy.tables["rides"]) == old:
+        while engine.samples._fingerprint("rides", engine.policy.tables["rides"],
+                                          SAMPLE) == old:
             assert time.monotonic() < deadline, "pg_stat_user_tables never changed"
             time.sleep(0.2)
     second = engine.execute("SELECT COUNT(*) FROM rides", epsilon=1000.0)
     assert second.rows[0][0] == pytest.approx(2 * first.rows[0][0], rel=0.01)
-    tables = exact(engine, SAMPLES)
-    assert len(tables) == 1  # the stale sample was dropped
+    tables = [r[0] for r in exact(engine, SAMPLES)]
+    # The stale sample is kept for a grace period (another proxy sharing the database may
+    # read it until its TTL expires), marked replaced, and dropped by a later build after it.
+    assert len(tables) == 2
+    (stale,) = [r[0] for r in exact(engine, "SELECT name FROM chorus_private.chorus_replaced")]
+    assert stale in tables
+    monkeypatch.setattr(engine.samples, "_grace", lambda: -1.0)
+    engine.samples._retire([stale])
+    assert [r[0] for r in exact(engine, SAMPLES)] == [t for t in tables if t != stale]
 
 
 def test_new_days_of_data_add_no_block(rides: Callable[[int], Engine]) -> None:
@@ -355,8 +364,10 @@ def test_new_days_of_data_add_no_block(rides: Callable[[int], Engine]) -> None:
     assert again.report.blocks == first.report.blocks
     assert [b.epsilon_consumed for b in engine.ledger.blocks()
             if b.epsilon_consumed] == [2.0, 2.0]
-    # The sample was rebuilt (the table changed) from the scheduled rows only.
-    (name,) = [r[0] for r in exact(engine, SAMPLES)]
+    # The sample was rebuilt (the table changed) from the scheduled rows only (the one it
+    # replaced is kept for a grace period, marked replaced).
+    replaced = {r[0] for r in exact(engine, "SELECT name FROM chorus_private.chorus_replaced")}
+    (name,) = [r[0] for r in exact(engine, SAMPLES) if r[0] not in replaced]
     stored = exact(engine, f'SELECT COUNT(*) FROM chorus_private."{name}" '
                            "WHERE pickup_time >= '2026-04-01'")
     assert stored == [(0,)]
@@ -414,7 +425,7 @@ def test_sample_name_reveals_no_data_derived_number(rides: Callable[[int], Engin
     sqls = [e.explain("SELECT COUNT(*) FROM rides", epsilon=1.0).rewritten_sql
             for e in (first, second)]
     assert sqls[0] == sqls[1]
-    fingerprint = first.samples._fingerprint("rides", first.policy.tables["rides"])
+    fingerprint = first.samples._fingerprint("rides", first.policy.tables["rides"], SAMPLE)
     assert hashlib.sha256(fingerprint.encode()).hexdigest()[:12] not in sqls[0]
     assert hashlib.sha256(fingerprint.encode()).hexdigest()[:16] not in sqls[0]
     assert fingerprint not in sqls[0]

@@ -11,6 +11,7 @@ per-query epsilon floor, and caches kept per analyst.  Every test runs on DuckDB
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -180,16 +181,20 @@ def test_a_run_time_failure_after_the_histograms_keeps_the_whole_charge(
     def rename_before_the_final_statement(statement: str) -> None:
         histograms = set(engine.single._histograms._items.values())
         if not statement.startswith("EXPLAIN ") and statement not in histograms and not renamed:
-            engine.backend.run_owned(["ALTER TABLE trips RENAME TO trips_away"])
-            renamed.append(True)
+            # The relation the statement reads: the table, or its ranked copy (the default).
+            copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
+            name = f'chorus_private."{copy.group(1)}"' if copy else "trips"
+            engine.backend.run_owned([f"ALTER TABLE {name} RENAME TO trips_away"])
+            renamed.append(name)
 
     statements = _Statements(engine, monkeypatch, rename_before_the_final_statement)
     try:
         with pytest.raises(BackendError, match="charged"):
             engine.execute(sql, epsilon=1.0, **ALICE)
     finally:
-        if renamed:
-            engine.backend.run_owned(["ALTER TABLE trips_away RENAME TO trips"])
+        for name in renamed:
+            away = "chorus_private.trips_away" if name != "trips" else "trips_away"
+            engine.backend.run_owned([f"ALTER TABLE {away} RENAME TO {name.split('.')[-1]}"])
     assert renamed and len(statements.reading()) >= 2  # histograms, then the final statement
     # The whole epsilon (selection and answer) stays charged on every block it claimed.
     (claim,) = engine.ledger.claims()

@@ -64,7 +64,15 @@ Mutation = Callable[[Engine, str], str]
 
 
 def _drop_bounding(engine: Engine, sql: str) -> str:
-    out = re.sub(r" WHERE b\.__chorus_rank <= \d+", "", sql)
+    """Without the rank filter (of a ranked copy's heavy branch, or of per-query bounding)."""
+    out = re.sub(r" WHERE b\.__chorus_k?rank <= \d+", "", sql)
+    assert out != sql
+    return out
+
+
+def _drop_light_cap(engine: Engine, sql: str) -> str:
+    """A ranked copy's light branch with its test n_u <= k made void: every unit kept whole."""
+    out = re.sub(r" AND (\w+\.__chorus_unit_rows <= \d+)", r" AND (\1 OR TRUE)", sql)
     assert out != sql
     return out
 
@@ -145,8 +153,9 @@ def _limit_in_measure(engine: Engine, sql: str) -> str:
 
 
 @pytest.mark.parametrize("mutation", [
-    _drop_bounding, _drop_blocks, _raw_column_out, _raw_column_in_measure, _extra_private_table,
-    _cte_shadowing, _drop_noise, _not_materialized, _max_instead_of_count, _limit_in_measure,
+    _drop_bounding, _drop_light_cap, _drop_blocks, _raw_column_out, _raw_column_in_measure,
+    _extra_private_table, _cte_shadowing, _drop_noise, _not_materialized, _max_instead_of_count,
+    _limit_in_measure,
 ])
 def test_tampered_rewrites_are_refused(engine: Engine, mutation: Mutation) -> None:
     sql = _sql(engine, GROUPED)

@@ -188,7 +188,7 @@ def test_new_cap_costs_no_rewrite(backend_url: str, make_engine: Callable[..., E
     assert second.report.contribution is not None and second.report.contribution.cap == 7
     assert first.report.contribution is not None and first.report.contribution.cap == 3
     assert sum(b.epsilon_consumed for b in engine.ledger.blocks()) == pytest.approx(2 * spent)
-    assert "__chorus_rank <= 7" in (second.report.rewritten_sql or "")
+    assert "__chorus_krank <= 7" in (second.report.rewritten_sql or "")
     n, a = second.rows[0]
     assert n > 0 and 0 <= a <= 200
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -21,6 +22,7 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 
 from analyses.blocks import BlocksRead
+from analyses.keys import calendar_values, check_grid_size
 from analyses.query import AggregateQuery, OutputColumn, display_sql
 from analyses.smoothing import ResolvedJoin
 from chorus_py.backends import ResultSet, portable_type
@@ -114,6 +116,35 @@ def key_release_odds_of(query: AggregateQuery, plan: NoisePlan,
     counted = f"distinct {query.privacy_unit}" if query.privacy_unit else "rows"
     return key_release_odds(gate.mechanism, gate.threshold, gate.delta,
                             query.groups_per_unit, epsilon), counted
+
+
+def _show_key(expr: exp.Expr) -> str:
+    """A group key as the report names it: SQL as Postgres writes it, names unquoted."""
+    plain = expr.copy()
+    for ident in plain.find_all(exp.Identifier):
+        ident.set("quoted", False)
+    return plain.sql("postgres")
+
+
+def listed_keys(query: AggregateQuery,
+                restrictions: Mapping[str, BlockRestriction]) -> AggregateQuery:
+    """``query`` with its calendar keys listed over the blocks it reads (``restrictions``, by
+    table alias): the windows the rewrite restricts the rows to, so every row's bucket is in
+    the list (``analyses.keys``).  Refuses grids beyond ``analyses.keys.MAX_KEYS`` keys.  A
+    function of the policy's schedule, the clock and the query: never of the data."""
+    pending = query.calendar_keys()
+    if not pending or query.thresholded:
+        return query
+    values = {}
+    for kid, domain in pending.items():
+        restriction = restrictions.get(domain.alias)
+        if restriction is None:  # keys.key_domain found a block: the kind restricts to it
+            raise ValueError(f"no block restriction for the calendar key {kid}")
+        runs = restriction.windows or ((restriction.start, restriction.end),)
+        values[kid] = calendar_values(domain, runs)  # type: ignore[arg-type]
+    check_grid_size(len(values.get(k.id, k.public_values or ())) for k in query.keys
+                    if k.id in values or k.public_values is not None)
+    return query.with_key_values(values)
 
 
 def _count_outputs(query: AggregateQuery) -> frozenset[int]:
@@ -363,7 +394,11 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
                else f" (its <= {query.stability} rows)" if query.privacy_unit else ""),
         )
     elif query.keys:
-        key_release = KeyRelease("public_values", note="every declared value, nothing else")
+        key_release = KeyRelease("public_values", note="; ".join(
+            f"{_show_key(k.expr)}: " + ("every declared value, nothing else"
+                                          if k.domain is None else k.domain.describe())
+            for k in query.keys) if any(k.domain is not None for k in query.keys)
+            else "every declared value, nothing else")
     notes = []
     contribution = None
     if query.table_policy.multi_attribution:

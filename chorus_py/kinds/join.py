@@ -27,7 +27,13 @@ from budget.accounting import Event
 from chorus_py.backends import SCHEMA
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
-from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
+from chorus_py.kinds.analytic import (
+    AnalyticQuery,
+    aggregate_report,
+    finish_plan,
+    listed_keys,
+    run_analytic,
+)
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.templates import TextTemplate
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
@@ -208,6 +214,8 @@ class JoinKind:
         join = query.join
         assert join is not None
         reads, restrictions = join_blocks(services.blocks, query)
+        # Calendar keys of a block column: listed over the blocks read (no threshold).
+        query = listed_keys(query, restrictions)
         mf = services.frequencies.values(join.metrics)
         # bounding = "materialized": read the table's stored bounded sample (its current name,
         # which changes when the table does), as a one-table query would.

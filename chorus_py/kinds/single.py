@@ -26,6 +26,7 @@ from chorus_py.kinds.analytic import (
     aggregate_report,
     finish_plan,
     key_release_odds_of,
+    listed_keys,
     run_analytic,
 )
 from chorus_py.kinds.base import Answer, Prepared, Services
@@ -40,6 +41,7 @@ from chorus_py.kinds.selection import (
 )
 from chorus_py.kinds.templates import one_table_sql
 from chorus_py.statements import QueryRun
+from chorus_py.stores.samples import ranked_copy_applies
 from mechanisms.key_release import empty_result_message, threshold_warning
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
@@ -103,23 +105,29 @@ class SingleTableKind:
             sample = (SCHEMA, services.attribution.relation(query.table, query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, services.samples.relation(query.table, query.table_policy))
+        ranked = None
+        if sample is None and ranked_copy_applies(query.table_policy):
+            found = services.samples.ranked(query.table, query.table_policy)
+            ranked = None if found is None else (SCHEMA, found)
         # The query's own (stability, normalised SQL) and the choices determine everything
         # below: look the plan up before copying the query's trees for the choices.
         key = (query.normalized_sql, query.stability, chosen, epsilon, delta, restriction,
-               sample, reused)
+               sample, ranked, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction,
-                                              sample, chosen, reused)
+                                              sample, ranked, chosen, reused)
             self._prepared.put(key, prepared)
         return prepared
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead | None, restriction: BlockRestriction | None,
-                          sample: tuple[str, str] | None, chosen: Choices | None,
-                          reused: bool) -> Prepared:
+                          sample: tuple[str, str] | None, ranked: tuple[str, str] | None,
+                          chosen: Choices | None, reused: bool) -> Prepared:
         services = self.services
         asked = query
+        # Calendar keys of the block column: listed over the blocks read (no threshold).
+        query = listed_keys(query, {query.alias: restriction} if restriction else {})
         cap_epsilon = 0.0
         if query.auto_cap and not cap_matters(query):
             # COUNT(DISTINCT unit) alone has sensitivity 1 whatever the rows per unit: nothing
@@ -159,7 +167,8 @@ class SingleTableKind:
                     {a: (lo, hi) for a, lo, hi in chosen.bounds})
                 if chosen.groups is not None:
                     query = query.with_groups(chosen.groups)
-        detail = self._plan(query, epsilon - cap_epsilon, delta, reads, restriction, sample)
+        detail = self._plan(query, epsilon - cap_epsilon, delta, reads, restriction, sample,
+                            ranked)
         report = aggregate_report(detail.query, detail.plan, reads, detail.sql,
                                   services.policy.privacy.noise)
         if query.auto_cap or cap_epsilon > 0 or reused:
@@ -204,10 +213,14 @@ class SingleTableKind:
 
     def _plan(self, query: AggregateQuery, epsilon: float, delta: float,
               reads: BlocksRead | None, restriction: BlockRestriction | None,
-              sample: tuple[str, str] | None) -> AnalyticQuery:
-        """The noise plan and the rewritten statement."""
+              sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None
+              ) -> AnalyticQuery:
+        """The noise plan and the rewritten statement (bounding from the ``ranked`` copy unless
+        the rows must first be bounded to g groups per unit)."""
         services = self.services
         plan = self._noise_plan(query, epsilon, delta)
+        if query.max_groups is not None and query.max_groups < query.stability:
+            ranked = None
         rewritten: RewrittenQuery | None = None
         sql_dialect = services.dialect
         if services.policy.privacy.noise == "sql":
@@ -215,11 +228,13 @@ class SingleTableKind:
             # filled into its text template (kinds.templates); the tree is not kept, only
             # proxy noise reads it.
             sql = one_table_sql(
-                self._templates, (query.normalized_sql, restriction, sample, sql_dialect),
+                self._templates, (query.normalized_sql, restriction, sample, ranked,
+                                  sql_dialect),
                 query, plan, sql_dialect, sample is not None,
-                lambda q, p: pipeline(q, p, restriction, sql_dialect, sample).sql_with_noise(p))
+                lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
+                                      ranked=ranked).sql_with_noise(p))
         else:
-            rewritten = pipeline(query, plan, restriction, sql_dialect, sample)
+            rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked)
             sql = rewritten.measure_sql()
         return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
 

@@ -40,6 +40,7 @@ from chorus_py.backends import SCHEMA, Backend
 from chorus_py.errors import InvalidParameter, OperationalError, PolicyError
 from chorus_py.policy import AttributionTable, TablePolicy
 from chorus_py.report import ContributionReport
+from chorus_py.stores.owned import serialised
 from rewriters.attribution import METHODS, Attribution, Method, Selection, select, sql_rank
 
 log = logging.getLogger("chorus.attribution")
@@ -230,14 +231,16 @@ class AttributionStore:
             statements.append(f'DROP TABLE {SCHEMA}."{name}__ids"')
         if dialect == "postgres":
             statements.append(f"ANALYZE {target}")
-        self._backend.run_owned(statements)
+        self._backend.run_owned(serialised(self._backend.dialect, statements))
         self._verify(table, policy, name)
         stale = [r[0] for r in self._backend.run(
             "SELECT table_name FROM information_schema.tables "
             f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}__attr_%'").rows
             if r[0] != name]
         if stale:
-            self._backend.run_owned([f'DROP TABLE IF EXISTS {SCHEMA}."{old}"' for old in stale])
+            self._backend.run_owned(serialised(
+                self._backend.dialect,
+                [f'DROP TABLE IF EXISTS {SCHEMA}."{old}"' for old in stale]))
 
     def _verify(self, table: str, policy: TablePolicy, name: str) -> None:
         """Fail closed unless S keeps <= k rows of every unit, each row once (checked in SQL)."""
@@ -251,7 +254,8 @@ class AttributionStore:
             f"({pairs}) AS p GROUP BY p.unit) AS per_unit), "
             f'(SELECT COUNT(*) - COUNT(DISTINCT "{rid}") FROM {SCHEMA}."{name}")').rows[0]
         if worst > k or duplicates:
-            self._backend.run_owned([f'DROP TABLE IF EXISTS {SCHEMA}."{name}"'])
+            self._backend.run_owned(serialised(self._backend.dialect,
+                                               [f'DROP TABLE IF EXISTS {SCHEMA}."{name}"']))
             log.error("kept set of %s failed its check (a unit above k, or a repeated row id)",
                       table)
             raise OperationalError(

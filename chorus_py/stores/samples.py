@@ -1,4 +1,15 @@
-"""Bounded samples the proxy stores in its own schema (``bounding = "materialized"``).
+"""Bounded samples and ranked copies the proxy stores in its own schema.
+
+Ranked copies (``ranked_copy = true``, the default with ``bounding = "per-query"``): every row
+of the table's scheduled blocks with its random rank in its unit and its unit's row count, in
+``chorus_private.<table>__ranked_<keyed digest>``, versioned and named like the samples below.
+Per-query bounding reads it so that units with at most k rows are kept whole by a plain scan
+and only heavier units' filtered rows are sorted (``rewriters.contribution.
+ranked_contribution``): the same kept-row distribution as ranking every filtered row per query,
+without the sort that made the default policy's queries 5-100x slower than the raw query.
+Its cost is a copy of the table's scheduled rows, rebuilt when the table changes.
+
+Bounded samples (``bounding = "materialized"``):
 
 For a table with a privacy unit and cap k, the proxy keeps one random sample of at most k rows per
 unit in ``chorus_private.<table>__bounded_<keyed digest>``; queries then read that sample instead
@@ -38,11 +49,23 @@ from sqlglot import exp
 from analyses.blocks import BlockWindows
 from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
+from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
 from rewriters.blocks import blocks as restrict_blocks
-from rewriters.contribution import sample_table
+from rewriters.contribution import UNIT_ROWS, ranked_table, sample_table
 
 log = logging.getLogger("chorus.materialize")
+
+SAMPLE = "__bounded_"  # a bounded sample's name: <table>__bounded_<digest>
+RANKED = "__ranked_"   # a ranked copy's name: <table>__ranked_<digest>
+#: A stored relation replaced by a newer version is dropped this long after (``_retire``).
+REPLACED_GRACE_SECONDS = 600.0
+
+
+def ranked_copy_applies(policy: TablePolicy) -> bool:
+    """Whether per-query bounding of the table reads a ranked copy."""
+    return (not policy.public and policy.ranked_copy and policy.privacy_unit is not None
+            and not policy.multi_attribution and policy.bounding == "per-query")
 
 
 class BoundedSamples:
@@ -53,25 +76,100 @@ class BoundedSamples:
         self._backend = backend
         self._ttl = ttl_seconds
         self._blocks = blocks or BlockCatalog()
-        self._current: dict[str, tuple[float, str]] = {}
+        self._current: dict[tuple[str, str], tuple[float, str | None]] = {}
         self._lock = threading.Lock()
         self._key: bytes | None = None  # names the samples; see the module docstring
+        self._building: dict[str, threading.Thread] = {}  # ranked copies being built
 
     def relation(self, table: str, policy: TablePolicy) -> str:
         """The name (``chorus_private.x``) of the current sample of ``table``."""
+        return self._current_name(table, policy, SAMPLE)
+
+    def ranked(self, table: str, policy: TablePolicy) -> str | None:
+        """The name of the current ranked copy of ``table``: all its scheduled rows, each with
+        its random rank in its unit and its unit's row count (``rewriters.contribution.
+        ranked_table``), which per-query bounding reads so that it need not rank the rows of
+        units with at most k rows (``ranked_contribution``).
+
+        None while there is no copy of the table's current version: the first call, and the
+        first after the table changed, start building one in the background, and queries rank
+        their rows themselves until it is there (the same answers, slower), so no query waits
+        for a build.  None also when building fails (e.g. a role that may not write the
+        proxy's schema), logged, and retried after the TTL.
+        """
         now = time.monotonic()
         with self._lock:
-            hit = self._current.get(table)
+            hit = self._current.get((table, RANKED))
             if hit is not None and now - hit[0] < self._ttl:
                 return hit[1]
-            span = self._span(table, policy)
-            digest = hmac.new(self._naming_key(),
-                              f"{self._fingerprint(table, policy)}|{span}".encode(),
-                              hashlib.sha256).hexdigest()[:16]
-            name = f"{table}__bounded_{digest}"
+            if table in self._building:
+                return None
+            try:
+                name, span = self._version(table, policy, RANKED)
+            except Exception as err:
+                self._ranked_failed(table, err)
+                return None
+            if hit is not None and hit[1] == name:  # unchanged: still current
+                self._current[(table, RANKED)] = (now, name)
+                return name
+            # Changed (or never built): the old copy no longer matches the table.
+            self._current.pop((table, RANKED), None)
+            self._building[table] = threading.Thread(
+                target=self._build_ranked, args=(table, policy, name, span),
+                name=f"chorus-ranked-{table}", daemon=True)
+            self._building[table].start()
+            return None
+
+    def wait(self) -> None:
+        """Wait for the ranked copies being built (``chorus serve`` at start, tests)."""
+        while True:
+            with self._lock:
+                threads = list(self._building.values())
+            if not threads:
+                return
+            for thread in threads:
+                thread.join()
+
+    def _build_ranked(self, table: str, policy: TablePolicy, name: str,
+                      span: BlockWindows | None) -> None:
+        try:
+            self._build(table, policy, name, span, RANKED)
+        except Exception as err:
+            with self._lock:
+                self._building.pop(table, None)
+                self._ranked_failed(table, err)
+            return
+        with self._lock:
+            self._building.pop(table, None)
+            self._current[(table, RANKED)] = (time.monotonic(), name)
+
+    def _ranked_failed(self, table: str, err: Exception) -> None:
+        """Remember (for the TTL) that ``table`` has no ranked copy; the caller holds the lock."""
+        self._current[(table, RANKED)] = (time.monotonic(), None)
+        log.warning("no ranked copy of %s (%s): per-query bounding ranks every filtered row; "
+                    "let the proxy's role write its schema %s, or set ranked_copy = false",
+                    table, str(err).splitlines()[0] if str(err) else type(err).__name__,
+                    SCHEMA)
+
+    def _version(self, table: str, policy: TablePolicy, kind: str
+                 ) -> tuple[str, BlockWindows | None]:
+        """The name of ``table``'s stored relation of ``kind`` for its current version."""
+        span = self._span(table, policy)
+        digest = hmac.new(self._naming_key(),
+                          f"{self._fingerprint(table, policy, kind)}|{span}".encode(),
+                          hashlib.sha256).hexdigest()[:16]
+        return f"{table}{kind}{digest}", span
+
+    def _current_name(self, table: str, policy: TablePolicy, kind: str) -> str:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._current.get((table, kind))
+            if hit is not None and now - hit[0] < self._ttl and hit[1] is not None:
+                return hit[1]
+            name, span = self._version(table, policy, kind)
             if hit is None or hit[1] != name:
-                self._build(table, policy, name, span)
-            self._current[table] = (now, name)
+                self._build(table, policy, name, span, kind)
+            self._current[(table, kind)] = (now, name)
             return name
 
     def naming_key(self) -> bytes:
@@ -81,19 +179,20 @@ class BoundedSamples:
     def _naming_key(self) -> bytes:
         """The shared secret key of the proxy's schema, created by the first proxy to need it."""
         if self._key is None:
-            self._backend.run_owned([
+            # Two proxies racing here: the lock orders them, and the primary key keeps the
+            # first key only.
+            self._backend.run_owned(serialised(self._backend.dialect, [
                 f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
                 f"CREATE TABLE IF NOT EXISTS {SCHEMA}.chorus_key (id INTEGER PRIMARY KEY, "
                 "k TEXT NOT NULL)",
-                # Two proxies racing here: the primary key keeps the first key only.
                 f"INSERT INTO {SCHEMA}.chorus_key VALUES (1, '{secrets.token_hex(32)}') "
                 "ON CONFLICT DO NOTHING",
-            ])
+            ]))
             (key,) = self._backend.run(f"SELECT k FROM {SCHEMA}.chorus_key WHERE id = 1").rows[0]
             self._key = bytes.fromhex(key)
         return self._key
 
-    def _fingerprint(self, table: str, policy: TablePolicy) -> str:
+    def _fingerprint(self, table: str, policy: TablePolicy, kind: str) -> str:
         assert policy.privacy_unit is not None
         if self._backend.dialect == "postgres":
             row = self._backend.run(
@@ -104,6 +203,8 @@ class BoundedSamples:
             hashed = ", ".join(f'"{c}"' for c in cols)
             row = self._backend.run(
                 f'SELECT COUNT(*), SUM(hash({hashed}) % 1000000007) FROM "{table}"').rows
+        if kind == RANKED:  # every row, whatever the cap: engines of any k share it
+            return f"{row}|{policy.privacy_unit}|ranked"
         # The cap is part of the version: a new max_rows_per_unit needs a new sample; so is
         # its layout ("ordered": in block order, indexed), so that older samples are rebuilt.
         return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered"
@@ -113,8 +214,37 @@ class BoundedSamples:
         rows, so rows outside the schedule never take part in the ranking."""
         return None if policy.block is None else self._blocks.windows(table, policy.block)
 
+    def _retire(self, stale: list[str]) -> None:
+        """Drop the replaced relations ``stale`` once they have been replaced for longer than
+        the grace period; mark the others.  Another proxy sharing the database may read a
+        relation it found current up to its TTL ago: dropping it at once would fail that
+        proxy's query (the copies of a table with changing rows are replaced often)."""
+        if not stale:
+            return
+        registry = f"{SCHEMA}.chorus_replaced"
+        now = time.time()  # wall clock: shared by the proxies on several machines
+        self._backend.run_owned(serialised(self._backend.dialect, [
+            f"CREATE TABLE IF NOT EXISTS {registry} (name TEXT PRIMARY KEY, "
+            "since DOUBLE PRECISION NOT NULL)",
+            *[f"INSERT INTO {registry} VALUES ('{n}', {now!r}) ON CONFLICT DO NOTHING"
+              for n in stale]]))
+        listed = ", ".join(f"'{n}'" for n in stale)
+        expired = [r[0] for r in self._backend.run(
+            f"SELECT name FROM {registry} WHERE name IN ({listed}) "
+            f"AND since < {now - self._grace()!r}").rows]
+        if expired:
+            self._backend.run_owned(serialised(
+                self._backend.dialect,
+                [f'DROP TABLE IF EXISTS {SCHEMA}."{n}"' for n in expired]
+                + [f"DELETE FROM {registry} WHERE name IN "
+                   f"({', '.join(repr(n) for n in expired)})"]))
+
+    def _grace(self) -> float:
+        """How long a replaced relation is kept: well beyond any proxy's TTL and a query."""
+        return max(REPLACED_GRACE_SECONDS, 3 * self._ttl)
+
     def _build(self, table: str, policy: TablePolicy, name: str,
-               span: BlockWindows | None) -> None:
+               span: BlockWindows | None, kind: str) -> None:
         assert policy.privacy_unit is not None
         started = time.perf_counter()
         where = None
@@ -124,11 +254,13 @@ class BoundedSamples:
                                                      quoted=True),
                                     span.start, span.end,
                                     policy.columns[policy.block.column].type)
-        select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
+        if kind == RANKED:
+            select = ranked_table(table, policy.privacy_unit, where)
+        else:
+            select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = self._backend.run(
             "SELECT table_name FROM information_schema.tables "
-            f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}__bounded_%'").rows
-        stale = [r[0] for r in existing if r[0] != name]
+            f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}{kind}%'").rows
         statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
         if not any(r[0] == name for r in existing):
             dialect = self._backend.dialect
@@ -139,14 +271,23 @@ class BoundedSamples:
                 # quarter no longer scans it all).
                 select = exp.select("*").from_(select.subquery("s")).order_by(
                     exp.column(policy.block.column, quoted=True))
-            statements.append(f'CREATE TABLE {SCHEMA}."{name}" AS {select.sql(dialect)}')
+            # IF NOT EXISTS: another proxy sharing the database may have built it since we
+            # looked (chorus_py.stores.owned orders the two batches); it is the same relation,
+            # as its name says (the same key, fingerprint and span).  Named indexes, so that
+            # the second batch does not add a second copy of each.
+            statements.append(f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{name}" AS '
+                              f'{select.sql(dialect)}')
             if dialect == "postgres":
                 if policy.block is not None:
-                    statements.append(f'CREATE INDEX ON {SCHEMA}."{name}" '
-                                      f'("{policy.block.column}")')
+                    statements.append(f'CREATE INDEX IF NOT EXISTS "{name}_block" ON '
+                                      f'{SCHEMA}."{name}" ("{policy.block.column}")')
+                if kind == RANKED:  # the heavy branch reads only units above k: few rows
+                    statements.append(f'CREATE INDEX IF NOT EXISTS "{name}_rows" ON '
+                                      f'{SCHEMA}."{name}" ("{UNIT_ROWS}")')
                 # Without statistics the planner guesses ~1000 rows and picks sort-based plans.
                 statements.append(f'ANALYZE {SCHEMA}."{name}"')
-        statements += [f'DROP TABLE IF EXISTS {SCHEMA}."{old}"' for old in stale]
-        self._backend.run_owned(statements)
-        log.info("bounded sample of %s rebuilt as %s.%s in %.0f ms", table, SCHEMA, name,
+        self._backend.run_owned(serialised(self._backend.dialect, statements))
+        self._retire([r[0] for r in existing if r[0] != name])
+        log.info("%s of %s rebuilt as %s.%s in %.0f ms",
+                 "ranked copy" if kind == RANKED else "bounded sample", table, SCHEMA, name,
                  (time.perf_counter() - started) * 1000)

@@ -10,22 +10,29 @@ which ``chorus serve`` shows at its default level.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 from server.listen import Listener, ListenError, StartListener
+from server.pgwire.cancels import CancelRelay
 from server.pgwire.server import WireServer, build_wire_server, parse_listen
 
 log = logging.getLogger("chorus.serve.wire")
 
 
-def pgwire_listener(engine: Any, listen: str) -> StartListener:
-    """The Postgres wire protocol front door on ``listen`` (HOST:PORT)."""
+def pgwire_listener(engine: Any, listen: str, sock: socket.socket | None = None,
+                    relay: CancelRelay | None = None) -> StartListener:
+    """The Postgres wire protocol front door on ``listen`` (HOST:PORT).  As a worker of
+    ``chorus serve --workers``: ``sock``, the worker's socket bound there, and ``relay``, how
+    cancel requests reach the worker that runs the session (:mod:`server.pgwire.cancels`)."""
     host, port = parse_listen(listen)
 
     async def start() -> Listener:
         server = build_wire_server(engine)
+        if relay is not None:
+            server.use_relay(relay)
         try:
-            await server.start(host, port)
+            await server.start(host, port, sock)
         except OSError as err:
             raise ListenError("Postgres wire protocol", listen, "--listen", err) from None
         analysts = sorted(n for n, v in server.ctx.verifiers.items() if v is not None)

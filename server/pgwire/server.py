@@ -24,6 +24,7 @@ import hmac
 import itertools
 import logging
 import secrets
+import socket
 import ssl
 import threading
 import time
@@ -35,6 +36,7 @@ from typing import Any
 from chorus_py.backends import interrupt
 from chorus_py.errors import ChorusError, PolicyError
 from server.pgwire import protocol as p
+from server.pgwire.cancels import CancelRelay
 from server.pgwire.session import QueryCanceled, ServerContext, Session, Work
 
 log = logging.getLogger("chorus.pgwire")
@@ -80,15 +82,34 @@ class WireServer:
                                            thread_name_prefix="chorus-pgwire")
         self._sessions: dict[int, tuple[Session, _Running]] = {}
         self._pids = itertools.count(secrets.randbelow(1 << 20) + 1000)
+        self._relay: CancelRelay | None = None  # chorus serve --workers: see use_relay
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
 
-    async def start(self, host: str, port: int) -> asyncio.Server:
-        self._server = await asyncio.start_server(self._serve, host, port,
-                                                  limit=self.limits.max_message + 16)
+    def use_relay(self, relay: CancelRelay) -> None:
+        """Serve as one worker of several (:mod:`server.pgwire.cancels`): session ids that
+        name this worker, cancel requests for other workers' sessions relayed to them."""
+        self._relay = relay
+        first = (secrets.randbelow(1 << 20) + 1000) * relay.count + relay.index
+        self._pids = itertools.count(first, relay.count)
+
+    async def start(self, host: str | None, port: int | None,
+                    sock: socket.socket | None = None) -> asyncio.Server:
+        """Listen on host:port, or accept on ``sock`` (bound already: ``chorus serve
+        --workers``' workers share the parent's socket)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=sock,
+                                                      limit=self.limits.max_message + 16)
+        else:
+            self._server = await asyncio.start_server(self._serve, host, port,
+                                                      limit=self.limits.max_message + 16)
+        if self._relay is not None:
+            self._relay.start(lambda pid, key: self._cancel(pid, key, relayed=True))
         return self._server
 
     async def close(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -292,9 +313,11 @@ class WireServer:
         why = running.cancelled or "user request"
         threading.Thread(target=_quietly, args=(interrupt, thread, why), daemon=True).start()
 
-    def _cancel(self, pid: int, key: int) -> None:
+    def _cancel(self, pid: int, key: int, relayed: bool = False) -> None:
         found = self._sessions.get(pid)
         if found is None:
+            if self._relay is not None and not relayed:
+                self._relay.forward(pid, key)  # another worker's session, perhaps
             return
         session, running = found
         if not hmac.compare_digest(session.secret.to_bytes(4, "big", signed=True),

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from server.listen import ListenError
+from server.listen import ListenError, bind_socket
 from server.rest.app import create_app
 
 log = logging.getLogger("chorus.rest")
@@ -116,34 +116,25 @@ class RestListener:
             self.task.cancel()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
 def rest_listener(engine: Any, listen: str = f"{DEFAULT_HOST}:{DEFAULT_PORT}",
+                  sock: socket.socket | None = None,
                   **config: Any) -> Callable[[], Awaitable[RestListener]]:
     """The REST front door on ``listen`` (HOST:PORT) as a ``chorus serve`` listener.
 
     Calling the result binds the socket (a ``ListenError`` if it cannot), starts uvicorn as a task
     of the running loop and returns a :class:`RestListener` once it accepts connections.
+    ``sock``: a socket already bound to ``listen`` (by ``chorus serve --workers``' parent,
+    shared by every worker), used instead of binding one.
     """
     host, port = parse_listen(listen)
 
     async def start() -> RestListener:
-        try:
-            sock = _bind(host, port)
-        except OSError as err:
-            raise ListenError("REST API and dashboard", listen, "--rest", err) from None
+        nonlocal sock
+        if sock is None:
+            try:
+                sock = bind_socket(host, port)
+            except OSError as err:
+                raise ListenError("REST API and dashboard", listen, "--rest", err) from None
         server = rest_server(create_app(engine), host, port, **config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:

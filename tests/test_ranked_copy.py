@@ -1,0 +1,217 @@
+"""Per-query bounding over a ranked copy (``chorus_py.stores.samples``, ``ranked_copy``).
+
+The copy must change nothing but speed: each unit keeps min(c_u, k) of its c_u filtered rows,
+chosen uniformly among them, like ranking the filtered rows per query.  Tested on small,
+skewed data (units of 1 to 40 rows) on both backends, with the copy's life cycle (built in the
+background, rebuilt when the table changes, queries never reading a stale copy) and the
+fallback when it cannot be built.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import duckdb
+import psycopg
+import pytest
+from sqlglot import parse_one
+
+from chorus_py.engine import Engine
+from chorus_py.policy import load_policy
+from rewriters.contribution import ranked_contribution, ranked_table
+
+#: Rows per unit: one light unit of each size up to the cap and heavier ones.
+SIZES = {1: 1, 2: 2, 3: 3, 4: 5, 5: 8, 6: 40}
+K = 3
+
+POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1000.0
+max_epsilon_per_query = 500.0
+noise = "proxy"
+
+[tables.{table}]
+privacy_unit = "person"
+max_rows_per_unit = {k}
+contribution = "fixed"
+ranked_copy = {ranked}
+
+[tables.{table}.columns]
+id = {{ type = "int" }}
+person = {{ type = "int" }}
+v = {{ type = "float", lower = 0, upper = 100 }}
+
+[analysts.alice]
+"""
+
+
+def _rows() -> list[tuple[int, int, float]]:
+    """(id, person, v): v = the row's index within its unit, so filters cut units unevenly."""
+    out, next_id = [], 1
+    for person, n in SIZES.items():
+        for i in range(n):
+            out.append((next_id, person, float(i)))
+            next_id += 1
+    return out
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(backend URL, table name) of the skewed table on each backend."""
+    table = f"skew_{uuid.uuid4().hex[:8]}"
+    create = f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION)"
+    if request.param == "duckdb":
+        path = tmp_path / "skew.duckdb"
+        con = duckdb.connect(str(path))
+        con.execute(create.replace("DOUBLE PRECISION", "DOUBLE"))
+        con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", _rows())
+        con.close()
+        yield f"duckdb:///{path}", table
+        return
+    url = request.getfixturevalue("postgres_url")
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(create)
+        with con.cursor() as cur:
+            cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s)", _rows())
+    yield url, table
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+@pytest.fixture
+def engines(skewed: tuple[str, str], tmp_path: Path
+            ) -> Iterator[Callable[[bool], Engine]]:
+    made: list[Engine] = []
+
+    def make(ranked: bool) -> Engine:
+        url, table = skewed
+        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(POLICY.format(url=url, table=table, k=K,
+                                      ranked="true" if ranked else "false"))
+        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def _exact(engine: Engine, sql: str) -> list[tuple[object, ...]]:
+    """The exact measurements the proxy would noise (noise = "proxy"): never released."""
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    return engine.backend.run(prepared.detail.sql).rows
+
+
+@pytest.mark.parametrize("where, passing", [
+    ("", lambda v: True),
+    ("WHERE v >= 2", lambda v: v >= 2),
+    ("WHERE v < 1 OR v > 6", lambda v: v < 1 or v > 6),
+])
+def test_each_unit_keeps_min_of_its_filtered_rows_and_k(
+        skewed: tuple[str, str], engines: Callable[[bool], Engine], where: str,
+        passing: Callable[[float], bool]) -> None:
+    _, table = skewed
+    filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
+    expected = sum(min(c, K) for c in filtered.values())  # hand count: sum_u min(c_u, k)
+    ranked, per_query = engines(True), engines(False)
+    ranked.warm_up(wait=True)
+    sql = f"SELECT COUNT(*) FROM {table} {where}"
+    _, prepared = ranked.prepare(sql, "alice", epsilon=1.0)
+    assert "__ranked_" in prepared.detail.sql and "__chorus_unit_rows" in prepared.detail.sql
+    _, prepared = per_query.prepare(sql, "alice", epsilon=1.0)
+    assert "__ranked_" not in prepared.detail.sql
+    assert _exact(ranked, sql)[0][0] == expected
+    assert _exact(per_query, sql)[0][0] == expected
+    # The noisy answer and its report are those of per-query bounding.
+    result = ranked.execute(sql, "alice", epsilon=50.0)
+    assert result.report.stability == K
+    assert abs(result.rows[0][0] - expected) < 5
+
+
+def test_kept_rows_are_uniform_among_the_filtered_rows() -> None:
+    """A unit of 6 rows, 4 of them passing the filter, k = 2: over fresh copies each passing
+    row is kept with probability 2/4, and no other row ever is."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (id BIGINT, person BIGINT, v DOUBLE)")
+    con.execute("INSERT INTO t SELECT i, 1, i FROM range(6) AS r(i)")
+    con.execute("INSERT INTO t SELECT 10 + i, 2, i FROM range(2) AS r(i)")  # a light unit
+    rows = parse_one("SELECT c.* FROM copy AS c WHERE c.v < 4")
+    kept = ranked_contribution(rows, "c", "person", 2).sql("duckdb")
+    counts: collections.Counter[int] = collections.Counter()
+    runs = 600
+    for _ in range(runs):
+        con.execute("CREATE OR REPLACE TEMP TABLE copy AS "
+                    + ranked_table("t", "person").sql("duckdb"))
+        ids = [r[0] for r in con.execute(f"SELECT id FROM ({kept})").fetchall()]
+        assert len(ids) == 4 and {10, 11} <= set(ids)  # 2 of unit 1, the light unit whole
+        counts.update(ids)
+    for i in range(4):  # Binomial(600, 1/2): sd 12.2; 5 sd either side
+        assert abs(counts[i] - runs / 2) < 62, counts
+    assert counts[4] == counts[5] == 0
+
+
+def test_a_changed_table_is_never_read_through_its_old_copy(
+        skewed: tuple[str, str], engines: Callable[[bool], Engine]) -> None:
+    url, table = skewed
+    engine = engines(True)
+    sql = f"SELECT COUNT(*) FROM {table}"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    engine.samples.wait()
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    first = prepared.detail.sql
+    assert "__ranked_" in first
+    insert = f"INSERT INTO {table} VALUES (1000, 7, 1.0)"
+    if url.startswith("duckdb"):
+        engine.backend.run_owned([insert])
+    else:
+        with psycopg.connect(url, autocommit=True) as con:
+            con.execute(insert)
+            # pg_stat_user_tables (the version) is updated asynchronously
+            con.execute("SELECT pg_stat_force_next_flush()")
+    expected = sum(min(c, K) for c in SIZES.values()) + 1
+    for _ in range(50):  # the statistics collector may lag a little on Postgres
+        _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+        if prepared.detail.sql != first:
+            break
+        time.sleep(0.1)
+    # Until the new copy is built, the query ranks its rows itself (no copy at all).
+    assert prepared.detail.sql != first
+    assert _exact(engine, sql)[0][0] == expected
+    engine.samples.wait()
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    assert "__ranked_" in prepared.detail.sql and prepared.detail.sql != first
+    assert _exact(engine, sql)[0][0] == expected
+
+
+def test_without_a_copy_queries_rank_their_rows_and_the_owner_is_told(
+        engines: Callable[[bool], Engine], skewed: tuple[str, str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    _, table = skewed
+    engine = engines(True)
+    real = engine.backend.run_owned
+
+    def refuse(statements: list[str]) -> None:
+        if any("__ranked_" in s and s.startswith("CREATE TABLE") for s in statements):
+            raise PermissionError("permission denied for schema chorus_private")
+        real(statements)
+
+    monkeypatch.setattr(engine.backend, "run_owned", refuse)
+    with caplog.at_level(logging.WARNING, logger="chorus.materialize"):
+        engine.warm_up(wait=True)
+    assert any("no ranked copy" in r.getMessage() and "ranked_copy = false" in r.getMessage()
+               for r in caplog.records)
+    sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 2"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    assert "__ranked_" not in prepared.detail.sql
+    filtered = collections.Counter(p for _, p, v in _rows() if v >= 2)
+    assert _exact(engine, sql)[0][0] == sum(min(c, K) for c in filtered.values())
+
