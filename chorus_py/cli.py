@@ -40,9 +40,12 @@ _DEMO_QUERIES = [
     ("Fare spread (standard deviation) in SF and NYC",
      "SELECT city, STDDEV(fare) AS fare_sd FROM trips WHERE city IN ('SF', 'NYC') "
      "GROUP BY city"),
-    ("Busiest hours of the day (keys released by thresholding)",
+    ("Busiest hours of the day (every hour is a public key: no threshold)",
      "SELECT EXTRACT(hour FROM pickup_time) AS hour, COUNT(*) AS trips FROM trips "
      "GROUP BY 1 ORDER BY trips DESC LIMIT 3"),
+    ("Busiest drivers (keys released by thresholding)",
+     "SELECT driver_id, COUNT(*) AS trips FROM trips GROUP BY driver_id "
+     "ORDER BY trips DESC LIMIT 3"),
 ]
 
 

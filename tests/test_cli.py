@@ -242,7 +242,7 @@ def test_explain_text_shows_the_rewritten_sql(policy: Path) -> None:
 
 # -- demo --------------------------------------------------------------------------------------
 DEMO_QUESTIONS = ("How many trips per city?", "Average fare and distance",
-                  "Fare spread", "Busiest hours of the day")
+                  "Fare spread", "Busiest hours of the day", "Busiest drivers")
 
 
 def _check_demo_output(out: str, policy_path: Path) -> None:
@@ -250,8 +250,8 @@ def _check_demo_output(out: str, policy_path: Path) -> None:
     for question in DEMO_QUESTIONS:
         assert f"-- {question}" in out
     assert out.count("privacy: charged epsilon=") >= 4
-    # Private choices other than the cap are shown too (DP outputs): the busiest-hours query's
-    # groups per rider, and the chosen clipping interval of the fares.
+    # Private choices other than the cap are shown too (DP outputs): the busiest-drivers
+    # query's groups per rider, and the chosen clipping interval of the fares.
     assert "groups per rider_id (sets the key-release threshold" in out
     assert "trips.fare: [" in out
     assert "Budget left per block" in out

@@ -175,6 +175,15 @@ def test_calendar_key_next_to_declared_and_answers_near_truth(rides: Engine) -> 
     assert counts[0] >= 20
 
 
+def test_quantiles_per_calendar_bucket_return_every_bucket(rides: Engine) -> None:
+    # The quantile kind lists calendar keys over the blocks read too (its grid was empty
+    # before: it reads listed values only).
+    result = _ask(rides, "SELECT DATE_TRUNC('month', ts) AS m, MEDIAN(fare) FROM pk_rides "
+                         "GROUP BY 1 ORDER BY 1", epsilon=1)
+    assert _keys(result) == [datetime(2026, m, 1) for m in (1, 2, 3)]
+    assert all(0 <= v <= 100 for _, v in result.rows)
+
+
 def test_a_private_column_still_needs_the_threshold(rides: Engine) -> None:
     result = _ask(rides, "SELECT city, COUNT(*) FROM pk_rides GROUP BY city")
     assert result.report.key_release.method == "threshold"

@@ -14,9 +14,11 @@ LIMIT are then computed over those values in the scratch DuckDB (post-processing
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ from budget.accounting import Event
 from chorus_py.backends import SCHEMA, ResultSet, portable_type
 from chorus_py.caches import LRU
 from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
+from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
@@ -84,6 +87,11 @@ class QuantileKind:
         """Blocks, histogram statements, mechanisms, report, events: pure, nothing charged."""
         query = analysis.query
         reads, restriction = self._blocks(query)
+        # Calendar keys of the block column: listed over the blocks read (analyses.keys).
+        listed = listed_keys(query, {query.alias: restriction} if restriction else {})
+        if listed is not query:
+            analysis = dataclasses.replace(analysis, query=listed)
+            query = listed
         sample = None
         if query.table_policy.multi_attribution:
             sample = (SCHEMA, self.services.attribution.relation(query.table,
@@ -201,6 +209,10 @@ def _group_index(keys: tuple[Any, ...], analysis: QuantileQuery) -> int | None:
 
 
 def _duck_type(values: list[object]) -> str:
+    if all(isinstance(v, datetime) for v in values):  # calendar keys (analyses.keys)
+        return "TIMESTAMP"
+    if all(isinstance(v, date) for v in values):
+        return "DATE"
     if all(isinstance(v, bool) for v in values):
         return "BOOLEAN"
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):

@@ -183,7 +183,9 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_all(served: tuple[Workers
     # Still serving on both doors, on the same ports.
     with psycopg.connect(server.url("alice", "alice-pw"), autocommit=True) as con:
         con.execute(f"SET chorus.epsilon = {EPSILON}")
-        assert con.execute(ONE_DAY).fetchall()[0][0] > 0
+        # An answer (a count at epsilon 1/64 may be noised down to its floor of 0).
+        ((n,),) = con.execute(ONE_DAY).fetchall()
+        assert n >= 0
     response = httpx.get(f"http://127.0.0.1:{server.rest}/v1/info",
                          headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert response.status_code == 200
