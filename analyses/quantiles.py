@@ -200,14 +200,6 @@ def analyze_quantiles(sql: str, dialect: str,
             f"{where} over a join is not supported by the analytic quantile mode",
             hint="ask it of one table, " + SAMPLED_HINT.replace("any percentile", "percentiles "
                                                                  "of one table"))
-    listed = next((k for k in analysis.keys if k.public_values is None
-                   and k.domain is not None), None)
-    if listed is not None:  # public keys listed by the proxy (analyses.keys), not declared
-        raise NotSupportedError(
-            f"{where} grouped by {display_sql(listed.expr)} (calendar buckets or a joined "
-            "public table's column) is not supported yet",
-            hint="group by columns with declared public_values, or ask one time range per "
-            "query (WHERE on the time column)")
     if analysis.thresholded:
         key = next(k for k in analysis.keys if k.public_values is None)
         raise NotSupportedError(

@@ -253,14 +253,3 @@ def test_a_quantile_asked_twice_is_one_release(skew: Engine) -> None:
         assert m.mechanism["epsilon"] == 0.05
         assert all(row[1] > 30 and row[1] == row[2] for row in result.rows)
         assert [row[1] for row in result.rows] == sorted(row[1] for row in result.rows)
-
-
-@pytest.mark.parametrize("key", ["DATE_TRUNC('month', pickup_time)",
-                                 "EXTRACT(hour FROM pickup_time)"])
-def test_calendar_keys_are_refused_not_answered_empty(engine: Engine, key: str) -> None:
-    """Calendar buckets of the block column are public keys listed by the proxy; the quantile
-    kind does not list them yet: refused for free (it answered no row at all)."""
-    with pytest.raises(NotSupportedError, match="calendar buckets"):
-        engine.execute(f"SELECT {key} AS b, MEDIAN(fare) FROM trips GROUP BY 1", epsilon=1.0,
-                       **ALICE)
-    assert nothing_spent(engine)
