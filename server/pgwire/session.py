@@ -1099,7 +1099,11 @@ def _report_notice(report: PrivacyReport) -> bytes:
                f"{report.analyst} on {len(blocks)} block(s) [{span}]")
     lines = []
     for col in report.columns:
-        if col.role == "aggregate" and col.scale is not None:
+        if col.role == "aggregate" and col.scale is not None and col.error_bound_95 is None:
+            # No error bound in values (a DP quantile: its note gives the bound in ranks).
+            lines.append(f"{col.name}: {col.mechanism}, scale {col.scale:.4g}"
+                         + (f", {col.note}" if col.note else ""))
+        elif col.role == "aggregate" and col.scale is not None:
             lines.append(f"{col.name}: {col.mechanism} noise, scale {col.scale:.4g}, 95% error "
                          f"within +-{col.error_bound_95:.4g}")
         elif col.role == "derived":
