@@ -62,6 +62,7 @@ def start_wire(policy: Path, *, backend: str = "duckdb", server: str = "",
                wrap: Callable[[Engine], Any] | None = None) -> Iterator[Wire]:
     """Run a wire server for a test policy (written by the ``write_policy`` fixture)."""
     engine = Engine(load_policy(with_passwords(policy, server)))
+    engine.warm_up(wait=True)  # as `chorus serve` starts, but waiting: the same SQL every time
     try:
         wire_server = build_wire_server(wrap(engine) if wrap else engine)
         with running_server(wire_server) as (host, port):
