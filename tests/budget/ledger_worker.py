@@ -40,6 +40,7 @@ def race(url: str, threads: int, epsilon: float, go_file: str) -> None:
     led = ledger(url)
     wins = [0] * threads
     errors: list[str] = []
+    print("READY", flush=True)  # the ledger is open: the test may say go
     while not Path(go_file).exists():  # both processes start together
         time.sleep(0.001)
 

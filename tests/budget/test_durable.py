@@ -369,7 +369,8 @@ def test_two_processes_on_a_sqlite_ledger_take_turns(tmp_path: Path) -> None:
     led.ensure_blocks(["day"])
     go = tmp_path / "go"
     procs = [worker("race", url, "4", str(2.0**-9), str(go)) for _ in range(2)]
-    time.sleep(1.5)
+    for proc in procs:  # both have opened the ledger (a loaded machine imports slowly)
+        read_until(proc, "READY", timeout=60)
     go.touch()
     wins = []
     for proc in procs:
