@@ -321,9 +321,8 @@ class SparkBackend(Backend):
         """The process's Spark stays up for the next backend (starting one takes seconds)."""
         for session in (self._session, self._public):
             if session is not None:
-                for table in session.catalog.listTables(SESSION_SCHEMA):
-                    if table.isTemporary:
-                        session.catalog.dropTempView(table.name)
+                for name in self._paths:
+                    session.catalog.dropTempView(name)
 
 
 def _table_paths(config: SparkConfig) -> dict[str, str]:
