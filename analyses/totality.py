@@ -114,8 +114,8 @@ class Num:
 class RowContext:
     """What the totality analysis needs besides the expression.
 
-    ``dialect``: the backend that runs it ("duckdb", "postgres" or "spark"); ``column_type``: declared
-    column types; ``constants``: runs a table-free statement on that backend.
+    ``dialect``: the backend that runs it ("duckdb", "postgres" or "spark"); ``column_type``:
+    declared column types; ``constants``: runs a table-free statement on that backend.
     """
 
     dialect: str

@@ -81,6 +81,8 @@ _SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
 }
 
+# (Parquet path, modification time) -> the Spark schema read from its files.
+_SCHEMAS: dict[tuple[str, int], Any] = {}
 _PROCESS_LOCK = threading.Lock()
 _PROCESS_SPARK: SparkSession | None = None
 
@@ -195,7 +197,14 @@ class SparkBackend(Backend):
     @staticmethod
     def _register(session: SparkSession, name: str, path: str) -> None:
         try:
-            session.read.parquet(path).createOrReplaceTempView(name)
+            # The schema read from the files once per version of them (reading the Parquet
+            # footers again costs each new session a round of file reads).
+            stamp = (path, os.stat(path).st_mtime_ns)
+            schema = _SCHEMAS.get(stamp)
+            reader = session.read if schema is None else session.read.schema(schema)
+            frame = reader.parquet(path)
+            _SCHEMAS[stamp] = frame.schema
+            frame.createOrReplaceTempView(name)
         except Exception as err:
             raise OperationalError(f"cannot read the Parquet table {name} at {path}: "
                                    f"{str(err).splitlines()[0]}",
@@ -211,9 +220,7 @@ class SparkBackend(Backend):
         self._private.mkdir(parents=True, exist_ok=True)
         os.chmod(self._private, 0o700)
         location = self._private / f"{SCHEMA}.db"
-        known = {t.name for t in self._session.catalog.listTables(SCHEMA)} \
-            if self._session.catalog.databaseExists(SCHEMA) else None
-        if known is None:
+        if not self._session.catalog.databaseExists(SCHEMA):
             if location.exists():
                 for entry in location.iterdir():
                     if entry.is_dir():
@@ -286,7 +293,9 @@ class SparkBackend(Backend):
         return bytes.fromhex(path.read_text().strip())
 
     def owned_tables(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self._session.catalog.listTables(SCHEMA))
+        # SHOW TABLES, not catalog.listTables, which reads every table's metadata (seconds).
+        return tuple(str(r[1]) for r in self._session.sql(f"SHOW TABLES IN {SCHEMA}").collect()
+                     if not r[2])
 
     def current_schema(self) -> str:
         return SESSION_SCHEMA

@@ -338,9 +338,9 @@ def _fetch(backend: Backend, table: str, policy: TablePolicy) -> Attribution:
     if not probe:
         empty = np.empty(0, np.int64)
         return Attribution.from_pairs(empty, empty, empty)
-    if isinstance(probe[0][0], int):
+    if isinstance(probe[0][0], int) and dialect != "spark":
         # Integer units: two comma-separated strings, parsed by numpy, are about twice as fast
-        # as a million Python tuples.
+        # as a million Python tuples.  (Spark has no ordered string_agg: it sends the tuples.)
         order = "ORDER BY p.row_id, p.unit"
         text_rows, text_units = backend.run(
             f"SELECT string_agg(CAST(p.row_id AS VARCHAR), ',' {order}), "

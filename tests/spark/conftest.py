@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -18,6 +19,7 @@ import pytest
 
 from chorus_py.backends.duckdb import duckdb_path
 from chorus_py.engine import Engine
+from chorus_py.policy import load_policy
 
 SPARK_URL = "spark://local"
 # Every table of the test DuckDB file that the Spark tests read.
@@ -96,3 +98,41 @@ def engine(make_spark: Callable[..., Engine]) -> Engine:
     """The default test policy on Spark (tests imported from the DuckDB/Postgres suites run
     with it)."""
     return make_spark()
+
+
+@pytest.fixture
+def scratch(duckdb_data: str, spark_data: Path, tmp_path: Path
+            ) -> Iterator[Callable[..., Engine]]:
+    """The suite's ``scratch(table, statements, policy_text)`` on Spark: the statements (DuckDB
+    SQL; the test data's tables are readable) make tables in a DuckDB of the test's own, each
+    is written to Parquet, and the policy reads them through ``[backend.spark]``."""
+    con = duckdb.connect(":memory:")
+    con.execute(f"ATTACH '{duckdb_path(duckdb_data)}' AS src (READ_ONLY)")
+    con.execute("SET search_path = 'memory.main,src.main'")
+    engines: list[Engine] = []
+
+    def make(table: str, statements: list[str], policy_text: str) -> Engine:
+        con.execute(f"DROP TABLE IF EXISTS memory.main.{table}")
+        for statement in statements:
+            con.execute(statement)
+        directory = tmp_path / f"parquet-{uuid.uuid4().hex[:6]}"
+        directory.mkdir()
+        made = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'memory'").fetchall()]
+        for name in made:
+            con.execute(f"COPY memory.main.{name} TO '{directory / name}.parquet' "
+                        "(FORMAT parquet)")
+        text = policy_text.format(url=SPARK_URL).replace('noise = "sql"', 'noise = "proxy"')
+        listed = ", ".join(f'{t} = "{directory / t}.parquet"' for t in made)
+        text += (f"\n[backend.spark]\ntables = {{ {listed} }}\n"
+                 f'private_dir = "{spark_data / "private"}"\nshuffle_partitions = 2\n')
+        path = tmp_path / f"scratch-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(text)
+        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+    con.close()
