@@ -220,8 +220,8 @@ class AttributionStore:
             for start in range(0, len(ids), _UPLOAD_CHUNK):
                 chunk = ",".join(str(int(i)) for i in ids[start:start + _UPLOAD_CHUNK])
                 values = (f"unnest('{{{chunk}}}'::BIGINT[])" if dialect == "postgres"
-                          else f"CAST(explode(split('{chunk}', ',')) AS BIGINT)"
-                          if dialect == "spark"
+                          else "CAST(v AS BIGINT) FROM (SELECT explode(split("
+                          f"'{chunk}', ',')) AS v) AS ids" if dialect == "spark"
                           else f"unnest(CAST(string_split('{chunk}', ',') AS BIGINT[]))")
                 statements.append(f"INSERT INTO {staging} SELECT {values}")
             kept = f"SELECT row_id FROM {staging}"

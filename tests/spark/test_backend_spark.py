@@ -149,7 +149,8 @@ def test_demo_queries_on_spark_match_duckdb(duckdb_data: str, spark_data: Path,
             a = spark.execute(sql, epsilon=50.0, delta=1e-7)
             b = duck.execute(sql, epsilon=50.0, delta=1e-7)
             assert a.columns == b.columns and a.types == b.types, sql
-            numeric = [i for i, t in enumerate(a.types) if t in ("integer", "float")]
+            numeric = [i for i, c in enumerate(a.report.columns)
+                       if c.role in ("aggregate", "derived")]
             right = {_key(r, numeric): r for r in b.rows}
             matched = 0
             for row in a.rows:
@@ -162,10 +163,15 @@ def test_demo_queries_on_spark_match_duckdb(duckdb_data: str, spark_data: Path,
                     if x is None or y is None:
                         continue
                     col_a, col_b = a.report.columns[i], b.report.columns[i]
-                    slack = (2 * (tolerance(col_a) + tolerance(col_b))
-                             if col_a.scale is not None and col_b.scale is not None else 0.0)
-                    assert abs(x - y) <= slack + 0.15 * abs(y) + 1e-9, (sql, row, other)
-            assert matched >= min(1, len(b.rows)), sql
+                    if col_a.scale is not None and col_b.scale is not None:
+                        # Each engine chose its own cap at eps 50 (nearly the same): the two
+                        # answers differ by their noise and a few percent of bias at most.
+                        slack = tolerance(col_a) + tolerance(col_b) + 0.1 * abs(y)
+                    else:  # derived (AVG, STDDEV) over automatic clipping bounds: noisier
+                        slack = 0.3 * abs(y)
+                    assert abs(x - y) <= slack + 1e-9, (sql, row, other)
+            # (A top-3 of noisy counts may pick other keys on each engine: none matched.)
+            assert matched or "LIMIT" in sql, sql
     finally:
         spark.close()
         duck.close()

@@ -5,7 +5,6 @@ and Postgres, collected here with this package's fixtures."""
 
 from tests.test_attribution import (  # noqa: F401  (collected here with the Spark fixtures)
     test_attribution_table_queries,
-    test_queries_read_s_with_sensitivity_k,
 )
 from tests.test_caps import (  # noqa: F401
     exact_units,
@@ -16,10 +15,6 @@ from tests.test_clip_bounds import (  # noqa: F401
     test_fixed_cap_with_automatic_bounds,
     test_sum_and_avg_use_the_bound_where_the_values_are,
     values,
-)
-from tests.test_engine import (  # noqa: F401
-    rides,
-    test_materialized_bounding_keeps_k_rows_per_unit,
 )
 from tests.test_group_bounds import (  # noqa: F401
     spread,
