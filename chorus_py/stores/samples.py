@@ -229,6 +229,11 @@ class BoundedSamples:
         proxy's query (the copies of a table with changing rows are replaced often)."""
         if not stale:
             return
+        if self._backend.dialect == "spark":
+            # A local Spark's private directory belongs to this process alone: no other proxy
+            # can be reading the replaced relations (and Spark has no INSERT ... ON CONFLICT).
+            self._backend.run_owned([f'DROP TABLE IF EXISTS {SCHEMA}."{n}"' for n in stale])
+            return
         registry = f"{SCHEMA}.chorus_replaced"
         now = time.time()  # wall clock: shared by the proxies on several machines
         self._backend.run_owned(serialised(self._backend.dialect, [
