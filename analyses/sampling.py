@@ -51,6 +51,7 @@ from chorus_py.errors import (
     UndefinedColumn,
 )
 from chorus_py.policy import NUMERIC_TYPES, Policy, TablePolicy
+from rewriters.dialect import dialect as for_dialect
 from rewriters.safety import safety
 
 # Aggregates (and their syntax) that only sampled mode accepts.
@@ -149,7 +150,8 @@ class SampledQuery:
         group = [*group_first, *(c for c, _ in self.keys)]
         if group:
             select = select.group_by(*(exp.column(g) for g in group), copy=False)
-        return select.sql(dialect)
+        # A fresh tree: for_dialect may change it in place (Spark: the row ranks' keyed hash).
+        return for_dialect(select, dialect, copy=False).sql(dialect)
 
 
 def wants_sampling(sql: str, dialect: str, policy: Policy) -> bool:

@@ -57,6 +57,10 @@ ColumnType = Callable[[exp.Column], str | None]
 _MAX = 1.7976931348623157e308
 _TINIEST = 5e-324  # the smallest positive double (a denormal)
 _BIGINT = 2.0 ** 63
+# Backends whose double arithmetic is treated as raising on overflow and underflow: Postgres
+# raises; Spark (ANSI mode) returns Infinity but raises on some conversions, and is held to the
+# stricter rule rather than proven case by case.
+_STRICT_FLOAT = frozenset({"postgres", "spark"})
 
 # Node kinds with a rule on rows.  Anything else is refused, naming the kind.
 _PLAIN = (
@@ -110,8 +114,8 @@ class Num:
 class RowContext:
     """What the totality analysis needs besides the expression.
 
-    ``dialect``: the backend that runs it ("duckdb" or "postgres"); ``column_type``: declared
-    column types; ``constants``: runs a table-free statement on that backend.
+    ``dialect``: the backend that runs it ("duckdb", "postgres" or "spark"); ``column_type``:
+    declared column types; ``constants``: runs a table-free statement on that backend.
     """
 
     dialect: str
@@ -456,7 +460,7 @@ class _Totality:
             places = int(float(literal_value(digits)[1])) if digits is not None else 0
             step = 10.0 ** -places if -308 < places < 308 else (0.0 if places > 0 else _MAX)
             lo, hi = inner.lo - step, inner.hi + step
-            if digits is not None and self.ctx.dialect == "postgres":
+            if digits is not None and self.ctx.dialect in _STRICT_FLOAT:
                 # Postgres rounds in NUMERIC (rewriters.dialect); a double converts to NUMERIC
                 # with 15 significant digits, so the largest doubles come back above the
                 # largest double, and converting back raises.
@@ -483,7 +487,7 @@ class _Totality:
         return None
 
     def _finite(self, node: exp.Expr, lo: float, hi: float) -> None:
-        if self.ctx.dialect != "postgres" or (math.isfinite(lo) and math.isfinite(hi)):
+        if self.ctx.dialect not in _STRICT_FLOAT or (math.isfinite(lo) and math.isfinite(hi)):
             return
         raise QueryRefused(
             f"{_short(node)} in {self.clause} can overflow a double precision value for some "
@@ -493,7 +497,7 @@ class _Totality:
             "1e150 in magnitude (declared bounds hold only once a value is clipped)")
 
     def _underflow(self, node: exp.Expr) -> None:
-        if self.ctx.dialect != "postgres":
+        if self.ctx.dialect not in _STRICT_FLOAT:
             return
         raise QueryRefused(
             f"{_short(node)} in {self.clause} can underflow a double precision value (a "

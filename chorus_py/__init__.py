@@ -7,7 +7,8 @@
 # Loaded here, under the import lock, before any thread of the proxy renders SQL.  Every
 # dialect a backend speaks belongs in this list.
 import sqlglot.dialects.duckdb
-import sqlglot.dialects.postgres  # noqa: F401
+import sqlglot.dialects.postgres
+import sqlglot.dialects.spark  # noqa: F401
 
 from chorus_py.clients.dbapi import connect
 

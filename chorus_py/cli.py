@@ -79,11 +79,14 @@ def main(verbose: int) -> None:
               help="Number of trips to generate.")
 @click.option("--epsilon", type=float, default=None, help="Epsilon of each example query.")
 @click.option("--no-queries", is_flag=True, help="Only generate data and policy.")
+@click.option("--parquet", is_flag=True,
+              help="Also export the tables to DIR/parquet/*.parquet and write "
+              "DIR/policy-spark.toml, a policy for the Spark backend (spark://local).")
 @click.option("--if-empty", is_flag=True,
               help="Do nothing when every demo table already holds rows (docker-compose.yml "
               "loads the data once, not on every start).")
 def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | None,
-         no_queries: bool, if_empty: bool) -> None:
+         no_queries: bool, parquet: bool, if_empty: bool) -> None:
     """Generate a ride-sharing dataset and its policy, then answer example queries.
 
     The data (trips with rider, driver, city, pickup time over 90 days, fare, distance) is
@@ -95,6 +98,7 @@ def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | N
       chorus demo --dir /tmp/demo --rows 100000
       chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo
       chorus demo --backend postgresql://postgres@127.0.0.1:5432/demo --if-empty --no-queries
+      chorus demo --parquet --no-queries     # then: chorus query --policy demo/policy-spark.toml
     """
     from chorus_py.demo import demo_loaded, generate_demo
     from chorus_py.demo.people import JOIN_QUERIES
@@ -115,6 +119,15 @@ def demo(directory: Path, backend_url: str | None, rows: int, epsilon: float | N
     except ChorusError as err:
         _fail(err)
     click.echo(f"policy written to {policy_path}")
+    if parquet:
+        from chorus_py.demo.parquet import export_parquet
+
+        try:
+            spark_policy = export_parquet(directory)
+        except ChorusError as err:
+            _fail(err)
+        click.echo(f"Parquet tables in {directory / 'parquet'}; Spark policy written to "
+                   f"{spark_policy}")
     if no_queries:
         return
     engine = _engine(policy_path)

@@ -65,7 +65,8 @@ class Engine:
         self.policy = policy
         self.dialect = policy.backend.dialect
         self.backend = backend or open_backend(policy.backend.url,
-                                               policy.backend.statement_timeout_seconds)
+                                               policy.backend.statement_timeout_seconds,
+                                               policy.backend.spark)
         try:
             live = self.backend.table_columns()
             policy.check_against(live)
@@ -81,7 +82,7 @@ class Engine:
                    if isinstance(tp.privacy_unit, AttributionTable)],
                 policy.backend.public_url, block_ttl_seconds)
             # The schema table_columns read: the generated SQL names every table in it.
-            self.schema = str(self.backend.run("SELECT current_schema()").rows[0][0])
+            self.schema = self.backend.current_schema()
         except BaseException:
             self.backend.close()
             raise

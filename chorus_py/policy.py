@@ -57,8 +57,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SparkConfig(_Strict):
+    """``[backend.spark]``: the tables a ``spark://local`` backend serves, and where the proxy
+    keeps what it stores (``chorus_py.backends.spark``).  Relative paths are relative to the
+    policy file."""
+
+    # Table name -> a Parquet file or directory of Parquet files.
+    tables: dict[str, str] = Field(default_factory=dict)
+    # A directory whose every ``<name>.parquet`` (file or directory) is the table ``name``.
+    warehouse: str | None = None
+    # Where stored bounded samples and kept sets are written (Parquet, owner-only).  Unset:
+    # ``<policy file name>.spark-private`` next to the policy file.
+    private_dir: str | None = None
+    # Cores of the local Spark (local[N]); 0: every core of the machine.
+    cores: int = Field(default=0, ge=0)
+    # Spark's shuffle partitions (spark.sql.shuffle.partitions): few for one machine.
+    shuffle_partitions: int = Field(default=4, gt=0)
+
+    @model_validator(mode="after")
+    def _some_tables(self) -> SparkConfig:
+        if not self.tables and self.warehouse is None:
+            raise ValueError("name the tables: tables = { trips = \"data/trips.parquet\" } "
+                             "or warehouse = \"data\" (every <name>.parquet in it)")
+        return self
+
+
 class BackendConfig(_Strict):
-    """Where the data lives: ``duckdb:///path.duckdb``, ``duckdb:///:memory:`` or a Postgres URL."""
+    """Where the data lives: ``duckdb:///path.duckdb``, ``duckdb:///:memory:``, a Postgres URL,
+    or ``spark://local`` (with ``[backend.spark]``)."""
 
     url: str
     # Rewritten queries running longer are cancelled (and charged: they read data).
@@ -66,13 +92,35 @@ class BackendConfig(_Strict):
     # Postgres only: where public-only queries run, as a role that can read the public tables
     # and nothing else (checked at start).  Unset: they run on the main connection (a warning).
     public_url: str | None = None
+    # spark://local only: the Parquet tables and the private directory.
+    spark: SparkConfig | None = None
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        if not url.startswith(("duckdb://", "postgresql://", "postgres://")):
-            raise ValueError("expected a URL starting with duckdb:// or postgresql://")
+        if url.startswith("sc://"):
+            # Spark Connect sends plans to a server the proxy does not configure: it cannot
+            # turn off SQL on files (spark.sql.runSQLOnFiles is a static setting there), nor
+            # make the catalog hold only the declared tables, nor keep stored samples in a
+            # directory of its own.  Refused rather than run without those walls.
+            raise ValueError("Spark Connect (sc://) is not supported yet: the proxy cannot make "
+                             "a remote Spark read-only; use url = \"spark://local\" on a machine "
+                             "that can read the Parquet files")
+        if url.startswith("spark://") and url != "spark://local":
+            raise ValueError("the only Spark URL is \"spark://local\" (an in-process Spark)")
+        if not url.startswith(("duckdb://", "postgresql://", "postgres://", "spark://")):
+            raise ValueError("expected a URL starting with duckdb://, postgresql:// or "
+                             "spark://local")
         return url
+
+    @model_validator(mode="after")
+    def _spark_tables(self) -> BackendConfig:
+        if self.dialect == "spark" and self.spark is None:
+            raise ValueError("a spark://local backend needs [backend.spark] with its tables, "
+                             "e.g. tables = { trips = \"data/trips.parquet\" }")
+        if self.dialect != "spark" and self.spark is not None:
+            raise ValueError("[backend.spark] is for url = \"spark://local\"")
+        return self
 
     @model_validator(mode="after")
     def _public_url_on_postgres(self) -> BackendConfig:
@@ -85,9 +133,11 @@ class BackendConfig(_Strict):
         return self
 
     @property
-    def dialect(self) -> Literal["duckdb", "postgres"]:
+    def dialect(self) -> Literal["duckdb", "postgres", "spark"]:
         """The sqlglot dialect of the backend."""
-        return "duckdb" if self.url.startswith("duckdb://") else "postgres"
+        if self.url.startswith("duckdb://"):
+            return "duckdb"
+        return "spark" if self.url.startswith("spark://") else "postgres"
 
 
 class SchedulerConfig(_Strict):
@@ -858,6 +908,29 @@ class Policy(_Strict):
                                  "of the policy")
         return tables
 
+    @model_validator(mode="before")
+    @classmethod
+    def _spark_noise_in_proxy(cls, data: object) -> object:
+        """On Spark the proxy adds the noise unless the policy says otherwise (and it may not):
+        Spark evaluates ``rand()`` per partition and evaluates a partition again when a task is
+        retried or a plan reads a subquery twice, so a noisy value drawn in Spark could differ
+        between two reads of one answer (two draws of the noise, twice the privacy loss); the
+        proxy draws it once, from os.urandom."""
+        if isinstance(data, dict):
+            backend, privacy = data.get("backend"), data.get("privacy")
+            if isinstance(backend, dict) and str(backend.get("url", "")).startswith("spark://") \
+                    and isinstance(privacy, dict) and "noise" not in privacy:
+                return {**data, "privacy": {**privacy, "noise": "proxy"}}
+        return data
+
+    @model_validator(mode="after")
+    def _spark_noise_by_proxy(self) -> Policy:
+        if self.backend.dialect == "spark" and self.privacy.noise != "proxy":
+            raise ValueError("privacy.noise = \"sql\" is not available on Spark (its rand() is "
+                             "drawn again when a task is retried): remove the setting, the proxy "
+                             "then adds the noise (\"proxy\")")
+        return self
+
     @model_validator(mode="after")
     def _analyst_limits_above_the_floor(self) -> Policy:
         floor = self.privacy.min_epsilon_per_query
@@ -965,6 +1038,19 @@ def load_policy(path: str | Path) -> Policy:
             resolved = (path.parent / db_path).resolve()
             backend = policy.backend.model_copy(update={"url": f"duckdb:///{resolved}"})
             policy = policy.model_copy(update={"backend": backend})
+    spark = policy.backend.spark
+    if spark is not None:
+        # Like the DuckDB file, the Parquet paths are relative to the policy file.
+        def under(p: str) -> str:
+            return str((path.parent / p).resolve())
+
+        private = spark.private_dir or f"{path.name}.spark-private"
+        spark = spark.model_copy(update={
+            "tables": {name: under(p) for name, p in spark.tables.items()},
+            "warehouse": under(spark.warehouse) if spark.warehouse is not None else None,
+            "private_dir": under(private)})
+        policy = policy.model_copy(update={
+            "backend": policy.backend.model_copy(update={"spark": spark})})
     return policy
 
 

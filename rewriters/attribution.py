@@ -404,7 +404,7 @@ def sql_rank(pairs: exp.Select, k: int, seed: int, dialect: str) -> exp.Select:
 
     ``pairs`` selects the distinct (row_id, unit) pairs, columns named ``row_id`` and ``unit``.
     The random number is a seeded hash of the row id (``hash`` in DuckDB, ``hashtextextended`` in
-    Postgres), so the result is deterministic for a seed and independent of row contents.  Every
+    Postgres, ``xxhash64`` in Spark), so the result is deterministic for a seed and independent of row contents.  Every
     unit keeps its k lowest-ranked rows at most, and fewer when some of them are dropped by another
     unit: valid, smaller than the greedy's S, but it runs entirely inside the database.
 
@@ -429,6 +429,8 @@ def sql_rank(pairs: exp.Select, k: int, seed: int, dialect: str) -> exp.Select:
 
 
 def _row_hash(row_id: exp.Expr, seed: int, dialect: str) -> exp.Expr:
+    if dialect == "spark":  # xxhash64 chains its arguments: the seed first keys the hash
+        return exp.func("XXHASH64", exp.Literal.number(int(seed) % 2**62), row_id)
     if dialect == "postgres":
         return exp.Anonymous(this="hashtextextended", expressions=[
             exp.cast(row_id, exp.DType.TEXT), exp.Literal.number(int(seed) % 2**62)])

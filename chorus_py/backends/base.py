@@ -63,6 +63,23 @@ class Backend(ABC):
         owns, such as bounded samples, in a schema analysts cannot name.
         """
 
+    def owned_key(self, create: Sequence[str]) -> bytes:
+        """The proxy's secret naming key (``chorus_py.stores.samples``): ``create`` makes the
+        table ``chorus_private.chorus_key`` holding it (once, whichever proxy comes first)."""
+        self.run_owned(create)
+        (key,) = self.run(f"SELECT k FROM {SCHEMA}.chorus_key WHERE id = 1").rows[0]
+        return bytes.fromhex(key)
+
+    def owned_tables(self) -> tuple[str, ...]:
+        """The tables of the proxy's own schema."""
+        return tuple(str(r[0]) for r in self.run(
+            "SELECT table_name FROM information_schema.tables "
+            f"WHERE table_schema = '{SCHEMA}'").rows)
+
+    def current_schema(self) -> str:
+        """The schema :meth:`table_columns` reads, which qualifies every generated table name."""
+        return str(self.run("SELECT current_schema()").rows[0][0])
+
     @abstractmethod
     def table_columns(self) -> dict[str, dict[str, str]]:
         """Every table of the default schema, with its columns and their portable types."""

@@ -183,9 +183,7 @@ class AttributionStore:
         return "|".join(parts) + "|" + spec
 
     def _exists(self, name: str) -> bool:
-        return bool(self._backend.run(
-            "SELECT table_name FROM information_schema.tables "
-            f"WHERE table_schema = '{SCHEMA}' AND table_name = '{name}'").rows)
+        return name in self._backend.owned_tables()
 
     def _select(self, att: Attribution, policy: TablePolicy, method: Method, seed: int,
                 progress: Callable[[float], None]) -> Selection:
@@ -222,6 +220,8 @@ class AttributionStore:
             for start in range(0, len(ids), _UPLOAD_CHUNK):
                 chunk = ",".join(str(int(i)) for i in ids[start:start + _UPLOAD_CHUNK])
                 values = (f"unnest('{{{chunk}}}'::BIGINT[])" if dialect == "postgres"
+                          else "CAST(v AS BIGINT) FROM (SELECT explode(split("
+                          f"'{chunk}', ',')) AS v) AS ids" if dialect == "spark"
                           else f"unnest(CAST(string_split('{chunk}', ',') AS BIGINT[]))")
                 statements.append(f"INSERT INTO {staging} SELECT {values}")
             kept = f"SELECT row_id FROM {staging}"
@@ -233,10 +233,8 @@ class AttributionStore:
             statements.append(f"ANALYZE {target}")
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         self._verify(table, policy, name)
-        stale = [r[0] for r in self._backend.run(
-            "SELECT table_name FROM information_schema.tables "
-            f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}__attr_%'").rows
-            if r[0] != name]
+        stale = [t for t in self._backend.owned_tables()
+                 if t.startswith(f"{table}__attr_") and t != name]
         if stale:
             self._backend.run_owned(serialised(
                 self._backend.dialect,
@@ -340,9 +338,9 @@ def _fetch(backend: Backend, table: str, policy: TablePolicy) -> Attribution:
     if not probe:
         empty = np.empty(0, np.int64)
         return Attribution.from_pairs(empty, empty, empty)
-    if isinstance(probe[0][0], int):
+    if isinstance(probe[0][0], int) and dialect != "spark":
         # Integer units: two comma-separated strings, parsed by numpy, are about twice as fast
-        # as a million Python tuples.
+        # as a million Python tuples.  (Spark has no ordered string_agg: it sends the tuples.)
         order = "ORDER BY p.row_id, p.unit"
         text_rows, text_units = backend.run(
             f"SELECT string_agg(CAST(p.row_id AS VARCHAR), ',' {order}), "

@@ -53,6 +53,7 @@ from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import UNIT_ROWS, ranked_table, sample_table
+from rewriters.dialect import dialect as for_dialect
 
 log = logging.getLogger("chorus.materialize")
 
@@ -189,16 +190,14 @@ class BoundedSamples:
         """The shared secret key of the proxy's schema, created by the first proxy to need it."""
         if self._key is None:
             # Two proxies racing here: the lock orders them, and the primary key keeps the
-            # first key only.
-            self._backend.run_owned(serialised(self._backend.dialect, [
+            # first key only.  (Spark keeps it in a file of its private directory instead.)
+            self._key = self._backend.owned_key(serialised(self._backend.dialect, [
                 f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
                 f"CREATE TABLE IF NOT EXISTS {SCHEMA}.chorus_key (id INTEGER PRIMARY KEY, "
                 "k TEXT NOT NULL)",
                 f"INSERT INTO {SCHEMA}.chorus_key VALUES (1, '{secrets.token_hex(32)}') "
                 "ON CONFLICT DO NOTHING",
             ]))
-            (key,) = self._backend.run(f"SELECT k FROM {SCHEMA}.chorus_key WHERE id = 1").rows[0]
-            self._key = bytes.fromhex(key)
         return self._key
 
     def _fingerprint(self, table: str, policy: TablePolicy, kind: str) -> str:
@@ -229,6 +228,11 @@ class BoundedSamples:
         relation it found current up to its TTL ago: dropping it at once would fail that
         proxy's query (the copies of a table with changing rows are replaced often)."""
         if not stale:
+            return
+        if self._backend.dialect == "spark":
+            # A local Spark's private directory belongs to this process alone: no other proxy
+            # can be reading the replaced relations (and Spark has no INSERT ... ON CONFLICT).
+            self._backend.run_owned([f'DROP TABLE IF EXISTS {SCHEMA}."{n}"' for n in stale])
             return
         registry = f"{SCHEMA}.chorus_replaced"
         now = time.time()  # wall clock: shared by the proxies on several machines
@@ -267,9 +271,7 @@ class BoundedSamples:
             select = ranked_table(table, policy.privacy_unit, where)
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
-        existing = self._backend.run(
-            "SELECT table_name FROM information_schema.tables "
-            f"WHERE table_schema = '{SCHEMA}' AND table_name LIKE '{table}{kind}%'").rows
+        existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
         statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
         if not any(r[0] == name for r in existing):
             dialect = self._backend.dialect
@@ -283,9 +285,10 @@ class BoundedSamples:
             # IF NOT EXISTS: another proxy sharing the database may have built it since we
             # looked (chorus_py.stores.owned orders the two batches); it is the same relation,
             # as its name says (the same key, fingerprint and span).  Named indexes, so that
-            # the second batch does not add a second copy of each.
-            statements.append(f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{name}" AS '
-                              f'{select.sql(dialect)}')
+            # the second batch does not add a second copy of each.  (On Spark the random ranks
+            # become a keyed hash: rewriters.dialect.)
+            rendered = for_dialect(select, dialect, copy=False).sql(dialect)
+            statements.append(f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{name}" AS {rendered}')
             if dialect == "postgres":
                 if policy.block is not None:
                     statements.append(f'CREATE INDEX IF NOT EXISTS "{name}_block" ON '
