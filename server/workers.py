@@ -73,6 +73,12 @@ def shareable(policy: Policy) -> None:
             "--workers above 1 needs a database several processes can share; backend.url is "
             "an embedded DuckDB, which one process opens at a time",
             hint="serve it with --workers 1, or move the data to Postgres")
+    if url.startswith("spark:"):
+        raise PolicyError(
+            "--workers above 1 needs a backend several processes can share; backend.url is an "
+            "in-process local Spark, whose private directory (stored samples and copies) one "
+            "process owns",
+            hint="serve it with --workers 1 (Spark itself spreads a query over the cores)")
     if policy.privacy.ledger == "memory":
         raise PolicyError(
             "--workers above 1 needs a durable ledger; privacy.ledger = \"memory\" would give "

@@ -18,7 +18,9 @@ import psycopg
 import pytest
 
 from budget.ledger import Ledger, open_ledger
+from chorus_py.errors import PolicyError
 from chorus_py.policy import load_policy
+from server.workers import shareable
 from tests.budget.conftest import drop_pg_ledger
 from tests.budget.test_durable import check_consistent
 from tests.server.test_reload import CHORUS, Served, chorus
@@ -283,3 +285,13 @@ def test_a_cancel_request_reaches_the_worker_of_its_session(
             timer.join()
             assert time.monotonic() - started < 20
             admin.rollback()
+
+
+def test_a_local_spark_is_refused(postgres_data: str, write_policy: Callable[..., Path]) -> None:
+    """An in-process Spark owns its private directory: one process only."""
+    policy = load_policy(_policy(write_policy, postgres_data))
+    spark = policy.model_copy(update={"backend": policy.backend.model_copy(
+        update={"url": "spark://local"})})
+    with pytest.raises(PolicyError, match="local Spark"):
+        shareable(spark)
+    shareable(policy)  # Postgres with a durable ledger: several processes may share it
