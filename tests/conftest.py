@@ -21,6 +21,7 @@ import pytest
 from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
+from chorus_py.stores.samples import BoundedSamples
 
 PG_ADMIN_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TEST_ROWS = 4000
@@ -147,6 +148,14 @@ def write_policy(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def _ranked_copies_built_in_the_query(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ranked copy is built by the query that first needs it (``chorus serve`` builds it in
+    the background, and queries rank their own rows until it is there): the statements a test
+    sees do not depend on a build's timing.  tests/test_ranked_copy.py tests the background."""
+    monkeypatch.setattr(BoundedSamples, "build_in_background", False)
 
 
 @pytest.fixture

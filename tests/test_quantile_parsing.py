@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import sqlglot
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
@@ -34,6 +34,8 @@ def test_within_group_fraction(p: float, dialect: str, desc: bool) -> None:
 @given(p=FRACTIONS, spelling=st.sampled_from(["QUANTILE_CONT", "QUANTILE_DISC", "QUANTILE",
                                               "APPROX_QUANTILE"]))
 def test_duckdb_function_fraction(p: float, spelling: str) -> None:
+    # (p equal to one of the others may be the same release: asked once, tested elsewhere)
+    assume(p not in (0.5, MIN_P, MAX_P))
     sql = f"SELECT {spelling}(x, {p}), MEDIAN(x), MIN(x), MAX(x) FROM t"
     _, found = substitute(sqlglot.parse_one(sql, read="duckdb"))
     assert [f[0] for f in found] == pytest.approx([p, 0.5, MIN_P, MAX_P])

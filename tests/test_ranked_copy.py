@@ -23,6 +23,7 @@ from sqlglot import parse_one
 
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
+from chorus_py.stores.samples import BoundedSamples
 from rewriters.contribution import ranked_contribution, ranked_table
 
 #: Rows per unit: one light unit of each size up to the cap and heavier ones.
@@ -160,7 +161,9 @@ def test_kept_rows_are_uniform_among_the_filtered_rows() -> None:
 
 
 def test_a_changed_table_is_never_read_through_its_old_copy(
-        skewed: tuple[str, str], engines: Callable[[bool], Engine]) -> None:
+        skewed: tuple[str, str], engines: Callable[[bool], Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(BoundedSamples, "build_in_background", True)  # as `chorus serve`
     url, table = skewed
     engine = engines(True)
     sql = f"SELECT COUNT(*) FROM {table}"

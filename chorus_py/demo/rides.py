@@ -298,6 +298,16 @@ statement_timeout_seconds = 300
 # public tables and nothing else (checked at start: docs/owner-guide.md, "Least privilege").
 # Unset: they run on the main connection, with a warning at start.
 #   public_url = "postgresql://chorus_public_reader@db.example:5432/rides"
+# Or url = "spark://local": an in-process Apache Spark (pip install 'chorus-py[spark]', Java 17)
+# reading Parquet files, with a [backend.spark] table (docs/owner-guide.md, "When one machine is
+# not enough"); the proxy then adds the noise (privacy.noise = "proxy", the only choice there).
+#   [backend.spark]
+#   tables = {{ trips = "parquet/trips.parquet" }}  # table -> Parquet file or directory
+#   warehouse = "parquet"                         # or: every <name>.parquet in a directory
+#   private_dir = "spark-private"                 # stored samples (owner-only; default:
+#                                                 # <policy file name>.spark-private)
+#   cores = 0                                     # local[N]; 0: every core
+#   shuffle_partitions = 4                        # spark.sql.shuffle.partitions
 
 [privacy]
 # Budget of every private block (here: one day of trips). Every query that reads a day is
@@ -393,6 +403,11 @@ clipping = "auto"
 # reused by every query (much faster on large tables; filtered answers keep fewer trips of heavy
 # riders). It is rebuilt when the table changes.
 bounding = "per-query"
+# With "per-query": the proxy keeps a copy of the trips in its schema, each with its random rank
+# among its rider's trips and the rider's count, so riders with at most k trips are kept whole
+# without sorting (same answers, several times faster; costs the table's size, rebuilt in the
+# background when the table changes). false: every query ranks its filtered trips itself.
+ranked_copy = true
 # Private blocks: the table is cut into one-day windows of pickup_time, each with its own budget,
 # on a public schedule: the demo's quarter, [start, end) in UTC (without end: up to today).
 # Blocks never come from the data; trips outside the schedule belong to no block, never read.

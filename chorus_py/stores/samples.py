@@ -72,6 +72,10 @@ def ranked_copy_applies(policy: TablePolicy) -> bool:
 class BoundedSamples:
     """Keeps one up-to-date bounded sample per table (thread-safe)."""
 
+    #: Ranked copies are built in a background thread (queries never wait for one); the test
+    #: suite builds them in the query that needs one, so every statement it sees is the same.
+    build_in_background = True
+
     def __init__(self, backend: Backend, ttl_seconds: float = 60.0,
                  blocks: BlockCatalog | None = None, build_ranked_copies: bool = True) -> None:
         self._backend = backend
@@ -124,6 +128,14 @@ class BoundedSamples:
                     f"'{SCHEMA}' AND table_name = '{name}'").rows)
                 self._current[(table, RANKED)] = (now, name if there else None)
                 return name if there else None
+            if not self.build_in_background:  # built now, read by this very query
+                try:
+                    self._build(table, policy, name, span, RANKED)
+                except Exception as err:
+                    self._ranked_failed(table, err)
+                    return None
+                self._current[(table, RANKED)] = (now, name)
+                return name
             self._building[table] = threading.Thread(
                 target=self._build_ranked, args=(table, policy, name, span),
                 name=f"chorus-ranked-{table}", daemon=True)

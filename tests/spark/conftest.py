@@ -47,7 +47,9 @@ def spark_data(duckdb_data: str, tmp_path_factory: pytest.TempPathFactory) -> Pa
             pytest.fail(f"Spark is required but unavailable: {missing}")
         pytest.skip(f"Spark backend: {missing}")
     directory = tmp_path_factory.mktemp("spark")
-    con = duckdb.connect(duckdb_path(duckdb_data), read_only=True)
+    # The configuration of the other connections to this file in the process (a different one
+    # is refused by DuckDB while they are open).
+    con = duckdb.connect(duckdb_path(duckdb_data))
     try:
         for table in TABLES:
             con.execute(f"COPY \"{table}\" TO '{directory / table}.parquet' (FORMAT parquet)")
