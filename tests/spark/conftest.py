@@ -47,9 +47,12 @@ def spark_data(duckdb_data: str, tmp_path_factory: pytest.TempPathFactory) -> Pa
             pytest.fail(f"Spark is required but unavailable: {missing}")
         pytest.skip(f"Spark backend: {missing}")
     directory = tmp_path_factory.mktemp("spark")
-    # The configuration of the other connections to this file in the process (a different one
-    # is refused by DuckDB while they are open).
-    con = duckdb.connect(duckdb_path(duckdb_data))
+    # A copy of the file: other tests of this process may hold it open with another
+    # configuration, which DuckDB refuses to mix.  The tables were checkpointed into the file
+    # when the fixture that wrote them closed it.
+    copied = tmp_path_factory.mktemp("spark-source") / "source.duckdb"
+    shutil.copyfile(duckdb_path(duckdb_data), copied)
+    con = duckdb.connect(str(copied), read_only=True)
     try:
         for table in TABLES:
             con.execute(f"COPY \"{table}\" TO '{directory / table}.parquet' (FORMAT parquet)")
