@@ -46,6 +46,7 @@ noise = "{noise}"
 privacy_unit = "rider_id"
 max_rows_per_unit = {k}
 contribution = "{contribution}"
+ranked_copy = true
 block = {{ column = "pickup_time", size = "1 day", start = "2026-01-01", end = "2026-04-01" }}
 
 [tables.trips.columns]
