@@ -112,7 +112,11 @@ def scratch(duckdb_data: str, spark_data: Path, tmp_path: Path
     SQL; the test data's tables are readable) make tables in a DuckDB of the test's own, each
     is written to Parquet, and the policy reads them through ``[backend.spark]``."""
     con = duckdb.connect(":memory:")
-    con.execute(f"ATTACH '{duckdb_path(duckdb_data)}' AS src (READ_ONLY)")
+    # A copy: another test of the process may hold the file open (DuckDB refuses a second
+    # handle on it).
+    source = tmp_path / "src.duckdb"
+    shutil.copyfile(duckdb_path(duckdb_data), source)
+    con.execute(f"ATTACH '{source}' AS src (READ_ONLY)")
     con.execute("SET search_path = 'memory.main,src.main'")
     engines: list[Engine] = []
 
