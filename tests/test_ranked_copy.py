@@ -112,6 +112,17 @@ def _exact(engine: Engine, sql: str) -> list[tuple[object, ...]]:
     return engine.backend.run(prepared.detail.sql).rows
 
 
+def _change(engine: Engine, url: str, statement: str) -> None:
+    """Run ``statement`` on the skewed table as its owner would (not through the proxy)."""
+    if url.startswith("duckdb"):
+        engine.backend.run_owned([statement])
+        return
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(statement)
+        # pg_stat_user_tables (the version) is updated asynchronously
+        con.execute("SELECT pg_stat_force_next_flush()")
+
+
 @pytest.mark.parametrize("where, passing", [
     ("", lambda v: True),
     ("WHERE v >= 2", lambda v: v >= 2),
@@ -172,14 +183,7 @@ def test_a_changed_table_is_never_read_through_its_old_copy(
     _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
     first = prepared.detail.sql
     assert "__ranked_" in first
-    insert = f"INSERT INTO {table} VALUES (1000, 7, 1.0)"
-    if url.startswith("duckdb"):
-        engine.backend.run_owned([insert])
-    else:
-        with psycopg.connect(url, autocommit=True) as con:
-            con.execute(insert)
-            # pg_stat_user_tables (the version) is updated asynchronously
-            con.execute("SELECT pg_stat_force_next_flush()")
+    _change(engine, url, f"INSERT INTO {table} VALUES (1000, 7, 1.0)")
     expected = sum(min(c, K) for c in SIZES.values()) + 1
     for _ in range(50):  # the statistics collector may lag a little on Postgres
         _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
@@ -244,13 +248,7 @@ def test_an_update_of_a_value_column_is_a_new_version(
     engine = engines(True)
     sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 1000"
     assert _exact(engine, sql)[0][0] == 0
-    update = f"UPDATE {table} SET v = 5000 WHERE person = 1"
-    if url.startswith("duckdb"):
-        engine.backend.run_owned([update])
-    else:
-        with psycopg.connect(url, autocommit=True) as con:
-            con.execute(update)
-            con.execute("SELECT pg_stat_force_next_flush()")
+    _change(engine, url, f"UPDATE {table} SET v = 5000 WHERE person = 1")
     for _ in range(50):  # the statistics collector may lag a little on Postgres
         if _exact(engine, sql)[0][0] == 1:
             break
