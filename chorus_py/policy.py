@@ -641,9 +641,8 @@ class TablePolicy(_Strict):
     # its random rank in its unit and its unit's row count (chorus_py.stores.samples): units
     # with at most k rows are kept whole without a sort, the same kept rows in distribution,
     # several times faster.  It costs the table's size in storage, rebuilt when the table
-    # changes.  false (the default until the interaction seen in tests/test_clip_bounds.py is
-    # understood; chorus demo's policy sets true): every query ranks its filtered rows itself.
-    ranked_copy: bool = False
+    # changes.  false: every query ranks its filtered rows itself.
+    ranked_copy: bool = True
     # "auto": max_rows_per_unit is a hard limit and each query picks its own cap k below it,
     # privately, from a noisy histogram of rows per unit (privacy.cap_epsilon_share of its
     # epsilon); "fixed": every query uses max_rows_per_unit.

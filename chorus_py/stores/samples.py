@@ -18,9 +18,10 @@ sample, chosen at random, independently of other units), and reusing one sample 
 costs no privacy.
 
 The sample is versioned by a fingerprint of its source table and rebuilt when the table changes:
-on Postgres the ``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the
-statistics collector within about a second); on DuckDB the row count with a hash checksum of the
-unit and block columns (one scan of two columns).  The fingerprint is read at most once per TTL.
+on Postgres the relation's oid and relfilenode (new after DROP/CREATE or TRUNCATE) with its
+``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the statistics
+collector within about a second); on DuckDB the row count with a hash checksum of every
+column of every row (one scan).  The fingerprint is read at most once per TTL.
 The sample holds only the rows of the table's scheduled blocks
 (``chorus_py.stores.schedules``): a row
 outside the schedule belongs to no block and takes no part in the ranking; the schedule's span is
@@ -215,9 +216,14 @@ class BoundedSamples:
     def _fingerprint(self, table: str, policy: TablePolicy, kind: str) -> str:
         assert policy.privacy_unit is not None
         if self._backend.dialect == "postgres":
+            # The relation's identity with its change counters: a table dropped and created
+            # again (or truncated) with as many rows has the same counters but a new oid or
+            # relfilenode, so it never reuses the old relation's copy.
             row = self._backend.run(
-                "SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables "
-                f"WHERE schemaname = current_schema() AND relname = '{table}'").rows
+                "SELECT c.oid, c.relfilenode, s.n_tup_ins, s.n_tup_upd, s.n_tup_del "
+                "FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                "LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid "
+                f"WHERE n.nspname = current_schema() AND c.relname = '{table}'").rows
         elif self._backend.dialect == "duckdb":
             # Every column of every row (the stored rows carry the values, not only the units
             # and blocks): an UPDATE of a value column is a new version too.

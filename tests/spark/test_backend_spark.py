@@ -131,9 +131,6 @@ def test_bad_spark_policies_are_refused(url: str, spark: str, message: str) -> N
         parse_policy(_policy(url, spark=spark))
 
 
-@pytest.mark.xfail(strict=False, reason="failed once in the full suite after the demo's "
-                   "busiest-drivers (thresholded) question was added at the last merge; to be "
-                   "looked at first next session (closing note)")
 def test_demo_queries_on_spark_match_duckdb(duckdb_data: str, spark_data: Path,
                                             tmp_path: Path) -> None:
     """``chorus demo --parquet``'s policy: the demo queries (joins included) answered on Spark
