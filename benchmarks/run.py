@@ -157,6 +157,10 @@ def main() -> None:
             "automatic cap <= 200, per-query bounding, no ranked copy": text.replace(
                 'bounding = "per-query"', 'bounding = "per-query"\nranked_copy = false'),
             "automatic cap <= 200, per-query bounding (default)": text,
+            # Every run chooses again (at epsilon 0.01 a noise-dominated choice is never
+            # reused anyway, so with reuse on the timings mix runs with and without choices).
+            "automatic cap <= 200, per-query bounding (default, choices not reused)":
+                text.replace("choice_reuse_seconds = 600", "choice_reuse_seconds = 0"),
         }
         for name, content in variants.items():
             if args.variants not in name:

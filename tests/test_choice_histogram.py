@@ -234,6 +234,21 @@ def test_more_clipped_columns_than_the_cells_take_keep_separate_statements(
     assert whats == ["clip", "clip", "clip", "cap"]
 
 
+@pytest.mark.parametrize("where, whats", [("", [CELLS]), ("WHERE v > 1", [("cap",)])])
+def test_a_cap_histogram_alone(scratch: Callable[..., Engine], where: str,
+                               whats: list[tuple[str, ...]]) -> None:
+    """A COUNT's cap alone: read from the stored counts without a filter (a plain scan), a
+    GROUP BY unit with one (cheaper than weighing every row by a window)."""
+    engine = _engine(scratch)
+    sql = f"SELECT COUNT(*) FROM choice_t {where}"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1000.0)
+    assert prepared.selection is not None
+    assert [what for what, _, _ in prepared.selection.histograms] == whats
+    if not where:
+        _, exact = _cells(engine, sql)
+        assert exact[("cap",)].tolist() == _reference(SIZES, lambda r: True)[0].tolist()
+
+
 def test_cells_fail_closed_when_weights_do_not_add_up(scratch: Callable[..., Engine]) -> None:
     """Over windows every unit weighs exactly 1: a cap bin far from a whole number means the
     floating-point bound was broken, and nothing is used."""

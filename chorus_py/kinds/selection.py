@@ -238,7 +238,7 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
     ``one_statement``: the cap histogram and up to ``CELLS_ARGUMENTS`` clipping histograms
     come from one statement (``CELLS``, ``rewriters.selection.choice_histogram``), over the
     ranked copy ``stored`` (its row counts, no window) when it is given.  The groups histogram
-    keeps its own statement."""
+    keeps its own statement, and so does a cap histogram alone over filtered rows."""
     limit = query.table_policy.contribution_bound
     with_rows, clipped = parts(query)
     builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
@@ -246,7 +246,10 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
         starts = cap_bins(limit)
         builds.append((("groups",), len(starts),
                        lambda: group_histogram(query, restriction, sample, starts)))
-    if one_statement and with_rows and len(clipped) <= CELLS_ARGUMENTS:
+    # A cap histogram alone over filtered rows stays a GROUP BY unit (a hash aggregate, no
+    # window to weigh the rows: cheaper); over stored counts it is a plain scan.
+    if one_statement and with_rows and len(clipped) <= CELLS_ARGUMENTS \
+            and (clipped or stored is not None):
         starts = cap_bins(limit)
         arguments = [(arg, magnitude_edges(max(abs(arg.lower), abs(arg.upper))))
                      for arg in clipped]
