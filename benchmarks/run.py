@@ -215,9 +215,11 @@ def main() -> None:
          'ranked copy by default (`ranked_copy`, chorus_py.stores.samples): units with at most '
          'k rows pass by a plain scan and only heavier units are ranked, so a COUNT at the '
          'automatic cap needs no sort; "no ranked copy" ranks every filtered row per query, as '
-         'before. Automatic caps and clipping bounds add histogram queries before the answer: '
-         'a GROUP BY unit (the cap) and a window over the filtered rows (each clipped column), '
-         'which now dominate a SUM or AVG.'),
+         'before. Automatic caps and clipping bounds add one statement before the answer '
+         '(rewriters.selection.choice_histogram): a plain scan of the ranked copy\'s stored row '
+         'counts when the query filters nothing but its blocks, else one windowed pass over the '
+         'filtered rows; a COUNT\'s cap alone over filtered rows is a GROUP BY unit. '
+         '"choices not reused" sets choice_reuse_seconds = 0, so every run makes its choices.'),
         "",
     ])
     write_section("engine", text, args.out)
