@@ -162,11 +162,11 @@ def choice_histogram(query: AggregateQuery,
     argument i is not NULL, ``w_i`` = 1 / (the unit's non-NULL values of i) in its magnitude
     bin, so summed over the cells:
 
-    - the cap marginal, sum of wc per cb, is the number of units per bin of c_u: today's
-      ``cap_histogram`` (a unit's c_u rows weigh 1 in all, in the one bin of c_u; exact up to
-      floating-point error, rounded by the proxy), L1 sensitivity 1;
-    - the clipping marginal of i, sum of w_i per b_i, is today's ``value_histogram`` (the
-      same weights), L1 sensitivity 1.
+    - the cap marginal, the sum of wc per bin of min(c_u, limit), is the number of units per
+      bin of c_u: today's ``cap_histogram`` (a unit's c_u rows weigh 1 in all, in the one bin
+      of c_u; exact up to floating-point error, rounded by the proxy), L1 sensitivity 1;
+    - the clipping marginal of i, the sum of w_i per magnitude bin of i, is today's
+      ``value_histogram`` (the same weights, the same bins), L1 sensitivity 1.
 
     The weights come from windows over one partition (the unit): one sort or hash partition of
     the filtered rows, where today's two statements made a GROUP BY and a window.
@@ -182,6 +182,21 @@ def choice_histogram(query: AggregateQuery,
     1 / (non-NULL values), so a unit with NULL values of i weighs (non-NULL values) / n_u < 1
     there instead of 1: less weight, never more, the same sensitivity bound 1 and the same
     noise; identical when i has no NULLs.
+
+    >>> from sqlglot import parse_one
+    >>> from chorus_py.policy import TablePolicy
+    >>> tp = TablePolicy(privacy_unit="u", max_rows_per_unit=5,
+    ...                  columns={"u": {"type": "int"}, "x": {"type": "float"}})
+    >>> q = AggregateQuery("t", "t", tp, None, (), (), (), None, (), None, None, 5, False, None)
+    >>> x = ClippedArgument("t.x", parse_one("t.x"), 0, 10)
+    >>> print(choice_histogram(q, [(x, (10.0, 5.0))], (1, 2, 4, 5), None, None,
+    ...                        ("p", "t__ranked_x")).sql())  # doctest: +NORMALIZE_WHITESPACE
+    SELECT c.k AS k, SUM(c.wc) AS wc, SUM(c.w0) AS w0 FROM (SELECT (LEAST(r.n, 5)) * 4 + CASE
+    WHEN r.m0 IS NULL THEN 3 ELSE CASE WHEN r.m0 >= 10.0 THEN 0 WHEN r.m0 >= 5.0 THEN 1 ELSE 2
+    END END AS k, r.wc, r.w0 FROM (SELECT t.__chorus_unit_rows AS n, CAST(1 AS DOUBLE) /
+    t.__chorus_unit_rows AS wc, ABS(CASE WHEN t.x IS NULL THEN NULL ELSE LEAST(GREATEST(t.x,
+    0), 10) END) AS m0, CASE WHEN t.x IS NULL THEN NULL ELSE CAST(1 AS DOUBLE) /
+    t.__chorus_unit_rows END AS w0 FROM p."t__ranked_x" AS t) AS r) AS c GROUP BY c.k
     """
     unit = query.privacy_unit
     if unit is None:
