@@ -524,8 +524,11 @@ def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
 
 
 def _partitioned_by(window: exp.Window, unit: str) -> bool:
+    """Whether ``window`` is partitioned by the unit column alone: one more column (the unit
+    and a row id, say) would rank or weigh each unit's rows per sub-partition, k rows or a
+    weight of 1 per sub-partition, unbounded per unit."""
     parts = window.args.get("partition_by") or []
-    return any(isinstance(p, exp.Column) and p.name == unit for p in parts)
+    return len(parts) == 1 and isinstance(parts[0], exp.Column) and parts[0].name == unit
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
