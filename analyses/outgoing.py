@@ -38,7 +38,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    ``1 / COUNT(*) OVER (PARTITION BY unit)``.  A ranked copy (``chorus_private.T__ranked_*``,
    every row of T with its unit's row count, ``__chorus_unit_rows``) is not bounded by itself:
    it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in the reading
-   SELECT's WHERE (the light units, whose k rows at most are all kept).
+   SELECT's WHERE (the light units, whose k rows at most are all kept), or, for the selection
+   histograms, each row weighted by ``1 / __chorus_unit_rows`` in the reading SELECT and only
+   SUMs at the barrier (a unit's rows weigh at most 1 in all).  A weight's numerator must be
+   the literal 1.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -246,7 +249,8 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
             and _per_person(barrier, alias, rules, name, allowed):
         return _above_per_person(chain, name, allowed)
     _check_barrier(barrier, name, allowed)
-    light = stored and not sample and _light_units(reader.args.get("where"), alias, sole)
+    light = stored and not sample and (_light_units(reader.args.get("where"), alias, sole)
+                                       or _stored_weights(reader, barrier, alias, sole))
     if spec.unit is not None and not sample and not light \
             and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
@@ -476,7 +480,8 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                     and _partitioned_by(item.this, unit) and any(
                         _rank_filter(s.args.get("where"), item.alias) for s in below[i + 1:]):
                 return True
-            if any(isinstance(d, exp.Div) and isinstance(d.expression, exp.Window)
+            if any(isinstance(d, exp.Div) and _constant(d.this) == 1
+                   and isinstance(d.expression, exp.Window)
                    and isinstance(d.expression.this, exp.Count)
                    and _partitioned_by(d.expression, unit) for d in _local(item.this)):
                 return True  # each unit's rows weigh 1 in all (value histograms)
@@ -492,6 +497,20 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
     return False
 
 
+def _stored_weights(reader: exp.Select, barrier: exp.Select, alias: str, sole: bool) -> bool:
+    """Whether the direct reader of a ranked copy weighs rows by ``1 / alias.__chorus_unit_rows``
+    (the stored count of the unit's rows in the copy: a unit's rows weigh at most 1 in all,
+    whatever the filter keeps) and the barrier only sums (a COUNT there would count the rows
+    themselves): the selection histograms over the stored counts
+    (``rewriters.selection.choice_histogram``)."""
+    weighted = any(isinstance(d, exp.Div) and _constant(d.this) == 1
+                   and isinstance(d.expression, exp.Column) and d.expression.name == _UNIT_ROWS
+                   and (d.expression.table == alias or (sole and not d.expression.table))
+                   for item in reader.expressions for d in _local(item))
+    aggregates = [a for item in barrier.expressions for a in _plain_aggregates(item)]
+    return weighted and bool(aggregates) and all(isinstance(a, exp.Sum) for a in aggregates)
+
+
 def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
     """Whether WHERE ANDs ``alias.__chorus_unit_rows <= <int>``: of a ranked copy, only units
     with at most that many rows in all, so at most that many rows each."""
@@ -505,8 +524,11 @@ def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
 
 
 def _partitioned_by(window: exp.Window, unit: str) -> bool:
+    """Whether ``window`` is partitioned by the unit column alone: one more column (the unit
+    and a row id, say) would rank or weigh each unit's rows per sub-partition, k rows or a
+    weight of 1 per sub-partition, unbounded per unit."""
     parts = window.args.get("partition_by") or []
-    return any(isinstance(p, exp.Column) and p.name == unit for p in parts)
+    return len(parts) == 1 and isinstance(parts[0], exp.Column) and parts[0].name == unit
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:

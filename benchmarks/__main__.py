@@ -31,6 +31,7 @@ BENCHMARKS = {
     "sampling": "sensitivity sampling: time, convergence",
     "quantiles": "DP quantiles: rank error, exponential mechanism vs sensitivity sampling",
     "scan_options": "issue 23 study: one-scan designs for the default policy, cold prepares",
+    "one_statement": "issue 23: a SUM/AVG query's private choices from one statement",
 }
 
 

@@ -367,13 +367,18 @@ def test_identical_query_reuses_the_choices_and_spends_all_epsilon_on_the_answer
     engine = exact_units(6, extra="choice_reuse_seconds = 600\n")
     sql = "SELECT COUNT(*), SUM(value) FROM exact"
     histograms: list[object] = []
-    run = selection_module.histogram
+    run, run_cells = selection_module.histogram, selection_module.cells
 
     def counting(*args: object, **kwargs: object) -> object:
         histograms.append(args[3])
         return run(*args, **kwargs)  # type: ignore[arg-type]
 
+    def counting_cells(*args: object, **kwargs: object) -> object:
+        histograms.append(args[2])  # the one statement of the cap and clipping histograms
+        return run_cells(*args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(selection_module, "histogram", counting)
+    monkeypatch.setattr(selection_module, "cells", counting_cells)
     first = engine.execute(sql, epsilon=2.0, **ALICE).report
     ran = len(histograms)
     assert ran >= 1 and first.contribution.epsilon == pytest.approx(1.0)  # share 0.5

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from analyses.query import AggregateQuery, display_sql
+from chorus_py.errors import InternalError
 from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
 from chorus_py.statements import QueryRun, Statements
 from mechanisms import DiscreteLaplace, Snapping
@@ -40,6 +41,8 @@ from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
 from rewriters.selection import (
     ClippedArgument,
+    cell_base,
+    choice_histogram,
     clipped_arguments,
     group_histogram,
     value_histogram,
@@ -95,11 +98,12 @@ class Selection:
         by_groups = bounds_groups(query)
         eps_h = self.epsilon / (int(with_rows) + int(by_groups) + len(clipped))
         sized = {what: (size, sql) for what, size, sql in self.histograms}
+        exact_of = _exact_histograms(statements, run, sized, query, clipped)
         per_unit = None
         groups_fell_back = False
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
             starts = cap_bins(limit)
-            exact = histogram(statements, run, *sized[("groups",)])
+            exact = exact_of(("groups",))
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
             assert gate is not None
@@ -110,7 +114,7 @@ class Selection:
             groups_fell_back = group_choice.noise_dominated
         columns = []
         for arg in clipped:
-            exact = histogram(statements, run, *sized[("clip", arg.key)])
+            exact = exact_of(("clip", arg.key))
             # The exact weights never leave this function: only their noisy version is used.
             noisy = Snapping.from_sensitivity(1.0, eps_h).sample(exact)
             columns.append(ClipColumn(arg.lower, arg.upper, tuple(float(v) for v in noisy),
@@ -119,7 +123,7 @@ class Selection:
             return Choices(query.stability, (), per_unit, reusable=not groups_fell_back)
         if with_rows:
             starts = cap_bins(limit)
-            exact = histogram(statements, run, *sized[("cap",)])
+            exact = exact_of(("cap",))
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
         else:  # event level: the units (rows) the value histograms counted
@@ -145,6 +149,77 @@ def _bias_text(bias: SelectionBias | None, what: str) -> str | None:
     return f"about {bias.estimate:.1%}, up to {bias.upper:.1%} low ({what})"
 
 
+def _exact_histograms(statements: Statements, run: QueryRun,
+                      sized: dict[tuple[str, ...], tuple[int, str]], query: AggregateQuery,
+                      clipped: tuple[ClippedArgument, ...]
+                      ) -> Callable[[tuple[str, ...]], np.ndarray]:
+    """A function giving each exact histogram of the selection by its name: run on its own, or
+    read from the one statement of cells (``CELLS``) that holds the cap histogram and the
+    clipping histograms, run once, the first time one of them is asked for."""
+    split: dict[tuple[str, ...], np.ndarray] = {}
+
+    def exact_of(what: tuple[str, ...]) -> np.ndarray:
+        if what in sized:
+            return histogram(statements, run, *sized[what])
+        if not split:
+            size, sql = sized[CELLS]
+            split.update(cells(statements, run, sql, query.table_policy.contribution_bound,
+                               clipped, stored=size == STORED))
+        return split[what]
+    return exact_of
+
+
+# The name of the one statement holding the cap and clipping histograms (its "bins": STORED
+# when it reads the ranked copy's stored row counts, WINDOWED otherwise).
+CELLS = ("cells",)
+STORED, WINDOWED = 1, 0
+# At most this many clipped arguments share the cells statement with the cap histogram: its
+# rows are the cells of the joint histogram, up to (cap bins) x (STEPS + 2)^n of them.
+CELLS_ARGUMENTS = 2
+
+
+def cells(statements: Statements, run: QueryRun, sql: str, limit: int,
+          clipped: tuple[ClippedArgument, ...], stored: bool) -> dict[tuple[str, ...],
+                                                                     np.ndarray]:
+    """Run ``rewriters.selection.choice_histogram``'s statement and sum its cells into the
+    exact cap histogram and the exact clipping histogram of every argument.
+
+    The cap marginal sums weights 1 / c_u: the number of units per bin up to floating-point
+    error (each of a unit's c_u rows adds fl(1 / c_u), a relative error of 2^-53 each; a bin
+    summing N rows errs by at most about N 2^-53 times its total, below 1/2 for N up to
+    2^26).  It is rounded as floor(x + 1/2), which gives today's integer counts whenever the
+    error is below 1/2, so the discrete Laplace noise sees the same histogram, L1 sensitivity
+    1.  Over windows every unit weighs exactly 1, so a bin further than 1/4 from an integer
+    means the floating-point error was not negligible: refused (fails closed, nothing of the
+    histogram leaves).  Over stored row counts (``stored``) a unit weighs c_u / n_u <= 1 (1
+    when the copy holds only rows that pass, which the caller checks): floor(x + 1/2) moves by
+    at most 1 when one unit moves x by at most 1, so the sensitivity stays 1 without a check.
+    """
+    starts = np.array(cap_bins(limit))
+    cap = np.zeros(len(starts))
+    values = [np.zeros(STEPS + 2) for _ in clipped]
+    base = cell_base(range(STEPS + 1))
+    n = len(clipped)
+    for row in statements.run(sql, run).rows:
+        key = int(row[0])
+        for i in reversed(range(n)):  # the last argument's bin is the lowest digit
+            key, b = divmod(key, base)
+            w = row[2 + i]
+            if b <= STEPS + 1 and w is not None:  # STEPS + 2: a NULL value, no weight
+                values[i][b] += float(w)
+        # key = min(c_u, limit): bin i holds starts[i] <= c_u < starts[i + 1], the last bin
+        # c_u >= limit (``rewriters.pipeline.cap_histogram``'s bins).
+        cap[int(np.searchsorted(starts, key, side="right")) - 1] += float(row[1] or 0.0)
+    counts = np.floor(cap + 0.5)
+    if not stored and np.any(np.abs(cap - counts) > 0.25):
+        raise InternalError("the cap histogram's weights did not add up to whole units",
+                            hint="this is a bug in the proxy: please report the query")
+    out = {("cap",): counts}
+    for arg, vector in zip(clipped, values, strict=True):
+        out[("clip", arg.key)] = vector
+    return out
+
+
 def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.ndarray:
     """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``."""
     exact = np.zeros(size)
@@ -154,10 +229,16 @@ def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.
 
 
 def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | None,
-                       sample: tuple[str, str] | None
+                       sample: tuple[str, str] | None, one_statement: bool = False,
+                       stored: tuple[str, str] | None = None
                        ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
-    them: (what, bins, a function building its tree) each."""
+    them: (what, bins, a function building its tree) each.
+
+    ``one_statement``: the cap histogram and up to ``CELLS_ARGUMENTS`` clipping histograms
+    come from one statement (``CELLS``, ``rewriters.selection.choice_histogram``), over the
+    ranked copy ``stored`` (its row counts, no window) when it is given.  The groups histogram
+    keeps its own statement, and so does a cap histogram alone over filtered rows."""
     limit = query.table_policy.contribution_bound
     with_rows, clipped = parts(query)
     builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
@@ -165,6 +246,17 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
         starts = cap_bins(limit)
         builds.append((("groups",), len(starts),
                        lambda: group_histogram(query, restriction, sample, starts)))
+    # A cap histogram alone over filtered rows stays a GROUP BY unit (a hash aggregate, no
+    # window to weigh the rows: cheaper); over stored counts it is a plain scan.
+    if one_statement and with_rows and len(clipped) <= CELLS_ARGUMENTS \
+            and (clipped or stored is not None):
+        starts = cap_bins(limit)
+        arguments = [(arg, magnitude_edges(max(abs(arg.lower), abs(arg.upper))))
+                     for arg in clipped]
+        builds.append((CELLS, STORED if stored is not None else WINDOWED,
+                       lambda: choice_histogram(query, arguments, starts, restriction, sample,
+                                                stored)))
+        return builds
     for arg in clipped:
         edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
         builds.append((("clip", arg.key), STEPS + 2, lambda e=edges, a=arg: value_histogram(

@@ -199,7 +199,7 @@ class SingleTableKind:
             # anything that follows the data (a stored sample's name changes with a
             # fingerprint of the rows): whether the choices are reused shows in the report,
             # and must not tell an analyst that rows changed (as budget.answers explains).
-            histograms = self._selection_statements(detail)
+            histograms = self._selection_statements(detail, self._stored_counts(query, ranked))
             selection = Selection(
                 detail.query, detail.plan, open_epsilon, histograms,
                 (asked.normalized_sql, epsilon, delta, restriction),
@@ -276,14 +276,37 @@ class SingleTableKind:
             self._reads.put(key, found)
         return found
 
-    def _selection_statements(self, detail: AnalyticQuery) -> tuple[tuple[tuple[str, ...], int,
-                                                                           str], ...]:
+    def _stored_counts(self, query: AggregateQuery, ranked: tuple[str, str] | None
+                       ) -> tuple[str, str] | None:
+        """The ranked copy when its stored row counts are the query's rows per unit: the query
+        filters nothing but its claimed blocks, and claims every block of the schedule (the
+        copy holds the rows of the schedule when it was built, which only grows: every one
+        of them passes).  Then the selection histograms read the counts instead of counting
+        (``rewriters.selection.choice_histogram``)."""
+        if ranked is None or query.where is not None or (
+                query.thresholded and any(k.public_values is not None for k in query.keys)):
+            return None
+        block = query.table_policy.block
+        if block is None:
+            return ranked
+        _, restriction = self._blocks(query)
+        windows = self.services.blocks.windows(query.table, block)
+        if restriction is None or restriction.windows or restriction.start != windows.start \
+                or restriction.end != windows.end:
+            return None
+        return ranked
+
+    def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None
+                              ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
         """The selection histograms: (what, bins, SQL) each, in the order the selection reads
-        them.  Each SQL depends only on the query: built and verified once per query shape."""
+        them; the cap and clipping histograms in one statement (over the ranked copy's stored
+        row counts when ``stored`` names it).  Each SQL depends only on the query: built and
+        verified once per query shape."""
         query = detail.query
         out = []
-        for what, size, build in histogram_builders(query, detail.restriction, detail.sample):
-            key = (query.normalized_sql, detail.restriction, detail.sample, *what)
+        for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
+                                                    one_statement=True, stored=stored):
+            key = (query.normalized_sql, detail.restriction, detail.sample, stored, *what)
             sql = self._histograms.get(key)
             if sql is None:
                 sql = dialect(build(), self.services.dialect, copy=False).sql(

@@ -1,0 +1,357 @@
+"""The selection's cap and clipping histograms from ONE statement (issue 23, part 1).
+
+``rewriters.selection.choice_histogram`` computes both histograms of a SUM/AVG query's private
+choices in one pass: windows over one partition (the unit) when the query filters its rows, or
+the ranked copy's stored row counts when it filters nothing but its claimed blocks.  Checked on
+both backends against hand-computed histograms, against today's separate statements
+(``cap_histogram``, ``value_histogram``), for the L1 sensitivity 1 of what is noised, and for
+the outgoing verifier's view of the new shapes (they pass; tampered ones are refused).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from analyses.outgoing import Refused, verify
+from chorus_py.engine import Engine
+from chorus_py.errors import InternalError
+from chorus_py.kinds.selection import CELLS, STORED, WINDOWED, cells, histogram_builders, parts
+from mechanisms.caps import cap_bins
+from mechanisms.clip_bounds import STEPS, magnitude_edges
+from rewriters.dialect import dialect
+
+LIMIT = 10
+UPPER = 100.0
+#: Rows per unit: units of 1 to 40 rows (40 > the limit: the last cap bin).
+SIZES = {1: 1, 2: 2, 3: 3, 4: 5, 5: 8, 6: 40}
+#: Unit 5's rows of odd index hold NULL (4 of its 8 values).
+NULLS = 5
+
+POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1000000.0
+max_epsilon_per_query = 100000.0
+
+[tables.choice_t]
+privacy_unit = "person"
+max_rows_per_unit = 10
+contribution = "auto"
+clipping = "auto"
+ranked_copy = true
+
+[tables.choice_t.columns]
+id = {{ type = "int" }}
+person = {{ type = "int" }}
+v = {{ type = "float", lower = 0, upper = 100 }}
+w = {{ type = "float", lower = -50, upper = 50 }}
+
+[analysts.alice]
+"""  # LIMIT and UPPER
+
+
+def _value(person: int, i: int) -> float | None:
+    """Spread over the magnitude bins: 0.07 to about 60, some on a bin edge (50 = UPPER / 2)."""
+    if person == NULLS and i % 2 == 1:
+        return None
+    return [50.0, 3.0, 0.07, 17.5, 60.25, 1.0, 8.0][(person + i) % 7]
+
+
+def _rows(sizes: dict[int, int]) -> list[tuple[int, int, float | None, float]]:
+    out, next_id = [], 1
+    for person, n in sizes.items():
+        for i in range(n):
+            out.append((next_id, person, _value(person, i), float(i % 5) * 7 - 20))
+            next_id += 1
+    return out
+
+
+def _engine(scratch: Callable[..., Engine], sizes: dict[int, int] = SIZES) -> Engine:
+    values = ", ".join(
+        f"({i}, {p}, {'NULL' if v is None else repr(v)}, {w!r})" for i, p, v, w in _rows(sizes))
+    return scratch("choice_t", [
+        "CREATE TABLE choice_t (id BIGINT, person BIGINT, v DOUBLE PRECISION, "
+        "w DOUBLE PRECISION)", f"INSERT INTO choice_t VALUES {values}"], POLICY)
+
+
+def _bin(magnitude: float, edges: tuple[float, ...]) -> int:
+    return next((j for j, e in enumerate(edges) if magnitude >= e), len(edges))
+
+
+Row = tuple[int, int, "float | None", float]
+
+
+def _reference(sizes: dict[int, int], passing: Callable[[Row], bool],
+               stored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The histograms computed by hand: units per bin of their passing rows c_u, and each
+    passing non-NULL v weighing 1 / (its unit's passing non-NULL values) in the bin of
+    min(v, UPPER) (``stored``: 1 / n_u, the unit's rows in the table)."""
+    starts = cap_bins(LIMIT)
+    edges = magnitude_edges(UPPER)
+    cap, values = np.zeros(len(starts)), np.zeros(STEPS + 2)
+    for person, n in sizes.items():
+        kept = [r for r in _rows(sizes) if r[1] == person and passing(r)]
+        if not kept:
+            continue
+        cap[max(i for i, s in enumerate(starts) if len(kept) >= s)] += 1
+        present = [r[2] for r in kept if r[2] is not None]
+        for v in present:
+            values[_bin(min(abs(v), UPPER), edges)] += 1 / (n if stored else len(present))
+    return cap, values
+
+
+def _statement(engine: Engine, sql: str) -> tuple[int, str, tuple[object, ...]]:
+    _, prepared = engine.prepare(sql, "alice", epsilon=10.0)
+    assert prepared.selection is not None
+    histograms = prepared.selection.histograms
+    assert [what for what, _, _ in histograms] == [CELLS]  # one statement for all of them
+    (_, shape, statement), = histograms
+    return shape, statement, parts(prepared.selection.query)[1]
+
+
+def _cells(engine: Engine, sql: str) -> tuple[int, dict[tuple[str, ...], np.ndarray]]:
+    shape, statement, clipped = _statement(engine, sql)
+    return shape, cells(engine.statements, None, statement, LIMIT, clipped,
+                        stored=shape == STORED)
+
+
+def _clip(exact: dict[tuple[str, ...], np.ndarray], column: str) -> np.ndarray:
+    (vector,) = [v for (what, *key), v in exact.items() if what == "clip" and column in key[0]]
+    return vector
+
+
+@pytest.mark.parametrize("where, passing, shape", [
+    ("", lambda r: True, STORED),
+    ("WHERE v >= 2", lambda r: r[2] is not None and r[2] >= 2, WINDOWED),
+    # By row id: cuts units unevenly, NULLs included.
+    ("WHERE id % 3 <> 0", lambda r: r[0] % 3 != 0, WINDOWED),
+])
+def test_one_statement_gives_the_hand_computed_histograms(
+        scratch: Callable[..., Engine], where: str, passing: Callable[[Row], bool],
+        shape: int) -> None:
+    engine = _engine(scratch)
+    got_shape, exact = _cells(engine, f"SELECT SUM(v) FROM choice_t {where}")
+    cap, values = _reference(SIZES, passing, stored=shape == STORED)
+    assert got_shape == shape
+    assert exact[("cap",)].tolist() == cap.tolist()
+    np.testing.assert_allclose(_clip(exact, '"v"'), values, rtol=1e-12, atol=1e-12)
+
+
+def test_hand_computed_values_of_the_small_table() -> None:
+    """The reference itself, by hand: no filter, units of 1, 2, 3, 5, 8 and 40 rows."""
+    cap, values = _reference(SIZES, lambda r: True)
+    # cap_bins(10) = (1, 2, 3, 4, 5, 6, 7, 8, 10): c_u 1, 2, 3, 5, 8 and 40 (>= 10, the last).
+    assert cap.tolist() == [1, 1, 1, 0, 1, 0, 0, 1, 1]
+    assert values.sum() == pytest.approx(6.0)  # six units, each weighing 1 in all
+    # Over stored counts unit 5 (4 NULLs of 8) weighs 4 / 8: 5.5 in all.
+    assert _reference(SIZES, lambda r: True, stored=True)[1].sum() == pytest.approx(5.5)
+
+
+@pytest.mark.parametrize("where", ["", "WHERE v >= 2 OR v IS NULL", "WHERE person <> 3"])
+def test_same_histograms_as_the_separate_statements(scratch: Callable[..., Engine],
+                                                     where: str) -> None:
+    """Today's statements (a GROUP BY unit, a window per clipped column) against the one
+    statement, two clipped columns (v with NULLs, w signed): equal, except the documented
+    difference of the stored path for a unit with NULL values (1 / n_u weights)."""
+    engine = _engine(scratch)
+    sql = f"SELECT SUM(v), AVG(w) FROM choice_t {where}"
+    shape, exact = _cells(engine, sql)
+    _, prepared = engine.prepare(sql, "alice", epsilon=10.0)
+    detail = prepared.detail
+    separate = {}
+    for what, size, build in histogram_builders(detail.query, detail.restriction, None):
+        statement = dialect(build(), engine.dialect).sql(engine.dialect)
+        vector = np.zeros(size)
+        for b, value in engine.backend.run(statement).rows:
+            vector[int(b)] = float(value)
+        separate[what] = vector
+    assert set(separate) == set(exact)
+    assert exact[("cap",)].tolist() == separate[("cap",)].tolist()
+    np.testing.assert_allclose(_clip(exact, '"w"'), _clip(separate, '"w"'), rtol=1e-12)
+    if shape == STORED:  # unit 5's NULLs: its 4 values weigh 1/8 each, not 1/4
+        assert sum(_clip(exact, '"v"')) == pytest.approx(sum(_clip(separate, '"v"')) - 0.5)
+    else:
+        np.testing.assert_allclose(_clip(exact, '"v"'), _clip(separate, '"v"'), rtol=1e-12)
+    assert shape == (STORED if not where else WINDOWED)
+
+
+@pytest.mark.parametrize("where", ["", "WHERE v >= 2"])
+def test_one_more_unit_moves_each_histogram_by_at_most_one(
+        scratch: Callable[..., Engine], where: str) -> None:
+    """Neighbouring tables (one more unit, of 12 rows): each noised vector moves by at most 1
+    in L1 (the sensitivity the noise is calibrated to), on both paths."""
+    sql = f"SELECT SUM(v), SUM(w) FROM choice_t {where}"
+    _, before = _cells(_engine(scratch), sql)
+    _, after = _cells(_engine(scratch, {**SIZES, 7: 12}), sql)
+    for what in before:
+        assert np.abs(after[what] - before[what]).sum() <= 1 + 1e-9, what
+    assert np.abs(after[("cap",)] - before[("cap",)]).sum() == 1
+
+
+def test_a_sum_runs_one_selection_statement(scratch: Callable[..., Engine],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: the cap and the bounds chosen from one statement, the answer from another,
+    the selection's share charged as before (the report's parts add up to the charge)."""
+    engine = _engine(scratch)
+    ran: list[str] = []
+    run = engine.statements.run
+
+    def spy(sql: str, *args: object, **kwargs: object) -> object:
+        if not sql.startswith("EXPLAIN "):
+            ran.append(sql)
+        return run(sql, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.statements, "run", spy)
+    result = engine.execute("SELECT SUM(v), AVG(w) FROM choice_t WHERE v > 1", analyst="alice",
+                            epsilon=10.0)
+    assert len(ran) == 2  # the selection's one statement, then the answer
+    report = result.report
+    contribution = report.contribution
+    assert contribution.epsilon == pytest.approx(10.0 * 0.1)  # cap_epsilon_share 0.1
+    assert [s.kind for s in contribution.steps] == ["cap", "bounds", "bounds"]
+    assert all(s.epsilon == pytest.approx(10.0 * 0.1 / 3) for s in contribution.steps)
+    spent = sum(m.mechanism["epsilon"] for m in report.measurements)
+    assert spent + contribution.epsilon == pytest.approx(report.epsilon)
+    (block,) = engine.ledger.blocks()
+    assert block.epsilon_consumed == pytest.approx(report.epsilon)
+
+
+def test_more_clipped_columns_than_the_cells_take_keep_separate_statements(
+        scratch: Callable[..., Engine]) -> None:
+    engine = _engine(scratch)
+    _, prepared = engine.prepare("SELECT SUM(v), SUM(w), SUM(v * 2 + w) FROM choice_t",
+                                 "alice", epsilon=10.0)
+    assert prepared.selection is not None
+    whats = [what[0] for what, _, _ in prepared.selection.histograms]
+    assert whats == ["clip", "clip", "clip", "cap"]
+
+
+@pytest.mark.parametrize("where, whats", [("", [CELLS]), ("WHERE v > 1", [("cap",)])])
+def test_a_cap_histogram_alone(scratch: Callable[..., Engine], where: str,
+                               whats: list[tuple[str, ...]]) -> None:
+    """A COUNT's cap alone: read from the stored counts without a filter (a plain scan), a
+    GROUP BY unit with one (cheaper than weighing every row by a window)."""
+    engine = _engine(scratch)
+    sql = f"SELECT COUNT(*) FROM choice_t {where}"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1000.0)
+    assert prepared.selection is not None
+    assert [what for what, _, _ in prepared.selection.histograms] == whats
+    if not where:
+        (_, shape, statement), = prepared.selection.histograms
+        exact = cells(engine.statements, None, statement, LIMIT, (), stored=shape == STORED)
+        assert shape == STORED
+        assert exact[("cap",)].tolist() == _reference(SIZES, lambda r: True)[0].tolist()
+
+
+def test_cells_fail_closed_when_weights_do_not_add_up(scratch: Callable[..., Engine]) -> None:
+    """Over windows every unit weighs exactly 1: a cap bin far from a whole number means the
+    floating-point bound was broken, and nothing is used."""
+    engine = _engine(scratch)
+    _, statement, clipped = _statement(engine, "SELECT SUM(v) FROM choice_t WHERE v > 1")
+    halved = statement.replace("CAST(1 AS DOUBLE) / COUNT(*)", "CAST(0.5 AS DOUBLE) / COUNT(*)")
+    halved = halved.replace("CAST(1 AS DOUBLE PRECISION) / COUNT(*)",
+                            "CAST(0.5 AS DOUBLE PRECISION) / COUNT(*)")
+    assert halved != statement
+    with pytest.raises(InternalError, match="did not add up"):
+        cells(engine.statements, None, halved, LIMIT, clipped, stored=False)
+
+
+# -- the outgoing verifier (wall 4) over the new shapes -------------------------------------------
+SUM_ALL = "SELECT SUM(fare) FROM trips"
+SUM_FILTERED = "SELECT city, SUM(fare) FROM trips WHERE fare > 30 GROUP BY city"
+
+
+@pytest.fixture
+def trips(backend_url: str, make_engine: Callable[..., Engine]) -> Engine:
+    return make_engine(backend_url, contribution="auto")
+
+
+def _selection_sql(engine: Engine, query: str) -> tuple[int, str]:
+    shape, statement, _ = _statement(engine, query)
+    return shape, statement
+
+
+def _refused(engine: Engine, sql: str, match: str) -> None:
+    with pytest.raises(Refused, match=match):
+        verify(sql, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+               frozenset({"trips"}))
+
+
+@pytest.mark.parametrize("query, shape", [(SUM_ALL, STORED), (SUM_FILTERED, WINDOWED)])
+def test_real_selection_statements_pass(trips: Engine, query: str, shape: int) -> None:
+    got, sql = _selection_sql(trips, query)
+    assert got == shape
+    verify(sql, trips.dialect, trips.statements.outgoing, "noised_by_proxy",
+           frozenset({"trips"}))
+
+
+def test_stored_weights_with_another_numerator_are_refused(trips: Engine) -> None:
+    _, sql = _selection_sql(trips, SUM_ALL)
+    tampered = re.sub(r"CAST\(1 AS (DOUBLE|DOUBLE PRECISION)\) / trips\.__chorus_unit_rows",
+                      r"CAST(2 AS \1) / trips.__chorus_unit_rows", sql)
+    assert tampered != sql
+    _refused(trips, tampered, "without contribution bounding")
+
+
+def test_window_weights_with_another_numerator_are_refused(trips: Engine) -> None:
+    _, sql = _selection_sql(trips, SUM_FILTERED)
+    tampered = re.sub(r"CAST\(1 AS (DOUBLE|DOUBLE PRECISION)\) / COUNT",
+                      r"CAST(3 AS \1) / COUNT", sql)
+    assert tampered != sql
+    _refused(trips, tampered, "without contribution bounding")
+
+
+def test_stored_weights_over_the_base_table_are_refused(trips: Engine) -> None:
+    """The stored count is a ranked copy's column: read from the table itself it bounds
+    nothing (the verifier does not trust a column's name outside the proxy's copies)."""
+    _, sql = _selection_sql(trips, SUM_ALL)
+    table = '"main".trips' if trips.dialect == "duckdb" else '"public".trips'
+    tampered = re.sub(r'chorus_private\."trips__ranked_\w+"', table, sql)
+    assert tampered != sql
+    _refused(trips, tampered, "without contribution bounding")
+
+
+def test_a_row_count_next_to_stored_weights_is_refused(trips: Engine) -> None:
+    """Only SUMs of the weights at the barrier: a COUNT there would count rows, unbounded."""
+    _, sql = _selection_sql(trips, SUM_ALL)
+    tree = sqlglot.parse_one(sql, read=trips.dialect)
+    assert isinstance(tree, exp.Select)
+    tree.select(exp.alias_(exp.Count(this=exp.Star()), "rows"), copy=False)
+    _refused(trips, tree.sql(trips.dialect), "without contribution bounding")
+
+
+def test_stored_weights_of_another_relation_are_refused(trips: Engine) -> None:
+    """The weight must divide by the copy's own count, read by the same SELECT."""
+    _, sql = _selection_sql(trips, SUM_ALL)
+    tampered = sql.replace("/ trips.__chorus_unit_rows", "/ other.__chorus_unit_rows")
+    assert tampered != sql
+    _refused(trips, tampered, "without contribution bounding")
+
+
+@pytest.mark.parametrize("query", [SUM_FILTERED, "SELECT COUNT(*) FROM trips WHERE fare > 3"])
+def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
+                                                               query: str) -> None:
+    """PARTITION BY unit, trip_id ranks (or weighs) each unit's rows per trip: k rows, or a
+    weight of 1, per trip, unbounded per unit.  Refused for the selection's weights and for
+    the answer's row cap alike."""
+    if query == SUM_FILTERED:
+        _, sql = _selection_sql(trips, query)
+        release = "noised_by_proxy"
+    else:
+        sql = trips.explain(query, analyst="alice", epsilon=1.0).rewritten_sql or ""
+        release = "noised_in_sql"
+    tampered = re.sub(r"PARTITION BY (\w+)\.rider_id", r"PARTITION BY \1.rider_id, \1.trip_id",
+                      sql)
+    assert tampered != sql
+    verify(sql, trips.dialect, trips.statements.outgoing, release, frozenset({"trips"}))
+    with pytest.raises(Refused, match="without contribution bounding"):
+        verify(tampered, trips.dialect, trips.statements.outgoing, release,
+               frozenset({"trips"}))
