@@ -232,8 +232,11 @@ def test_delta_required() -> None:
     ("SELECT r.customer_id, COUNT(*) FROM orders o JOIN recs r "
      "ON o.customer_id = r.customer_id GROUP BY r.customer_id", NotSupportedError,
      "public_values"),
-    ("SELECT COUNT(DISTINCT r.rider_id) FROM rides r JOIN shops s ON r.shop_id = s.shop_id",
-     NotSupportedError, r"COUNT\(DISTINCT"),
+    ("SELECT COUNT(DISTINCT r.ride_id) FROM rides r JOIN shops s ON r.shop_id = s.shop_id",
+     NotSupportedError, r"COUNT\(DISTINCT \.\.\.\) over a join is answered only for the "
+     r"privacy unit \(r\.rider_id\)"),
+    ("SELECT COUNT(DISTINCT a.rider_id) FROM rides a JOIN rides b ON a.shop_id = b.shop_id",
+     NotSupportedError, "not all joined on their privacy unit"),
     ("SELECT VARIANCE(o.amount) FROM orders o JOIN recs r ON o.customer_id = r.customer_id",
      NotSupportedError, "VARIANCE"),
     ("SELECT SUM(d.rating) FROM orders o JOIN drivers d ON o.shop_id = d.driver_id",

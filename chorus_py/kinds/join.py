@@ -40,7 +40,8 @@ from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
-from mechanisms.planning import NoisePlan
+from mechanisms.planning import THRESHOLD_ID, NoisePlan, ThresholdPlan
+from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import RewrittenQuery, pipeline
 
@@ -115,6 +116,17 @@ def join_plan(query: AggregateQuery, resolved: ResolvedJoin, epsilon: float,
         assert m.integral, "every join measurement is an integer"
         mechanisms[m.id] = discrete_laplace_of_scale(m.sensitivity / resolved.epsilon_each)
     return NoisePlan(mechanisms, None, epsilon, delta)
+
+
+def with_gate(plan: NoisePlan, groups: int, epsilon: float, delta: float) -> NoisePlan:
+    """``plan`` with the key-release gate of a join (``analyses.join_groups``): a separate
+    COUNT(DISTINCT unit) per group, sensitivity D = ``groups`` (a person adds 1 to each of
+    their <= D groups), discrete Laplace of scale D / epsilon_t, tau = 1 + b ln(D / delta_t)
+    (``mechanisms.thresholding``): (epsilon_t, delta_t) for the keys."""
+    gate = DiscreteLaplace.from_sensitivity(groups, epsilon)
+    tau = key_release_threshold(gate.scale, groups, delta)
+    return dataclasses.replace(plan, threshold=ThresholdPlan(THRESHOLD_ID, gate, tau, delta,
+                                                             separate=True))
 
 
 def discrete_laplace_of_scale(scale: float) -> DiscreteLaplace:
@@ -242,36 +254,63 @@ class JoinKind:
                           mf: dict[str, float], samples: dict[str, tuple[str, str]],
                           key: tuple[object, ...]) -> Prepared:
         services = self.services
+        # Keys released by a noisy threshold: the gate takes its share of epsilon and half of
+        # delta; the measurements share the rest (so the query costs (epsilon, delta)).
+        gate_epsilon = gate_delta = 0.0
+        if query.thresholded:
+            if not delta > 0:
+                raise InvalidParameter(
+                    "grouping a join by a column without public values releases its keys "
+                    "through a noisy threshold, which needs delta > 0",
+                    hint="pass a small delta (e.g. 1e-8)")
+            gate_epsilon = epsilon * services.policy.privacy.threshold_epsilon_share
+            gate_delta = delta / 2
         try:
-            resolved_query, resolved = resolve(query, epsilon, delta, mf)
+            resolved_query, resolved = resolve(query, epsilon - gate_epsilon,
+                                               delta - gate_delta, mf)
         except ValueError as err:  # depends on the query's shape and epsilon only
             raise InvalidParameter(str(err), hint="ask for a larger epsilon") from None
         try:
             plan = join_plan(resolved_query, resolved, epsilon, delta)
+            if query.thresholded:
+                plan = with_gate(plan, resolved_query.groups_per_unit, gate_epsilon,
+                                 gate_delta)
         except ValueError:
             # The message would quote the scale, which may be data-dependent: say nothing of it.
             raise InvalidParameter(
                 f"cannot calibrate noise for this join at epsilon={epsilon:g}: the noise would "
                 "be too large to render", hint="ask for a larger epsilon") from None
         noise = services.policy.privacy.noise
-        # The rewrite and its SQL text do not depend on epsilon, delta or the metrics, only the
-        # noise scales in it do: kept apart, a new epsilon or refreshed metrics cost a string
-        # substitution instead of a rewrite (``JoinTemplate``).
-        template_key = (query.normalized_sql, key[3], noise, services.dialect, key[6])
-        template = self._templates.get(template_key)
-        if template is None:
-            template = JoinTemplate.build(
-                pipeline(resolved_query, plan, None, services.dialect, None, restrictions,
-                         samples),
-                noise == "sql")
-            self._templates.put(template_key, template)
-        sql = template.sql(plan)
+        if query.thresholded:
+            # The gate's tau is in the rewrite itself, and the template's placeholder plan
+            # has no gate: rendered in full (``JoinTemplate`` notes why the others need not).
+            rewritten = pipeline(resolved_query, plan, None, services.dialect, None,
+                                 restrictions, samples)
+            template = JoinTemplate(rewritten, None, None)
+        else:
+            # The rewrite and its SQL text do not depend on epsilon, delta or the metrics,
+            # only the noise scales in it do: kept apart, a new epsilon or refreshed metrics
+            # cost a string substitution instead of a rewrite (``JoinTemplate``).
+            template_key = (query.normalized_sql, key[3], noise, services.dialect, key[6])
+            template = self._templates.get(template_key)
+            if template is None:
+                template = JoinTemplate.build(
+                    pipeline(resolved_query, plan, None, services.dialect, None, restrictions,
+                             samples),
+                    noise == "sql")
+                self._templates.put(template_key, template)
+        sql = template.sql(plan) if noise == "sql" or not query.thresholded \
+            else template.rewritten.measure_sql()
         detail = AnalyticQuery(resolved_query, plan, reads, template.rewritten, sql,
                                resolved=resolved)
         report = aggregate_report(resolved_query, plan, reads, sql, noise)
         report = join_report(report, resolved_query, resolved, mf, noise)
         services.statements.verify_outgoing(sql, services.release, query.tables)
-        return Prepared(report, reads.ids, join_events(plan, resolved), detail,
+        events = join_events(plan, resolved)
+        if plan.threshold is not None:
+            events += (Event.from_mechanism(plan.threshold.mechanism),
+                       Event.key_release(plan.threshold.delta))
+        return Prepared(report, reads.ids, events, detail,
                         statements=(sql,),
                         finish=finish_plan(detail) if noise == "proxy" else None,
                         answer_key=(query.normalized_sql, epsilon, delta, report.blocks))
