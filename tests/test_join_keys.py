@@ -190,3 +190,17 @@ def test_refusals_name_what_would_answer(rides: Engine, sql: str, words: str,
         _ask(rides, sql)
     assert words in err.value.message and hint in (err.value.hint or "")
     assert nothing_spent(rides)
+
+
+def test_riders_in_two_cities_by_a_self_join_or_per_person(rides: Engine) -> None:
+    # Riders with rides in two different cities (only rider 1 has more than one ride).
+    joined = _ask(rides, "SELECT COUNT(DISTINCT a.rider_id) AS riders FROM jk_rides a "
+                  "JOIN jk_rides b ON a.rider_id = b.rider_id WHERE a.city <> b.city")
+    per = _ask(rides, "WITH per AS (SELECT rider_id, COUNT(DISTINCT city) AS n FROM jk_rides "
+               "GROUP BY rider_id) SELECT COUNT(*) AS riders FROM per WHERE n >= 2")
+    for result in (joined, per):
+        # One row per person (per-person reading): Delta = 1.  Rider 1 is counted unless the
+        # <= 5 rides kept of its 50 all fall in one city (probability about 1.4%).
+        assert [m.sensitivity for m in result.report.measurements] == [1.0]
+        assert min(abs(result.rows[0][0] - t) for t in (0, 1)) \
+            <= tolerance(result.report.columns[0])
