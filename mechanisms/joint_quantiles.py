@@ -56,7 +56,7 @@ from mechanisms.base import check_epsilon
 from mechanisms.exponential import FLOAT_SLACK, MAX_BINS, draw_index
 
 __all__ = ["MAX_JOINT", "MAX_VALUES", "JointQuantiles", "cut_value", "float_slack",
-           "joint_utility"]
+           "joint_utility", "range_logsumexp"]
 
 #: The most quantiles of one column drawn jointly (the floating-point slack grows as m^2).
 MAX_JOINT = 16
@@ -141,8 +141,8 @@ class JointQuantiles:
             target = c - g[i]
             # s*(t): the last s with C(s) <= C(t) - g_i (and s <= t); -1 when there is none.
             cut = np.minimum(np.searchsorted(c, target, side="right") - 1, positions)
-            below = _range_logsumexp(previous + a * c, np.zeros_like(positions), cut + 1)
-            above = _range_logsumexp(previous - a * c, cut + 1, positions + 1)
+            below = range_logsumexp(previous + a * c, np.zeros_like(positions), cut + 1)
+            above = range_logsumexp(previous - a * c, cut + 1, positions + 1)
             tables.append(np.logaddexp(below - a * target, above + a * target))
         return c, g, tables
 
@@ -207,7 +207,7 @@ def _normalised(log_weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def _range_logsumexp(values: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+def range_logsumexp(values: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
     """log sum exp(values[start_j:stop_j]) for each j (-inf for an empty range), from a tree
     of pairwise log-sum-exps: only sums, never a difference of sums (module docstring)."""
     size = 1 << max(0, math.ceil(math.log2(values.size)))

@@ -147,10 +147,11 @@ class JoinTemplate:
     """The rewrite of a join query and its SQL text with the noise scales left as holes.
 
     Why this is exact: for a join the rewrite (``rewriters.pipeline``) reads the noise plan only
-    for a key-release threshold, which joins never have, and the measurements' sensitivities not
-    at all; the plan enters the SQL only through ``RewrittenQuery.sql_with_noise``, where every
-    measurement is discrete Laplace whose rendering holds its scale b as the one literal
-    ``CAST('<repr(b)>' AS DOUBLE)`` (``mechanisms.base.float_literal``), twice.  So the text is
+    for a key-release threshold (thresholded joins do not use a template: ``JoinKind``), and
+    the measurements' sensitivities not at all; the plan enters the SQL only through
+    ``RewrittenQuery.sql_with_noise``, where every measurement is discrete Laplace whose
+    rendering holds its scale b as the one literal ``CAST('<repr(b)>' AS DOUBLE)``
+    (``mechanisms.base.float_literal``), twice.  So the text is
     rendered once with a distinct random *placeholder scale* per measurement, and each query
     substitutes the quoted ``'<repr(placeholder)>'`` by ``'<repr(b)>'``: the same characters
     a full rendering prints.  The placeholders are drawn from os.urandom, so an analyst cannot

@@ -17,10 +17,10 @@ from mechanisms.joint_quantiles import (
     MAX_JOINT,
     MAX_VALUES,
     JointQuantiles,
-    _range_logsumexp,
     cut_value,
     float_slack,
     joint_utility,
+    range_logsumexp,
 )
 
 _counts = st.lists(st.integers(0, 6), min_size=1, max_size=6)
@@ -132,7 +132,7 @@ def test_range_log_sum_exp_matches_the_direct_sum(values: list[float],
     array = np.array(values)
     starts = data.draw(st.lists(st.integers(0, len(values)), min_size=1, max_size=10))
     stops = [data.draw(st.integers(s, len(values))) for s in starts]
-    found = _range_logsumexp(array, np.array(starts), np.array(stops))
+    found = range_logsumexp(array, np.array(starts), np.array(stops))
     for s, e, got in zip(starts, stops, found, strict=True):
         want = np.logaddexp.reduce(array[s:e]) if e > s else -np.inf
         assert got == pytest.approx(want, abs=1e-9) if e > s else got == -np.inf
