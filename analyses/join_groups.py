@@ -70,8 +70,9 @@ def groups_per_unit(join: JoinInfo, keys: Sequence[exp.Expr], mf: Mapping[str, f
     >>> from analyses.joins import JoinSource
     >>> from analyses.elastic import Const
     >>> from chorus_py.policy import TablePolicy
-    >>> t = TablePolicy(privacy_unit="rider_id", max_rows_per_unit=10)
-    >>> r = TablePolicy(privacy_unit="rider_id", max_rows_per_unit=1)
+    >>> cols = {"rider_id": {"type": "int"}}
+    >>> t = TablePolicy(privacy_unit="rider_id", max_rows_per_unit=10, columns=cols)
+    >>> r = TablePolicy(privacy_unit="rider_id", max_rows_per_unit=1, columns=cols)
     >>> join = JoinInfo(exp.select("1"), (JoinSource("t", "trips", t, 10),
     ...                 JoinSource("r", "riders", r, 1)), (), Const(10.0), (), (), True)
     >>> groups_per_unit(join, [exp.column("signup_year", table="r")], {})

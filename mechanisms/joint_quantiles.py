@@ -77,7 +77,7 @@ def joint_utility(counts: np.ndarray, ps: Sequence[float], cuts: Sequence[int]) 
     points = [0, *cuts, len(c) - 1]
     fractions = [0.0, *ps, 1.0]
     return -float(sum(abs(c[points[i]] - c[points[i - 1]] - (fractions[i] - fractions[i - 1]) * n)
-                      for i in range(1, len(points))))
+                      for i in range(1, len(points)))) + 0.0  # no -0.0
 
 
 def float_slack(epsilon: float, cap: int, quantiles: int, bins: int) -> float:
