@@ -204,3 +204,15 @@ def test_riders_in_two_cities_by_a_self_join_or_per_person(rides: Engine) -> Non
         assert [m.sensitivity for m in result.report.measurements] == [1.0]
         assert min(abs(result.rows[0][0] - t) for t in (0, 1)) \
             <= tolerance(result.report.columns[0])
+
+
+def test_an_empty_answer_says_why(rides: Engine) -> None:
+    # At epsilon 0.01, b = 5 / 0.002 = 2500 and tau = 1 + 2500 ln(5 / 5e-9), about 51,800: far
+    # above the <= 21 riders of any city.
+    sql = "SELECT r.city, COUNT(*) " + JOINED + "GROUP BY 1"
+    explained = rides.explain(sql, analyst="alice", epsilon=0.01, delta=1e-8)
+    assert any("will mostly be hidden" in w for w in explained.warnings), explained.warnings
+    result = _ask(rides, sql, epsilon=0.01)
+    assert result.rows == []
+    assert any("No group was released" in w and "D = 5" in w
+               for w in result.report.warnings), result.report.warnings

@@ -31,6 +31,7 @@ from chorus_py.kinds.analytic import (
     AnalyticQuery,
     aggregate_report,
     finish_plan,
+    key_release_odds_of,
     listed_keys,
     run_analytic,
 )
@@ -40,6 +41,7 @@ from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
+from mechanisms.key_release import empty_result_message, threshold_warning
 from mechanisms.planning import THRESHOLD_ID, NoisePlan, ThresholdPlan
 from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
@@ -246,9 +248,16 @@ class JoinKind:
         return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
-        """The answer: noised in SQL, or by the proxy."""
-        return run_analytic(self.services.statements, prepared.detail,
-                            self.services.policy.privacy.noise, run)
+        """The answer: noised in SQL, or by the proxy.  When thresholding released no group,
+        the answer says why, and what epsilon would release groups of a given size."""
+        detail: AnalyticQuery = prepared.detail
+        answer = run_analytic(self.services.statements, detail,
+                              self.services.policy.privacy.noise, run)
+        odds = key_release_odds_of(detail.query, detail.plan, prepared.report.epsilon)
+        if odds is not None and not answer.result.rows:
+            return dataclasses.replace(answer, warnings=(empty_result_message(
+                *odds, max_epsilon=self.services.policy.privacy.max_epsilon_per_query),))
+        return answer
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead, restrictions: dict[str, BlockRestriction],
@@ -306,6 +315,12 @@ class JoinKind:
                                resolved=resolved)
         report = aggregate_report(resolved_query, plan, reads, sql, noise)
         report = join_report(report, resolved_query, resolved, mf, noise)
+        # Keys by threshold: what tau means for group sizes (public inputs only).
+        odds = key_release_odds_of(resolved_query, plan, epsilon)
+        warning = None if odds is None else threshold_warning(
+            *odds, max_epsilon=services.policy.privacy.max_epsilon_per_query)
+        if warning:
+            report = dataclasses.replace(report, warnings=(warning,))
         services.statements.verify_outgoing(sql, services.release, query.tables)
         events = join_events(plan, resolved)
         if plan.threshold is not None:
