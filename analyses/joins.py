@@ -109,6 +109,10 @@ class JoinInfo:
     stability: Term
     metrics: tuple[FrequencyMetric, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Every private occurrence has the same privacy unit and is joined to the others on it
+    # (public tables on anything): a unit's join rows are exactly the rows that carry it, so
+    # what one unit changes is confined to its own rows (``_Relation.unit_keyed``).
+    unit_keyed: bool = False
 
     @property
     def private_sources(self) -> tuple[JoinSource, ...]:
@@ -318,7 +322,8 @@ def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:
     # mf(drivers.city) is), and neither needs reading nor makes the scale data-dependent.
     needed = {leaf.name for leaf in rel.stability.leaves()}
     return JoinInfo(flat, tuple(sources.values()), tuple(used), rel.stability,
-                    tuple(m for m in metrics.values() if m.name in needed), tuple(notes))
+                    tuple(m for m in metrics.values() if m.name in needed), tuple(notes),
+                    rel.unit_keyed)
 
 
 def _check_origins(sources: list[JoinSource]) -> None:

@@ -27,6 +27,7 @@ from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
 from analyses.bounds import expression_bounds
+from analyses.join_groups import check_join_keys
 from analyses.joins import JoinInfo, analyze_joins
 from analyses.keys import CalendarKeys, KeyDomain, key_domain
 from analyses.sensitivity import (
@@ -140,7 +141,12 @@ class AggregateQuery:
         The key-release threshold tau = 1 + b ln(D / delta) and the L1 sensitivity of every
         per-group distinct-unit count (each unit adds 1 to <= D groups) use it; row counts and
         sums keep Delta = k (d_max): <= k rows in all, however many groups they fall in.
+        A join's D is set once its frequencies are known (``analyses.join_groups``).
         """
+        if self.join is not None:
+            if self.max_groups is None:
+                raise ValueError("the groups per unit of a join are set with its frequencies")
+            return self.max_groups
         return min(self.stability, self.max_groups or self.stability)
 
     @property
@@ -476,20 +482,20 @@ class _Reader:
                 "rows belong to several privacy units",
                 hint="group by columns with public_values")
         if thresholded and self.join is not None:
+            # Released by a noisy threshold when one person's groups are bounded by public
+            # information (analyses.join_groups), refused naming the fix otherwise.
             key = next(k for k in self.keys if k.public_values is None and k.domain is None)
-            raise NotSupportedError(
-                f"GROUP BY {display_sql(key.expr)} over a join: only public keys can be group "
-                "keys of a join (a noisy threshold for keys of a join is not implemented)",
-                hint="group by a column with public_values, a column of a joined public "
-                "table, or a calendar bucket of the block column (DATE_TRUNC, EXTRACT); or "
-                "query without the join")
+            check_join_keys(self.join, [k.expr for k in self.keys],
+                            f"GROUP BY {display_sql(key.expr)}")
         return AggregateQuery(
             table=self.table, alias=alias, table_policy=self.tp, where=where,
             keys=tuple(self.keys), measurements=tuple(self.measurements.values()),
             outputs=tuple(outputs), having=lifted_having, order=lifted_order,
             limit=_literal_int(flat, "limit"), offset=_literal_int(flat, "offset"),
             stability=self.stability, thresholded=thresholded,
-            threshold_source=self._threshold_source() if thresholded else None,
+            # A join's gate is always its own count of distinct units (analyses.join_groups).
+            threshold_source=self._threshold_source() if thresholded and self.join is None
+            else None,
             normalized_sql=flat.sql(), join=self.join,
         )
 
@@ -610,12 +616,10 @@ class _Reader:
         return var
 
     def _count_distinct(self, distinct: exp.Distinct) -> exp.Expr:
-        if self.join is not None:
-            raise NotSupportedError(
-                "COUNT(DISTINCT ...) over a join is not supported",
-                hint="use COUNT(*), SUM or AVG over the join")
         unit = self.tp.privacy_unit
         cols = distinct.expressions
+        if self.join is not None:
+            return self._count_distinct_units_of_join(cols)
         if self.tp.multi_attribution:
             # Several units per row: a neighbour adds or removes <= k rows of S, each carrying
             # one value of the column, so the distinct count (per group, in total over groups)
@@ -634,6 +638,30 @@ class _Reader:
             + (f" ('{unit}')" if unit else " (this table has none)"),
             hint="COUNT(DISTINCT other_column) has no bounded sensitivity",
         )
+
+    def _count_distinct_units_of_join(self, cols: list[exp.Expr]) -> exp.Expr:
+        """COUNT(DISTINCT a.unit) over a join on the unit: the people with a joined row (in
+        each group).  One person moves it by 1 in each group they reach
+        (``analyses.join_groups``); any other distinct count over a join is refused."""
+        join = self.join
+        assert join is not None
+        col = cols[0] if len(cols) == 1 else None
+        src = next((s for s in join.private_sources if isinstance(col, exp.Column)
+                    and s.alias == col.table and s.policy.privacy_unit == col.name), None)
+        if src is None or col is None:
+            units = sorted({f"{s.alias}.{s.policy.privacy_unit}" for s in join.private_sources
+                            if isinstance(s.policy.privacy_unit, str)})
+            raise NotSupportedError(
+                "COUNT(DISTINCT ...) over a join is answered only for the privacy unit "
+                + (f"({', '.join(units)})" if units else "(these tables have none)")
+                + ": the distinct values of another column have no bounded sensitivity",
+                hint="count the people: COUNT(DISTINCT <alias>.<privacy unit>), or ask per "
+                "person: WITH per AS (SELECT rider_id, COUNT(DISTINCT city) AS n FROM trips "
+                "GROUP BY rider_id) SELECT COUNT(*) FROM per WHERE n >= 2")
+        check_join_keys(join, [k.expr for k in self.keys],
+                        f"COUNT(DISTINCT {display_sql(col)})" + (" per group" if self.keys
+                                                                 else ""))
+        return self._measure("count_units", col)
 
     def _measure(self, kind: MeasurementKind, arg: exp.Expr | None, lo: float | None = None,
                  hi: float | None = None, center: float = 0.0, total: bool = True) -> exp.Expr:
@@ -730,6 +758,11 @@ def _join_measurement(mid: str, kind: MeasurementKind, arg: exp.Expr | None,
         return Measurement(mid, kind, arg, lo, hi, math.inf,
                            "COUNT over a join: Delta = S(k) per changed row", center, total,
                            factor=1.0)
+    if kind == "count_units":
+        # Not smoothed: its sensitivity (1, or the groups a person reaches) is set with D.
+        return Measurement(mid, kind, arg, lo, hi, math.inf,
+                           "COUNT(DISTINCT unit) over a join on the unit: +-1 in each group "
+                           "a person reaches", center, total)
     if kind != "sum":
         raise NotSupportedError(
             "VARIANCE and STDDEV over a join are not supported",

@@ -11,11 +11,13 @@ It depends only on the query's shape, (epsilon, delta) and the frequencies, neve
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from analyses.elastic import SmoothBound, smooth_bound, smoothing_beta
-from analyses.query import AggregateQuery
+from analyses.join_groups import groups_per_unit
+from analyses.query import AggregateQuery, Measurement
 from chorus_py.errors import InvalidParameter
 
 
@@ -53,7 +55,33 @@ def resolve(query: AggregateQuery, epsilon: float, delta: float,
     n = len(query.measurements)
     eps_i, delta_i = epsilon / n, delta / n
     bound = smooth_bound(join.stability, mf, smoothing_beta(eps_i, delta_i))
-    measurements = tuple(dataclasses.replace(m, sensitivity=2.0 * bound.value * m.factor)
-                         for m in query.measurements)
+    groups = None  # D, when keys are thresholded or distinct units are counted per group
+    if query.keys and (query.thresholded or any(m.kind == "count_units"
+                                                  for m in query.measurements)):
+        groups = groups_per_unit(join, [k.expr for k in query.keys], mf)
+    measurements = tuple(
+        _distinct_units(m, query, groups) if m.kind == "count_units"
+        else dataclasses.replace(m, sensitivity=2.0 * bound.value * m.factor)
+        for m in query.measurements)
     resolved = ResolvedJoin(bound, eps_i, delta_i)
-    return dataclasses.replace(query, measurements=measurements), resolved
+    return dataclasses.replace(query, measurements=measurements, max_groups=groups), resolved
+
+
+def _distinct_units(m: Measurement, query: AggregateQuery, groups: int | None) -> Measurement:
+    """COUNT(DISTINCT unit) over a join on the unit (``analyses.join_groups``): a person moves
+    it by 1 in each group they reach: Delta = 1 ungrouped, else min(G, D) (G: the number of
+    listed public keys, when every key is listed).  A global bound, so not smoothed: discrete
+    Laplace of scale Delta / epsilon_i is epsilon_i-DP (charged, conservatively, with the other
+    measurements' (epsilon_i, delta_i))."""
+    if not query.keys:
+        return dataclasses.replace(m, sensitivity=1.0, derivation=(
+            "COUNT(DISTINCT unit) over a join on the unit: a person is one of the counted "
+            "units or not: Delta = 1"))
+    assert groups is not None
+    listed = [k.public_values for k in query.keys]
+    bound = groups
+    if all(v is not None for v in listed):
+        bound = max(1, min(groups, math.prod(len(v or ()) for v in listed)))
+    return dataclasses.replace(m, sensitivity=float(bound), derivation=(
+        f"COUNT(DISTINCT unit) over a join on the unit: +-1 in each of the <= {bound} groups "
+        f"a person's join rows reach (D = {groups}): Delta = {bound}"))

@@ -57,8 +57,8 @@ import numpy as np
 from mechanisms.base import check_epsilon
 from mechanisms.randomness import secure_uniform, secure_uniform_dense
 
-__all__ = ["FLOAT_SLACK", "MAX_BINS", "ExponentialMechanism", "bin_value", "rank_sensitivity",
-           "rank_utility"]
+__all__ = ["FLOAT_SLACK", "MAX_BINS", "ExponentialMechanism", "bin_value", "draw_index",
+           "rank_sensitivity", "rank_utility"]
 
 #: The largest histogram the mechanism samples: keeps ``B 2^-51`` (the sampler's relative
 #: error) below 2^-31.
@@ -136,12 +136,7 @@ class ExponentialMechanism:
 
     def sample(self, utility: np.ndarray) -> int:
         """One bin index, drawn by inverting the CDF over the bins sorted by probability."""
-        probs = self.probabilities(utility)
-        order = np.argsort(probs, kind="stable")
-        cdf = np.cumsum(probs[order])
-        draw = float(secure_uniform_dense(1)[0]) * cdf[-1]
-        position = int(np.searchsorted(cdf, draw, side="left"))
-        return int(order[min(position, len(order) - 1)])
+        return draw_index(self.probabilities(utility))
 
     def rank_error(self, bins: int, confidence: float = 0.95) -> float:
         """With probability ``confidence`` the drawn bin's ranks lie within this many values of
@@ -155,6 +150,17 @@ class ExponentialMechanism:
         """For reports: the mechanism, its cost and its utility's sensitivity."""
         return {"name": self.name, "epsilon": self.epsilon, "sensitivity": self.sensitivity,
                 "scale": 2.0 * self.sensitivity / self.epsilon}
+
+
+def draw_index(probs: np.ndarray) -> int:
+    """An index drawn with probabilities ``probs`` (>= 0, summing to about 1), from os.urandom:
+    the CDF inverted over the indexes sorted by increasing probability, with a dense uniform
+    (module docstring, "Selection": relative error about ``len(probs) 2^-51`` per index)."""
+    order = np.argsort(probs, kind="stable")
+    cdf = np.cumsum(probs[order])
+    draw = float(secure_uniform_dense(1)[0]) * cdf[-1]
+    position = int(np.searchsorted(cdf, draw, side="left"))
+    return int(order[min(position, len(order) - 1)])
 
 
 def bin_value(index: int, bins: int, lower: float, upper: float, integral: bool) -> float:

@@ -114,13 +114,24 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
                 for m in query.measurements]
     measure_ids = [m.id for m in query.measurements]
     if plan.threshold is not None and plan.threshold.separate:
-        unit = tp.privacy_unit
-        gate = (exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
+        unit, gate_alias = tp.privacy_unit, alias
+        if query.join is not None:
+            # A unit-keyed join (analyses.join_groups): every private occurrence carries the
+            # same unit value on a row; count it on the first one (never a public table).
+            first = query.join.private_sources[0]
+            unit, gate_alias = first.policy.privacy_unit, first.alias
+            assert isinstance(unit, str)
+        gate = (exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=gate_alias)]))
                 if unit else exp.Count(this=exp.Star()))
         columns.append(exp.alias_(gate, THRESHOLD_ID))
         measure_ids.append(THRESHOLD_ID)
     if query.join is not None:
         measure = join_rows(query, restrictions or {}, samples).select(*columns, copy=False)
+        if query.thresholded:  # as filtered_rows does for one table
+            for key in query.keys:
+                if key.public_values is not None:
+                    measure = measure.where(public_filter(key.expr, key.public_values),
+                                            copy=False)
     else:
         assert rows is not None
         measure = exp.select(*columns).from_(rows.subquery(alias, copy=False), copy=False)
@@ -222,6 +233,8 @@ def cap_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
 
 
 def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:
+    if m.kind == "count_units" and m.argument is not None:  # a join: the unit column it names
+        return exp.Count(this=exp.Distinct(expressions=[safety(m.argument)]))
     if m.kind == "count_units":
         assert unit is not None
         return exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analyses.join_groups import groups_per_unit
 from analyses.query import AggregateQuery, analyze_query
 from analyses.smoothing import resolve
 from analyses.validate import parse_statement
@@ -232,8 +233,11 @@ def test_delta_required() -> None:
     ("SELECT r.customer_id, COUNT(*) FROM orders o JOIN recs r "
      "ON o.customer_id = r.customer_id GROUP BY r.customer_id", NotSupportedError,
      "public_values"),
-    ("SELECT COUNT(DISTINCT r.rider_id) FROM rides r JOIN shops s ON r.shop_id = s.shop_id",
-     NotSupportedError, r"COUNT\(DISTINCT"),
+    ("SELECT COUNT(DISTINCT r.ride_id) FROM rides r JOIN shops s ON r.shop_id = s.shop_id",
+     NotSupportedError, r"COUNT\(DISTINCT \.\.\.\) over a join is answered only for the "
+     r"privacy unit \(r\.rider_id\)"),
+    ("SELECT COUNT(DISTINCT a.rider_id) FROM rides a JOIN rides b ON a.shop_id = b.shop_id",
+     NotSupportedError, "not all joined on their privacy unit"),
     ("SELECT VARIANCE(o.amount) FROM orders o JOIN recs r ON o.customer_id = r.customer_id",
      NotSupportedError, "VARIANCE"),
     ("SELECT SUM(d.rating) FROM orders o JOIN drivers d ON o.shop_id = d.driver_id",
@@ -353,3 +357,61 @@ def test_unit_joins_change_by_at_most_s0(a: list[list[int]], b: list[list[int]],
         assert query.join.stability.at(0, mf) == expected
     assert abs(after - before) <= query.join.stability.at(0, mf)
     assert abs(after - before) <= query.join.stability.at(0, mf_after)
+
+
+# -- property: over a join on the unit, one unit's rows reach at most D groups -----------------
+
+_GROUPED = [
+    ("SELECT ua.x, COUNT(DISTINCT ua.u) FROM ua JOIN ub ON ua.u = ub.u GROUP BY ua.x", 3),
+    ("SELECT ub.x, COUNT(DISTINCT ua.u) FROM ua JOIN ub ON ua.u = ub.u GROUP BY ub.x", 2),
+    ("SELECT ua.x, ub.x, COUNT(DISTINCT ub.u) FROM ua JOIN ub ON ua.u = ub.u "
+     "GROUP BY ua.x, ub.x", 6),                                                # 3 * 2
+    ("SELECT t1.x, t2.x, COUNT(DISTINCT t1.u) FROM ua t1 JOIN ua t2 ON t1.u = t2.u "
+     "GROUP BY t1.x, t2.x", 9),                                                # 3 * 3
+    # A key of the public table: D = S(0) = mf(p.x) * 3 join rows of one unit.
+    ("SELECT p.y, COUNT(DISTINCT ua.u) FROM ua JOIN p ON p.x = ua.x GROUP BY p.y", None),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(unit_rows, min_size=1, max_size=4),
+       st.lists(st.lists(st.integers(0, 2), max_size=2), min_size=1, max_size=4),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), max_size=6),
+       st.sampled_from(_GROUPED), st.integers(0, 3))
+def test_a_unit_reaches_at_most_d_groups(a: list[list[int]], b: list[list[int]],
+                                         p: list[tuple[int, int]], case: tuple[str, int | None],
+                                         gone: int) -> None:
+    """Tables keeping <= 3 (ua) and <= 2 (ub) rows per unit; the neighbour drops one unit.  The
+    distinct-unit count moves by at most 1 in each group and in at most D groups, D as
+    ``analyses.join_groups`` derives it (by hand for the joins on the unit)."""
+    sql, expected = case
+    parsed = parse_statement(sql, "duckdb", frozenset(_UNIT_POLICY.tables))
+    query = analyze_query(parsed, _UNIT_POLICY, "duckdb",
+                          {"p": {"x": "integer", "y": "integer"}})
+    assert isinstance(query, AggregateQuery) and query.join is not None
+    # Thresholded keys, except p.y: the public table's values (its distinct-unit count still
+    # has Delta = D, G being unknown to the analysis).
+    assert query.thresholded == (expected is not None)
+    con = duckdb.connect(":memory:")
+
+    def load(without: int | None) -> tuple[dict[tuple[object, ...], int], dict[str, float]]:
+        for name, per_unit in (("ua", a), ("ub", b)):
+            con.execute(f"CREATE OR REPLACE TABLE {name} (u BIGINT, x BIGINT)")
+            values = [(u, x) for u, xs in enumerate(per_unit) for x in xs if u != without]
+            if values:
+                con.executemany(f"INSERT INTO {name} VALUES (?, ?)", values)
+        con.execute("CREATE OR REPLACE TABLE p (x BIGINT, y BIGINT)")
+        if p:
+            con.executemany("INSERT INTO p VALUES (?, ?)", p)
+        mf = {m.name: float(con.execute(frequency_sql(m.table, m.column)).fetchone()[0] or 0)
+              for m in query.join.metrics}
+        return {tuple(row[:-1]): row[-1] for row in con.execute(sql).fetchall()}, mf
+
+    before, mf = load(None)
+    after, _ = load(gone)
+    d = groups_per_unit(query.join, [k.expr for k in query.keys], mf)
+    if expected is not None:
+        assert d == expected
+    changed = [g for g in before.keys() | after.keys() if before.get(g, 0) != after.get(g, 0)]
+    assert len(changed) <= d
+    assert all(abs(before.get(g, 0) - after.get(g, 0)) <= 1 for g in changed)

@@ -248,10 +248,20 @@ def test_a_public_filter_narrows_the_grid(rides: Engine) -> None:
     assert _keys(result) == ["north", "south"]
 
 
-def test_a_private_key_over_a_join_is_refused_naming_the_public_ones(rides: Engine) -> None:
+def test_a_private_key_over_a_join_with_a_public_table_is_thresholded(rides: Engine) -> None:
+    result = _ask(rides, "SELECT r.city, COUNT(*) FROM pk_rides r JOIN pk_fleet f "
+                         "ON r.driver_id = f.driver_id GROUP BY r.city", epsilon=400)
+    # A rider's <= 5 rides reach <= 5 cities (D = 5: analyses.join_groups); tests/
+    # test_join_keys.py derives the threshold.
+    assert result.report.key_release.method == "threshold"
+    assert "D = 5 groups per unit" in result.report.key_release.note
+
+
+def test_a_private_key_over_a_join_off_the_unit_is_refused_naming_the_public_ones(
+        rides: Engine) -> None:
     with pytest.raises(NotSupportedError) as err:
-        _ask(rides, "SELECT r.city, COUNT(*) FROM pk_rides r JOIN pk_fleet f "
-                    "ON r.driver_id = f.driver_id GROUP BY r.city")
+        _ask(rides, "SELECT a.city, COUNT(*) FROM pk_rides a JOIN pk_rides b "
+                    "ON a.driver_id = b.driver_id GROUP BY a.city")
     assert "public table" in (err.value.hint or "") and nothing_spent(rides)
 
 

@@ -100,11 +100,14 @@ def test_percentiles_share_epsilon_and_one_scan(skew: Engine) -> None:
     explained = skew.explain(sql, epsilon=40.0, **ALICE)
     result = skew.execute(sql, epsilon=40.0, **ALICE)
     assert result.columns == ("p90", "p25", "lo", "hi")
-    # One histogram of v for all four quantiles.
+    # One histogram of v for all four quantiles, drawn jointly (p = 0.01, 0.25, 0.9, 0.99) at
+    # the sum of their shares, 4 * 10: Delta = 2k = 6 (mechanisms.joint_quantiles).
     assert result.report.rewritten_sql.count("GROUP BY") == 1
     sens = [m.sensitivity for m in result.report.measurements]
-    assert sens == pytest.approx([3 * 0.9, 3 * 0.75, 3 * 0.99, 3 * 0.99])
-    assert [m.mechanism["epsilon"] for m in result.report.measurements] == [10.0] * 4
+    assert sens == [6.0] * 4
+    assert [m.mechanism["epsilon"] for m in result.report.measurements] == [40.0] * 4
+    assert [m.mechanism["name"] for m in result.report.measurements] == \
+        ["joint_exponential"] * 4
     assert result.report.epsilon == explained.epsilon == 40.0
     for (p, answer), m in zip(zip((0.9, 0.25, 0.01, 0.99), result.rows[0], strict=True),
                               result.report.measurements, strict=True):
@@ -210,9 +213,10 @@ def test_report_columns_name_the_mechanism(skew: Engine) -> None:
                           "GROUP BY g", epsilon=3.0, **ALICE)
     key, median, spread = report.columns
     assert key.role == "group_key"
-    # epsilon 1 each; Delta = 3 * 0.5: the exponential mechanism's 2 Delta / epsilon = 3.
-    assert median.role == "aggregate" and median.mechanism == "exponential"
-    assert median.scale == pytest.approx(3.0)
+    # MEDIAN, MAX and MIN of v drawn jointly at epsilon 3 * 1; Delta = 2k = 6: the
+    # mechanism's 2 Delta / epsilon = 4.
+    assert median.role == "aggregate" and median.mechanism == "joint_exponential"
+    assert median.scale == pytest.approx(4.0)
     assert "rank error" in median.note
     assert spread.role == "derived" and spread.measurements == ("q1", "q2")
     assert report.delta == 0 and report.epsilon == 3.0
@@ -220,10 +224,13 @@ def test_report_columns_name_the_mechanism(skew: Engine) -> None:
 
 
 def test_event_level_table(engine: Engine) -> None:
-    """visits has no privacy unit: one row per neighbour, Delta = max(p, 1 - p)."""
+    """visits has no privacy unit: one row per neighbour, Delta = max(p, 1 - p) alone, and
+    2 for the two quantiles of seconds drawn jointly."""
+    alone = engine.explain("SELECT MEDIAN(seconds) FROM visits", epsilon=20.0, **ALICE)
+    assert [m.sensitivity for m in alone.measurements] == [0.5]
     result = engine.execute("SELECT MEDIAN(seconds), PERCENTILE_DISC(0.2) WITHIN GROUP "
                             "(ORDER BY seconds) FROM visits", epsilon=20.0, **ALICE)
-    assert [m.sensitivity for m in result.report.measurements] == [0.5, 0.8]
+    assert [m.sensitivity for m in result.report.measurements] == [2.0, 2.0]
     # seconds = visit_id % 700 over 1..1000: 1..699 and 0 once, then 1..300 again, so the
     # values up to 300 come twice: rank 500 is at 250, rank 200 at 100 (each value two ranks;
     # the 95% rank bound here is ~ 1.2 ranks, so +-15 is loose).

@@ -389,7 +389,9 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
             note=f"a group is released only if its noisy count ({t.measurement_id}, "
             f"scale {t.mechanism.scale:g}) exceeds tau = 1 + b ln(D / delta), D = "
             f"{query.groups_per_unit} groups per unit"
-            + (f" (its rows kept in at most {query.max_groups} groups)"
+            + (" (the groups one person's rows of the join on the unit can reach)"
+               if query.join is not None
+               else f" (its rows kept in at most {query.max_groups} groups)"
                if query.max_groups is not None and query.max_groups < query.stability
                else f" (its <= {query.stability} rows)" if query.privacy_unit else ""),
         )

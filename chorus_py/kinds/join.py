@@ -31,6 +31,7 @@ from chorus_py.kinds.analytic import (
     AnalyticQuery,
     aggregate_report,
     finish_plan,
+    key_release_odds_of,
     listed_keys,
     run_analytic,
 )
@@ -40,7 +41,9 @@ from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
-from mechanisms.planning import NoisePlan
+from mechanisms.key_release import empty_result_message, threshold_warning
+from mechanisms.planning import THRESHOLD_ID, NoisePlan, ThresholdPlan
+from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import RewrittenQuery, pipeline
 
@@ -117,6 +120,17 @@ def join_plan(query: AggregateQuery, resolved: ResolvedJoin, epsilon: float,
     return NoisePlan(mechanisms, None, epsilon, delta)
 
 
+def with_gate(plan: NoisePlan, groups: int, epsilon: float, delta: float) -> NoisePlan:
+    """``plan`` with the key-release gate of a join (``analyses.join_groups``): a separate
+    COUNT(DISTINCT unit) per group, sensitivity D = ``groups`` (a person adds 1 to each of
+    their <= D groups), discrete Laplace of scale D / epsilon_t, tau = 1 + b ln(D / delta_t)
+    (``mechanisms.thresholding``): (epsilon_t, delta_t) for the keys."""
+    gate = DiscreteLaplace.from_sensitivity(groups, epsilon)
+    tau = key_release_threshold(gate.scale, groups, delta)
+    return dataclasses.replace(plan, threshold=ThresholdPlan(THRESHOLD_ID, gate, tau, delta,
+                                                             separate=True))
+
+
 def discrete_laplace_of_scale(scale: float) -> DiscreteLaplace:
     """Discrete Laplace noise of exactly ``scale``, as "sensitivity 1 at epsilon 1 / scale".
 
@@ -135,10 +149,11 @@ class JoinTemplate:
     """The rewrite of a join query and its SQL text with the noise scales left as holes.
 
     Why this is exact: for a join the rewrite (``rewriters.pipeline``) reads the noise plan only
-    for a key-release threshold, which joins never have, and the measurements' sensitivities not
-    at all; the plan enters the SQL only through ``RewrittenQuery.sql_with_noise``, where every
-    measurement is discrete Laplace whose rendering holds its scale b as the one literal
-    ``CAST('<repr(b)>' AS DOUBLE)`` (``mechanisms.base.float_literal``), twice.  So the text is
+    for a key-release threshold (thresholded joins do not use a template: ``JoinKind``), and
+    the measurements' sensitivities not at all; the plan enters the SQL only through
+    ``RewrittenQuery.sql_with_noise``, where every measurement is discrete Laplace whose
+    rendering holds its scale b as the one literal ``CAST('<repr(b)>' AS DOUBLE)``
+    (``mechanisms.base.float_literal``), twice.  So the text is
     rendered once with a distinct random *placeholder scale* per measurement, and each query
     substitutes the quoted ``'<repr(placeholder)>'`` by ``'<repr(b)>'``: the same characters
     a full rendering prints.  The placeholders are drawn from os.urandom, so an analyst cannot
@@ -233,45 +248,85 @@ class JoinKind:
         return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
-        """The answer: noised in SQL, or by the proxy."""
-        return run_analytic(self.services.statements, prepared.detail,
-                            self.services.policy.privacy.noise, run)
+        """The answer: noised in SQL, or by the proxy.  When thresholding released no group,
+        the answer says why, and what epsilon would release groups of a given size."""
+        detail: AnalyticQuery = prepared.detail
+        answer = run_analytic(self.services.statements, detail,
+                              self.services.policy.privacy.noise, run)
+        odds = key_release_odds_of(detail.query, detail.plan, prepared.report.epsilon)
+        if odds is not None and not answer.result.rows:
+            return dataclasses.replace(answer, warnings=(empty_result_message(
+                *odds, max_epsilon=self.services.policy.privacy.max_epsilon_per_query),))
+        return answer
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead, restrictions: dict[str, BlockRestriction],
                           mf: dict[str, float], samples: dict[str, tuple[str, str]],
                           key: tuple[object, ...]) -> Prepared:
         services = self.services
+        # Keys released by a noisy threshold: the gate takes its share of epsilon and half of
+        # delta; the measurements share the rest (so the query costs (epsilon, delta)).
+        gate_epsilon = gate_delta = 0.0
+        if query.thresholded:
+            if not delta > 0:
+                raise InvalidParameter(
+                    "grouping a join by a column without public values releases its keys "
+                    "through a noisy threshold, which needs delta > 0",
+                    hint="pass a small delta (e.g. 1e-8)")
+            gate_epsilon = epsilon * services.policy.privacy.threshold_epsilon_share
+            gate_delta = delta / 2
         try:
-            resolved_query, resolved = resolve(query, epsilon, delta, mf)
+            resolved_query, resolved = resolve(query, epsilon - gate_epsilon,
+                                               delta - gate_delta, mf)
         except ValueError as err:  # depends on the query's shape and epsilon only
             raise InvalidParameter(str(err), hint="ask for a larger epsilon") from None
         try:
             plan = join_plan(resolved_query, resolved, epsilon, delta)
+            if query.thresholded:
+                plan = with_gate(plan, resolved_query.groups_per_unit, gate_epsilon,
+                                 gate_delta)
         except ValueError:
             # The message would quote the scale, which may be data-dependent: say nothing of it.
             raise InvalidParameter(
                 f"cannot calibrate noise for this join at epsilon={epsilon:g}: the noise would "
                 "be too large to render", hint="ask for a larger epsilon") from None
         noise = services.policy.privacy.noise
-        # The rewrite and its SQL text do not depend on epsilon, delta or the metrics, only the
-        # noise scales in it do: kept apart, a new epsilon or refreshed metrics cost a string
-        # substitution instead of a rewrite (``JoinTemplate``).
-        template_key = (query.normalized_sql, key[3], noise, services.dialect, key[6])
-        template = self._templates.get(template_key)
-        if template is None:
-            template = JoinTemplate.build(
-                pipeline(resolved_query, plan, None, services.dialect, None, restrictions,
-                         samples),
-                noise == "sql")
-            self._templates.put(template_key, template)
-        sql = template.sql(plan)
+        if query.thresholded:
+            # The gate's tau is in the rewrite itself, and the template's placeholder plan
+            # has no gate: rendered in full (``JoinTemplate`` notes why the others need not).
+            rewritten = pipeline(resolved_query, plan, None, services.dialect, None,
+                                 restrictions, samples)
+            template = JoinTemplate(rewritten, None, None)
+        else:
+            # The rewrite and its SQL text do not depend on epsilon, delta or the metrics,
+            # only the noise scales in it do: kept apart, a new epsilon or refreshed metrics
+            # cost a string substitution instead of a rewrite (``JoinTemplate``).
+            template_key = (query.normalized_sql, key[3], noise, services.dialect, key[6])
+            template = self._templates.get(template_key)
+            if template is None:
+                template = JoinTemplate.build(
+                    pipeline(resolved_query, plan, None, services.dialect, None, restrictions,
+                             samples),
+                    noise == "sql")
+                self._templates.put(template_key, template)
+        sql = template.sql(plan) if noise == "sql" or not query.thresholded \
+            else template.rewritten.measure_sql()
         detail = AnalyticQuery(resolved_query, plan, reads, template.rewritten, sql,
                                resolved=resolved)
         report = aggregate_report(resolved_query, plan, reads, sql, noise)
         report = join_report(report, resolved_query, resolved, mf, noise)
+        # Keys by threshold: what tau means for group sizes (public inputs only).
+        odds = key_release_odds_of(resolved_query, plan, epsilon)
+        warning = None if odds is None else threshold_warning(
+            *odds, max_epsilon=services.policy.privacy.max_epsilon_per_query)
+        if warning:
+            report = dataclasses.replace(report, warnings=(warning,))
         services.statements.verify_outgoing(sql, services.release, query.tables)
-        return Prepared(report, reads.ids, join_events(plan, resolved), detail,
+        events = join_events(plan, resolved)
+        if plan.threshold is not None:
+            events += (Event.from_mechanism(plan.threshold.mechanism),
+                       Event.key_release(plan.threshold.delta))
+        return Prepared(report, reads.ids, events, detail,
                         statements=(sql,),
                         finish=finish_plan(detail) if noise == "proxy" else None,
                         answer_key=(query.normalized_sql, epsilon, delta, report.blocks))

@@ -4,7 +4,10 @@ Prepare: the query is analysed by ``analyses.quantiles`` (the ordinary analysis,
 quantile in place of a SUM), its blocks by ``analyses.blocks``, and each distinct quantiled
 value gets one histogram statement (``rewriters.quantiles``: one scan, all groups, :data:`BINS`
 bins over the declared bounds).  Epsilon is split equally over the quantiles (basic
-composition); each costs a pure epsilon-DP event.
+composition); the quantiles of one column (two or more, at most ``MAX_JOINT``) are drawn
+together by the joint exponential mechanism (``mechanisms.joint_quantiles``) at the sum of
+their shares, which beats drawing them one by one at the demo's sizes (benchmarks/RESULTS.md,
+"quantiles"); each mechanism costs a pure epsilon-DP event.
 
 Run, after the claim: the database returns the exact histograms (they stay in the proxy), the
 proxy draws each quantile's bin with the exponential mechanism (``mechanisms.exponential``,
@@ -36,6 +39,7 @@ from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, Privac
 from chorus_py.statements import QueryRun
 from mechanisms.exponential import ExponentialMechanism, bin_value, rank_sensitivity, rank_utility
 from mechanisms.intervals import Interval, NoInterval
+from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.pipeline import NOISY
@@ -52,7 +56,8 @@ class QuantileDetail:
     """The kind's state of a prepared quantile query (``Prepared.detail``)."""
 
     analysis: QuantileQuery
-    mechanisms: tuple[ExponentialMechanism, ...]  # one per quantile, in order
+    # One per quantile, in order; the quantiles of one column drawn jointly share one.
+    mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...]
     histograms: tuple[tuple[str, str], ...]       # (argument SQL, statement) per argument
     groups: tuple[tuple[object, ...], ...]        # the public key combinations, in order
     finish: str
@@ -114,11 +119,8 @@ class QuantileKind:
         if query.keys and len(groups) * BINS > MAX_CELLS:
             raise QueryRefused(f"{len(groups)} groups of {BINS} bins each are too many for a "
                                "quantile query", hint="filter the group keys to fewer values")
-        # Basic composition: the quantiles share epsilon equally.
-        share = epsilon / len(analysis.quantiles)
         try:
-            mechanisms = tuple(ExponentialMechanism(share, rank_sensitivity(q.p, query.stability))
-                               for q in analysis.quantiles)
+            mechanisms = plan_quantiles(analysis, epsilon)
         except ValueError as err:
             raise InvalidParameter(f"cannot calibrate the exponential mechanism: {err}",
                                    hint="ask for a larger epsilon") from None
@@ -135,7 +137,7 @@ class QuantileKind:
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish)
         report = _report(analysis, mechanisms, reads,
                          "\n".join(sql for _, sql in histograms), epsilon)
-        events = tuple(Event.epsilon_delta(m.epsilon) for m in mechanisms)
+        events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
                         detail, statements=tuple(sql for _, sql in histograms),
                         finish=(_create(detail), finish),
@@ -158,8 +160,16 @@ class QuantileKind:
         rows = []
         for g in range(n_groups):
             values = []
+            cuts: dict[int, tuple[int, ...]] = {}  # one joint draw per column and group
             for spec, mechanism in zip(analysis.quantiles, detail.mechanisms, strict=True):
-                drawn = mechanism.sample(rank_utility(counts[spec.argument.sql()][g], spec.p))
+                histogram = counts[spec.argument.sql()][g]
+                if isinstance(mechanism, JointQuantiles):
+                    if id(mechanism) not in cuts:
+                        cuts[id(mechanism)] = mechanism.sample(histogram)
+                    cut = cuts[id(mechanism)][mechanism.ps.index(spec.p)]
+                    values.append(cut_value(cut, BINS, spec.lower, spec.upper, spec.integral))
+                    continue
+                drawn = mechanism.sample(rank_utility(histogram, spec.p))
                 values.append(bin_value(drawn, BINS, spec.lower, spec.upper, spec.integral))
             keys = detail.groups[g] if n_keys else ()
             rows.append((*keys, *values))
@@ -196,6 +206,41 @@ class QuantileKind:
         column_type = query.table_policy.columns[block.column].type
         return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
                                        reads.separate_runs)
+
+
+def plan_quantiles(analysis: QuantileQuery, epsilon: float
+                   ) -> tuple[ExponentialMechanism | JointQuantiles, ...]:
+    """The mechanism of each quantile: epsilon split equally over the quantiles (basic
+    composition); the 2 to MAX_JOINT quantiles of one column drawn jointly at the sum of their
+    shares (one mechanism object, shared), any other alone at its share."""
+    share = epsilon / len(analysis.quantiles)
+    k = analysis.query.stability
+    by_argument: dict[str, list[int]] = {}
+    for i, q in enumerate(analysis.quantiles):
+        by_argument.setdefault(q.argument.sql(), []).append(i)
+    found: dict[int, ExponentialMechanism | JointQuantiles] = {}
+    for indexes in by_argument.values():
+        ps = tuple(sorted({analysis.quantiles[i].p for i in indexes}))
+        if 2 <= len(ps) <= MAX_JOINT:
+            joint = JointQuantiles(share * len(indexes), k, ps, BINS)
+            found.update(dict.fromkeys(indexes, joint))
+            continue
+        for i in indexes:
+            found[i] = ExponentialMechanism(share, rank_sensitivity(analysis.quantiles[i].p, k))
+    return tuple(found[i] for i in range(len(analysis.quantiles)))
+
+
+def _distinct(mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...]
+              ) -> list[ExponentialMechanism | JointQuantiles]:
+    """Each mechanism once (the quantiles drawn jointly share one release)."""
+    return list({id(m): m for m in mechanisms}.values())
+
+
+def _rank_error(mechanism: ExponentialMechanism | JointQuantiles) -> float:
+    """The 95% rank error bound of a quantile drawn by ``mechanism``."""
+    if isinstance(mechanism, JointQuantiles):
+        return mechanism.rank_error(0.95)
+    return mechanism.rank_error(BINS)
 
 
 def _group_index(keys: tuple[Any, ...], analysis: QuantileQuery) -> int | None:
@@ -249,13 +294,14 @@ class _RankBars:
                 continue
             # The rank bound is public (epsilon, Delta, bins); a value interval would need the
             # data's distribution, which is not released.
-            reasons = [f"rank within {m.rank_error(BINS):.4g} of {q.p:g} n (95%)"
+            reasons = [f"rank within {_rank_error(m):.4g} of {q.p:g} n (95%)"
                        for q, m in (bounds[i] for i in out.measurements)]
             cells.append(NoInterval("; ".join(reasons) + ", no value interval"))
         return tuple(tuple(cells) for _ in range(self.rows))
 
 
-def _report(analysis: QuantileQuery, mechanisms: tuple[ExponentialMechanism, ...],
+def _report(analysis: QuantileQuery,
+            mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...],
             reads: BlocksRead | None, sql: str, epsilon: float) -> PrivacyReport:
     """The report: each quantile's mechanism, epsilon and utility sensitivity; the bins drawn
     in the proxy whatever ``privacy.noise`` says (the selection needs the histogram)."""
@@ -264,15 +310,20 @@ def _report(analysis: QuantileQuery, mechanisms: tuple[ExponentialMechanism, ...
     measurements = []
     for q, m in zip(analysis.quantiles, mechanisms, strict=True):
         width = (q.upper - q.lower) / BINS
+        who = f"{unit}'s <= {k} rows" if unit else "row (event level)"
+        why = ("rank utility u = -dist(p n, ranks of the bin), one " + who
+               + f" move it by <= k max(p, 1 - p) = {k} * {max(q.p, 1 - q.p):g} = "
+               f"{m.sensitivity:g} (mechanisms.exponential)")
+        if isinstance(m, JointQuantiles):
+            why = (f"drawn jointly with the other quantiles of {display_sql(q.argument)} "
+                   f"(p = {', '.join(f'{p:g}' for p in m.ps)}): utility u = -sum over the gaps "
+                   "between consecutive cuts of |count - asked count|, one " + who
+                   + f" move it by <= 2k = {m.sensitivity:g} (mechanisms.joint_quantiles)")
         measurements.append(MeasurementReport(
             q.id, f"{q.function} = the {q.p:g}-quantile of {display_sql(q.argument)} "
-            f"clipped to [{q.lower:g}, {q.upper:g}]", m.sensitivity,
-            "rank utility u = -dist(p n, ranks of the bin), one "
-            + (f"{unit}'s <= {k} rows" if unit else "row (event level)")
-            + f" move it by <= k max(p, 1 - p) = {k} * {max(q.p, 1 - q.p):g} = "
-            f"{m.sensitivity:g} (mechanisms.exponential)",
+            f"clipped to [{q.lower:g}, {q.upper:g}]", m.sensitivity, why,
             {**m.describe(), "bins": BINS, "bin_width": width,
-             "rank_error_95": m.rank_error(BINS)}, None))
+             "rank_error_95": _rank_error(m)}, None))
     by_id = {q.id: (q, m) for q, m in zip(analysis.quantiles, mechanisms, strict=True)}
     columns = []
     for out in query.outputs:
@@ -285,16 +336,22 @@ def _report(analysis: QuantileQuery, mechanisms: tuple[ExponentialMechanism, ...
             # error in values is data-dependent (not shown), in ranks it is in the note.
             q, m = by_id[out.expr.sql()]
             columns.append(ColumnReport(
-                out.name, "aggregate", out.source, out.measurements, "exponential",
+                out.name, "aggregate", out.source, out.measurements, m.name,
                 2 * m.sensitivity / m.epsilon,
-                note=f"95% rank error within {m.rank_error(BINS):.4g} values of {q.p:g} n"))
+                note=f"95% rank error within {_rank_error(m):.4g} values of {q.p:g} n"))
         else:
             columns.append(ColumnReport(out.name, "derived", out.source, out.measurements,
                                         note="post-processing of DP quantiles: "
                                         + out.expr.sql()))
+    joint = [m for m in _distinct(mechanisms) if isinstance(m, JointQuantiles)]
     notes = [f"exponential mechanism over {BINS} bins of the declared bounds, the bin drawn by "
              "the proxy from os.urandom and a value uniform in it; epsilon split equally over "
              f"{len(mechanisms)} quantile(s): {epsilon / len(mechanisms):g} each",
+             "" if not joint else "the quantiles of one column are drawn jointly (joint "
+             "exponential mechanism, Gillenwater et al. 2021) at the sum of their shares, "
+             "each as a cut between bins: " + "; ".join(
+                 f"p = {', '.join(f'{p:g}' for p in m.ps)} at epsilon {m.epsilon:g}"
+                 for m in joint),
              "MIN and MAX are the DP 1st and 99th percentiles, not the minimum and maximum"
              if any(q.function in ("MIN", "MAX") for q in analysis.quantiles) else "",
              f"at most {k} rows per {unit} (the policy's limit), chosen at random after the "
