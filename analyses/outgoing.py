@@ -38,7 +38,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    ``1 / COUNT(*) OVER (PARTITION BY unit)``.  A ranked copy (``chorus_private.T__ranked_*``,
    every row of T with its unit's row count, ``__chorus_unit_rows``) is not bounded by itself:
    it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in the reading
-   SELECT's WHERE (the light units, whose k rows at most are all kept), or, for the selection
+   SELECT's WHERE (the light units, whose k rows at most are all kept) or ``__chorus_rank <=
+   k`` there (its stored ranks 1..n_u: k rows per unit at most), or, for the selection
    histograms, each row weighted by ``1 / __chorus_unit_rows`` in the reading SELECT and only
    SUMs at the barrier (a unit's rows weigh at most 1 in all).  A weight's numerator must be
    the literal 1.
@@ -82,6 +83,7 @@ EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
 _UNIT_ROWS = "__chorus_unit_rows"
+_STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
     exp.StddevSamp)
@@ -250,6 +252,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
         return _above_per_person(chain, name, allowed)
     _check_barrier(barrier, name, allowed)
     light = stored and not sample and (_light_units(reader.args.get("where"), alias, sole)
+                                       or _stored_ranks(reader.args.get("where"), alias, sole)
                                        or _stored_weights(reader, barrier, alias, sole))
     if spec.unit is not None and not sample and not light \
             and not _bounded(chain, index, spec.unit):
@@ -521,6 +524,17 @@ def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
                 and isinstance(c.expression, exp.Literal) and c.expression.is_int:
             return True
     return False
+
+
+def _stored_ranks(where: exp.Expr | None, alias: str, sole: bool) -> bool:
+    """Whether WHERE ANDs ``alias.__chorus_rank <= <int>``: of a ranked copy, each unit's rows
+    carry the ranks 1..n_u once each (``rewriters.contribution.ranked_table``), so at most that
+    many rows per unit pass."""
+    return any(isinstance(c, exp.LTE) and isinstance(c.this, exp.Column)
+               and c.this.name == _STORED_RANK and (c.this.table == alias
+                                                    or (sole and not c.this.table))
+               and isinstance(c.expression, exp.Literal) and c.expression.is_int
+               for c in _conjuncts(where))
 
 
 def _partitioned_by(window: exp.Window, unit: str) -> bool:

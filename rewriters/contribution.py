@@ -143,6 +143,27 @@ def ranked_table(table: str, unit: str, where: exp.Expr | None = None) -> exp.Se
     ).from_(randomised.subquery("r", copy=False), copy=False)
 
 
+def stored_rank_contribution(rows: exp.Select, alias: str, k: int) -> exp.Select:
+    """Keep at most ``k`` rows per unit of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
+    alias WHERE <claimed blocks>``) when every row of the copy passes the query's filter: the
+    rows of stored rank ``__chorus_rank <= k``, by a plain scan.
+
+    The stored ranks are a uniformly random order of each unit's rows (``ranked_table``), so
+    these are k random rows of the unit, or all of its n_u <= k rows: exactly the rows
+    ``ranked_contribution`` keeps when no row is filtered out (its heavy branch ranks the
+    stored order, its light branch keeps n_u <= k rows), without its UNION ALL and window.
+    Each unit has one row of each rank, hence at most k rows here: stability k.
+
+    >>> from sqlglot import parse_one
+    >>> print(stored_rank_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t"),
+    ...       "t", 5).sql("duckdb"))
+    SELECT t.* FROM p.trips__ranked_x AS t WHERE t.__chorus_rank <= 5
+    """
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    return rows.where(exp.column(RANK, table=alias) <= exp.Literal.number(k), copy=False)
+
+
 def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.Union:
     """Keep at most ``k`` rows per ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
     alias WHERE <filter>``, a copy made by ``ranked_table``) without sorting the light units.

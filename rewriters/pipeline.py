@@ -27,7 +27,13 @@ from analyses.query import AggregateQuery, Measurement
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import BlockRestriction, blocks
 from rewriters.clipping import clipping
-from rewriters.contribution import RANK, contribution, group_bound, ranked_contribution
+from rewriters.contribution import (
+    RANK,
+    contribution,
+    group_bound,
+    ranked_contribution,
+    stored_rank_contribution,
+)
 from rewriters.dialect import dialect
 from rewriters.groups import complete_groups, public_filter
 from rewriters.joins import join_rows
@@ -68,7 +74,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              dialect: str, sample: tuple[str, str] | None = None,
              restrictions: Mapping[str, BlockRestriction] | None = None,
              samples: Mapping[str, tuple[str, str]] | None = None,
-             ranked: tuple[str, str] | None = None) -> RewrittenQuery:
+             ranked: tuple[str, str] | None = None, whole: bool = False) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -76,7 +82,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     A join query (``query.join``) reads each table through ``rewriters.joins``, restricted to the
     claimed blocks in ``restrictions`` (by table alias), or from the stored samples in ``samples``.
     ``ranked`` names (schema, table) of a ranked copy of the query's table (per-query bounding
-    without sorting the light units' rows: ``rewriters.contribution.ranked_contribution``).
+    without sorting the light units' rows: ``rewriters.contribution.ranked_contribution``);
+    ``whole``: every row of that copy passes the query's filter (it filters nothing but the
+    claimed blocks, which cover the copy), so its stored ranks <= k are the kept rows
+    (``rewriters.contribution.stored_rank_contribution``: no window, no UNION ALL).
     """
     tp = query.table_policy
     alias = query.alias
@@ -102,7 +111,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         assert tp.privacy_unit is not None
         rows = group_bound(rows, tp.privacy_unit, [safety(k.expr) for k in query.keys],
                            query.max_groups)
-    if ranked is not None:
+    if ranked is not None and whole:
+        assert rows is not None
+        rows = stored_rank_contribution(rows, alias, query.stability)
+    elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability)
     elif rows is not None and tp.privacy_unit is not None and sample is None:

@@ -19,6 +19,8 @@ from chorus_py.engine import Engine
 from chorus_py.errors import InternalError
 
 GROUPED = "SELECT city, COUNT(*), AVG(fare) FROM trips GROUP BY city"      # public keys
+# Filtered: a ranked copy is read as light UNION ALL heavy (GROUPED keeps its stored ranks).
+FILTERED = "SELECT city, COUNT(*), AVG(fare) FROM trips WHERE fare > 1 GROUP BY city"
 THRESHOLDED = "SELECT driver_id, COUNT(*) FROM trips GROUP BY driver_id"   # keys from rows
 EVENT = "SELECT page, SUM(seconds) FROM visits GROUP BY page"               # no unit, no block
 JOIN = ("SELECT COUNT(*) FROM trips t JOIN cities c ON t.city = c.city "
@@ -64,8 +66,18 @@ Mutation = Callable[[Engine, str], str]
 
 
 def _drop_bounding(engine: Engine, sql: str) -> str:
-    """Without the rank filter (of a ranked copy's heavy branch, or of per-query bounding)."""
+    """Without the rank filter (of a ranked copy's heavy branch or stored ranks, or of
+    per-query bounding)."""
     out = re.sub(r" WHERE b\.__chorus_k?rank <= \d+", "", sql)
+    out = re.sub(r" AND (\w+\.__chorus_rank <= \d+)", r" AND (\1 OR TRUE)", out)
+    assert out != sql
+    return out
+
+
+def _stored_rank_elsewhere(engine: Engine, sql: str) -> str:
+    """The stored-rank filter of a ranked copy moved out of the SELECT reading it (to the
+    outside of a SUM of all the copy's rows): no longer a bound on the rows aggregated."""
+    out = re.sub(r" AND (\w+)\.__chorus_rank <= (\d+)", r" AND \1.__chorus_rank >= \2", sql)
     assert out != sql
     return out
 
@@ -157,11 +169,26 @@ def _limit_in_measure(engine: Engine, sql: str) -> str:
     _extra_private_table, _cte_shadowing, _drop_noise, _not_materialized, _max_instead_of_count,
     _limit_in_measure,
 ])
-def test_tampered_rewrites_are_refused(engine: Engine, mutation: Mutation) -> None:
-    sql = _sql(engine, GROUPED)
+@pytest.mark.parametrize("query", [GROUPED, FILTERED])
+def test_tampered_rewrites_are_refused(engine: Engine, mutation: Mutation, query: str) -> None:
+    sql = _sql(engine, query)
+    if mutation is _drop_light_cap and query is GROUPED:
+        # Every row passes: the copy is read by its stored ranks, with no light branch.
+        assert "__chorus_unit_rows" not in sql and "UNION" not in sql
+        return
     _check(engine, sql)
     with pytest.raises(Refused):
         _check(engine, mutation(engine, sql))
+
+
+def test_stored_ranks_bound_only_as_rank_at_most_k(engine: Engine) -> None:
+    """An unfiltered query reads the ranked copy's rows of stored rank <= k by a plain scan;
+    the same read with the comparison turned around bounds nothing and is refused."""
+    sql = _sql(engine, GROUPED)
+    assert re.search(r"\.__chorus_rank <= \d+", sql) and "UNION" not in sql
+    _check(engine, sql)
+    with pytest.raises(Refused, match="contribution bounding"):
+        _check(engine, _stored_rank_elsewhere(engine, sql))
 
 
 def test_a_private_grid_and_a_missing_threshold_are_refused(engine: Engine) -> None:

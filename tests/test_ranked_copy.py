@@ -138,7 +138,10 @@ def test_each_unit_keeps_min_of_its_filtered_rows_and_k(
     ranked.warm_up(wait=True)
     sql = f"SELECT COUNT(*) FROM {table} {where}"
     _, prepared = ranked.prepare(sql, "alice", epsilon=1.0)
-    assert "__ranked_" in prepared.detail.sql and "__chorus_unit_rows" in prepared.detail.sql
+    # Filtered: light UNION ALL heavy; unfiltered: the stored ranks <= k, by a plain scan.
+    shape = "__chorus_unit_rows" if where else "__chorus_rank <= "
+    assert "__ranked_" in prepared.detail.sql and shape in prepared.detail.sql
+    assert ("UNION ALL" in prepared.detail.sql) == bool(where)
     _, prepared = per_query.prepare(sql, "alice", epsilon=1.0)
     assert "__ranked_" not in prepared.detail.sql
     assert _exact(ranked, sql)[0][0] == expected
@@ -275,3 +278,19 @@ def test_a_table_created_again_with_as_many_rows_is_a_new_version(
             break
         time.sleep(0.1)
     assert _exact(engine, sql)[0][0] == expected
+
+
+def test_stored_ranks_keep_the_rows_the_branches_keep(
+        skewed: tuple[str, str], engines: Callable[[bool], Engine]) -> None:
+    """Unfiltered, the copy is read by its stored ranks <= k; a filter every row passes reads
+    it as light UNION ALL heavy: the very same rows, so the same exact sum."""
+    _, table = skewed
+    engine = engines(True)
+    engine.warm_up(wait=True)
+    whole, branches = (f"SELECT SUM(v) FROM {table}",
+                       f"SELECT SUM(v) FROM {table} WHERE v >= 0 OR v < 0")
+    _, prepared = engine.prepare(whole, "alice", epsilon=1.0)
+    assert "UNION ALL" not in prepared.detail.sql
+    _, prepared = engine.prepare(branches, "alice", epsilon=1.0)
+    assert "UNION ALL" in prepared.detail.sql
+    assert _exact(engine, whole) == _exact(engine, branches)

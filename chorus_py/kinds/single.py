@@ -221,6 +221,9 @@ class SingleTableKind:
         plan = self._noise_plan(query, epsilon, delta)
         if query.max_groups is not None and query.max_groups < query.stability:
             ranked = None
+        # Every row of the copy passes the query's filter: its stored ranks <= k are the kept
+        # rows (a plain scan instead of the light and heavy branches; the same rows).
+        whole = ranked is not None and self._stored_counts(query, ranked) is not None
         rewritten: RewrittenQuery | None = None
         sql_dialect = services.dialect
         if services.policy.privacy.noise == "sql":
@@ -228,13 +231,14 @@ class SingleTableKind:
             # filled into its text template (kinds.templates); the tree is not kept, only
             # proxy noise reads it.
             sql = one_table_sql(
-                self._templates, (query.normalized_sql, restriction, sample, ranked,
+                self._templates, (query.normalized_sql, restriction, sample, ranked, whole,
                                   sql_dialect),
                 query, plan, sql_dialect, sample is not None,
                 lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
-                                      ranked=ranked).sql_with_noise(p))
+                                      ranked=ranked, whole=whole).sql_with_noise(p))
         else:
-            rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked)
+            rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked,
+                                 whole=whole)
             sql = rewritten.measure_sql()
         return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
 
