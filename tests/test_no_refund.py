@@ -208,6 +208,39 @@ def test_a_run_time_failure_after_the_histograms_keeps_the_whole_charge(
     assert _no_choices(engine, sql)
 
 
+def test_choices_made_on_remembered_histograms_keep_the_whole_charge(
+        auto: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unfiltered query's selection histograms over the ranked copy are remembered by the
+    proxy (Statements.run_stored): the second run reads no row before its final statement, yet
+    its choices were made on the data, so that statement failing keeps the whole charge."""
+    engine = auto(reuse=0)  # no choice reuse: the second run chooses again
+    sql = "SELECT COUNT(*), SUM(fare) FROM trips"
+    engine.execute(sql, epsilon=1.0, **ALICE)
+    renamed: list[str] = []
+
+    def rename_before_the_final_statement(statement: str) -> None:
+        copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
+        if not statement.startswith("EXPLAIN ") and copy and not renamed:
+            engine.backend.run_owned([f'ALTER TABLE chorus_private."{copy.group(1)}" '
+                                      "RENAME TO trips_away"])
+            renamed.append(copy.group(1))
+
+    statements = _Statements(engine, monkeypatch, rename_before_the_final_statement)
+    before = {b.block_id: b.epsilon_consumed for b in engine.ledger.blocks()}
+    try:
+        with pytest.raises(BackendError, match="charged"):
+            engine.execute(sql, epsilon=1.0, **ALICE)
+    finally:
+        for name in renamed:
+            engine.backend.run_owned([f'ALTER TABLE chorus_private.trips_away RENAME TO "{name}"'])
+    assert len(statements.reading()) == 1  # the final statement only: histograms remembered
+    claim = engine.ledger.claims()[-1]
+    assert claim.state == "consumed"
+    after = {b.block_id: b.epsilon_consumed for b in engine.ledger.blocks()}
+    assert all(after[b] - before[b] == pytest.approx(1.0) for b in claim.blocks)
+    assert all(e["event"] != "claim_refunded" for e in engine.ledger.history())
+
+
 # -- an empty list of public keys ----------------------------------------------------------------
 def _keys_kept(values: list[str]) -> set[str]:
     return {v for v in CITIES if v in values}

@@ -200,7 +200,10 @@ def cells(statements: Statements, run: QueryRun, sql: str, limit: int,
     values = [np.zeros(STEPS + 2) for _ in clipped]
     base = cell_base(range(STEPS + 1))
     n = len(clipped)
-    for row in statements.run(sql, run).rows:
+    # Over stored row counts the statement reads only the ranked copy, which never changes
+    # under its name: its exact cells are kept in memory and noised afresh by every query.
+    result = statements.run_stored(sql, run) if stored else statements.run(sql, run)
+    for row in result.rows:
         key = int(row[0])
         for i in reversed(range(n)):  # the last argument's bin is the lowest digit
             key, b = divmod(key, base)
