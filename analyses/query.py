@@ -14,6 +14,7 @@ and group-key ids (``k0``), computed after the noise is added (post-processing).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -87,6 +88,12 @@ class Measurement:
     def integral(self) -> bool:
         """Counts (and sums on a grid) are integers and get integer (discrete Laplace) noise."""
         return self.kind in ("count", "count_units") or self.grid > 0
+
+    @functools.cached_property
+    def argument_sql(self) -> str | None:
+        """``argument.sql()``, the key of clipping bounds (rendered once: every pass that
+        narrows, plans or templates the bounds looks it up)."""
+        return None if self.argument is None else self.argument.sql()
 
 
 @dataclass(frozen=True)
@@ -218,7 +225,7 @@ class AggregateQuery:
         """
         rescaled, centres = [], {}
         for m in self.measurements:
-            new = bounds.get(m.argument.sql()) if m.argument is not None else None
+            new = bounds.get(m.argument_sql) if m.argument_sql is not None else None
             if new is None or m.lower is None or m.upper is None:
                 rescaled.append(m)
                 continue
