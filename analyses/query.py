@@ -26,6 +26,7 @@ from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
 from sqlglot.optimizer.eliminate_subqueries import eliminate_subqueries
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
+from sqlglot.schema import MappingSchema
 
 from analyses.bounds import expression_bounds
 from analyses.joins import JoinInfo, analyze_joins
@@ -350,10 +351,22 @@ def _output_names(tree: exp.Select) -> list[str]:
     return names
 
 
+@functools.lru_cache(maxsize=256)
+def _mapping_schema(tables: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
+                    dialect: str) -> MappingSchema:
+    """The sqlglot schema of these tables (name, (column, type) pairs): built once per set of
+    tables and reused by every query over them (qualify and annotate_types only read it;
+    building one normalises every name)."""
+    return MappingSchema({t: dict(columns) for t, columns in tables}, dialect=dialect)
+
+
 def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
                schema: dict[str, dict[str, str]]) -> exp.Select:
+    mapping = _mapping_schema(tuple(sorted((t, tuple(c.items())) for t, c in schema.items())),
+                              dialect)
     try:
-        flat = qualify(tree.copy(), schema=schema, dialect=dialect, validate_qualify_columns=True)
+        flat = qualify(tree.copy(), schema=mapping, dialect=dialect,
+                       validate_qualify_columns=True)
     except OptimizeError as err:
         text = str(err)
         raise UndefinedColumn(
@@ -363,7 +376,7 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
     flat = eliminate_ctes(merge_subqueries(eliminate_subqueries(flat)))
     assert isinstance(flat, exp.Select)
     # Types on every node, for the type checks of row-level expressions.
-    flat = annotate_types(flat, schema=schema, dialect=dialect)
+    flat = annotate_types(flat, schema=mapping, dialect=dialect)
     nested = [s for s in flat.find_all(exp.Select) if s is not flat]
     if flat.args.get("joins") and any(s.args.get("group") or s.find(*AGGREGATES)
                                       for s in nested):
