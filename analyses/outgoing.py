@@ -183,12 +183,9 @@ def _base_tables(tree: exp.Select, rules: OutgoingRules) -> list[tuple[exp.Table
             if qualified or node.name.lower() not in env:
                 refs.append(node)
             return
-        for key, value in node.args.items():
-            if key == "with_":
-                continue
-            for child in value if isinstance(value, list) else [value]:
-                if isinstance(child, exp.Expr):
-                    visit(child, env)
+        for child in node.iter_expressions():  # every child node, in the order of its args
+            if child.arg_key != "with_":
+                visit(child, env)
 
     visit(tree, frozenset())
     declared = set(rules.public) | set(rules.private)
