@@ -133,8 +133,12 @@ def worker(tree: Path, policy: Path, rounds: int, start: int) -> dict[str, Any]:
     engine.warm_up(wait=True)  # the ranked copy, as `chorus serve` builds it at start
     fresh = itertools.count(start)
 
+    prepares: list[float] = []  # the CPU of Engine.prepare alone, run by run
+
     def once(sql: str) -> None:
+        started = time.thread_time()
         _, prepared = engine.prepare(sql.format(i=next(fresh)), "demo", 0.5, 1e-8)
+        prepares.append((time.thread_time() - started) * 1000)
         selection = prepared.selection
         if selection is not None:
             query = selection.query
@@ -146,18 +150,21 @@ def worker(tree: Path, policy: Path, rounds: int, start: int) -> dict[str, Any]:
     for _, sql in QUERIES.values():  # block windows, max frequencies, constants: read once
         once(sql)
     times: dict[str, list[float]] = {}
+    prepare_times: dict[str, list[float]] = {}
     phases: dict[str, dict[str, float]] = {}
     for name, (_, sql) in QUERIES.items():
         spent.clear()
+        prepares.clear()
         runs = []
         for _ in range(rounds):
             started = time.thread_time()
             run_total(lambda sql=sql: once(sql))
             runs.append((time.thread_time() - started) * 1000)
         times[name] = runs
+        prepare_times[name] = list(prepares)
         phases[name] = {label: ms * 1000 / rounds for label, ms in spent.items()}
     engine.close()
-    return {"times": times, "phases": phases}
+    return {"times": times, "prepare": prepare_times, "phases": phases}
 
 
 # -- driver ---------------------------------------------------------------------------------------
@@ -174,7 +181,8 @@ def measure(variants: dict[str, tuple[str, Path]], policy: Path, rounds: int,
             chunks: int) -> dict[str, dict[str, Any]]:
     """Every variant's times and phases, measured in ``chunks`` alternating processes."""
     found: dict[str, dict[str, Any]] = {
-        label: {"times": {n: [] for n in QUERIES}, "phases": {n: Counter() for n in QUERIES}}
+        label: {"times": {n: [] for n in QUERIES}, "prepare": {n: [] for n in QUERIES},
+                "phases": {n: Counter() for n in QUERIES}}
         for label in variants}
     start = 0
     for _ in range(chunks):
@@ -183,6 +191,7 @@ def measure(variants: dict[str, tuple[str, Path]], policy: Path, rounds: int,
             part = _run_worker(python, tree, policy, max(1, rounds // chunks), start)
             for name in QUERIES:
                 found[label]["times"][name] += part["times"][name]
+                found[label]["prepare"][name] += part["prepare"][name]
                 found[label]["phases"][name].update(
                     {k: v / chunks for k, v in part["phases"][name].items()})
     return found
@@ -197,13 +206,14 @@ def tables(backend: str, found: dict[str, dict[str, Any]]) -> list[str]:
     """The side-by-side table of one backend, then the phases of the last variant."""
     labels = list(found)
     head = "| query | target p50 | " + " | ".join(
-        f"{label} p50 | {label} p95" for label in labels) + " |"
-    lines = [f"#### {backend}", "", head, "|---|---:|" + "---:|---:|" * len(labels)]
+        f"{label} p50 | {label} p95 | {label} prepare alone p50" for label in labels) + " |"
+    lines = [f"#### {backend}", "", head, "|---|---:|" + "---:|---:|---:|" * len(labels)]
     for name, (kind, _) in QUERIES.items():
         cells = []
         for label in labels:
             runs = found[label]["times"][name]
-            cells += [f"{statistics.median(runs):.2f}", f"{_pct(runs, 0.95):.2f}"]
+            cells += [f"{statistics.median(runs):.2f}", f"{_pct(runs, 0.95):.2f}",
+                      f"{statistics.median(found[label]['prepare'][name]):.2f}"]
         lines.append(f"| {name} | {TARGETS[kind]:.0f} | " + " | ".join(cells) + " |")
     last = labels[-1]
     phases = found[last]["phases"]
