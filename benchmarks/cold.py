@@ -153,16 +153,20 @@ def worker(tree: Path, policy: Path, rounds: int, start: int) -> dict[str, Any]:
     prepare_times: dict[str, list[float]] = {}
     phases: dict[str, dict[str, float]] = {}
     for name, (_, sql) in QUERIES.items():
-        spent.clear()
         prepares.clear()
         runs = []
+        per_run: list[Counter[str]] = []
         for _ in range(rounds):
+            spent.clear()
             started = time.thread_time()
             run_total(lambda sql=sql: once(sql))
             runs.append((time.thread_time() - started) * 1000)
+            per_run.append(Counter(spent))
         times[name] = runs
         prepare_times[name] = list(prepares)
-        phases[name] = {label: ms * 1000 / rounds for label, ms in spent.items()}
+        # Medians per phase: a garbage collection in one run would swell a mean.
+        phases[name] = {label: statistics.median(r[label] for r in per_run) * 1000
+                        for label in set().union(*per_run)}
     engine.close()
     return {"times": times, "prepare": prepare_times, "phases": phases}
 
@@ -179,7 +183,8 @@ def _run_worker(python: str, tree: Path, policy: Path, rounds: int, start: int
 
 def measure(variants: dict[str, tuple[str, Path]], policy: Path, rounds: int,
             chunks: int) -> dict[str, dict[str, Any]]:
-    """Every variant's times and phases, measured in ``chunks`` alternating processes."""
+    """Every variant's times and phases (the mean of the chunks' medians), measured in
+    ``chunks`` alternating processes."""
     found: dict[str, dict[str, Any]] = {
         label: {"times": {n: [] for n in QUERIES}, "prepare": {n: [] for n in QUERIES},
                 "phases": {n: Counter() for n in QUERIES}}
@@ -203,7 +208,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def tables(backend: str, found: dict[str, dict[str, Any]]) -> list[str]:
-    """The side-by-side table of one backend, then the phases of the last variant."""
+    """The side-by-side table of one backend, then each variant's phases."""
     labels = list(found)
     head = "| query | target p50 | " + " | ".join(
         f"{label} p50 | {label} p95 | {label} prepare alone p50" for label in labels) + " |"
@@ -215,13 +220,18 @@ def tables(backend: str, found: dict[str, dict[str, Any]]) -> list[str]:
             cells += [f"{statistics.median(runs):.2f}", f"{_pct(runs, 0.95):.2f}",
                       f"{statistics.median(found[label]['prepare'][name]):.2f}"]
         lines.append(f"| {name} | {TARGETS[kind]:.0f} | " + " | ".join(cells) + " |")
-    last = labels[-1]
-    phases = found[last]["phases"]
+    for label in labels:
+        lines += ["", *_phase_table(label, found[label]["phases"])]
+    return lines
+
+
+def _phase_table(label: str, phases: dict[str, Counter[str]]) -> list[str]:
+    """Where the time of ``label``'s runs goes, step by step."""
     names = sorted({p for per in phases.values() for p in per if p != "total"},
                    key=lambda p: -sum(per.get(p, 0.0) for per in phases.values()))
-    lines += ["", f"Where the time goes ({last}; ms per run, mean, each step without the "
-              "steps it calls):", "",
-              "| phase | " + " | ".join(QUERIES) + " |", "|---|" + "---:|" * len(QUERIES)]
+    lines = [f"Where the time goes ({label}; ms per run, the median of each step without the "
+             "steps it calls, so the rows add up to about the p50):", "",
+             "| phase | " + " | ".join(QUERIES) + " |", "|---|" + "---:|" * len(QUERIES)]
     for phase in names:
         lines.append(f"| {phase} | " + " | ".join(
             f"{phases[q].get(phase, 0.0):.2f}" for q in QUERIES) + " |")
