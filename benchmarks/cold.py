@@ -207,7 +207,7 @@ READING = [
     "for every query over them.",
     "",
     "Reading.  The targets (single table <= 2 ms, join <= 4 ms at p50) are met by none of "
-    "these queries yet: COUNT(*) and the public join are within 1.4x of theirs; a query with "
+    "these queries yet: COUNT(*) and the public join are within 1.5x of theirs; a query with "
     "automatic caps and clipping bounds renders and verifies two answers (at the limit, then "
     "at the choices) and one histogram per clipped expression and for the cap, so it costs "
     "3-9 times a COUNT(*).  What is left is spread over sqlglot's own work: building the "
