@@ -32,6 +32,7 @@ BENCHMARKS = {
     "quantiles": "DP quantiles: rank error, exponential mechanism vs sensitivity sampling",
     "scan_options": "issue 23 study: one-scan designs for the default policy, cold prepares",
     "one_statement": "issue 23: a SUM/AVG query's private choices from one statement",
+    "cold": "issue 23: proxy CPU of never-seen queries, by phase",
 }
 
 

@@ -105,7 +105,15 @@ _ATOMIC = (exp.Column, exp.Literal, exp.Func, exp.Paren, exp.Cast, exp.Placehold
 @functools.lru_cache(maxsize=64)
 def _parsed(template: str) -> exp.Expr:
     # Templates are a handful of constants: parse each once (callers get copies).
-    return sqlglot.parse_one(template)
+    tree = sqlglot.parse_one(template)
+    # GREATEST and LEAST here clamp values that are never NULL (RANDOM(), literals, and the
+    # measurement, which rewriters.noise passes as COALESCE(m, 0)): marked as the backends' own
+    # functions (ignore_nulls), as Postgres renders them anyway.  Unmarked, sqlglot renders
+    # each for DuckDB as CASE WHEN <arg> IS NULL ... ELSE GREATEST(<arg>, ...) END, repeating
+    # the argument: the snapping mechanism's nested clamps wrote its noise 4 times per value.
+    for node in tree.find_all(exp.Greatest, exp.Least):
+        node.set("ignore_nulls", True)
+    return tree
 
 
 def fill_template(template: str, **nodes: exp.Expr) -> exp.Expr:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 
-def clipping(value: exp.Expr, lower: float, upper: float) -> exp.Expr:
+def clipping(value: exp.Expr, lower: float, upper: float, consume: bool = False) -> exp.Expr:
     """Return ``CASE WHEN value IS NULL THEN NULL ELSE LEAST(GREATEST(value, lower), upper) END``.
 
     The CASE keeps a NULL value NULL (SUM and AVG skip it) on every backend: Postgres's
@@ -15,11 +15,20 @@ def clipping(value: exp.Expr, lower: float, upper: float) -> exp.Expr:
     >>> from sqlglot import parse_one
     >>> clipping(parse_one("t.fare"), 0, 200).sql()
     'CASE WHEN t.fare IS NULL THEN NULL ELSE LEAST(GREATEST(t.fare, 0), 200) END'
+
+    ``consume``: ``value`` is the caller's fresh tree, placed in the result as it is (one copy
+    fewer of what may be a large expression).
     """
     if lower > upper:
         raise ValueError("lower must be <= upper")
-    low = exp.Greatest(this=value.copy(), expressions=[bound_literal(lower)])
-    clipped = exp.Least(this=low, expressions=[bound_literal(upper)])
+    # ignore_nulls: the backends' own GREATEST and LEAST.  Both arguments are non-NULL where
+    # they run (the CASE returns NULL first; the bounds are literals), so NULL handling never
+    # arises; without the flag sqlglot renders each for DuckDB as CASE WHEN <arg> IS NULL ...
+    # ELSE GREATEST(<arg>, l) END, which repeats the argument: 4 copies of the value per clip,
+    # 16 for a clip inside a clip, each parsed again by the outgoing verifier.
+    low = exp.Greatest(this=value if consume else value.copy(),
+                       expressions=[bound_literal(lower)], ignore_nulls=True)
+    clipped = exp.Least(this=low, expressions=[bound_literal(upper)], ignore_nulls=True)
     return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
                                 true=exp.Null())], default=clipped)
 

@@ -16,11 +16,13 @@ from mechanisms import Mechanism
 
 
 def noise(exact: exp.Select, keys: Sequence[str], mechanisms: Mapping[str, Mechanism],
-          dialect: str) -> exp.Select:
-    """Return ``SELECT keys, m0 + noise AS m0, ... FROM (exact) AS chorus_exact``."""
+          dialect: str, copy: bool = True) -> exp.Select:
+    """Return ``SELECT keys, m0 + noise AS m0, ... FROM (exact) AS chorus_exact``
+    (``copy=False``: ``exact`` itself becomes the subquery)."""
     columns: list[exp.Expr] = [exp.column(k, table="chorus_exact") for k in keys]
     for mid, mechanism in mechanisms.items():
         value = exp.Coalesce(this=exp.column(mid, table="chorus_exact"),
                              expressions=[exp.Literal.number(0)])
-        columns.append(exp.alias_(mechanism.render_sql(value, dialect), mid))
-    return exp.select(*columns).from_(exact.subquery("chorus_exact"))
+        # render_sql builds a fresh tree: alias it as it is.
+        columns.append(exp.alias_(mechanism.render_sql(value, dialect), mid, copy=False))
+    return exp.select(*columns).from_(exact.subquery("chorus_exact", copy=copy), copy=False)

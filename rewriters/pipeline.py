@@ -54,10 +54,15 @@ class RewrittenQuery:
     measure_ids: tuple[str, ...]
     dialect: str
 
-    def sql_with_noise(self, plan: NoisePlan) -> str:
-        """One statement computing the noisy answer inside the database."""
-        noisy = noise(self.measure, self.key_ids, plan.all_mechanisms(), self.dialect)
-        statement = self.finish.copy()
+    def sql_with_noise(self, plan: NoisePlan, consume: bool = False) -> str:
+        """One statement computing the noisy answer inside the database.
+
+        ``consume``: the caller renders this rewrite once and drops it (a never-seen query
+        shape), so its trees go into the statement as they are instead of being copied; the
+        rewrite must not be used again."""
+        noisy = noise(self.measure, self.key_ids, plan.all_mechanisms(), self.dialect,
+                      copy=not consume)
+        statement = self.finish if consume else self.finish.copy()
         statement.set("with_", exp.With(expressions=[
             exp.CTE(this=noisy, alias=exp.TableAlias(this=exp.to_identifier(NOISY)),
                     materialized=True)
@@ -121,8 +126,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         rows = contribution(rows, tp.privacy_unit, query.stability)
 
     # 3. Exact measurements per group, with clipping.
-    columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id) for k in query.keys]
-    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit), m.id)
+    # safety() and _measure_sql() build fresh trees: the builders need not copy them.
+    columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id, copy=False)
+                               for k in query.keys]
+    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit), m.id, copy=False)
                 for m in query.measurements]
     measure_ids = [m.id for m in query.measurements]
     if plan.threshold is not None and plan.threshold.separate:
@@ -157,7 +164,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     # 4. Outputs, HAVING, ORDER BY and LIMIT over the noisy values (post-processing).  After
     #    the outputs, the noisy measurements themselves (``released_measurements``): the proxy
     #    computes each output's error bars from them, then drops them.
-    finish = exp.select(*[exp.alias_(safety(o.expr), o.name, quoted=True)
+    finish = exp.select(*[exp.alias_(safety(o.expr), o.name, quoted=True, copy=False)
                           for o in query.outputs],
                         *[exp.alias_(exp.column(mid), f"chorus_{mid}")
                           for mid in released_measurements(query)]).from_(NOISY)
@@ -253,13 +260,14 @@ def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:
     if m.kind == "count":
         return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument))
     assert m.argument is not None and m.lower is not None and m.upper is not None
-    value = clipping(safety(m.argument), m.lower, m.upper)
+    value = clipping(safety(m.argument), m.lower, m.upper, consume=True)
     if m.center:
         value = exp.Paren(this=exp.Sub(this=value, expression=exp.Literal.number(m.center)))
     if m.grid:  # joins: an integer number of grid steps per row (analyses.query._JOIN_GRID_STEPS)
         steps = exp.Round(this=exp.Div(this=value, expression=exp.Literal.number(m.grid)))
-        return exp.cast(exp.Sum(this=exp.cast(steps, exp.DType.BIGINT)), exp.DType.BIGINT)
+        return exp.cast(exp.Sum(this=exp.cast(steps, exp.DType.BIGINT, copy=False)),
+                        exp.DType.BIGINT, copy=False)
     if m.kind == "sum_squares":
         value = exp.Mul(this=value, expression=value.copy())
-    return exp.cast(exp.Sum(this=value), exp.DType.DOUBLE)
+    return exp.cast(exp.Sum(this=value), exp.DType.DOUBLE, copy=False)
 

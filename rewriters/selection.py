@@ -39,8 +39,9 @@ def clipped_arguments(query: AggregateQuery) -> tuple[ClippedArgument, ...]:
     for m in query.measurements:
         if m.kind in ("sum", "sum_squares") and m.argument is not None \
                 and m.lower is not None and m.upper is not None:
-            found.setdefault(m.argument.sql(), ClippedArgument(m.argument.sql(), m.argument,
-                                                               m.lower, m.upper))
+            key = m.argument_sql
+            if key is not None and key not in found:
+                found[key] = ClippedArgument(key, m.argument, m.lower, m.upper)
     return tuple(found.values())
 
 
@@ -77,8 +78,10 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
     # The clipped magnitude is computed once per row (m), then binned: written inside every
     # WHEN, it was rendered (and built) once per edge, 26 times.
     # Every tree here is built fresh for this statement: the builders need not copy them.
-    per_row = (exp.select(exp.alias_(exp.Abs(this=clipping(value, lower, upper)), "m"),
-                          exp.alias_(weight, "w"))
+    # ``value`` goes into the clipped magnitude as it is; the WHERE reads a copy.
+    magnitude_of = exp.Abs(this=clipping(value, lower, upper, consume=True))
+    per_row = (exp.select(exp.alias_(magnitude_of, "m", copy=False),
+                          exp.alias_(weight, "w", copy=False))
                .from_(rows.subquery(alias, copy=False), copy=False)
                .where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
                       copy=False))

@@ -227,7 +227,7 @@ class Accuracy:
             reasons.append(f"{self._query.privacy_unit or 'unit'} rows above the cap")
         clipped = dict(chosen.clip_bias)
         for m in used:
-            found = clipped.get(m.argument.sql()) if m.kind == "sum" and m.argument else None
+            found = clipped.get(m.argument_sql) if m.kind == "sum" and m.argument else None
             if found is None or not found.one_signed or found.upper <= 0:
                 continue
             kept *= 1 - found.upper

@@ -314,7 +314,7 @@ def cap_terms(query: AggregateQuery, plan: NoisePlan, index: dict[str, int],
     terms = []
     for mid, mechanism in plan.all_mechanisms().items():
         m = by_id.get(mid)
-        column = index.get(m.argument.sql()) if m is not None and m.argument is not None \
+        column = index.get(m.argument_sql) if m is not None and m.argument is not None \
             else None
         kind = "count" if m is None or m.integral else m.kind
         # With g bounded, the unreleased key-release count's scale is min(g, k) / eps: the

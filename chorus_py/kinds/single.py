@@ -167,8 +167,10 @@ class SingleTableKind:
                     {a: (lo, hi) for a, lo, hi in chosen.bounds})
                 if chosen.groups is not None:
                     query = query.with_groups(chosen.groups)
+        # At the limit with the choices still to make: rendered for the plans, the report and
+        # the claim; the final statement follows within the same run (not a second sighting).
         detail = self._plan(query, epsilon - cap_epsilon, delta, reads, restriction, sample,
-                            ranked)
+                            ranked, sighting=not (cap_epsilon > 0 and chosen is None))
         report = aggregate_report(detail.query, detail.plan, reads, detail.sql,
                                   services.policy.privacy.noise)
         if query.auto_cap or cap_epsilon > 0 or reused:
@@ -213,8 +215,8 @@ class SingleTableKind:
 
     def _plan(self, query: AggregateQuery, epsilon: float, delta: float,
               reads: BlocksRead | None, restriction: BlockRestriction | None,
-              sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None
-              ) -> AnalyticQuery:
+              sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
+              sighting: bool = True) -> AnalyticQuery:
         """The noise plan and the rewritten statement (bounding from the ``ranked`` copy unless
         the rows must first be bounded to g groups per unit)."""
         services = self.services
@@ -235,7 +237,9 @@ class SingleTableKind:
                                   sql_dialect),
                 query, plan, sql_dialect, sample is not None,
                 lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
-                                      ranked=ranked, whole=whole).sql_with_noise(p))
+                                      ranked=ranked, whole=whole).sql_with_noise(
+                                          p, consume=True),
+                sighting)
         else:
             rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked,
                                  whole=whole)

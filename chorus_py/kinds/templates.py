@@ -92,9 +92,9 @@ def _bounded(query: AggregateQuery) -> dict[str, tuple[float, float]]:
     """The clipping interval of every bounded argument (by its SQL), or raise if two differ."""
     found: dict[str, tuple[float, float]] = {}
     for m in query.measurements:
-        if m.argument is None or m.lower is None or m.upper is None:
+        key = m.argument_sql
+        if key is None or m.lower is None or m.upper is None:
             continue
-        key = m.argument.sql()
         if found.setdefault(key, (m.lower, m.upper)) != (m.lower, m.upper):
             raise _Unfit
     return found
@@ -238,7 +238,7 @@ def _placeholders(query: AggregateQuery, plan: NoisePlan, sampled: bool, epsilon
         placeholder = dataclasses.replace(placeholder, measurements=tuple(
             dataclasses.replace(m, lower=-math.inf, upper=math.inf) if m.lower is not None
             else m for m in placeholder.measurements))
-        centres = {m.argument.sql(): m.center for m in query.measurements
+        centres = {m.argument_sql: m.center for m in query.measurements
                    if m.lower is not None and m.argument is not None and m.center}
         bounds = {key: _bound_pair(draw, lo, hi, centres.get(key)) for key, (lo, hi)
                   in real.items()}
@@ -276,9 +276,15 @@ _SEEN = object()  # cached: this shape was rendered once; its template is built 
 
 def one_table_sql(cache: Any, key: tuple[object, ...], query: AggregateQuery, plan: NoisePlan,
                   dialect: str, sampled: bool,
-                  render: Callable[[AggregateQuery, NoisePlan], str]) -> str:
+                  render: Callable[[AggregateQuery, NoisePlan], str],
+                  sighting: bool = True) -> str:
     """The database-noise SQL of a single-table query: from its shape's template when there is
-    one (``cache`` keeps them under ``key`` plus the values' signature), else rendered in full."""
+    one (``cache`` keeps them under ``key`` plus the values' signature), else rendered in full.
+
+    ``sighting=False``: a rendering that does not count as a sighting of the shape (the
+    statement at the limit of a query whose cap and bounds are chosen next: the same query's
+    final statement, moments later, is its first sighting; counted, it was the second and
+    built the template inside the first run of every new query)."""
     if not query.normalized_sql:  # no shape to key a template on
         return render(query, plan)
     try:
@@ -291,9 +297,9 @@ def one_table_sql(cache: Any, key: tuple[object, ...], query: AggregateQuery, pl
         # Building a template renders the shape twice more: worth it only for a shape that
         # comes back (a new query text is often asked once), so the first sighting renders
         # once and the second builds it.
-        if template is None:
+        if sighting and template is None:
             cache.put(full_key, _SEEN)
-        else:
+        elif sighting:
             built = OneTableTemplate.build(query, plan, render, dialect, sampled, sql)
             cache.put(full_key, _NONE if built is None else built)
         return sql
