@@ -154,8 +154,9 @@ def main() -> None:
             "fixed cap 10, per-query bounding": fixed,
             "fixed cap 10, materialized bounding": fixed.replace(
                 'bounding = "per-query"', 'bounding = "materialized"'),
+            # (The demo's policy spells out the default, ranked_copy = true.)
             "automatic cap <= 200, per-query bounding, no ranked copy": text.replace(
-                'bounding = "per-query"', 'bounding = "per-query"\nranked_copy = false'),
+                "ranked_copy = true", "ranked_copy = false"),
             "automatic cap <= 200, per-query bounding (default)": text,
             # Every run chooses again (at epsilon 0.01 a noise-dominated choice is never
             # reused anyway, so with reuse on the timings mix runs with and without choices).
