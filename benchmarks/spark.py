@@ -10,9 +10,9 @@ bounding step, and where the time goes.  Writes the ``spark`` section of benchma
    the shipped default (automatic caps <= 200 and clipping bounds, per-query bounding from the
    ranked copy; the choices of an identical query are reused for 10 minutes when they were
    not dominated by noise: the first run of each query shows what choosing costs), and a
-   fixed cap of 10 with the
-   declared clipping bounds (no histogram), bounded per query from the ranked copy, per query
-   without it, and from the stored sample (``bounding = "materialized"``).
+   fixed cap of 10 with the declared clipping bounds (no histogram), bounded per query from
+   the ranked copy, per query without it, and from the stored sample
+   (``bounding = "materialized"``).
 3. Per query, ``--runs`` times, alternating: the analyst's SQL sent straight to Spark (raw),
    then for each policy the proxy end to end (``Engine.execute``) and the rewritten statement
    that proxy run sent, sent again straight to Spark.  Medians.
@@ -349,6 +349,18 @@ def report(args: argparse.Namespace, names: list[str], raw: dict[str, list[float
         "(Spark runs in its own JVM).",
         "",
         *where,
+        "",
+        "### Several proxy processes",
+        "",
+        "`chorus serve --workers N` refuses a `spark://local` policy: pyspark runs one Spark "
+        "per process, so N proxies would start N local Sparks, each with every core, its own "
+        "memory and its own copy of the stored samples, competing for the same cores (owner "
+        "guide, \"When one machine is not enough\"). The throughput of `--workers 2` against 1 "
+        "over the wire is therefore measured on Postgres, by `python -m benchmarks.workers` "
+        "(section \"Several proxy processes\" below). What it says carries over: a proxy "
+        "process's own work is a few ms per query (the proxy columns above), while Spark's "
+        "statements take most of the time, so a second proxy process in front of the same "
+        "cores would not answer faster; a larger Spark would.",
         "",
     ])
 
