@@ -352,15 +352,16 @@ def report(args: argparse.Namespace, names: list[str], raw: dict[str, list[float
         "",
         "### Several proxy processes",
         "",
-        "`chorus serve --workers N` refuses a `spark://local` policy: pyspark runs one Spark "
-        "per process, so N proxies would start N local Sparks, each with every core, its own "
-        "memory and its own copy of the stored samples, competing for the same cores (owner "
-        "guide, \"When one machine is not enough\"). The throughput of `--workers 2` against 1 "
+        "`chorus serve --workers N` refuses a `spark://local` policy (server/workers.py): "
+        "pyspark runs one Spark per process, so each worker would start a local Spark of its "
+        "own on the same cores, and the private directory that holds the stored samples and "
+        "ranked copies belongs to one process (owner guide, \"When one machine is not "
+        "enough\"). The throughput of `--workers 2` against 1 "
         "over the wire is therefore measured on Postgres, by `python -m benchmarks.workers` "
-        "(section \"Several proxy processes\" below). What it says carries over: a proxy "
-        "process's own work is a few ms per query (the proxy columns above), while Spark's "
-        "statements take most of the time, so a second proxy process in front of the same "
-        "cores would not answer faster; a larger Spark would.",
+        "(its section, \"Several proxy processes\", in this file). What it says carries "
+        "over: a proxy process's own work is a few ms per query (the proxy columns above), "
+        "while Spark's statements take most of the time, so a second proxy process in front "
+        "of the same cores would not answer faster; a larger Spark would.",
         "",
     ])
 
