@@ -1,6 +1,6 @@
 """Run every benchmark, one after the other; each writes its section of benchmarks/RESULTS.md.
 
-    python -m benchmarks                 # all of them (about an hour and a half on 2 cores)
+    python -m benchmarks                 # all of them (about an hour on 2 cores, half of it spark)
     python -m benchmarks joins sampling  # only these
 
 Each benchmark is its own process (its own interpreter, as the proxy runs in production) with its
