@@ -71,7 +71,7 @@ _FIXED = [(r'contribution = "auto"', 'contribution = "fixed"'),
           (r"max_rows_per_unit = 200", "max_rows_per_unit = 10"),
           (r'clipping = "auto"', 'clipping = "fixed"')]
 VARIANTS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("default: auto cap <= 200, auto clipping, per-query bounding (ranked copy)", []),
+    ("the demo's: auto cap <= 200, auto clipping, per-query bounding (ranked copy)", []),
     ("fixed cap 10, per-query bounding (ranked copy)", _FIXED),
     ("fixed cap 10, per-query bounding, no ranked copy",
      [*_FIXED, (r"ranked_copy = true", "ranked_copy = false")]),
