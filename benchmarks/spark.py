@@ -317,7 +317,8 @@ def report(args: argparse.Namespace, names: list[str], raw: dict[str, list[float
         "(`chorus demo --parquet`), one local Spark (`spark://local`, every core, the "
         "policy's 4 shuffle partitions, Spark's default driver memory), noise added by the "
         f"proxy (the only choice on Spark); epsilon 0.5 (the demo's default) per query; "
-        f"medians of {args.runs} alternating runs after one untimed run. Read the ratios.",
+        f"medians of {args.runs} alternating runs after a first run (shown apart). "
+        "Read the ratios.",
         "",
         "Policies (the demo's `policy-spark.toml`, budget per block raised so that no run "
         "exhausts it):",
