@@ -1,12 +1,13 @@
 """Run every benchmark, one after the other; each writes its section of benchmarks/RESULTS.md.
 
-    python -m benchmarks                 # all of them (about half an hour on 2 cores)
+    python -m benchmarks                 # all of them (about an hour on 2 cores, half of it spark)
     python -m benchmarks joins sampling  # only these
 
 Each benchmark is its own process (its own interpreter, as the proxy runs in production) with its
 default arguments; run one directly for its options (``python -m benchmarks.pgwire --help``).
 Postgres must be up for ``run``, ``pgwire`` and ``rest`` (``CHORUS_TEST_PG``, default
-``postgresql://postgres@127.0.0.1:5432/test``).
+``postgresql://postgres@127.0.0.1:5432/test``); ``spark`` needs pyspark and Java 17 (the
+``spark`` extra) and makes its 10M-trip Parquet demo once, under the system's temp directory.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ BENCHMARKS = {
     "accuracy": "automatic caps and clipping bounds against fixed ones",
     "pgwire": "wire protocol: latency and throughput against raw Postgres",
     "workers": "chorus serve --workers 2 against 1: throughput over the wire",
+    "spark": "Spark backend on 10M demo trips as Parquet: DP / raw, bounding, where time goes",
     "rest": "REST front door: queries per second and latency",
     "ledger": "budget ledger: claims per second, DPF simulations",
     "joins": "joins: analyse + rewrite time, max-frequency metrics",
