@@ -21,7 +21,7 @@ The sample is versioned by a fingerprint of its source table and rebuilt when th
 on Postgres the relation's oid and relfilenode (new after DROP/CREATE or TRUNCATE) with its
 ``pg_stat_user_tables`` counters (inserts, updates, deletes: cheap, updated by the statistics
 collector within about a second); on DuckDB the row count with a hash checksum of every
-column of every row (one scan).  The fingerprint is read at most once per TTL.
+column of every row (one scan; on Spark likewise).  The fingerprint is read at most once per TTL.
 The sample holds only the rows of the table's scheduled blocks
 (``chorus_py.stores.schedules``): a row
 outside the schedule belongs to no block and takes no part in the ranking; the schedule's span is
@@ -229,11 +229,9 @@ class BoundedSamples:
             # and blocks): an UPDATE of a value column is a new version too.
             row = self._backend.run(
                 f'SELECT COUNT(*), SUM(hash(t) % 1000000007) FROM "{table}" AS t').rows
-        else:
-            cols = [policy.privacy_unit] + ([policy.block.column] if policy.block else [])
-            hashed = ", ".join(f'"{c}"' for c in cols)
+        else:  # Spark: every column of every row too (hash(*) expands to them)
             row = self._backend.run(
-                f'SELECT COUNT(*), SUM(hash({hashed}) % 1000000007) FROM "{table}"').rows
+                f'SELECT COUNT(*), SUM(hash(*) % 1000000007) FROM "{table}"').rows
         if kind == RANKED:  # every row, whatever the cap: engines of any k share it
             return f"{row}|{policy.privacy_unit}|ranked"
         # The cap is part of the version: a new max_rows_per_unit needs a new sample; so is
