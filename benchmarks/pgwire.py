@@ -180,19 +180,23 @@ def _serve(policy: Path, port: int, one_cpu: bool = False) -> subprocess.Popen[b
     """``chorus serve`` on ``port``; ``one_cpu``: on the last CPU this process may use, as
     ``taskset -c N`` would start it."""
     cpu = max(os.sched_getaffinity(0))
-    proc = subprocess.Popen([sys.executable, "-c", "from chorus_py.cli import main; main()",
-                             "serve", "--policy",
-                             str(policy), "--listen", f"127.0.0.1:{port}"],
-                            cwd=ROOT, stderr=subprocess.PIPE,
-                            preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if one_cpu
-                            else None)
+    # Its log (one line per query) goes to a file: a pipe nobody reads fills up after 64 kB
+    # and blocks the server's every thread in the logging handler.
+    log = policy.with_suffix(".log")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", "from chorus_py.cli import main; main()",
+                                 "serve", "--policy",
+                                 str(policy), "--listen", f"127.0.0.1:{port}"],
+                                cwd=ROOT, stderr=sink,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if one_cpu
+                                else None)
     deadline = time.time() + 60
     while time.time() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return proc
         if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode() if proc.stderr else "serve failed")
+            raise RuntimeError(log.read_text(errors="replace") or "serve failed")
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError("chorus serve did not start")
