@@ -250,7 +250,8 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     _check_barrier(barrier, name, allowed)
     light = stored and not sample and (_light_units(reader.args.get("where"), alias, sole)
                                        or _stored_ranks(reader.args.get("where"), alias, sole)
-                                       or _stored_weights(reader, barrier, alias, sole))
+                                       or _stored_weights(chain, index, alias, sole,
+                                                          spec.unit))
     if spec.unit is not None and not sample and not light \
             and not _bounded(chain, index, spec.unit):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
@@ -506,7 +507,9 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                    and isinstance(d.expression, exp.Window)
                    and isinstance(d.expression.this, exp.Count)
                    and _partitioned_by(d.expression, unit) for d in _local(item.this)):
-                return True  # each unit's rows weigh 1 in all (value histograms)
+                # Each unit's rows weigh 1 in all (value histograms): bounded only when the
+                # barrier sums those weights and nothing else.
+                return _sums_of_weights(chain, barrier, unit, stored=False)
         group = select.args.get("group")
         if group is not None and any(isinstance(k, exp.Column) and k.name == unit
                                      for k in group.expressions):
@@ -519,7 +522,62 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
     return False
 
 
-def _stored_weights(reader: exp.Select, barrier: exp.Select, alias: str, sole: bool) -> bool:
+def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str, stored: bool) -> bool:
+    """Whether every aggregate of the barrier ``chain[barrier]`` is a SUM of a column that is,
+    down the chain of FROM subqueries (each read whole: no join that could repeat a row), a
+    weight: ``1 / COUNT(...) OVER (PARTITION BY unit)`` (``stored``: or ``1 /
+    __chorus_unit_rows`` of a ranked copy), or a CASE whose every branch is such a weight or
+    NULL.  A unit's rows then add at most 1 to the sums in all; a SUM of anything else beside
+    the weights (a value, a bin key) would not be bounded by them."""
+    aggregates = [a for item in chain[barrier].expressions for a in _plain_aggregates(item)]
+    if not aggregates:
+        return False
+    for aggregate in aggregates:
+        if not isinstance(aggregate, exp.Sum) or not isinstance(aggregate.this, exp.Column):
+            return False
+        name, level = aggregate.this.name, barrier - 1
+        while True:
+            if level < 0 or not _read_whole_by(chain[level], chain[level + 1]):
+                return False
+            item = next((e for e in chain[level].expressions if e.alias_or_name == name), None)
+            if item is None:
+                return False
+            value = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(value, exp.Column):  # passed through: look one level down
+                name, level = value.name, level - 1
+                continue
+            if not _weight(value, unit, stored):
+                return False
+            break
+    return True
+
+
+def _read_whole_by(inner: exp.Select, outer: exp.Select) -> bool:
+    """Whether ``outer`` reads ``inner`` as its only FROM source, without joins."""
+    holder = inner.parent
+    return (isinstance(holder, exp.Subquery) and isinstance(holder.parent, exp.From)
+            and holder.parent.parent is outer and not outer.args.get("joins"))
+
+
+def _weight(value: exp.Expr, unit: str, stored: bool) -> bool:
+    """Whether ``value`` is a weight (``_sums_of_weights``)."""
+    if isinstance(value, exp.Paren):
+        return _weight(value.this, unit, stored)
+    if isinstance(value, exp.Case):
+        branches = [i.args.get("true") for i in value.args.get("ifs") or []]
+        branches.append(value.args.get("default"))
+        return all(b is None or isinstance(b, exp.Null) or _weight(b, unit, stored)
+                   for b in branches)
+    if not isinstance(value, exp.Div) or _constant(value.this) != 1:
+        return False
+    below = value.expression
+    if isinstance(below, exp.Window):
+        return isinstance(below.this, exp.Count) and _partitioned_by(below, unit)
+    return stored and isinstance(below, exp.Column) and below.name == _UNIT_ROWS
+
+
+def _stored_weights(chain: list[exp.Select], barrier: int, alias: str, sole: bool,
+                    unit: str | None) -> bool:
     """Whether the direct reader of a ranked copy weighs rows by ``1 / alias.__chorus_unit_rows``
     (the stored count of the unit's rows in the copy: a unit's rows weigh at most 1 in all,
     whatever the filter keeps) and the barrier only sums (a COUNT there would count the rows
@@ -528,9 +586,8 @@ def _stored_weights(reader: exp.Select, barrier: exp.Select, alias: str, sole: b
     weighted = any(isinstance(d, exp.Div) and _constant(d.this) == 1
                    and isinstance(d.expression, exp.Column) and d.expression.name == _UNIT_ROWS
                    and (d.expression.table == alias or (sole and not d.expression.table))
-                   for item in reader.expressions for d in _local(item))
-    aggregates = [a for item in barrier.expressions for a in _plain_aggregates(item)]
-    return weighted and bool(aggregates) and all(isinstance(a, exp.Sum) for a in aggregates)
+                   for item in chain[0].expressions for d in _local(item))
+    return weighted and unit is not None and _sums_of_weights(chain, barrier, unit, stored=True)
 
 
 def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:

@@ -328,6 +328,25 @@ def test_a_row_count_next_to_stored_weights_is_refused(trips: Engine) -> None:
     _refused(trips, tree.sql(trips.dialect), "without contribution bounding")
 
 
+@pytest.mark.parametrize("query", [SUM_ALL, SUM_FILTERED])
+@pytest.mark.parametrize("summed", ["k", "n", "m0"])
+def test_a_sum_of_anything_but_the_weights_is_refused(trips: Engine, query: str,
+                                                      summed: str) -> None:
+    """Weights bound what the barrier sums only if it sums them: a SUM of the cell key, of the
+    unit's row count or of a clipped magnitude beside them is refused (traced down the
+    chain of subqueries to where each summed column is defined)."""
+    _, sql = _selection_sql(trips, query)
+    tree = sqlglot.parse_one(sql, read=trips.dialect)
+    assert isinstance(tree, exp.Select)
+    if summed != "k":  # pass the column up to the barrier's source first
+        cells = next(s for s in tree.find_all(exp.Select)
+                     if any(e.alias_or_name == "wc" for e in s.expressions) and s is not tree
+                     and any(e.alias_or_name == "k" for e in s.expressions))
+        cells.select(exp.column(summed, table="r"), copy=False)
+    tree.select(exp.alias_(exp.Sum(this=exp.column(summed, table="c")), "leak"), copy=False)
+    _refused(trips, tree.sql(trips.dialect), "without contribution bounding")
+
+
 def test_stored_weights_of_another_relation_are_refused(trips: Engine) -> None:
     """The weight must divide by the copy's own count, read by the same SELECT."""
     _, sql = _selection_sql(trips, SUM_ALL)
