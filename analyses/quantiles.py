@@ -90,11 +90,13 @@ def asks_quantiles(sql: str, dialect: str) -> bool:
         trees = sqlglot.parse(sql, read=dialect)
     except (ParseError, TokenError, RecursionError, ValueError):
         return False
-    return any(tree is not None and any(_is_quantile(n) for n in tree.walk())
+    return any(tree is not None and any(is_quantile(n) for n in tree.walk())
                for tree in trees)
 
 
-def _is_quantile(node: exp.Expr) -> bool:
+def is_quantile(node: exp.Expr) -> bool:
+    """Whether ``node`` is a quantile, MEDIAN, MIN or MAX aggregate (one node per quantile:
+    not the PERCENTILE_CONT inside its WITHIN GROUP)."""
     if isinstance(node, exp.WithinGroup):
         return isinstance(node.this, exp.PercentileCont | exp.PercentileDisc)
     if isinstance(node, exp.Min | exp.Max):
@@ -110,15 +112,16 @@ def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
     if other is not None:
         raise NotSupportedError(
             f"{display_sql(other)} next to a quantile, MIN or MAX: a query answers either "
-            "quantiles or COUNT/SUM/AVG-like aggregates, not both",
-            hint="ask the quantiles and the other aggregates in separate queries")
+            "quantiles or COUNT/SUM/AVG-like aggregates, not both here",
+            hint="select the quantiles and the other aggregates as separate columns of one "
+            "SELECT, without HAVING, or ask them in separate queries")
     found: list[tuple[float, str, str]] = []
     # The same quantile asked twice (in SELECT and HAVING or ORDER BY, or MEDIAN(x) next to
     # PERCENTILE_CONT(0.5) ... x) is one release: one draw, one charge, the same value in both.
     seen: dict[tuple[float, str], int] = {}
 
     def visit(node: exp.Expr) -> exp.Expr:
-        if not _is_quantile(node):
+        if not is_quantile(node):
             return node
         value, p, name = _read(node)
         index = seen.get((p, value.sql()))
@@ -244,7 +247,7 @@ def _bare(node: exp.Expr) -> exp.Expr:
 
 def _name(item: exp.Expr, out: OutputColumn) -> str:
     """An unnamed quantile output is named as Postgres names it: its function, lower case."""
-    if isinstance(item, exp.Alias) or not _is_quantile(item):
+    if isinstance(item, exp.Alias) or not is_quantile(item):
         return out.name
     inner = item.this if isinstance(item, exp.WithinGroup) else item
     return inner.sql_name().lower()
