@@ -207,9 +207,11 @@ def analyze_quantiles(sql: str, dialect: str,
         key = next(k for k in analysis.keys if k.public_values is None)
         raise NotSupportedError(
             f"{where} grouped by {display_sql(key.expr)}, a column without public_values, is "
-            "not supported (its groups would need a noisy threshold)",
-            hint="group by columns with public_values (the data owner declares them), "
-            + SAMPLED_HINT)
+            "not supported: its groups would be released by a noisy threshold, which quantiles "
+            "do not have yet (neither does sensitivity sampling)",
+            hint="group the quantile by a column with public_values (the data owner declares "
+            "them) or by a calendar bucket of the block column (DATE_TRUNC, EXTRACT), or ask "
+            f"COUNT/SUM/AVG grouped by {display_sql(key.expr)}, which thresholding answers")
     by_marker = {_MARKER.format(i): i for i in range(len(found))}
     measured = {m.id: m for m in analysis.measurements}
     specs: dict[int, QuantileSpec] = {}
