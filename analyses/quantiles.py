@@ -204,14 +204,17 @@ def analyze_quantiles(sql: str, dialect: str,
             hint="ask it of one table, " + SAMPLED_HINT.replace("any percentile", "percentiles "
                                                                  "of one table"))
     if analysis.thresholded:
-        key = next(k for k in analysis.keys if k.public_values is None)
-        raise NotSupportedError(
-            f"{where} grouped by {display_sql(key.expr)}, a column without public_values, is "
-            "not supported: its groups would be released by a noisy threshold, which quantiles "
-            "do not have yet (neither does sensitivity sampling)",
-            hint="group the quantile by a column with public_values (the data owner declares "
-            "them) or by a calendar bucket of the block column (DATE_TRUNC, EXTRACT), or ask "
-            f"COUNT/SUM/AVG grouped by {display_sql(key.expr)}, which thresholding answers")
+        # Keys without public values are released in the proxy by a noisy count above a
+        # threshold (chorus_py.kinds.quantile): a plain column, whose declared type types them.
+        key = next((k for k in analysis.keys if k.public_values is None
+                    and not isinstance(k.expr, exp.Column)), None)
+        if key is not None:
+            raise NotSupportedError(
+                f"{where} grouped by {display_sql(key.expr)}, an expression without public "
+                "values, is not supported",
+                hint="group the quantile by a column, a column with public_values (the data "
+                "owner declares them) or a calendar bucket of the block column (DATE_TRUNC, "
+                f"EXTRACT), or ask COUNT/SUM/AVG grouped by {display_sql(key.expr)}")
     by_marker = {_MARKER.format(i): i for i in range(len(found))}
     measured = {m.id: m for m in analysis.measurements}
     specs: dict[int, QuantileSpec] = {}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from chorus_py.engine import Engine
-from chorus_py.errors import NotSupportedError, QueryRefused
+from chorus_py.errors import InvalidParameter, NotSupportedError, QueryRefused
 from tests.conftest import nothing_spent
 
 ALICE = {"analyst": "alice"}
@@ -156,10 +156,10 @@ def test_duckdb_spellings(backend_url: str, skew: Engine) -> None:
 
 
 @pytest.mark.parametrize(("sql", "error", "words"), [
-    ("SELECT h, MEDIAN(v) FROM skew GROUP BY h", NotSupportedError,
-     ("public_values", "calendar bucket", "COUNT/SUM/AVG grouped by skew.h")),
+    ("SELECT h + 1, MEDIAN(v) FROM skew GROUP BY h + 1", NotSupportedError,
+     ("public_values", "calendar bucket", "COUNT/SUM/AVG grouped by skew.h + 1")),
     ("SELECT h, MEDIAN(v), COUNT(*) FROM skew GROUP BY h", NotSupportedError,
-     ("public_values", "COUNT/SUM/AVG grouped by skew.h")),
+     ("without public_values", "separate queries")),
     ("SELECT MEDIAN(s.v) FROM skew s JOIN quant_other o ON s.unit_id = o.unit_id",
      NotSupportedError, ("join", "chorus.sensitivity = 'sampled'")),
     ("SELECT MAX(v) - AVG(v) FROM skew", NotSupportedError, ("separate columns",)),
@@ -345,3 +345,45 @@ def test_mixed_query_with_a_calendar_key(scratch: Callable[..., Engine]) -> None
     assert [r[0].month for r in result.rows] == [1, 2]
     assert all(r[1] is not None and r[2] is not None for r in result.rows)
     assert result.types == ("timestamp", "float", "float")
+
+
+# -- quantiles grouped by a column without public values: keys released by a threshold --------
+def test_quantiles_grouped_by_a_thresholded_key(skew: Engine) -> None:
+    """h = u % 7 has no public values: each group's noisy row count must clear tau.  Hand
+    derivation at epsilon 20, delta 1e-6, k = 3, D = min(g, k) = 3: the gate gets 0.2 * 20 = 4,
+    b = k / 4 = 0.75, tau = k + b ln(D / delta) = 3 + 0.75 ln(3e6) = 14.1905...; the median
+    gets 16, Delta = k max(p, 1 - p) = 1.5.  Every h holds ~57 rows: all 7 are released."""
+    sql = "SELECT h, MEDIAN(v) AS med FROM skew GROUP BY h ORDER BY h"
+    result = skew.execute(sql, epsilon=20.0, delta=1e-6, **ALICE)
+    q0, t0 = result.report.measurements
+    assert (q0.sensitivity, q0.mechanism["epsilon"]) == (1.5, 16.0)
+    assert (t0.sensitivity, t0.mechanism["epsilon"]) == (3.0, 4.0)
+    assert t0.mechanism["scale"] == pytest.approx(0.75)
+    release = result.report.key_release
+    assert release is not None and release.method == "threshold"
+    assert release.threshold == pytest.approx(3 + 0.75 * math.log(3e6))
+    assert release.delta == 1e-6 and result.report.delta == 1e-6
+    assert [r[0] for r in result.rows] == list(range(7))
+    assert result.types == ("integer", "float")
+    for h, med in result.rows:
+        truth = _values(skew, f"SELECT v FROM skew WHERE h = {h}")
+        assert abs(_rank(truth, med) - len(truth) / 2) <= 4 * q0.mechanism["rank_error_95"] + 1
+    (claim,) = skew.ledger.claims()
+    assert (claim.epsilon, claim.delta) == (pytest.approx(20.0), pytest.approx(1e-6))
+
+
+def test_a_thresholded_key_hides_small_groups(skew: Engine) -> None:
+    """At epsilon 1 (gate 0.2: b = 15, tau = 3 + 15 ln(3e6) ~ 226.8) no group of ~57 rows can
+    clear tau: the answer is empty, says why, and is charged (the histogram read the data)."""
+    result = skew.execute("SELECT h, MAX(v) FROM skew GROUP BY h", epsilon=1.0, delta=1e-6,
+                          **ALICE)
+    assert result.rows == [] and "tau" in result.report.warnings[0]
+    assert result.report.key_release.threshold == pytest.approx(3 + 15 * math.log(3e6))
+    assert sum(b.epsilon_consumed for b in skew.ledger.blocks()) == pytest.approx(1.0)
+
+
+def test_a_thresholded_key_needs_delta(skew: Engine) -> None:
+    with pytest.raises(InvalidParameter, match="delta > 0"):
+        skew.execute("SELECT h, MEDIAN(v) FROM skew GROUP BY h", epsilon=1.0, delta=0.0,
+                     **ALICE)
+    assert nothing_spent(skew)
