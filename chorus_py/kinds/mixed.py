@@ -76,15 +76,16 @@ class EpsilonSplit:
         eps_q = epsilon * n_q / (n_q + n_a)
         return cls(n_q, n_a, eps_q, epsilon - eps_q, delta)
 
-    def describe(self, epsilon: float) -> str:
-        """The split as the report states it."""
+    def describe(self, epsilon: float, delta: float) -> str:
+        """The split as the report states it (``delta``: what the analytic part charges, 0
+        when its keys are public)."""
         n = self.quantiles + self.measurements
         return (f"epsilon {epsilon:g} split in proportion to the measurements of each part "
                 f"(sequential composition, one claim): {self.quantiles} quantile(s) get "
                 f"{self.quantiles}/{n} = {self.quantile_epsilon:g} (exponential mechanism, "
                 f"delta 0), {self.measurements} noisy measurement(s) of COUNT/SUM/AVG-like "
                 f"aggregates get {self.measurements}/{n} = {self.analytic_epsilon:g} and "
-                f"delta {self.analytic_delta:g}")
+                f"delta {delta:g}")
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
         columns.append(source.columns[index if part == "key" else n_keys + index])
     total = quantile.epsilon + analytic.epsilon
     assert abs(total - epsilon) <= 1e-9 * epsilon, (total, epsilon)
-    notes = (split.describe(epsilon),
+    notes = (split.describe(epsilon, analytic.delta),
              *(f"quantiles: {n}" for n in quantile.notes),
              *(f"aggregates: {n}" for n in analytic.notes))
     return dataclasses.replace(
