@@ -90,11 +90,13 @@ def asks_quantiles(sql: str, dialect: str) -> bool:
         trees = sqlglot.parse(sql, read=dialect)
     except (ParseError, TokenError, RecursionError, ValueError):
         return False
-    return any(tree is not None and any(_is_quantile(n) for n in tree.walk())
+    return any(tree is not None and any(is_quantile(n) for n in tree.walk())
                for tree in trees)
 
 
-def _is_quantile(node: exp.Expr) -> bool:
+def is_quantile(node: exp.Expr) -> bool:
+    """Whether ``node`` is a quantile, MEDIAN, MIN or MAX aggregate (one node per quantile:
+    not the PERCENTILE_CONT inside its WITHIN GROUP)."""
     if isinstance(node, exp.WithinGroup):
         return isinstance(node.this, exp.PercentileCont | exp.PercentileDisc)
     if isinstance(node, exp.Min | exp.Max):
@@ -110,15 +112,16 @@ def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
     if other is not None:
         raise NotSupportedError(
             f"{display_sql(other)} next to a quantile, MIN or MAX: a query answers either "
-            "quantiles or COUNT/SUM/AVG-like aggregates, not both",
-            hint="ask the quantiles and the other aggregates in separate queries")
+            "quantiles or COUNT/SUM/AVG-like aggregates, not both here",
+            hint="select the quantiles and the other aggregates as separate columns of one "
+            "SELECT, without HAVING, or ask them in separate queries")
     found: list[tuple[float, str, str]] = []
     # The same quantile asked twice (in SELECT and HAVING or ORDER BY, or MEDIAN(x) next to
     # PERCENTILE_CONT(0.5) ... x) is one release: one draw, one charge, the same value in both.
     seen: dict[tuple[float, str], int] = {}
 
     def visit(node: exp.Expr) -> exp.Expr:
-        if not _is_quantile(node):
+        if not is_quantile(node):
             return node
         value, p, name = _read(node)
         index = seen.get((p, value.sql()))
@@ -201,12 +204,17 @@ def analyze_quantiles(sql: str, dialect: str,
             hint="ask it of one table, " + SAMPLED_HINT.replace("any percentile", "percentiles "
                                                                  "of one table"))
     if analysis.thresholded:
-        key = next(k for k in analysis.keys if k.public_values is None)
-        raise NotSupportedError(
-            f"{where} grouped by {display_sql(key.expr)}, a column without public_values, is "
-            "not supported (its groups would need a noisy threshold)",
-            hint="group by columns with public_values (the data owner declares them), "
-            + SAMPLED_HINT)
+        # Keys without public values are released in the proxy by a noisy count above a
+        # threshold (chorus_py.kinds.quantile): a plain column, whose declared type types them.
+        key = next((k for k in analysis.keys if k.public_values is None
+                    and not isinstance(k.expr, exp.Column)), None)
+        if key is not None:
+            raise NotSupportedError(
+                f"{where} grouped by {display_sql(key.expr)}, an expression without public "
+                "values, is not supported",
+                hint="group the quantile by a column, a column with public_values (the data "
+                "owner declares them) or a calendar bucket of the block column (DATE_TRUNC, "
+                f"EXTRACT), or ask COUNT/SUM/AVG grouped by {display_sql(key.expr)}")
     by_marker = {_MARKER.format(i): i for i in range(len(found))}
     measured = {m.id: m for m in analysis.measurements}
     specs: dict[int, QuantileSpec] = {}
@@ -244,7 +252,7 @@ def _bare(node: exp.Expr) -> exp.Expr:
 
 def _name(item: exp.Expr, out: OutputColumn) -> str:
     """An unnamed quantile output is named as Postgres names it: its function, lower case."""
-    if isinstance(item, exp.Alias) or not _is_quantile(item):
+    if isinstance(item, exp.Alias) or not is_quantile(item):
         return out.name
     inner = item.this if isinstance(item, exp.WithinGroup) else item
     return inner.sql_name().lower()

@@ -42,6 +42,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BudgetExhausted, InvalidParameter, PolicyError, QueryRefused
 from chorus_py.kinds.base import Prepared, QueryKind, Services
 from chorus_py.kinds.join import JoinKind
+from chorus_py.kinds.mixed import MixedKind
 from chorus_py.kinds.per_person import PerPersonKind
 from chorus_py.kinds.public import PublicKind
 from chorus_py.kinds.quantile import QuantileKind
@@ -129,6 +130,8 @@ class Engine:
         self.sampled = SampledKind(services)  # sensitivity sampling, opt-in per query
         self.quantile = QuantileKind(services, self._analyse)  # DP quantiles, MIN, MAX
         self.per_person = PerPersonKind(services)  # aggregates of per-person values
+        # Quantiles next to COUNT/SUM/AVG-like aggregates: both kinds, one charge.
+        self.mixed = MixedKind(services, self.quantile, self.single, self._analyse)
         # What the doors and the engine did, for the log and the metrics (chorus_py.activity).
         self.activity = Activity()
         # Steps 1-4 are pure functions of (SQL, policy): cached.
@@ -290,6 +293,8 @@ class Engine:
         """The kind that answers ``sql``, and what its ``prepare`` takes."""
         if self.sampled.wanted(sensitivity, gamma) and self.sampled.accepts(sql):
             return self.sampled, SampledRequest(sql, gamma)
+        if self.mixed.accepts(sql):
+            return self.mixed, self.mixed.analyse(sql)
         if self.quantile.accepts(sql):
             return self.quantile, self.quantile.analyse(sql)
         analysis = self._analyse(sql)

@@ -1,8 +1,8 @@
 """SQL for DP quantiles (``chorus_py.kinds.quantile``): the histogram the database computes in
 one scan, and the finish the proxy runs over the selected values.
 
-``quantile_histogram`` counts, per group of public keys (by the index of the key's declared
-value) and per bin of the clipped value, the rows of the query: its filter, its claimed blocks,
+``quantile_histogram`` counts, per group (a public key by the index of its declared value, a
+key released by a threshold by its value) and per bin of the clipped value, the rows of the query: its filter, its claimed blocks,
 then at most k rows per unit (``rewriters.contribution``), NULL values left out as the
 percentile functions leave them.  Its exact counts stay in the proxy: only the bins the
 exponential mechanism draws from them leave it (``mechanisms.exponential``).
@@ -26,7 +26,7 @@ from rewriters.safety import safety
 def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upper: float,
                        bins: int, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None) -> exp.Select:
-    """Rows (g0, ..., b, n): per group index and bin b in [0, bins) of the value clipped to
+    """Rows (g0, ..., b, n): per group (index or value) and bin b in [0, bins) of the value clipped to
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
 
     >>> from sqlglot import parse_one
@@ -51,7 +51,8 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     # filtered_rows makes the whole filter safe (rewriters.safety): the raw expressions here.
     where = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
     for key in query.keys:  # undeclared key values are dropped, as in every public-key query
-        where = exp.and_(where, public_filter(key.expr, key.public_values or ()))
+        if key.public_values is not None:
+            where = exp.and_(where, public_filter(key.expr, key.public_values))
     if query.where is not None:
         where = exp.and_(query.where.copy(), where)
     rows = filtered_rows(dataclasses.replace(query, where=where), restriction, sample)
@@ -62,8 +63,11 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         rows = contribution(rows, unit, query.stability)
     # The value once per row (v, a double: not NULL, filtered above), then its bin: written
     # inside the bin's CASE it would be rendered once per branch.
-    columns: list[exp.Expr] = [exp.alias_(_key_index(safety(k.expr), k.public_values or ()),
-                                          f"g{i}") for i, k in enumerate(query.keys)]
+    # A key without public values (released by a threshold in the proxy) comes as its value.
+    columns: list[exp.Expr] = [exp.alias_(
+        safety(k.expr) if k.public_values is None else _key_index(safety(k.expr),
+                                                                  k.public_values),
+        f"g{i}") for i, k in enumerate(query.keys)]
     per_row = exp.select(*columns, exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
         rows.subquery(alias, copy=False), copy=False)
     v = exp.column("v", table="r")

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chorus_py.engine import Engine
-from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
+from chorus_py.errors import BackendError, InvalidParameter, NotSupportedError, QueryRefused
 from chorus_py.policy import load_policy
 from chorus_py.statements import QueryRun
 from tests.conftest import nothing_spent
@@ -335,3 +335,49 @@ def test_answers_are_served_again_only_to_the_analyst_who_paid(
     again = engine.execute(sql, epsilon=0.5, **ALICE)
     assert not again.report.charged and again.rows == first.rows
     assert any("your earlier identical query" in n for n in again.report.notes)
+
+
+def test_a_mixed_query_whose_second_part_fails_keeps_the_whole_charge(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query of quantiles and other aggregates (chorus_py.kinds.mixed) runs its quantile
+    histogram, then its analytic statement, under one claim: the table renamed in between, the
+    second fails after the first read the data, so nothing is refunded."""
+    sql = "SELECT city, MEDIAN(fare), COUNT(*) FROM trips GROUP BY city"
+    _, prepared = engine.prepare(sql, epsilon=1.0, **ALICE)
+    histograms = set(prepared.detail.quantile.statements)
+    renamed: list[str] = []
+    ran: list[str] = []
+
+    def rename_after_the_histogram(statement: str) -> None:
+        if statement.startswith("EXPLAIN "):
+            return
+        if ran and not renamed:
+            copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
+            name = f'chorus_private."{copy.group(1)}"' if copy else "trips"
+            engine.backend.run_owned([f"ALTER TABLE {name} RENAME TO trips_away"])
+            renamed.append(name)
+        if statement in histograms:
+            ran.append(statement)
+
+    _Statements(engine, monkeypatch, rename_after_the_histogram)
+    try:
+        with pytest.raises(BackendError, match="charged"):
+            engine.execute(sql, epsilon=1.0, **ALICE)
+    finally:
+        for name in renamed:
+            away = "chorus_private.trips_away" if name != "trips" else "trips_away"
+            engine.backend.run_owned([f"ALTER TABLE {away} RENAME TO {name.split('.')[-1]}"])
+    assert ran and renamed
+    (claim,) = engine.ledger.claims()
+    assert claim.state == "consumed"
+    assert all(b.epsilon_consumed == pytest.approx(1.0) for b in engine.ledger.blocks()
+               if b.block_id in claim.blocks)
+    assert all(e["event"] != "claim_refunded" for e in engine.ledger.history())
+
+
+def test_a_refused_mixed_query_costs_nothing(engine: Engine) -> None:
+    for sql in ("SELECT MAX(fare) - AVG(fare) FROM trips",
+                "SELECT city, MEDIAN(fare) FROM trips GROUP BY city HAVING COUNT(*) > 1"):
+        with pytest.raises(NotSupportedError):
+            engine.execute(sql, epsilon=1.0, **ALICE)
+    assert nothing_spent(engine)

@@ -10,8 +10,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
+from analyses.mixed import asks_mixed, split_mixed
 from analyses.quantiles import MAX_P, MIN_P, asks_quantiles, substitute
-from chorus_py.errors import QueryRefused
+from chorus_py.errors import NotSupportedError, QueryRefused
 
 FRACTIONS = st.integers(0, 1000).map(lambda i: i / 1000)
 
@@ -56,3 +57,50 @@ def test_not_quantiles(sql: str) -> None:
 def test_bad_fractions(sql: str) -> None:
     with pytest.raises(QueryRefused):
         substitute(sqlglot.parse_one(sql, read="duckdb"))
+
+
+# -- the split of a query mixing quantiles and other aggregates (analyses.mixed) ---------------
+KEYS = ["g", "DATE_TRUNC('month', t) AS m"]
+QUANTILES = ["MEDIAN(x)", "MIN(x) AS lo", "PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY y)"]
+OTHERS = ["COUNT(*)", "AVG(x) AS a", "SUM(y)"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.permutations([*KEYS, *QUANTILES, *OTHERS]).flatmap(
+           lambda p: st.integers(2, len(p)).map(lambda n: p[:n])),
+       dialect=st.sampled_from(["duckdb", "postgres"]))
+def test_mixed_split_keeps_every_item_in_its_part(items: list[str], dialect: str) -> None:
+    """Every selected item lands in exactly one part (keys in both, first), in order, and the
+    outputs map back to the analyst's columns; the parts keep FROM, WHERE and GROUP BY."""
+    keys = [i for i in items if i in KEYS]
+    assume(any(i in QUANTILES for i in items) and any(i in OTHERS for i in items))
+    group = " GROUP BY " + ", ".join(k.split(" AS ")[-1] for k in keys) if keys else ""
+    sql = f"SELECT {', '.join(items)} FROM t WHERE x > 1{group}"
+    assert asks_mixed(sql, dialect)
+    split = split_mixed(sql, dialect)
+    parts = {"quantile": sqlglot.parse_one(split.quantile_sql, read=dialect),
+             "analytic": sqlglot.parse_one(split.analytic_sql, read=dialect)}
+    for name, tree in parts.items():
+        assert tree.args["where"] is not None and bool(tree.args.get("group")) == bool(keys)
+        selected = [e.sql(dialect) for e in tree.expressions]
+        mine = [i for i in items if i in (QUANTILES if name == "quantile" else OTHERS)]
+        expected = [sqlglot.parse_one(f"SELECT {i}", read=dialect).expressions[0].sql(dialect)
+                    for i in (*keys, *mine)]
+        assert selected == expected
+    for item, (part, index) in zip(items, split.outputs, strict=True):
+        pool = keys if part == "key" else [
+            i for i in items if i in (QUANTILES if part == "quantile" else OTHERS)]
+        assert pool[index] == item
+
+
+def test_mixed_split_refuses_what_it_cannot_merge() -> None:
+    for sql, words in [
+        ("SELECT MAX(x) - AVG(x) FROM t", "one expression"),
+        ("SELECT MEDIAN(x), COUNT(*) FROM t GROUP BY g", "add g to the SELECT list"),
+        ("SELECT g, MEDIAN(x), COUNT(*) FROM t GROUP BY g HAVING COUNT(*) > 1", "HAVING"),
+        ("SELECT g, MEDIAN(x), COUNT(*) FROM t GROUP BY g ORDER BY SUM(x)", "names an output"),
+        ("SELECT MEDIAN(x), COUNT(*) FROM t LIMIT ALL", "LIMIT"),
+    ]:
+        with pytest.raises(NotSupportedError) as raised:
+            split_mixed(sql, "postgres")
+        assert words in str(raised.value) + (raised.value.hint or "")

@@ -4,12 +4,13 @@ one histogram statement per quantiled column, and refusals that name the mode th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from chorus_py.engine import Engine
-from chorus_py.errors import NotSupportedError, QueryRefused
+from chorus_py.errors import InvalidParameter, NotSupportedError, QueryRefused
 from tests.conftest import nothing_spent
 
 ALICE = {"analyst": "alice"}
@@ -155,11 +156,19 @@ def test_duckdb_spellings(backend_url: str, skew: Engine) -> None:
 
 
 @pytest.mark.parametrize(("sql", "error", "words"), [
-    ("SELECT h, MEDIAN(v) FROM skew GROUP BY h", NotSupportedError,
-     ("public_values", "chorus.sensitivity = 'sampled'")),
+    ("SELECT h + 1, MEDIAN(v) FROM skew GROUP BY h + 1", NotSupportedError,
+     ("public_values", "calendar bucket", "COUNT/SUM/AVG grouped by skew.h + 1")),
+    ("SELECT h, MEDIAN(v), COUNT(*) FROM skew GROUP BY h", NotSupportedError,
+     ("without public_values", "separate queries")),
     ("SELECT MEDIAN(s.v) FROM skew s JOIN quant_other o ON s.unit_id = o.unit_id",
      NotSupportedError, ("join", "chorus.sensitivity = 'sampled'")),
-    ("SELECT MEDIAN(v), COUNT(*) FROM skew", NotSupportedError, ("separate queries",)),
+    ("SELECT MAX(v) - AVG(v) FROM skew", NotSupportedError, ("separate columns",)),
+    ("SELECT g, MEDIAN(v) FROM skew GROUP BY g HAVING COUNT(*) > 3", NotSupportedError,
+     ("HAVING", "separate queries")),
+    ("SELECT MEDIAN(v), COUNT(*) FROM skew GROUP BY g", NotSupportedError,
+     ("add g to the SELECT list",)),
+    ("SELECT g, MEDIAN(v), COUNT(*) FROM skew GROUP BY g ORDER BY SUM(v)", NotSupportedError,
+     ("ORDER BY names an output",)),
     ("SELECT MEDIAN(DISTINCT v) FROM skew", NotSupportedError, ("DISTINCT",)),
     ("SELECT MEDIAN(free) FROM skew", QueryRefused, ("declared bounds",)),
     ("SELECT PERCENTILE_CONT(1.5) WITHIN GROUP (ORDER BY v) FROM skew", QueryRefused,
@@ -260,3 +269,121 @@ def test_a_quantile_asked_twice_is_one_release(skew: Engine) -> None:
         assert m.mechanism["epsilon"] == 0.05
         assert all(row[1] > 30 and row[1] == row[2] for row in result.rows)
         assert [row[1] for row in result.rows] == sorted(row[1] for row in result.rows)
+
+
+
+# -- quantiles next to COUNT/SUM/AVG-like aggregates (chorus_py.kinds.mixed) --------------------
+def test_min_max_avg_split_epsilon_by_measurements(skew: Engine) -> None:
+    """MIN, MAX (two quantiles) and AVG (two measurements: a centred SUM and a COUNT) at
+    epsilon 40: 2 / 4 of it to the quantiles, 2 / 4 to the AVG, one claim of 40."""
+    values = _values(skew, "SELECT v FROM skew")
+    n = len(values)
+    sql = "SELECT MIN(v), MAX(v), AVG(v) FROM skew"
+    explained = skew.explain(sql, epsilon=40.0, **ALICE)
+    assert "2/4 = 20" in explained.notes[0] and "delta 0" in explained.notes[0]
+    result = skew.execute(sql, epsilon=40.0, **ALICE)
+    assert result.columns == ("min", "max", "avg")
+    assert result.types == ("float", "float", "float")
+    q0, q1, m0, m1 = result.report.measurements
+    # MIN and MAX of v are drawn jointly at eps_q = 40 * 2 / 4 = 20, Delta = 2k = 6.
+    assert (q0.mechanism["epsilon"], q0.sensitivity) == (20.0, 6.0)
+    assert q1.mechanism is q0.mechanism or q1.mechanism == q0.mechanism
+    # AVG: SUM(v - 50) with Delta = k * 50 = 150 and COUNT with Delta = k = 3, planned at
+    # eps_a = 20 exactly as the same AVG asked alone at 20.
+    assert (m0.sensitivity, m1.sensitivity) == (150.0, 3.0)
+    alone = skew.explain("SELECT AVG(v) FROM skew", epsilon=20.0, **ALICE).measurements
+    assert [m.mechanism for m in (m0, m1)] == [m.mechanism for m in alone]
+    assert result.report.epsilon == explained.epsilon == 40.0
+    (claim,) = skew.ledger.claims()  # one claim for the whole query
+    assert claim.epsilon == pytest.approx(40.0)
+    assert sum(b.epsilon_consumed for b in skew.ledger.blocks()) == pytest.approx(40.0)
+    lo, hi, avg = result.rows[0]
+    assert abs(_rank(values, lo) - 0.01 * n) <= 4 * q0.mechanism["rank_error_95"] + 1
+    assert abs(_rank(values, hi) - 0.99 * n) <= 4 * q1.mechanism["rank_error_95"] + 1
+    assert avg == pytest.approx(sum(values) / n, abs=2.0)
+    bars = result.error_bars.intervals()[0]
+    assert "rank within" in bars[0].reason and bars[2].lower <= avg <= bars[2].upper
+
+
+def test_grouped_median_and_count_in_the_analysts_order(skew: Engine) -> None:
+    """Public keys: every declared group (c has no row), the parts matched on the key, the
+    analyst's column order, ORDER BY and LIMIT over the merged rows."""
+    sql = ("SELECT COUNT(*) AS n, g, MEDIAN(v) AS med FROM skew GROUP BY 2 "
+           "ORDER BY g DESC LIMIT 2")
+    result = skew.execute(sql, epsilon=20.0, **ALICE)
+    assert result.columns == ("n", "g", "med")
+    assert result.types == ("integer", "text", "float")
+    assert [r[1] for r in result.rows] == ["c", "b"]
+    q0, m0 = result.report.measurements
+    # One quantile, one count: 10 each; the median's Delta = k max(p, 1 - p) = 1.5, the
+    # count's k = 3.
+    assert (q0.sensitivity, q0.mechanism["epsilon"]) == (1.5, 10.0)
+    assert m0.sensitivity == 3.0 and m0.mechanism["epsilon"] == 10.0
+    assert [c.role for c in result.report.columns] == ["aggregate", "group_key", "aggregate"]
+    truth = _values(skew, "SELECT v FROM skew WHERE g = 'b'")
+    n, _, med = next(r for r in result.rows if r[1] == "b")
+    assert abs(n - len(truth)) <= 3 * (math.log(2e9) + 1) / 10 + 1
+    assert abs(_rank(truth, med) - len(truth) / 2) <= 4 * q0.mechanism["rank_error_95"] + 1
+    assert result.rows[0][0] is not None  # 'c': no row, a noisy count of 0 all the same
+
+
+def test_mixed_query_with_a_calendar_key(scratch: Callable[..., Engine]) -> None:
+    """Calendar keys of the block column are public keys: both parts list the same months."""
+    policy = POLICY.replace('[tables.skew]\n', '[tables.skew]\nblock = {{ column = "t", '
+                            'size = "1 day", start = "2026-01-01", end = "2026-03-01" }}\n'
+                            ).replace('free    = {{ type = "float" }}',
+                                      'free    = {{ type = "float" }}\n'
+                                      't       = {{ type = "timestamp" }}')
+    create = [CREATE[0].replace(" AS free ", " AS free, TIMESTAMP '2026-01-01' + "
+                                "(u % 50) * INTERVAL '1 day' AS t "), *CREATE[1:]]
+    engine = scratch("skew", create, policy)
+    try:
+        result = engine.execute("SELECT DATE_TRUNC('month', t) AS m, MEDIAN(v), SUM(v) "
+                                "FROM skew GROUP BY 1 ORDER BY 1", epsilon=20.0, **ALICE)
+    finally:
+        engine.backend.run_owned(["DROP TABLE IF EXISTS quant_other"])
+    assert [r[0].month for r in result.rows] == [1, 2]
+    assert all(r[1] is not None and r[2] is not None for r in result.rows)
+    assert result.types == ("timestamp", "float", "float")
+
+
+# -- quantiles grouped by a column without public values: keys released by a threshold --------
+def test_quantiles_grouped_by_a_thresholded_key(skew: Engine) -> None:
+    """h = u % 7 has no public values: each group's noisy row count must clear tau.  Hand
+    derivation at epsilon 20, delta 1e-6, k = 3, D = min(g, k) = 3: the gate gets 0.2 * 20 = 4,
+    b = k / 4 = 0.75, tau = k + b ln(D / delta) = 3 + 0.75 ln(3e6) = 14.1905...; the median
+    gets 16, Delta = k max(p, 1 - p) = 1.5.  Every h holds ~57 rows: all 7 are released."""
+    sql = "SELECT h, MEDIAN(v) AS med FROM skew GROUP BY h ORDER BY h"
+    result = skew.execute(sql, epsilon=20.0, delta=1e-6, **ALICE)
+    q0, t0 = result.report.measurements
+    assert (q0.sensitivity, q0.mechanism["epsilon"]) == (1.5, 16.0)
+    assert (t0.sensitivity, t0.mechanism["epsilon"]) == (3.0, 4.0)
+    assert t0.mechanism["scale"] == pytest.approx(0.75)
+    release = result.report.key_release
+    assert release is not None and release.method == "threshold"
+    assert release.threshold == pytest.approx(3 + 0.75 * math.log(3e6))
+    assert release.delta == 1e-6 and result.report.delta == 1e-6
+    assert [r[0] for r in result.rows] == list(range(7))
+    assert result.types == ("integer", "float")
+    for h, med in result.rows:
+        truth = _values(skew, f"SELECT v FROM skew WHERE h = {h}")
+        assert abs(_rank(truth, med) - len(truth) / 2) <= 4 * q0.mechanism["rank_error_95"] + 1
+    (claim,) = skew.ledger.claims()
+    assert (claim.epsilon, claim.delta) == (pytest.approx(20.0), pytest.approx(1e-6))
+
+
+def test_a_thresholded_key_hides_small_groups(skew: Engine) -> None:
+    """At epsilon 1 (gate 0.2: b = 15, tau = 3 + 15 ln(3e6) ~ 226.8) no group of ~57 rows can
+    clear tau: the answer is empty, says why, and is charged (the histogram read the data)."""
+    result = skew.execute("SELECT h, MAX(v) FROM skew GROUP BY h", epsilon=1.0, delta=1e-6,
+                          **ALICE)
+    assert result.rows == [] and "tau" in result.report.warnings[0]
+    assert result.report.key_release.threshold == pytest.approx(3 + 15 * math.log(3e6))
+    assert sum(b.epsilon_consumed for b in skew.ledger.blocks()) == pytest.approx(1.0)
+
+
+def test_a_thresholded_key_needs_delta(skew: Engine) -> None:
+    with pytest.raises(InvalidParameter, match="delta > 0"):
+        skew.execute("SELECT h, MEDIAN(v) FROM skew GROUP BY h", epsilon=1.0, delta=0.0,
+                     **ALICE)
+    assert nothing_spent(skew)

@@ -25,6 +25,7 @@ from datetime import date, datetime
 from typing import Any
 
 import numpy as np
+from sqlglot import exp
 
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.quantiles import QuantileQuery, analyze_quantiles, asks_quantiles
@@ -37,9 +38,11 @@ from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
+from mechanisms.discrete_laplace import DiscreteLaplace
 from mechanisms.exponential import ExponentialMechanism, bin_value, rank_sensitivity, rank_utility
 from mechanisms.intervals import Interval, NoInterval
 from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
+from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.pipeline import NOISY
@@ -49,6 +52,48 @@ from rewriters.quantiles import quantile_finish, quantile_histogram
 BINS = 10_000
 #: The most (group, bin) cells one histogram may return.
 MAX_CELLS = 2_000_000
+#: Keys without public values: the share of epsilon of their key-release count (the analytic
+#: kind's default, ``mechanisms.planning.plan_noise``'s threshold_share).
+GATE_SHARE = 0.2
+#: The DuckDB type of a key released by a threshold, from its column's declared type.
+_DECLARED = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN",
+             "date": "DATE", "timestamp": "TIMESTAMP"}
+
+
+@dataclass(frozen=True)
+class KeyGate:
+    """Keys without public values, released by a noisy count above a threshold.
+
+    The count of a group is its number of bounded rows, the sum of its histogram: one unit's
+    <= k rows change the vector of counts by at most k in L1 (``sensitivity``), so discrete
+    Laplace of scale b = k / epsilon_t makes the counts of the groups present in both
+    neighbours epsilon_t-DP.  A group present only with the unit holds at most k rows (its
+    count c <= k); with D the most groups a unit's rows reach (``AggregateQuery.
+    groups_per_unit``: min(k, g)), P(c + X > tau) < exp(-(tau - c) / b) <= exp(-(tau - k) / b)
+    (``mechanisms.thresholding``'s tail bound), and a union bound over the D groups gives
+    delta at
+
+        tau = k + b ln(D / delta) = key_release_threshold(b, D, delta) + (k - 1).
+
+    Each released group's quantiles are then drawn as with public keys: a unit's rows split
+    over groups as k_1 + ... + k_D <= k move each group's rank utility by <= k_j max(p, 1 - p),
+    so the draws at Delta = k max(p, 1 - p) cost epsilon_q in all (mechanisms.exponential,
+    'Groups'); a group released in one neighbour only is within the delta above.
+    """
+
+    mechanism: DiscreteLaplace
+    threshold: float
+    delta: float
+    groups_per_unit: int
+
+    @classmethod
+    def plan(cls, rows_per_unit: int, groups_per_unit: int, epsilon: float,
+             delta: float) -> KeyGate:
+        """The gate of counts with L1 sensitivity ``rows_per_unit`` (k) at ``epsilon``."""
+        mechanism = DiscreteLaplace.from_sensitivity(rows_per_unit, epsilon)
+        tau = key_release_threshold(mechanism.scale, groups_per_unit, delta) \
+            + (rows_per_unit - 1)
+        return cls(mechanism, tau, delta, groups_per_unit)
 
 
 @dataclass(frozen=True)
@@ -61,6 +106,7 @@ class QuantileDetail:
     histograms: tuple[tuple[str, str], ...]       # (argument SQL, statement) per argument
     groups: tuple[tuple[object, ...], ...]        # the public key combinations, in order
     finish: str
+    gate: KeyGate | None = None                   # keys released by a threshold
 
 
 class QuantileKind:
@@ -103,24 +149,38 @@ class QuantileKind:
                                                                  query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.services.samples.relation(query.table, query.table_policy))
-        key = (analysis.shape, epsilon, restriction, sample)
+        key = (analysis.shape, epsilon, delta, restriction, sample)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepare(analysis, epsilon, reads, restriction, sample)
+            prepared = self._prepare(analysis, epsilon, delta, reads, restriction, sample)
             self._prepared.put(key, prepared)
         return prepared
 
-    def _prepare(self, analysis: QuantileQuery, epsilon: float, reads: BlocksRead | None,
+    def _prepare(self, analysis: QuantileQuery, epsilon: float, delta: float,
+                 reads: BlocksRead | None,
                  restriction: BlockRestriction | None,
                  sample: tuple[str, str] | None) -> Prepared:
         services = self.services
         query = analysis.query
-        groups = tuple(itertools.product(*[k.public_values or () for k in query.keys]))
+        gate = None
+        if query.thresholded:  # the groups are the data's: none listed, a noisy gate
+            groups: tuple[tuple[object, ...], ...] = ()
+        else:
+            groups = tuple(itertools.product(*[k.public_values or () for k in query.keys]))
         if query.keys and len(groups) * BINS > MAX_CELLS:
             raise QueryRefused(f"{len(groups)} groups of {BINS} bins each are too many for a "
                                "quantile query", hint="filter the group keys to fewer values")
         try:
-            mechanisms = plan_quantiles(analysis, epsilon)
+            if query.thresholded:
+                if not 0 < delta < 1:
+                    raise InvalidParameter(
+                        "a quantile grouped by a column without public_values releases its "
+                        "groups by a noisy threshold, which needs delta > 0",
+                        hint="pass a delta, e.g. 1e-7")
+                gate = KeyGate.plan(query.stability, query.groups_per_unit,
+                                    epsilon * GATE_SHARE, delta)
+            mechanisms = plan_quantiles(analysis, epsilon * (1 - GATE_SHARE) if gate
+                                        else epsilon)
         except ValueError as err:
             raise InvalidParameter(f"cannot calibrate the exponential mechanism: {err}",
                                    hint="ask for a larger epsilon") from None
@@ -134,18 +194,22 @@ class QuantileKind:
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
-        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish)
+        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate)
         report = _report(analysis, mechanisms, reads,
-                         "\n".join(sql for _, sql in histograms), epsilon)
+                         "\n".join(sql for _, sql in histograms), epsilon, gate)
         events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
+        if gate is not None:
+            events += (Event.from_mechanism(gate.mechanism), Event.key_release(gate.delta))
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
                         detail, statements=tuple(sql for _, sql in histograms),
                         finish=(_create(detail), finish),
-                        answer_key=(analysis.shape, epsilon, report.blocks))
+                        answer_key=(analysis.shape, epsilon, report.delta, report.blocks))
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Histograms from the database, bins drawn here, the outputs finished here."""
         detail: QuantileDetail = prepared.detail
+        if detail.gate is not None:
+            return self._run_gated(detail, detail.gate, run)
         analysis = detail.analysis
         n_keys = len(analysis.query.keys)
         n_groups = len(detail.groups) if n_keys else 1
@@ -159,23 +223,53 @@ class QuantileKind:
             counts[argument] = cells  # exact: never leaves this function
         rows = []
         for g in range(n_groups):
-            values = []
-            cuts: dict[int, tuple[int, ...]] = {}  # one joint draw per column and group
-            for spec, mechanism in zip(analysis.quantiles, detail.mechanisms, strict=True):
-                histogram = counts[spec.argument.sql()][g]
-                if isinstance(mechanism, JointQuantiles):
-                    if id(mechanism) not in cuts:
-                        cuts[id(mechanism)] = mechanism.sample(histogram)
-                    cut = cuts[id(mechanism)][mechanism.ps.index(spec.p)]
-                    values.append(cut_value(cut, BINS, spec.lower, spec.upper, spec.integral))
-                    continue
-                drawn = mechanism.sample(rank_utility(histogram, spec.p))
-                values.append(bin_value(drawn, BINS, spec.lower, spec.upper, spec.integral))
+            values = _draw(detail, {a: c[g] for a, c in counts.items()})
             keys = detail.groups[g] if n_keys else ()
             rows.append((*keys, *values))
         del counts
         result = self._finish(detail, rows)
         return Answer(result, _RankBars(detail, len(result.rows)))
+
+    def _run_gated(self, detail: QuantileDetail, gate: KeyGate, run: QueryRun) -> Answer:
+        """Keys without public values: each group present in the histograms is released when
+        its noisy row count clears the gate's threshold (:class:`KeyGate`), then its
+        quantiles are drawn as with public keys.  Exact counts never leave this method."""
+        query = detail.analysis.query
+        n_keys = len(query.keys)
+        cells: dict[str, dict[tuple[Any, ...], list[tuple[int, float]]]] = {}
+        for argument, sql in detail.histograms:
+            found = cells.setdefault(argument, {})
+            for row in self.services.statements.run(sql, run).rows:
+                if any(v is None for v in row[:n_keys]):  # a NULL key is not a group here
+                    continue
+                found.setdefault(tuple(row[:n_keys]), []).append((int(row[n_keys]),
+                                                                  float(row[n_keys + 1])))
+        # A group's count: its rows of the first argument (all arguments count the same rows
+        # but for NULL values; each group is gated once, on that one histogram).
+        first = cells[detail.histograms[0][0]]
+        groups = list(first)
+        exact = np.array([sum(n for _, n in first[g]) for g in groups], dtype=float)
+        noisy = gate.mechanism.sample(exact) if groups else exact
+        rows = []
+        for g, count in zip(groups, noisy, strict=True):
+            if not count > gate.threshold:
+                continue
+            histograms = {}
+            for argument, found in cells.items():
+                dense = np.zeros(BINS)
+                for b, n in found.get(g, ()):
+                    dense[b] += n
+                histograms[argument] = dense
+            keys = tuple(value if key.public_values is None else key.public_values[int(value)]
+                         for value, key in zip(g, query.keys, strict=True))
+            rows.append((*keys, *_draw(detail, histograms)))
+        del cells, first, exact
+        result = self._finish(detail, rows)
+        warnings = () if rows else (
+            f"no group's noisy row count cleared the threshold tau = {gate.threshold:.4g} "
+            f"(scale {gate.mechanism.scale:g}): groups of fewer rows are not released; a "
+            "larger epsilon lowers tau",)
+        return Answer(result, _RankBars(detail, len(result.rows)), warnings)
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
         con = self.services.statements.scratch()
@@ -206,6 +300,23 @@ class QuantileKind:
         column_type = query.table_policy.columns[block.column].type
         return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
                                        reads.separate_runs)
+
+
+def _draw(detail: QuantileDetail, histograms: dict[str, np.ndarray]) -> list[float]:
+    """One group's quantiles drawn from its exact histograms (one per argument)."""
+    values = []
+    cuts: dict[int, tuple[int, ...]] = {}  # one joint draw per column and group
+    for spec, mechanism in zip(detail.analysis.quantiles, detail.mechanisms, strict=True):
+        histogram = histograms[spec.argument.sql()]
+        if isinstance(mechanism, JointQuantiles):
+            if id(mechanism) not in cuts:
+                cuts[id(mechanism)] = mechanism.sample(histogram)
+            cut = cuts[id(mechanism)][mechanism.ps.index(spec.p)]
+            values.append(cut_value(cut, BINS, spec.lower, spec.upper, spec.integral))
+            continue
+        drawn = mechanism.sample(rank_utility(histogram, spec.p))
+        values.append(bin_value(drawn, BINS, spec.lower, spec.upper, spec.integral))
+    return values
 
 
 def plan_quantiles(analysis: QuantileQuery, epsilon: float
@@ -270,8 +381,10 @@ def _duck_type(values: list[object]) -> str:
 def _create(detail: QuantileDetail) -> str:
     """The scratch table of the finish: key ids typed from the declared values, quantile ids."""
     query = detail.analysis.query
+    tp = query.table_policy
     columns = [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
-               for k in query.keys]
+               if k.public_values is not None or not isinstance(k.expr, exp.Column)
+               else f"{k.id} {_DECLARED[tp.columns[k.expr.name].type]}" for k in query.keys]
     columns += [f"{q.id} DOUBLE" for q in detail.analysis.quantiles]
     return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
 
@@ -302,7 +415,8 @@ class _RankBars:
 
 def _report(analysis: QuantileQuery,
             mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...],
-            reads: BlocksRead | None, sql: str, epsilon: float) -> PrivacyReport:
+            reads: BlocksRead | None, sql: str, epsilon: float,
+            gate: KeyGate | None = None) -> PrivacyReport:
     """The report: each quantile's mechanism, epsilon and utility sensitivity; the bins drawn
     in the proxy whatever ``privacy.noise`` says (the selection needs the histogram)."""
     query = analysis.query
@@ -344,9 +458,10 @@ def _report(analysis: QuantileQuery,
                                         note="post-processing of DP quantiles: "
                                         + out.expr.sql()))
     joint = [m for m in _distinct(mechanisms) if isinstance(m, JointQuantiles)]
+    eps_q = epsilon * (1 - GATE_SHARE) if gate is not None else epsilon
     notes = [f"exponential mechanism over {BINS} bins of the declared bounds, the bin drawn by "
              "the proxy from os.urandom and a value uniform in it; epsilon split equally over "
-             f"{len(mechanisms)} quantile(s): {epsilon / len(mechanisms):g} each",
+             f"{len(mechanisms)} quantile(s): {eps_q / len(mechanisms):g} each",
              "" if not joint else "the quantiles of one column are drawn jointly (joint "
              "exponential mechanism, Gillenwater et al. 2021) at the sum of their shares, "
              "each as a cut between bins: " + "; ".join(
@@ -358,14 +473,34 @@ def _report(analysis: QuantileQuery,
              "filter" if unit else "event level: one row per neighbour",
              "the error is stated in ranks (mechanism.rank_error_95): a value interval would "
              "need the data's distribution"]
-    if query.keys:
+    key_release = KeyRelease("public_values", note="every declared value, nothing else") \
+        if query.keys else None
+    if gate is not None:
+        b = gate.mechanism.scale
+        measurements.append(MeasurementReport(
+            "t0", "COUNT(*) per group (key release)", float(k),
+            f"one {unit or 'row'}'s <= {k} rows change the groups' row counts by <= {k} in "
+            f"all (L1): discrete Laplace of scale b = {k} / {gate.mechanism.epsilon:g}",
+            {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+        key_release = KeyRelease(
+            "threshold", gate.threshold, "t0", gate.delta,
+            note=f"a group is released only if its noisy row count (t0, scale {b:g}) exceeds "
+            f"tau = k + b ln(D / delta) = {k} + {b:g} ln({gate.groups_per_unit} / "
+            f"{gate.delta:g}) = {gate.threshold:.6g}: a group of one unit's rows holds <= k = "
+            f"{k} of them, and a unit reaches <= D = {gate.groups_per_unit} groups")
+        notes[0] = notes[0].replace(
+            "epsilon split equally over", f"epsilon {epsilon:g}: {GATE_SHARE:g} of it to the "
+            f"key-release count, the rest ({eps_q:g}) split equally over")
+        notes.append("groups: released by a noisy threshold; a unit's <= k rows spread over "
+                     "groups cost epsilon in all (mechanisms.exponential, 'Groups')")
+    elif query.keys:
         notes.append("groups: every declared public value; a unit's <= k rows spread over "
                      "groups cost epsilon in all (mechanisms.exponential, 'Groups')")
     return PrivacyReport(
-        analyst="", verdict="allowed", charged=False, epsilon=epsilon, delta=0.0,
+        analyst="", verdict="allowed", charged=False, epsilon=epsilon,
+        delta=gate.delta if gate is not None else 0.0,
         noise="proxy", tables=(query.table,),
         blocks=reads.ids if reads is not None else (query.table,), stability=k,
         privacy_unit=unit, measurements=tuple(measurements), columns=tuple(columns),
-        key_release=KeyRelease("public_values", note="every declared value, nothing else")
-        if query.keys else None, rewritten_sql=sql, notes=tuple(n for n in notes if n))
+        key_release=key_release, rewritten_sql=sql, notes=tuple(n for n in notes if n))
 

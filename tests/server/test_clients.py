@@ -318,3 +318,34 @@ def test_jdbc(wire: Wire, java_program: Path) -> None:
     assert len([ln for ln in lines if ln.startswith("row ")]) == 5
     assert len([ln for ln in lines if ln.startswith("prep ")]) == 6
     assert "refused 42501" in lines and "valid true" in lines
+
+
+def test_quantiles_next_to_aggregates_over_the_wire(wire: Wire) -> None:
+    """A query answered in two parts (chorus_py.kinds.mixed) keeps its columns' types: the
+    described types (asyncpg prepares first) and the binary encoding (psycopg) match what the
+    merged rows hold."""
+    sql = ("SELECT city, MEDIAN(fare) AS med, COUNT(*) AS n, AVG(fare) AS f FROM trips "
+           "GROUP BY city ORDER BY city")
+    with psycopg.connect(wire.url(), autocommit=True) as con:
+        for binary in (False, True):
+            cur = con.cursor(binary=binary)
+            rows = cur.execute(sql).fetchall()
+            assert [d.name for d in cur.description] == ["city", "med", "n", "f"]
+            assert [r[0] for r in rows] == sorted(["SF", "NYC", "LA", "CHI", "SEA"])
+            assert all(isinstance(r[1], float) and isinstance(r[2], int)
+                       and isinstance(r[3], float) for r in rows)
+    asyncpg = pytest.importorskip("asyncpg")
+
+    async def main() -> None:
+        con = await asyncpg.connect(host=wire.host, port=wire.port, user="alice",
+                                    password=PASSWORDS["alice"], database="chorus", ssl=False)
+        try:
+            stmt = await con.prepare(sql)
+            assert [(a.name, a.type.name) for a in stmt.get_attributes()] == [
+                ("city", "text"), ("med", "float8"), ("n", "int8"), ("f", "float8")]
+            rows = await stmt.fetch()
+            assert isinstance(rows[0]["n"], int) and isinstance(rows[0]["med"], float)
+        finally:
+            await con.close()
+
+    asyncio.run(main())

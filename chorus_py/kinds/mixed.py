@@ -1,0 +1,278 @@
+"""Quantiles (MEDIAN, percentiles, MIN, MAX) next to COUNT/SUM/AVG-like aggregates in one query.
+
+``SELECT city, MEDIAN(fare), COUNT(*) FROM trips GROUP BY city`` is split by
+``analyses.mixed`` into a quantile part (``kinds.quantile``: the exponential mechanism) and an
+analytic part (``kinds.single``: Laplace-like noise), the same FROM, WHERE and GROUP BY each.
+
+Budget: one claim of the query's whole (epsilon, delta) on its blocks, whose events are both
+parts' events.  By sequential (basic) composition the two parts, each (eps_i, delta_i)-DP on
+the whole data, are together (eps_q + eps_a, delta_q + delta_a)-DP; the split is
+
+    eps_q = epsilon * n_q / (n_q + n_a),   eps_a = epsilon - eps_q,
+    delta_q = 0,                            delta_a = delta
+
+with n_q the quantiles asked and n_a the noisy measurements of the analytic part (AVG counts
+two: a sum and a count), so every measurement gets the same epsilon / (n_q + n_a), as in a
+query of either kind alone.  The quantile part is pure epsilon-DP: all of delta goes to the
+analytic part.  The analytic part may spend its own share choosing its row cap and clipping
+bounds first (``kinds.selection``), as it does alone.
+
+Run, after the claim: the quantile part, then the analytic part, through the same
+:class:`~chorus_py.statements.QueryRun`: once the first read the data, a failure of the second
+refunds nothing.  The parts' rows are matched on the group keys (every declared value or
+calendar bucket: the same public grid in both), merged in the analyst's column order, then
+ordered and limited (post-processing of released values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from analyses.mixed import MixedSplit, asks_mixed, split_mixed
+from analyses.per_person import PerPersonQuery
+from analyses.quantiles import QuantileQuery
+from analyses.query import AggregateQuery, PublicQuery
+from chorus_py.backends import ResultSet
+from chorus_py.caches import LRU
+from chorus_py.errors import InternalError, NotSupportedError
+from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.quantile import QuantileKind
+from chorus_py.kinds.single import SingleTableKind
+from chorus_py.report import PrivacyReport
+from chorus_py.statements import QueryRun
+from mechanisms.intervals import Interval, NoInterval
+
+
+@dataclass(frozen=True)
+class MixedQuery:
+    """The analysed mixed query: its split and each part's analysis."""
+
+    split: MixedSplit
+    quantile: QuantileQuery
+    analytic: AggregateQuery
+
+
+@dataclass(frozen=True)
+class EpsilonSplit:
+    """How a mixed query's (epsilon, delta) is split between its parts (module docstring)."""
+
+    quantiles: int      # n_q
+    measurements: int   # n_a
+    quantile_epsilon: float
+    analytic_epsilon: float
+    analytic_delta: float
+
+    @classmethod
+    def of(cls, query: MixedQuery, epsilon: float, delta: float) -> EpsilonSplit:
+        """In proportion to the number of measurements of each part; all of delta to the
+        analytic part (the exponential mechanism is pure epsilon-DP)."""
+        n_q = len(query.quantile.quantiles)
+        n_a = len(query.analytic.measurements)
+        eps_q = epsilon * n_q / (n_q + n_a)
+        return cls(n_q, n_a, eps_q, epsilon - eps_q, delta)
+
+    def describe(self, epsilon: float, delta: float) -> str:
+        """The split as the report states it (``delta``: what the analytic part charges, 0
+        when its keys are public)."""
+        n = self.quantiles + self.measurements
+        return (f"epsilon {epsilon:g} split in proportion to the measurements of each part "
+                f"(sequential composition, one claim): {self.quantiles} quantile(s) get "
+                f"{self.quantiles}/{n} = {self.quantile_epsilon:g} (exponential mechanism, "
+                f"delta 0), {self.measurements} noisy measurement(s) of COUNT/SUM/AVG-like "
+                f"aggregates get {self.measurements}/{n} = {self.analytic_epsilon:g} and "
+                f"delta {delta:g}")
+
+
+@dataclass(frozen=True)
+class MixedDetail:
+    """The kind's state of a prepared mixed query (``Prepared.detail``)."""
+
+    query: MixedQuery
+    split: EpsilonSplit
+    quantile: Prepared
+    analytic: Prepared
+
+
+class MixedKind:
+    """Quantiles and COUNT/SUM/AVG-like aggregates of one private table in one query."""
+
+    charges = True
+
+    def __init__(self, services: Services, quantile: QuantileKind, single: SingleTableKind,
+                 analyse: Callable[[str], AggregateQuery | PublicQuery | PerPersonQuery]
+                 ) -> None:
+        self.services = services
+        self._quantile, self._single, self._analyse = quantile, single, analyse
+        self._analyses: LRU[str, MixedQuery] = LRU(1024)
+
+    def accepts(self, sql: str) -> bool:
+        """Whether ``sql`` asks a quantile, MIN or MAX next to another aggregate."""
+        return asks_mixed(sql, self.services.dialect)
+
+    def analyse(self, sql: str) -> MixedQuery:
+        """Split ``sql`` and analyse each part (cached; refusals cost nothing)."""
+        found = self._analyses.get(sql)
+        if found is not None:
+            return found
+        split = split_mixed(sql, self.services.dialect)
+        quantile = self._quantile.analyse(split.quantile_sql)
+        analytic = self._analyse(split.analytic_sql)
+        if isinstance(analytic, AggregateQuery) and analytic.thresholded:
+            # Each part would release its own keys by its own threshold (two gates, two
+            # deltas, different groups): not merged soundly here yet.
+            raise NotSupportedError(
+                "quantiles next to other aggregates grouped by a column without public_values "
+                "are not supported",
+                hint="ask the quantiles and the other aggregates in separate queries (each "
+                "releases its groups by a noisy threshold)")
+        if not isinstance(analytic, AggregateQuery) or analytic.join is not None:
+            # The quantile part has refused joins already; a per-person aggregate next to a
+            # quantile of rows is a different question.
+            raise NotSupportedError(
+                "quantiles next to aggregates of per-person values are not supported",
+                hint="ask the quantiles and the other aggregates in separate queries")
+        found = MixedQuery(split, quantile, analytic)
+        self._analyses.put(sql, found)
+        return found
+
+    def prepare(self, query: MixedQuery, analyst: str, epsilon: float,
+                delta: float) -> Prepared:
+        """Both parts prepared at their shares (pure, nothing charged) and joined into one
+        prepared query: one claim, both parts' events and statements."""
+        split = EpsilonSplit.of(query, epsilon, delta)
+        quantile = self._quantile.prepare(query.quantile, analyst, split.quantile_epsilon, 0.0)
+        analytic = self._single.prepare(query.analytic, analyst, split.analytic_epsilon,
+                                        split.analytic_delta)
+        if quantile.finish is not None:  # the engine plans one finish: the other one here
+            self.services.statements.check_scratch_plan(*quantile.finish)
+        return self._combine(query, split, quantile, analytic, epsilon)
+
+    def _combine(self, query: MixedQuery, split: EpsilonSplit, quantile: Prepared,
+                 analytic: Prepared, epsilon: float) -> Prepared:
+        if quantile.blocks != analytic.blocks:  # the same WHERE: the same blocks
+            raise InternalError("the parts of a query that mixes quantiles with other "
+                                "aggregates read different blocks; nothing was charged",
+                                hint="this is a bug in the proxy: please report the query")
+        report = _report(query, split, quantile.report, analytic.report, epsilon)
+        selection = analytic.selection
+        if selection is not None:  # the analytic part's cap and bounds, chosen after the claim
+            selection = dataclasses.replace(
+                selection, apply=lambda chosen, s=selection: self._combine(
+                    query, split, quantile, s.apply(chosen), epsilon))
+        return Prepared(
+            report, analytic.blocks, (*quantile.events, *analytic.events),
+            MixedDetail(query, split, quantile, analytic),
+            statements=(*quantile.statements, *analytic.statements), finish=analytic.finish,
+            answer_key=("mixed", query.split.sql, epsilon, report.delta, report.blocks),
+            selection=selection)
+
+    def run(self, prepared: Prepared, run: QueryRun) -> Answer:
+        """The quantile part, then the analytic part (one charge: no refund once the first
+        read the data), merged in the analyst's column order."""
+        detail: MixedDetail = prepared.detail
+        quantiles = self._quantile.run(detail.quantile, run)
+        analytic = self._single.run(detail.analytic, run)
+        return _merge(detail.query.split, quantiles, analytic)
+
+
+def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
+            analytic: PrivacyReport, epsilon: float) -> PrivacyReport:
+    """One report: both parts' measurements, the columns in the analyst's order, the split."""
+    n_keys = sum(1 for part, _ in query.split.outputs if part == "key")
+    columns = []
+    for part, index in query.split.outputs:
+        source = quantile if part == "quantile" else analytic
+        columns.append(source.columns[index if part == "key" else n_keys + index])
+    total = quantile.epsilon + analytic.epsilon
+    assert abs(total - epsilon) <= 1e-9 * epsilon, (total, epsilon)
+    notes = (split.describe(epsilon, analytic.delta),
+             *(f"quantiles: {n}" for n in quantile.notes),
+             *(f"aggregates: {n}" for n in analytic.notes))
+    return dataclasses.replace(
+        analytic, epsilon=epsilon, delta=quantile.delta + analytic.delta,
+        measurements=(*quantile.measurements, *analytic.measurements), columns=tuple(columns),
+        rewritten_sql=f"{quantile.rewritten_sql}\n{analytic.rewritten_sql}", notes=notes,
+        warnings=(*quantile.warnings, *analytic.warnings))
+
+
+def _match(value: Any) -> Any:
+    """A group key's value as both parts' rows compare it: a backend's date, Decimal or int
+    and the declared value it stands for compare equal."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float | Decimal):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return value.replace(tzinfo=None)
+    if isinstance(value, datetime.date):
+        return datetime.datetime(value.year, value.month, value.day)
+    return value
+
+
+def _merge(split: MixedSplit, quantiles: Answer, analytic: Answer) -> Answer:
+    """The parts' rows matched on their keys (the quantile part lists every public group),
+    in the analyst's column order, ordered and limited."""
+    q_rows, a_rows = quantiles.result.rows, analytic.result.rows
+    n_keys = sum(1 for part, _ in split.outputs if part == "key")
+    by_key = {tuple(_match(v) for v in row[:n_keys]): i for i, row in enumerate(a_rows)}
+    pairs: list[tuple[int | None, int | None]] = []
+    for i, row in enumerate(q_rows):
+        pairs.append((i, by_key.pop(tuple(_match(v) for v in row[:n_keys]), None)))
+    pairs += [(None, j) for j in sorted(by_key.values())]
+
+    def cell(pair: tuple[int | None, int | None], part: str, index: int) -> Any:
+        q, a = pair
+        if part == "key":
+            return q_rows[q][index] if q is not None else a_rows[a][index]  # type: ignore[index]
+        if part == "quantile":
+            return None if q is None else q_rows[q][n_keys + index]
+        return None if a is None else a_rows[a][n_keys + index]
+
+    rows = [tuple(cell(p, part, i) for part, i in split.outputs) for p in pairs]
+    order = list(range(len(rows)))
+    for column, desc, nulls_first in reversed(split.order):  # stable: last term first
+        present = [i for i in order if rows[i][column] is not None]
+        missing = [i for i in order if rows[i][column] is None]
+        present.sort(key=lambda i, c=column: rows[i][c], reverse=desc)
+        order = missing + present if nulls_first else present + missing
+    end = None if split.limit is None else split.offset + split.limit
+    order = order[split.offset:end]
+    names, types = [], []
+    for part, index in split.outputs:
+        source = analytic.result if part == "analytic" else quantiles.result
+        at = index if part == "key" else n_keys + index
+        names.append(source.columns[at])
+        types.append(source.types[at])
+    result = ResultSet(tuple(names), tuple(types), [rows[i] for i in order])
+    bars = _MergedBars(split, quantiles, analytic, [pairs[i] for i in order], n_keys)
+    return Answer(result, bars, (*quantiles.warnings, *analytic.warnings))
+
+
+class _MergedBars:
+    """Error bars of a merged answer: each column's from the part that made it."""
+
+    def __init__(self, split: MixedSplit, quantiles: Answer, analytic: Answer,
+                 pairs: list[tuple[int | None, int | None]], n_keys: int) -> None:
+        self.split, self.quantiles, self.analytic = split, quantiles, analytic
+        self.pairs, self.n_keys = pairs, n_keys
+
+    def intervals(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
+        """Per row, per column: the interval of the part's cell, None for a key."""
+        q_bars = self.quantiles.error_bars.intervals() if self.quantiles.error_bars else ()
+        a_bars = self.analytic.error_bars.intervals() if self.analytic.error_bars else ()
+        out = []
+        for q, a in self.pairs:
+            row: list[Interval | NoInterval | None] = []
+            for part, index in self.split.outputs:
+                bars, at = (q_bars, q) if part == "quantile" else (a_bars, a)
+                if part == "key" or at is None or at >= len(bars):
+                    row.append(None)
+                    continue
+                row.append(bars[at][self.n_keys + index])
+            out.append(tuple(row))
+        return tuple(out)
