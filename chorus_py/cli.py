@@ -645,7 +645,9 @@ def _fail(err: ChorusError, as_json: bool = False, status: int | None = None) ->
 def _print_table(columns: tuple[str, ...], rows: list[tuple[Any, ...]],
                  intervals: Sequence[Sequence[Interval | NoInterval | None]] = ()) -> None:
     """Rows as a text table; a noisy cell with its 95% interval (``5,112 ± 140 (noise)``)."""
-    cells = [[_cell(v) if iv is None else format_interval(iv)
+    # A cell without an interval still shows its value, with the reason beside it.
+    cells = [[_cell(v) if iv is None else f"{_cell(v)} ({iv.reason})"
+              if isinstance(iv, NoInterval) else format_interval(iv)
               for v, iv in zip(row, ivs, strict=True)]
              for row, ivs in zip(rows, intervals or [(None,) * len(columns)] * len(rows),
                                  strict=True)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -115,6 +116,16 @@ def test_query_text_with_epsilon(policy: Path) -> None:
     assert "city" in out and "SF" in out and "NYC" in out
     assert "privacy: charged epsilon=0.5" in out
     assert "discrete_laplace, scale 20" in out
+
+
+def test_query_text_shows_a_quantile_with_its_note(policy: Path) -> None:
+    """A quantile has no value interval (its error is in ranks): the table shows its value and
+    the rank note beside it, not the note alone."""
+    result = chorus("query", "--policy", str(policy), "--analyst", "alice", "--epsilon", "1",
+                    "SELECT MEDIAN(fare) AS med FROM trips")
+    assert result.returncode == 0, result.stderr
+    row = result.stdout.splitlines()[2]
+    assert re.match(r"\s*-?[\d,]+\.\d\d \(rank within ", row), row
 
 
 REFUSALS = [
