@@ -231,7 +231,8 @@ def analyze_quantiles(sql: str, dialect: str,
             return exp.column(f"q{i}")
         return node
 
-    outputs = tuple(dataclasses.replace(o, expr=_bare(o.expr.transform(unmark)))
+    outputs = tuple(dataclasses.replace(o, expr=_bare(o.expr.transform(unmark)),
+                                        source=_unmarked_text(o.source, found))
                     for o in analysis.outputs)
     having = analysis.having.transform(unmark) if analysis.having is not None else None
     order = tuple(exp.Ordered(this=o.this.transform(unmark), desc=o.args.get("desc"),
@@ -261,6 +262,24 @@ def _name(item: exp.Expr, out: OutputColumn) -> str:
 def _quantile_ids(out: OutputColumn) -> tuple[str, ...]:
     return tuple(sorted({c.name for c in out.expr.find_all(exp.Column)
                          if c.name.startswith("q")}))
+
+
+def _unmarked_text(text: str, found: list[tuple[float, str, str]]) -> str:
+    """``text`` (an output's source, rendered from the marked tree) with each marked
+    ``(SUM(x) + marker_i)`` back as the analyst wrote the quantile (``MEDIAN(fare)``)."""
+    for i, (_, _, source) in enumerate(found):
+        tail = f" + {_MARKER.format(i)})"
+        while (end := text.find(tail)) >= 0:
+            depth, start = 0, end - 1
+            while start >= 0:  # back to the parenthesis that opens "(SUM(x) + marker"
+                depth += {")": 1, "(": -1}.get(text[start], 0)
+                if depth < 0:
+                    break
+                start -= 1
+            if start < 0:
+                break
+            text = text[:start] + source + text[end + len(tail):]
+    return text
 
 
 def _integral(query: AggregateQuery, argument: exp.Expr) -> bool:

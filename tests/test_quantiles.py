@@ -92,6 +92,15 @@ def test_median_is_near_the_true_median(skew: Engine) -> None:
     assert 0 <= answer <= 100
 
 
+def test_the_report_shows_quantiles_as_the_analyst_wrote_them(skew: Engine) -> None:
+    """Each column's source reads as the query did: never the analysis' internal stand-in
+    for a quantile (a marked SUM)."""
+    report = skew.explain("SELECT MEDIAN(v) + 1 AS m1, MAX(v) AS hi FROM skew", epsilon=1.0,
+                          **ALICE)
+    sources = {c.name: c.source for c in report.columns}
+    assert sources == {"m1": "MEDIAN(v) + 1", "hi": "MAX(v)"}
+
+
 def test_percentiles_share_epsilon_and_one_scan(skew: Engine) -> None:
     values = _values(skew, "SELECT v FROM skew")
     n = len(values)
