@@ -42,11 +42,13 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 import sqlglot
 from sqlglot import exp
@@ -181,11 +183,22 @@ def _spark(config: SparkConfig) -> SparkSession:
 
 def _connect(url: str) -> SparkSession:
     """A new Spark Connect session on the server at ``url`` (each one is isolated there)."""
+    # The client connects lazily and retries a refused connection for minutes: a server that
+    # is not there is told at start, in seconds.
+    address = urlsplit(url.split("/;")[0])
     try:
-        from pyspark.sql import SparkSession
+        socket.create_connection((address.hostname or "", address.port or 15002), 10).close()
+    except OSError as err:
+        raise OperationalError(f"cannot connect to Spark at {url}: {err}",
+                               hint="is the Spark Connect server running at that address?"
+                               ) from None
+    try:
+        # The Connect client's own builder: pyspark's generic one marks the whole process as
+        # Spark Connect (an environment variable), after which no local Spark can be used.
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
 
         _quiet()
-        return SparkSession.builder.remote(url).create()
+        return ConnectSession.builder.remote(url).create()  # type: ignore[return-value]
     except ImportError as err:
         raise OperationalError(f"Spark Connect needs pyspark's client libraries: {err}",
                                hint="pip install 'chorus-py[spark-connect]'") from None
@@ -238,14 +251,14 @@ class SparkBackend(Backend):
                 session.conf.set(key, value)
             # Read back: a server that ignored or overrode one (a static setting, a policy of
             # its own) would run without that wall.
-            taken = {key: str(session.conf.get(key)).lower() for key in settings}
+            wrong = [key for key, value in settings.items()
+                     if str(session.conf.get(key)).lower() != value.lower()]
+            problem = f"does not take the settings {', '.join(wrong)}" if wrong else None
         except Exception as err:
-            taken = {"error": str(err).splitlines()[0]}
-        wrong = [key for key, value in settings.items() if taken.get(key) != value.lower()]
-        if wrong:
+            problem = f"refuses a setting: {str(err).splitlines()[0]}"
+        if problem is not None:
             session.stop()
-            raise OperationalError(f"the Spark Connect server at {self._remote} does not take "
-                                   f"the settings {', '.join(wrong)}",
+            raise OperationalError(f"the Spark Connect server at {self._remote} {problem}",
                                    hint="the proxy refuses a Spark that would run without them")
         return session
 
