@@ -6,6 +6,7 @@ the private database and the naming key on the cluster's side)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,9 +17,10 @@ import pytest
 
 from chorus_py.backends import StatementFailed
 from chorus_py.backends.base import SCHEMA
+from chorus_py.backends.spark import _SESSION_CONF, SparkBackend
 from chorus_py.engine import Engine
-from chorus_py.errors import ChorusError
-from chorus_py.policy import load_policy, parse_policy
+from chorus_py.errors import ChorusError, OperationalError
+from chorus_py.policy import SparkConfig, load_policy, parse_policy
 from tests.conftest import POLICY_TEMPLATE, nothing_spent, tolerance
 from tests.spark.conftest import TABLES, spark_block
 from tests.spark.test_backend_spark import (  # noqa: F401  (collected here with Connect)
@@ -160,3 +162,27 @@ def test_materialized_sample_lives_in_the_private_directory_over_connect(
     (expected,) = engine.backend.run("SELECT SUM(LEAST(c, 3)) FROM (SELECT COUNT(*) AS c FROM "
                                      "rides GROUP BY rider_id) AS s").rows[0]
     assert abs(result.rows[0][0] - expected) <= tolerance(result.report.columns[0])
+
+
+def _connect_config(spark_data: Path) -> SparkConfig:
+    return SparkConfig(tables={"cities": str(spark_data / "cities.parquet")},
+                       private_dir=str(spark_data / "private"))
+
+
+def test_a_server_that_is_not_there_is_told_at_start(spark_data: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match="cannot connect to Spark"):
+        SparkBackend(_connect_config(spark_data), remote=f"sc://127.0.0.1:{port}")
+    assert time.monotonic() - started < 15
+
+
+def test_a_server_that_refuses_a_wall_is_refused(connect_url: str, spark_data: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting the server will not take (here a static one) stops the backend at start: it
+    would otherwise run without that wall."""
+    monkeypatch.setitem(_SESSION_CONF, "spark.sql.warehouse.dir", str(spark_data / "elsewhere"))
+    with pytest.raises(OperationalError, match=r"warehouse\.dir|refuses a setting"):
+        SparkBackend(_connect_config(spark_data), remote=connect_url)
