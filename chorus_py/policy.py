@@ -48,6 +48,10 @@ LIVE_TYPES: dict[str, tuple[str, ...]] = {
 
 _IDS_RE = re.compile(r"^\s*([1-9]\d*)\s*ids?\s*$")
 _ID_RANGE_RE = re.compile(r"^(.*):(-?\d+)-(-?\d+)$")  # an id-range block: rider_id:0-9999
+# Spark Connect: sc://host:port, optionally with the client's parameters (/;use_ssl=true;...).
+_SPARK_CONNECT = re.compile(r"sc://[A-Za-z0-9.\-\[\]:]+(/;.*)?")
+# A path given as a URI (s3a://bucket/x, hdfs://nn/x, file:/x): absolute by construction.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:/")
 # The most blocks a schedule may have (a query with no filter on the block column is charged
 # on all of them).
 MAX_BLOCKS = 100_000
@@ -58,9 +62,10 @@ class _Strict(BaseModel):
 
 
 class SparkConfig(_Strict):
-    """``[backend.spark]``: the tables a ``spark://local`` backend serves, and where the proxy
-    keeps what it stores (``chorus_py.backends.spark``).  Relative paths are relative to the
-    policy file."""
+    """``[backend.spark]``: the tables a Spark backend serves, and where the proxy keeps what
+    it stores (``chorus_py.backends.spark``).  On ``spark://local`` relative paths are relative
+    to the policy file; on ``sc://`` (Spark Connect) every path is one the cluster reads, given
+    whole (``/lake/trips``, ``s3a://lake/trips``), and ``private_dir`` must be set."""
 
     # Table name -> a Parquet file or directory of Parquet files.
     tables: dict[str, str] = Field(default_factory=dict)
@@ -84,7 +89,7 @@ class SparkConfig(_Strict):
 
 class BackendConfig(_Strict):
     """Where the data lives: ``duckdb:///path.duckdb``, ``duckdb:///:memory:``, a Postgres URL,
-    or ``spark://local`` (with ``[backend.spark]``)."""
+    ``spark://local`` or ``sc://host:port`` (Spark Connect; both with ``[backend.spark]``)."""
 
     url: str
     # Rewritten queries running longer are cancelled (and charged: they read data).
@@ -92,34 +97,45 @@ class BackendConfig(_Strict):
     # Postgres only: where public-only queries run, as a role that can read the public tables
     # and nothing else (checked at start).  Unset: they run on the main connection (a warning).
     public_url: str | None = None
-    # spark://local only: the Parquet tables and the private directory.
+    # Spark only: the Parquet tables and the private directory.
     spark: SparkConfig | None = None
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
-        if url.startswith("sc://"):
-            # Spark Connect sends plans to a server the proxy does not configure: it cannot
-            # turn off SQL on files (spark.sql.runSQLOnFiles is a static setting there), nor
-            # make the catalog hold only the declared tables, nor keep stored samples in a
-            # directory of its own.  Refused rather than run without those walls.
-            raise ValueError("Spark Connect (sc://) is not supported yet: the proxy cannot make "
-                             "a remote Spark read-only; use url = \"spark://local\" on a machine "
-                             "that can read the Parquet files")
+        if url.startswith("sc://") and not _SPARK_CONNECT.fullmatch(url):
+            raise ValueError("a Spark Connect URL is sc://host:port (e.g. sc://spark:15002)")
         if url.startswith("spark://") and url != "spark://local":
             raise ValueError("the only Spark URL is \"spark://local\" (an in-process Spark)")
-        if not url.startswith(("duckdb://", "postgresql://", "postgres://", "spark://")):
-            raise ValueError("expected a URL starting with duckdb://, postgresql:// or "
-                             "spark://local")
+        if not url.startswith(("duckdb://", "postgresql://", "postgres://", "spark://",
+                               "sc://")):
+            raise ValueError("expected a URL starting with duckdb://, postgresql://, "
+                             "spark://local or sc://")
         return url
 
     @model_validator(mode="after")
     def _spark_tables(self) -> BackendConfig:
         if self.dialect == "spark" and self.spark is None:
-            raise ValueError("a spark://local backend needs [backend.spark] with its tables, "
+            raise ValueError("a Spark backend needs [backend.spark] with its tables, "
                              "e.g. tables = { trips = \"data/trips.parquet\" }")
         if self.dialect != "spark" and self.spark is not None:
-            raise ValueError("[backend.spark] is for url = \"spark://local\"")
+            raise ValueError("[backend.spark] is for url = \"spark://local\" or sc://")
+        if self.url.startswith("sc://") and self.spark is not None:
+            # The paths are the cluster's: the proxy can neither list a directory there nor
+            # pick a default next to the policy file, and a relative path would be relative to
+            # the server's working directory.
+            if self.spark.warehouse is not None or self.spark.cores:
+                raise ValueError("on sc:// name every table in [backend.spark] tables (a "
+                                 "warehouse directory of the cluster cannot be listed) and "
+                                 "leave out cores (the cluster has its own)")
+            if self.spark.private_dir is None:
+                raise ValueError("on sc:// set [backend.spark] private_dir: a directory of the "
+                                 "cluster's filesystem that analysts cannot read")
+            relative = [p for p in (*self.spark.tables.values(), self.spark.private_dir)
+                        if not (p.startswith("/") or _URI.match(p))]
+            if relative:
+                raise ValueError(f"on sc:// every path is the cluster's and absolute "
+                                 f"(/lake/t or s3a://lake/t): {relative[0]}")
         return self
 
     @model_validator(mode="after")
@@ -137,7 +153,7 @@ class BackendConfig(_Strict):
         """The sqlglot dialect of the backend."""
         if self.url.startswith("duckdb://"):
             return "duckdb"
-        return "spark" if self.url.startswith("spark://") else "postgres"
+        return "spark" if self.url.startswith(("spark://", "sc://")) else "postgres"
 
 
 class SchedulerConfig(_Strict):
@@ -918,7 +934,8 @@ class Policy(_Strict):
         proxy draws it once, from os.urandom."""
         if isinstance(data, dict):
             backend, privacy = data.get("backend"), data.get("privacy")
-            if isinstance(backend, dict) and str(backend.get("url", "")).startswith("spark://") \
+            if isinstance(backend, dict) \
+                    and str(backend.get("url", "")).startswith(("spark://", "sc://")) \
                     and isinstance(privacy, dict) and "noise" not in privacy:
                 return {**data, "privacy": {**privacy, "noise": "proxy"}}
         return data
@@ -1039,7 +1056,7 @@ def load_policy(path: str | Path) -> Policy:
             backend = policy.backend.model_copy(update={"url": f"duckdb:///{resolved}"})
             policy = policy.model_copy(update={"backend": backend})
     spark = policy.backend.spark
-    if spark is not None:
+    if spark is not None and not url.startswith("sc://"):  # sc://: the cluster's paths
         # Like the DuckDB file, the Parquet paths are relative to the policy file.
         def under(p: str) -> str:
             return str((path.parent / p).resolve())

@@ -73,6 +73,12 @@ def shareable(policy: Policy) -> None:
             "--workers above 1 needs a database several processes can share; backend.url is "
             "an embedded DuckDB, which one process opens at a time",
             hint="serve it with --workers 1, or move the data to Postgres")
+    if url.startswith("sc:"):
+        raise PolicyError(
+            "--workers above 1 needs a backend several processes can share; on Spark Connect "
+            "the stored samples and copies in the private directory are replaced by one "
+            "proxy process without telling another that may be reading them",
+            hint="serve it with --workers 1 (the cluster spreads a query over its cores)")
     if url.startswith("spark:"):
         raise PolicyError(
             "--workers above 1 needs a backend several processes can share; backend.url is an "

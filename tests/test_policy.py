@@ -197,7 +197,7 @@ INVALID = {
         "privacy.epsilon_per_block", "valid number"),
     "backend URL with an unknown scheme": (
         [('url = "duckdb:', 'url = "mysql:')],
-        "backend.url", "expected a URL starting with duckdb://, postgresql:// or spark://local"),
+        "backend.url", "expected a URL starting with duckdb://, postgresql://, spark://local or sc://"),
     "missing privacy section": (
         [("[privacy]", "[privacy_settings]")],
         "privacy", "required key is missing"),

@@ -1,5 +1,6 @@
 """The Apache Spark backend (pyspark 4): an in-process local Spark (``url = "spark://local"``)
-reading the policy's Parquet tables.
+or a cluster through Spark Connect (``url = "sc://host:port"``), reading the policy's Parquet
+tables.
 
 Spark has no read-only transaction and no roles.  The walls that make it read-only here:
 
@@ -23,8 +24,16 @@ Spark has no read-only transaction and no roles.  The walls that make it read-on
    statement (never in the SQL text, never logged), and noise is added by the proxy
    (``privacy.noise = "proxy"``, the policy's only choice on Spark).
 
-Spark Connect (``sc://``) is refused by the policy: the proxy could not set those walls on a
-server it does not configure.
+**Spark Connect** (``sc://``) keeps the same walls with the client's own means, on a server the
+proxy does not configure: each backend session is a Connect session of its own (the server
+isolates their temporary views and settings), the settings above are set on it and read back
+(a server that will not take them is refused at start), tables are registered from Parquet
+paths the *cluster* reads, and a statement is cancelled by its session tag (``addTag`` /
+``interruptTag``) where a local Spark cancels its job group.  ``chorus_private`` is a database
+of the server's catalog, located in a fresh directory under ``private_dir`` (a path of the
+cluster's filesystem; an earlier run's directories cannot be deleted from here), and the naming
+key is a table in it, written as data, never in SQL text.  Statements are SQL only: no UDF, no
+Python code runs on the cluster.
 """
 
 from __future__ import annotations
@@ -33,11 +42,13 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 import sqlglot
 from sqlglot import exp
@@ -131,6 +142,12 @@ def spark_statement_check(sql: str) -> None:
             raise ValueError(f"the schema {node.db} is not one Spark reads for the proxy")
 
 
+def _quiet() -> None:
+    """Spark's own logger would print every failed statement's message, which may quote a
+    value of a row: operators get them from chorus.backends at debug level."""
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
+
+
 def _spark(config: SparkConfig) -> SparkSession:
     """The process's Spark (pyspark runs one SparkContext per process): created by the first
     backend, its static settings (the private warehouse) fixed from then on."""
@@ -143,9 +160,7 @@ def _spark(config: SparkConfig) -> SparkSession:
     with _PROCESS_LOCK:
         if _PROCESS_SPARK is None:
             assert config.private_dir is not None
-            # Spark's own logger would print every failed statement's message, which may
-            # quote a value of a row: operators get them from chorus.backends at debug level.
-            logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
+            _quiet()
             master = f"local[{config.cores or '*'}]"
             try:
                 builder = (SparkSession.builder.master(master).appName("chorus")
@@ -166,19 +181,53 @@ def _spark(config: SparkConfig) -> SparkSession:
         return _PROCESS_SPARK
 
 
+def _connect(url: str) -> SparkSession:
+    """A new Spark Connect session on the server at ``url`` (each one is isolated there)."""
+    # The client connects lazily and retries a refused connection for minutes: a server that
+    # is not there is told at start, in seconds.
+    address = urlsplit(url.split("/;")[0])
+    try:
+        socket.create_connection((address.hostname or "", address.port or 15002), 10).close()
+    except OSError as err:
+        raise OperationalError(f"cannot connect to Spark at {url}: {err}",
+                               hint="is the Spark Connect server running at that address?"
+                               ) from None
+    try:
+        # The Connect client's own builder: pyspark's generic one marks the whole process as
+        # Spark Connect (an environment variable), after which no local Spark can be used.
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        _quiet()
+        return ConnectSession.builder.remote(url).create()  # type: ignore[return-value]
+    except ImportError as err:
+        raise OperationalError(f"Spark Connect needs pyspark's client libraries: {err}",
+                               hint="pip install 'chorus-py[spark-connect]'") from None
+    except Exception as err:  # the server down, a wrong port...: the owner must know
+        raise OperationalError(f"cannot connect to Spark at {url}: "
+                               f"{str(err).splitlines()[0]}",
+                               hint="is the Spark Connect server running at that address?"
+                               ) from None
+
+
 class SparkBackend(Backend):
-    """A local Spark session over the policy's Parquet tables (module docstring: the walls)."""
+    """A Spark session, local or through Spark Connect (``remote``, an ``sc://`` URL), over
+    the policy's Parquet tables (module docstring: the walls)."""
 
     dialect = "spark"
 
-    def __init__(self, config: SparkConfig, statement_timeout_s: float = 300.0) -> None:
-        assert config.private_dir is not None  # load_policy resolves it
+    def __init__(self, config: SparkConfig, statement_timeout_s: float = 300.0,
+                 remote: str | None = None) -> None:
+        assert config.private_dir is not None  # load_policy resolves it, sc:// requires it
         self._config = config
         self._timeout_s = statement_timeout_s
-        self._private = Path(config.private_dir)
-        base = _spark(config)
-        self._sc = base.sparkContext
-        self._session = self._new_session(base)
+        self._remote = remote
+        self._private = config.private_dir
+        if remote is None:
+            base = _spark(config)
+            self._sc = base.sparkContext
+            self._session = self._new_session(base)
+        else:
+            self._session = self._new_session(None)
         self._public: SparkSession | None = None
         self._paths = _table_paths(config)
         for name, path in self._paths.items():
@@ -186,17 +235,38 @@ class SparkBackend(Backend):
         self._open_private()
 
     # -- sessions -------------------------------------------------------------------------------
-    @staticmethod
-    def _new_session(base: SparkSession) -> SparkSession:
+    def _new_session(self, base: SparkSession | None) -> SparkSession:
         """A session of its own: temporary views and settings no other backend shares."""
-        session = base.newSession()
-        for key, value in _SESSION_CONF.items():
-            session.conf.set(key, value)
+        if self._remote is None:
+            assert base is not None
+            session = base.newSession()
+            for key, value in _SESSION_CONF.items():
+                session.conf.set(key, value)
+            return session
+        session = _connect(self._remote)
+        settings = {**_SESSION_CONF,
+                    "spark.sql.shuffle.partitions": str(self._config.shuffle_partitions)}
+        try:
+            for key, value in settings.items():
+                session.conf.set(key, value)
+            # Read back: a server that ignored or overrode one (a static setting, a policy of
+            # its own) would run without that wall.
+            wrong = [key for key, value in settings.items()
+                     if str(session.conf.get(key)).lower() != value.lower()]
+            problem = f"does not take the settings {', '.join(wrong)}" if wrong else None
+        except Exception as err:
+            problem = f"refuses a setting: {str(err).splitlines()[0]}"
+        if problem is not None:
+            session.stop()
+            raise OperationalError(f"the Spark Connect server at {self._remote} {problem}",
+                                   hint="the proxy refuses a Spark that would run without them")
         return session
 
-    @staticmethod
-    def _register(session: SparkSession, name: str, path: str) -> None:
+    def _register(self, session: SparkSession, name: str, path: str) -> None:
         try:
+            if self._remote is not None:  # the cluster's path: not one this machine can stat
+                session.read.parquet(path).createOrReplaceTempView(name)
+                return
             # The schema read from the files once per version of them (reading the Parquet
             # footers again costs each new session a round of file reads).
             stamp = (path, os.stat(path).st_mtime_ns)
@@ -217,9 +287,13 @@ class SparkBackend(Backend):
         The catalog is in memory: after a restart it no longer lists the tables a previous run
         stored, whose directories would block their re-creation; they are deleted (a stored
         sample is rebuilt on first use, the same rows for the same data and key)."""
-        self._private.mkdir(parents=True, exist_ok=True)
-        os.chmod(self._private, 0o700)
-        location = self._private / f"{SCHEMA}.db"
+        if self._remote is not None:
+            self._open_remote_private()
+            return
+        private = Path(self._private)
+        private.mkdir(parents=True, exist_ok=True)
+        os.chmod(private, 0o700)
+        location = private / f"{SCHEMA}.db"
         if not self._session.catalog.databaseExists(SCHEMA):
             if location.exists():
                 for entry in location.iterdir():
@@ -233,6 +307,25 @@ class SparkBackend(Backend):
             raise OperationalError(
                 f"this process's Spark keeps {SCHEMA} in {where}, not in {location}",
                 hint="one proxy process serves one Spark policy: start another process")
+
+    def _open_remote_private(self) -> None:
+        """``chorus_private`` on a Spark Connect server: kept by the server's catalog between
+        proxy runs (and shared by its sessions), so it is reused when it lies under
+        ``private_dir``, refused when it lies elsewhere (another proxy's, or not the proxy's
+        at all).  A new one gets a fresh directory: the directories of stores an earlier
+        server forgot cannot be deleted from here, and would block their re-creation."""
+        root = self._private.rstrip("/")
+        if not self._session.catalog.databaseExists(SCHEMA):
+            location = f"{root}/{SCHEMA}-{uuid.uuid4().hex[:12]}.db"
+            self._session.sql(f"CREATE DATABASE IF NOT EXISTS {SCHEMA} "
+                              f"LOCATION '{_sql_string(location)}'")
+        found = self._session.sql(f"DESCRIBE DATABASE {SCHEMA}").collect()
+        where = next((str(r[1]) for r in found if str(r[0]).lower() == "location"), "")
+        if not _under(where, root):
+            raise OperationalError(
+                f"the Spark Connect server keeps {SCHEMA} in {where}, not under {root}",
+                hint="set [backend.spark] private_dir to that directory's parent, or drop "
+                     f"the database {SCHEMA} on the server")
 
     # -- statements -----------------------------------------------------------------------------
     def run(self, sql: str) -> ResultSet:
@@ -257,9 +350,15 @@ class SparkBackend(Backend):
         group = uuid.uuid4().hex
         stop: Stop | None = None
         try:
-            # A job group per statement: a cancel or the timeout stops its Spark jobs only.
-            self._sc.setJobGroup(group, "chorus statement", interruptOnCancel=True)
-            with cancellable(lambda: self._sc.cancelJobGroup(group), self._timeout_s) as stop:
+            # A job group per statement (a session tag on Spark Connect, set for this thread
+            # only): a cancel or the timeout stops this statement's Spark jobs only.
+            if self._remote is None:
+                self._sc.setJobGroup(group, "chorus statement", interruptOnCancel=True)
+                cancel = lambda: self._sc.cancelJobGroup(group)  # noqa: E731
+            else:
+                session.addTag(group)
+                cancel = lambda: session.interruptTag(group)  # noqa: E731
+            with cancellable(cancel, self._timeout_s) as stop:
                 frame = session.sql(sql, args=_key_args(sql))
                 rows = [tuple(r) for r in frame.collect()]
                 fields = frame.schema.fields
@@ -271,7 +370,10 @@ class SparkBackend(Backend):
                 raise StatementFailed(True, str(err), cancelled=stop.reason) from None
             raise StatementFailed(True, str(err)) from None
         finally:
-            self._sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            if self._remote is None:
+                self._sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            else:
+                session.removeTag(group)
         return ResultSet(tuple(f.name for f in fields),
                          tuple(portable_type(f.dataType.simpleString()) for f in fields), rows)
 
@@ -284,13 +386,28 @@ class SparkBackend(Backend):
 
     def owned_key(self, create: Sequence[str]) -> bytes:
         """The proxy's naming key, in an owner-only file of the private directory (``create``,
-        the other backends' table, is not run: Spark has no INSERT ... ON CONFLICT)."""
-        path = self._private / "chorus_key"
+        the other backends' table, is not run: Spark has no INSERT ... ON CONFLICT).  On Spark
+        Connect, where that directory is the cluster's, a table of ``chorus_private`` holds it,
+        written as data (the key never appears in a statement's text)."""
+        if self._remote is not None:
+            return self._remote_key()
+        path = Path(self._private) / "chorus_key"
         if not path.exists():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(secrets.token_hex(32))
         return bytes.fromhex(path.read_text().strip())
+
+    def _remote_key(self) -> bytes:
+        table = f"{SCHEMA}.chorus_key"
+        if not self._session.catalog.tableExists(table):
+            frame = self._session.createDataFrame([(secrets.token_hex(32),)], "k string")
+            try:
+                frame.write.saveAsTable(table)  # fails if another proxy wrote it first
+            except Exception as err:
+                log.debug("the naming key was written meanwhile: %s", err)
+        (row,) = self._session.table(table).collect()
+        return bytes.fromhex(str(row[0]))
 
     def owned_tables(self) -> tuple[str, ...]:
         # SHOW TABLES, not catalog.listTables, which reads every table's metadata (seconds).
@@ -320,18 +437,21 @@ class SparkBackend(Backend):
             if name not in declared:
                 self._session.catalog.dropTempView(name)
                 del self._paths[name]
-        self._public = self._new_session(self._session)
+        self._public = self._new_session(self._session)  # Connect: a new server session
         for name in public:
             if name in self._paths:
                 self._register(self._public, name, self._paths[name])
         return ()
 
     def close(self) -> None:
-        """The process's Spark stays up for the next backend (starting one takes seconds)."""
+        """The process's Spark stays up for the next backend (starting one takes seconds); a
+        Spark Connect session is released on the server."""
         for session in (self._session, self._public):
             if session is not None:
                 for name in self._paths:
                     session.catalog.dropTempView(name)
+                if self._remote is not None:
+                    session.stop()
 
 
 def _table_paths(config: SparkConfig) -> dict[str, str]:
@@ -347,6 +467,12 @@ def _table_paths(config: SparkConfig) -> dict[str, str]:
             paths[entry.name.removesuffix(".parquet").lower()] = str(entry)
     paths.update({name.lower(): path for name, path in config.tables.items()})
     return paths
+
+
+def _under(location: str, root: str) -> bool:
+    """Whether Spark's ``location`` (``file:/x/y``) is a directory under ``root``."""
+    bare = location.removeprefix("file:") if not root.startswith("file:") else location
+    return bare.startswith(root.rstrip("/") + "/")
 
 
 def _key_args(sql: str) -> dict[str, Any] | None:

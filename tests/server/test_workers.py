@@ -288,10 +288,15 @@ def test_a_cancel_request_reaches_the_worker_of_its_session(
 
 
 def test_a_local_spark_is_refused(postgres_data: str, write_policy: Callable[..., Path]) -> None:
-    """An in-process Spark owns its private directory: one process only."""
+    """An in-process Spark owns its private directory: one process only; so does a proxy on
+    Spark Connect."""
     policy = load_policy(_policy(write_policy, postgres_data))
     spark = policy.model_copy(update={"backend": policy.backend.model_copy(
         update={"url": "spark://local"})})
     with pytest.raises(PolicyError, match="local Spark"):
         shareable(spark)
+    connect = policy.model_copy(update={"backend": policy.backend.model_copy(
+        update={"url": "sc://127.0.0.1:15002"})})
+    with pytest.raises(PolicyError, match="Spark Connect"):
+        shareable(connect)
     shareable(policy)  # Postgres with a durable ledger: several processes may share it

@@ -2,14 +2,19 @@
 
 pyspark runs one Spark per process: the first engine starts it (seconds), every later engine
 opens a session of its own on it (temporary views of the policy's tables), so the Spark tests
-share it.  When pyspark or Java is missing the tests are skipped, unless
-``CHORUS_REQUIRE_SPARK=1`` (set by ``.ci/run``), which turns that into a failure.
+share it.  The Spark Connect tests likewise share one server (:func:`connect_url`), started
+from pyspark's own ``spark-submit`` on a free port of this machine.  When pyspark or Java is
+missing the tests are skipped, unless ``CHORUS_REQUIRE_SPARK=1`` (set by ``.ci/run``), which
+turns that into a failure.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,6 +73,49 @@ def spark_block(data: Path, tables: tuple[str, ...] = ("trips", "visits", "citie
             f'private_dir = "{data / "private"}"\nshuffle_partitions = 2\n')
 
 
+@pytest.fixture(scope="session")
+def connect_url(spark_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``sc://127.0.0.1:PORT``: a Spark Connect server (local[2], its catalog in memory) for
+    every Spark Connect test of the session, stopped at the end."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    with socket.socket() as probe:  # a free port (the server binds it a moment later)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    directory = tmp_path_factory.mktemp("connect-server")
+    log = directory / "server.log"
+    command = [str(home / "bin" / "spark-submit"),
+               "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+               "--master", "local[2]",
+               "--conf", f"spark.connect.grpc.binding.port={port}",
+               "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+               "--conf", "spark.ui.enabled=false",
+               "--conf", "spark.sql.catalogImplementation=in-memory",
+               "--conf", f"spark.sql.warehouse.dir={directory / 'warehouse'}",
+               "--conf", "spark.driver.memory=1g",
+               "spark-internal"]
+    with log.open("w") as out:
+        # spark-submit execs the JVM: this pid is the server's.
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "SPARK_HOME": str(home)})
+    try:
+        deadline = time.monotonic() + 180
+        while "Spark Connect server started" not in log.read_text(errors="replace"):
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Spark Connect server did not start:\n"
+                            f"{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(5)  # Spark's shutdown hooks may take longer: its data is scratch
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 @pytest.fixture
 def backend_url(spark_data: Path) -> str:
     """Tests written for ``backend_url`` (DuckDB and Postgres) run here on the local Spark."""
@@ -81,7 +129,7 @@ def write_policy(write_policy: Callable[..., Path], spark_data: Path) -> Callabl
     the only noise Spark allows."""
 
     def write(url: str, *, noise: str = "proxy", extra: str = "", **overrides: object) -> Path:
-        if url == SPARK_URL:
+        if url == SPARK_URL or url.startswith("sc://"):
             extra = spark_block(spark_data, TABLES) + extra
         return write_policy(url, noise=noise, extra=extra, **overrides)
 
@@ -106,7 +154,7 @@ def engine(make_spark: Callable[..., Engine]) -> Engine:
 
 
 @pytest.fixture
-def scratch(duckdb_data: str, spark_data: Path, tmp_path: Path
+def scratch(duckdb_data: str, spark_data: Path, tmp_path: Path, backend_url: str
             ) -> Iterator[Callable[..., Engine]]:
     """The suite's ``scratch(table, statements, policy_text)`` on Spark: the statements (DuckDB
     SQL; the test data's tables are readable) make tables in a DuckDB of the test's own, each
@@ -131,7 +179,7 @@ def scratch(duckdb_data: str, spark_data: Path, tmp_path: Path
         for name in made:
             con.execute(f"COPY memory.main.{name} TO '{directory / name}.parquet' "
                         "(FORMAT parquet)")
-        text = policy_text.format(url=SPARK_URL).replace('noise = "sql"', 'noise = "proxy"')
+        text = policy_text.format(url=backend_url).replace('noise = "sql"', 'noise = "proxy"')
         listed = ", ".join(f'{t} = "{directory / t}.parquet"' for t in made)
         text += (f"\n[backend.spark]\ntables = {{ {listed} }}\n"
                  f'private_dir = "{spark_data / "private"}"\nshuffle_partitions = 2\n')

@@ -122,7 +122,12 @@ def test_spark_policy_defaults_to_proxy_noise_and_refuses_sql_noise() -> None:
 
 
 @pytest.mark.parametrize(("url", "spark", "message"), [
-    ("sc://cluster:15002", 'tables = { t = "t.parquet" }', "Spark Connect"),
+    ("sc://cluster:15002", 'tables = { t = "/lake/t" }', "private_dir"),
+    ("sc://cluster:15002", 'tables = { t = "t.parquet" }\nprivate_dir = "/p"', "absolute"),
+    ("sc://cluster:15002", 'tables = { t = "/t" }\nprivate_dir = "p"', "absolute"),
+    ("sc://cluster:15002", 'warehouse = "/lake"\nprivate_dir = "/p"', "name every table"),
+    ("sc://cluster:15002", 'tables = { t = "/t" }\nprivate_dir = "/p"\ncores = 2', "cores"),
+    ("sc://", 'tables = { t = "/t" }\nprivate_dir = "/p"', "sc://host:port"),
     ("spark://cluster:7077", 'tables = { t = "t.parquet" }', "spark://local"),
     ("spark://local", 'cores = 2', "name the tables"),
     ("duckdb:///x.duckdb", 'tables = { t = "t.parquet" }', "is for url"),
@@ -136,6 +141,14 @@ def test_demo_queries_on_spark_match_duckdb(duckdb_data: str, spark_data: Path,
                                             tmp_path: Path) -> None:
     """``chorus demo --parquet``'s policy: the demo queries (joins included) answered on Spark
     agree with DuckDB within their noise."""
+    demo_queries_match_duckdb(duckdb_data, tmp_path, lambda text: text.replace(
+        'private_dir = "spark-private"', f'private_dir = "{spark_data / "private"}"'))
+
+
+def demo_queries_match_duckdb(duckdb_data: str, tmp_path: Path,
+                              adapt: Callable[[str], str]) -> None:
+    """The demo queries on ``chorus demo --parquet``'s Spark policy, ``adapt``-ed (its text
+    in, the text to use out), and on the DuckDB demo policy: the same answers within noise."""
     from chorus_py.cli import _DEMO_QUERIES
     from chorus_py.demo.parquet import export_parquet
     from chorus_py.demo.people import JOIN_QUERIES
@@ -149,8 +162,7 @@ def test_demo_queries_on_spark_match_duckdb(duckdb_data: str, spark_data: Path,
                                      .replace("max_epsilon_per_query = 2.0",
                                               "max_epsilon_per_query = 1e5"))
     policy = export_parquet(tmp_path)
-    policy.write_text(policy.read_text().replace('private_dir = "spark-private"',
-                                                 f'private_dir = "{spark_data / "private"}"'))
+    policy.write_text(adapt(policy.read_text()))
     spark, duck = Engine(load_policy(policy)), Engine(load_policy(tmp_path / "policy.toml"))
     try:
         for _, sql in [*_DEMO_QUERIES, *JOIN_QUERIES]:
