@@ -248,8 +248,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
             and _per_person(barrier, alias, rules, name, allowed):
         return _above_per_person(chain, name, allowed)
     _check_barrier(barrier, name, allowed)
-    light = stored and not sample and (_light_units(reader.args.get("where"), alias, sole)
-                                       or _stored_ranks(reader.args.get("where"), alias, sole)
+    light = stored and not sample and (_copy_capped(reader.args.get("where"), alias, sole)
                                        or _stored_weights(chain, index, alias, sole,
                                                           spec.unit))
     if spec.unit is not None and not sample and not light \
@@ -590,25 +589,14 @@ def _stored_weights(chain: list[exp.Select], barrier: int, alias: str, sole: boo
     return weighted and unit is not None and _sums_of_weights(chain, barrier, unit, stored=True)
 
 
-def _light_units(where: exp.Expr | None, alias: str, sole: bool) -> bool:
-    """Whether WHERE ANDs ``alias.__chorus_unit_rows <= <int>``: of a ranked copy, only units
-    with at most that many rows in all, so at most that many rows each."""
-    for c in _conjuncts(where):
-        if isinstance(c, exp.LTE) and isinstance(c.this, exp.Column) \
-                and c.this.name == _UNIT_ROWS and (c.this.table == alias
-                                                   or (sole and not c.this.table)) \
-                and isinstance(c.expression, exp.Literal) and c.expression.is_int:
-            return True
-    return False
-
-
-def _stored_ranks(where: exp.Expr | None, alias: str, sole: bool) -> bool:
-    """Whether WHERE ANDs ``alias.__chorus_rank <= <int>``: of a ranked copy, each unit's rows
-    carry the ranks 1..n_u once each (``rewriters.contribution.ranked_table``), so at most that
-    many rows per unit pass."""
+def _copy_capped(where: exp.Expr | None, alias: str, sole: bool) -> bool:
+    """Whether WHERE ANDs ``alias.<column> <= <int>`` for a column of a ranked copy that caps
+    each unit's rows at that int: ``__chorus_unit_rows`` (only the units with at most that
+    many rows in all: the light units) or ``__chorus_rank`` (each unit's rows carry the ranks
+    1..n_u once each, ``rewriters.contribution.ranked_table``: at most that many pass)."""
     return any(isinstance(c, exp.LTE) and isinstance(c.this, exp.Column)
-               and c.this.name == _STORED_RANK and (c.this.table == alias
-                                                    or (sole and not c.this.table))
+               and c.this.name in (_UNIT_ROWS, _STORED_RANK)
+               and (c.this.table == alias or (sole and not c.this.table))
                and isinstance(c.expression, exp.Literal) and c.expression.is_int
                for c in _conjuncts(where))
 

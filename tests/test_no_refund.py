@@ -98,6 +98,21 @@ class _Statements:
         return [s for s in self.sent if not s.startswith("EXPLAIN ")]
 
 
+def _rename_what_it_reads(engine: Engine, statement: str) -> str:
+    """Rename the relation ``statement`` reads (the table, or its ranked copy) away, as its
+    owner might: the statement then fails before it reads a row.  Returns the old name."""
+    copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
+    name = f'chorus_private."{copy.group(1)}"' if copy else "trips"
+    engine.backend.run_owned([f"ALTER TABLE {name} RENAME TO trips_away"])
+    return name
+
+
+def _rename_back(engine: Engine, names: list[str]) -> None:
+    for name in names:
+        away = "chorus_private.trips_away" if name != "trips" else "trips_away"
+        engine.backend.run_owned([f"ALTER TABLE {away} RENAME TO {name.split('.')[-1]}"])
+
+
 def _no_choices(engine: Engine, sql: str) -> bool:
     """Nothing in the choice cache, and EXPLAIN would choose afresh (no "reused" step)."""
     report = engine.explain(sql, epsilon=1.0, **ALICE)
@@ -181,20 +196,14 @@ def test_a_run_time_failure_after_the_histograms_keeps_the_whole_charge(
     def rename_before_the_final_statement(statement: str) -> None:
         histograms = set(engine.single._histograms._items.values())
         if not statement.startswith("EXPLAIN ") and statement not in histograms and not renamed:
-            # The relation the statement reads: the table, or its ranked copy (the default).
-            copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
-            name = f'chorus_private."{copy.group(1)}"' if copy else "trips"
-            engine.backend.run_owned([f"ALTER TABLE {name} RENAME TO trips_away"])
-            renamed.append(name)
+            renamed.append(_rename_what_it_reads(engine, statement))
 
     statements = _Statements(engine, monkeypatch, rename_before_the_final_statement)
     try:
         with pytest.raises(BackendError, match="charged"):
             engine.execute(sql, epsilon=1.0, **ALICE)
     finally:
-        for name in renamed:
-            away = "chorus_private.trips_away" if name != "trips" else "trips_away"
-            engine.backend.run_owned([f"ALTER TABLE {away} RENAME TO {name.split('.')[-1]}"])
+        _rename_back(engine, renamed)
     assert renamed and len(statements.reading()) >= 2  # histograms, then the final statement
     # The whole epsilon (selection and answer) stays charged on every block it claimed.
     (claim,) = engine.ledger.claims()
@@ -219,11 +228,8 @@ def test_choices_made_on_remembered_histograms_keep_the_whole_charge(
     renamed: list[str] = []
 
     def rename_before_the_final_statement(statement: str) -> None:
-        copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
-        if not statement.startswith("EXPLAIN ") and copy and not renamed:
-            engine.backend.run_owned([f'ALTER TABLE chorus_private."{copy.group(1)}" '
-                                      "RENAME TO trips_away"])
-            renamed.append(copy.group(1))
+        if not statement.startswith("EXPLAIN ") and "__ranked_" in statement and not renamed:
+            renamed.append(_rename_what_it_reads(engine, statement))
 
     statements = _Statements(engine, monkeypatch, rename_before_the_final_statement)
     before = {b.block_id: b.epsilon_consumed for b in engine.ledger.blocks()}
@@ -231,8 +237,7 @@ def test_choices_made_on_remembered_histograms_keep_the_whole_charge(
         with pytest.raises(BackendError, match="charged"):
             engine.execute(sql, epsilon=1.0, **ALICE)
     finally:
-        for name in renamed:
-            engine.backend.run_owned([f'ALTER TABLE chorus_private.trips_away RENAME TO "{name}"'])
+        _rename_back(engine, renamed)
     assert len(statements.reading()) == 1  # the final statement only: histograms remembered
     claim = engine.ledger.claims()[-1]
     assert claim.state == "consumed"
@@ -352,10 +357,7 @@ def test_a_mixed_query_whose_second_part_fails_keeps_the_whole_charge(
         if statement.startswith("EXPLAIN "):
             return
         if ran and not renamed:
-            copy = re.search(r'chorus_private\."(trips__ranked_\w+)"', statement)
-            name = f'chorus_private."{copy.group(1)}"' if copy else "trips"
-            engine.backend.run_owned([f"ALTER TABLE {name} RENAME TO trips_away"])
-            renamed.append(name)
+            renamed.append(_rename_what_it_reads(engine, statement))
         if statement in histograms:
             ran.append(statement)
 
@@ -364,9 +366,7 @@ def test_a_mixed_query_whose_second_part_fails_keeps_the_whole_charge(
         with pytest.raises(BackendError, match="charged"):
             engine.execute(sql, epsilon=1.0, **ALICE)
     finally:
-        for name in renamed:
-            away = "chorus_private.trips_away" if name != "trips" else "trips_away"
-            engine.backend.run_owned([f"ALTER TABLE {away} RENAME TO {name.split('.')[-1]}"])
+        _rename_back(engine, renamed)
     assert ran and renamed
     (claim,) = engine.ledger.claims()
     assert claim.state == "consumed"

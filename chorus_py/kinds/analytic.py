@@ -9,6 +9,7 @@ the outputs (ratios, arithmetic, HAVING, ORDER BY) over the noisy values in its 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from analyses.query import AggregateQuery, OutputColumn, display_sql
 from analyses.smoothing import ResolvedJoin
 from chorus_py.backends import ResultSet, portable_type
 from chorus_py.errors import BackendError
-from chorus_py.kinds.base import Answer
+from chorus_py.kinds.base import Answer, Prepared
 from chorus_py.kinds.selection import Choices
 from chorus_py.report import (
     ColumnReport,
@@ -47,7 +48,7 @@ from mechanisms.intervals import (
     postprocessed,
     with_bias,
 )
-from mechanisms.key_release import KeyReleaseOdds, key_release_odds
+from mechanisms.key_release import KeyReleaseOdds, empty_result_message, key_release_odds
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import NOISY, RewrittenQuery, released_measurements
@@ -103,6 +104,21 @@ def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
     hidden = query.join is not None and query.join.data_dependent
     return Answer(ResultSet(result.columns[:n], result.types[:n], rows),
                   None if hidden else Accuracy(query, detail.plan, rows, noisy, detail.chosen))
+
+
+def answer_prepared(statements: Statements, prepared: Prepared, noise: str,
+                    max_epsilon: float, run: QueryRun) -> Answer:
+    """The answer of a prepared analytic query (one table or a join): noised in SQL, or by
+    the proxy.  When thresholding released no group, the answer says why, and what epsilon
+    (up to ``max_epsilon``, the policy's per-query maximum) would release groups of a given
+    size."""
+    detail: AnalyticQuery = prepared.detail
+    answer = run_analytic(statements, detail, noise, run)
+    odds = key_release_odds_of(detail.query, detail.plan, prepared.report.epsilon)
+    if odds is not None and not answer.result.rows:
+        return dataclasses.replace(answer, warnings=(empty_result_message(
+            *odds, max_epsilon=max_epsilon),))
+    return answer
 
 
 def key_release_odds_of(query: AggregateQuery, plan: NoisePlan,

@@ -30,10 +30,10 @@ from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import (
     AnalyticQuery,
     aggregate_report,
+    answer_prepared,
     finish_plan,
     key_release_odds_of,
     listed_keys,
-    run_analytic,
 )
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.templates import TextTemplate
@@ -41,7 +41,7 @@ from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
-from mechanisms.key_release import empty_result_message, threshold_warning
+from mechanisms.key_release import threshold_warning
 from mechanisms.planning import THRESHOLD_ID, NoisePlan, ThresholdPlan
 from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
@@ -248,16 +248,10 @@ class JoinKind:
         return prepared
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
-        """The answer: noised in SQL, or by the proxy.  When thresholding released no group,
-        the answer says why, and what epsilon would release groups of a given size."""
-        detail: AnalyticQuery = prepared.detail
-        answer = run_analytic(self.services.statements, detail,
-                              self.services.policy.privacy.noise, run)
-        odds = key_release_odds_of(detail.query, detail.plan, prepared.report.epsilon)
-        if odds is not None and not answer.result.rows:
-            return dataclasses.replace(answer, warnings=(empty_result_message(
-                *odds, max_epsilon=self.services.policy.privacy.max_epsilon_per_query),))
-        return answer
+        """The answer (``kinds.analytic.answer_prepared``)."""
+        privacy = self.services.policy.privacy
+        return answer_prepared(self.services.statements, prepared, privacy.noise,
+                               privacy.max_epsilon_per_query, run)
 
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead, restrictions: dict[str, BlockRestriction],
