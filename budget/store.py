@@ -1082,6 +1082,26 @@ _SQLITE_TRIGGERS = [
 _POOL_SIZE = 16
 
 
+def _enter_wal(cur: sqlite3.Cursor, timeout_seconds: float) -> str:
+    """Put the file in WAL mode (once per file: the mode is stored in it) and return the mode.
+
+    Switching needs an exclusive lock, and SQLite answers SQLITE_BUSY at once, without its busy
+    handler, when another process holds one (seen: two ``chorus serve --workers`` processes
+    opening a new ledger together). So read the mode first, the common case, and retry the
+    switch until the busy timeout.
+    """
+    mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
+    deadline = time.monotonic() + timeout_seconds
+    while mode.lower() != "wal":
+        try:
+            return cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+    return mode
+
+
 class SQLiteStore(SQLStore):
     """A SQLite file (WAL mode), shared safely by threads and processes on one machine."""
 
@@ -1109,7 +1129,7 @@ class SQLiteStore(SQLStore):
             cur = dbapi_con.cursor()
             try:
                 cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
-                mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = _enter_wal(cur, busy_timeout_seconds)
                 if mode.lower() != "wal" and not memory:
                     raise OSError(f"cannot put the budget ledger {self.path} in WAL mode ({mode})")
                 cur.execute(f"PRAGMA synchronous = {sync}")

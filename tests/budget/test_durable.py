@@ -380,3 +380,22 @@ def test_two_processes_on_a_sqlite_ledger_take_turns(tmp_path: Path) -> None:
     assert sum(wins) == 512
     assert min(wins) >= 64, wins  # each at least an eighth (about half, measured)
     assert Path(f"{url.removeprefix('sqlite:///')}-lock").exists()
+
+
+def test_processes_opening_a_new_sqlite_ledger_together_all_open_it(tmp_path: Path) -> None:
+    """``chorus serve --workers`` starts its processes together on a ledger file that may not
+    exist: switching the new file to WAL needs an exclusive lock, for which SQLite answers
+    "database is locked" at once instead of waiting (a worker died of it in CI)."""
+    for attempt in range(3):  # the race is narrow: a few fresh files
+        url = sqlite_url(tmp_path / str(attempt))
+        go = tmp_path / f"go{attempt}"
+        procs = [worker("open", url, str(go)) for _ in range(6)]
+        for proc in procs:
+            read_until(proc, "READY", timeout=60)
+        go.touch()
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and "OPENED" in out, err
+        led = open_ledger(url)
+        assert [b.block_id for b in led.blocks()] == ["a", "b", "c"]
+        led.close()
