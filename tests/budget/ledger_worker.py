@@ -3,7 +3,6 @@
     python -m tests.budget.ledger_worker race  STORE THREADS EPSILON GO_FILE
     python -m tests.budget.ledger_worker crash STORE COMMIT_NUMBER
     python -m tests.budget.ledger_worker hold  STORE STATE
-    python -m tests.budget.ledger_worker open  STORE GO_FILE
 
 STORE is ``sqlite:///path`` or a ``postgresql://`` URL.  Every ledger is basic/FCFS with
 epsilon^G = 1 and delta^G = 0 (as the tests create it).
@@ -94,23 +93,11 @@ def hold(url: str, state: str) -> None:
     time.sleep(3600)
 
 
-def open_together(url: str, go_file: str) -> None:
-    """Open a ledger that may not exist yet the moment the test says go (several processes)."""
-    print("READY", flush=True)
-    while not Path(go_file).exists():
-        time.sleep(0.001)
-    led = ledger(url)
-    led.ensure_blocks(BLOCKS)
-    print("OPENED", flush=True)
-
-
 if __name__ == "__main__":
     mode, store, *args = sys.argv[1:]
     if mode == "race":
         race(store, int(args[0]), float(args[1]), args[2])
     elif mode == "crash":
         crash(store, int(args[0]))
-    elif mode == "open":
-        open_together(store, args[0])
     else:
         hold(store, args[0])

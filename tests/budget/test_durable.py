@@ -7,7 +7,9 @@ import math
 import os
 import signal
 import subprocess
+import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -382,20 +384,26 @@ def test_two_processes_on_a_sqlite_ledger_take_turns(tmp_path: Path) -> None:
     assert Path(f"{url.removeprefix('sqlite:///')}-lock").exists()
 
 
-def test_processes_opening_a_new_sqlite_ledger_together_all_open_it(tmp_path: Path) -> None:
-    """``chorus serve --workers`` starts its processes together on a ledger file that may not
-    exist: switching the new file to WAL needs an exclusive lock, for which SQLite answers
-    "database is locked" at once instead of waiting (a worker died of it in CI)."""
-    for attempt in range(3):  # the race is narrow: a few fresh files
-        url = sqlite_url(tmp_path / str(attempt))
-        go = tmp_path / f"go{attempt}"
-        procs = [worker("open", url, str(go)) for _ in range(6)]
-        for proc in procs:
-            read_until(proc, "READY", timeout=60)
-        go.touch()
-        for proc in procs:
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0 and "OPENED" in out, err
-        led = open_ledger(url)
-        assert [b.block_id for b in led.blocks()] == ["a", "b", "c"]
+
+def test_a_new_sqlite_ledger_opens_while_another_process_writes_the_file(
+        tmp_path: Path) -> None:
+    """``chorus serve --workers`` starts its processes together on a ledger file that may be
+    new: while one holds the write lock of a file still in rollback-journal mode, the other's
+    switch to WAL needs an exclusive lock, and SQLite answers "database is locked" at once
+    instead of waiting (deadlock avoidance; a worker died of it in CI). It must wait."""
+    path = tmp_path / "ledger.sqlite3"
+    # Another process, first to the file, in the middle of a write.
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE early (x INTEGER)")
+    release = threading.Timer(0.5, other.execute, ("COMMIT",))
+    release.start()
+    try:
+        led = Ledger(1.0, 0.0, store=SQLiteStore(path))
+        led.ensure_blocks(["day"])
+        assert [b.block_id for b in led.blocks()] == ["day"]
+        assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         led.close()
+    finally:
+        release.join()
+        other.close()
