@@ -6,8 +6,8 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
