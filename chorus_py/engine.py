@@ -399,7 +399,7 @@ class Engine:
             raise InvalidParameter(str(err)) from None
         except BudgetExhausted as err:
             # Say what this analyst can still ask for, not only that this ask is too much.
-            left = self._left_message(analyst, prepared.blocks)
+            left = self._left_message(analyst, prepared.blocks, report.delta)
             if not left:
                 raise
             raise BudgetExhausted(f"{err.message}. {left[0].upper()}{left[1:]}",
@@ -465,9 +465,11 @@ class Engine:
             out.append((block if cap is None else _bind(block, cap - mine), mine))
         return out
 
-    def _left_message(self, analyst: str, blocks: tuple[str, ...]) -> str:
+    def _left_message(self, analyst: str, blocks: tuple[str, ...], delta: float) -> str:
         """What ``analyst`` has left on ``blocks`` (for a budget refusal): the tightest block,
-        and whether their own limit or the block's budget binds there."""
+        whether their own limit or the block's budget binds there, and the delta left when
+        it is below the query's ``delta`` (else a refusal for delta reads as one for epsilon,
+        with plenty of epsilon left)."""
         left = self._remaining(blocks, analyst)
         if not left:
             return ""
@@ -482,6 +484,10 @@ class Engine:
                      f"{tight.block_epsilon_left:.4g})")
         else:
             text += f", whose budget leaves {tight.epsilon_left:.4g})"
+        short = min(left, key=lambda r: (r.delta_left, r.block))
+        if delta > 0 and short.delta_left < delta:
+            text += (f"; delta is short: {short.delta_left:.3g} left on {short.block} where "
+                     f"this query asks delta {delta:g} (ask with a smaller delta)")
         return text + "; SHOW chorus.budget (or GET /v1/budget) lists every block"
 
     def _check_types(self, live: dict[str, dict[str, str]]) -> None:

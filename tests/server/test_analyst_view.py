@@ -112,3 +112,23 @@ def test_explain_over_the_wire_reads_as_rows(postgres_data: str,
     assert report.rewritten_sql is not None
     assert sqlglot.parse_one("\n".join(sql_rows), read="postgres") == \
         sqlglot.parse_one(report.rewritten_sql, read="postgres")
+
+
+def test_a_refusal_for_delta_says_delta_is_short(duckdb_data: str,
+                                                 write_policy: Callable[..., Path]) -> None:
+    """A block with epsilon to spare and no delta left: the refusal names delta, not only the
+    (plentiful) epsilon left."""
+    engine = Engine(load_policy(write_policy(duckdb_data)))
+    released = "SELECT driver_id, COUNT(*) FROM trips GROUP BY driver_id"  # keys by threshold
+    try:
+        answered = 0
+        with pytest.raises(BudgetExhausted) as refused:
+            while answered < 11:  # delta_per_block 1e-3 pays ten of 1e-4
+                engine.execute(released, analyst="alice", epsilon=0.01, delta=1e-4)
+                answered += 1
+        assert answered == 10
+        message = refused.value.message
+        assert "delta is short: " in message and "this query asks delta 0.0001" in message
+        assert "You have epsilon 999.9 left" in message
+    finally:
+        engine.close()
