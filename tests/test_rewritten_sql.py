@@ -6,14 +6,19 @@ protections may not.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
+import duckdb
 import pytest
 import sqlglot
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlglot import exp
 
 from chorus_py.engine import Engine
+from rewriters.clipping import clipping
 
 QUERIES = [
     "SELECT COUNT(*) FROM trips",
@@ -50,9 +55,24 @@ def test_rewritten_sql_reparses_and_is_protected(engine: Engine, sql: str) -> No
         # the stored ranks of the table's ranked copy when every row passes the filter).
         assert any(isinstance(w.this, exp.RowNumber) for w in tree.find_all(exp.Window)) \
             or re.search(r"__ranked_\w+\"? AS \w+ WHERE .* AND \w+\.__chorus_rank <= \d+", text)
-    # Every summed value is clipped (LEAST(GREATEST(...))).
+    # Every summed value is clipped (LEAST(GREATEST(...)), or a column's comparisons).
     for total in cte.find_all(exp.Sum):
-        assert total.find(exp.Least) is not None and total.find(exp.Greatest) is not None
+        assert (total.find(exp.Least) is not None and total.find(exp.Greatest) is not None) \
+            or any(_clamps_a_column(case) for case in total.find_all(exp.Case))
+
+
+def _clamps_a_column(case: exp.Case) -> bool:
+    """``CASE WHEN c IS NULL THEN NULL WHEN c < l THEN l WHEN c > u THEN u ELSE c END``."""
+    ifs = case.args.get("ifs") or []
+    column = case.args.get("default")
+    if len(ifs) != 3 or not isinstance(column, exp.Column):
+        return False
+    null, low, high = (i.this for i in ifs)
+    return (isinstance(null, exp.Is) and null.this == column
+            and isinstance(low, exp.LT) and low.this == column
+            and low.expression == ifs[1].args["true"]
+            and isinstance(high, exp.GT) and high.this == column
+            and high.expression == ifs[2].args["true"])
 
 
 def test_thresholded_keys_are_gated_in_the_outer_query(engine: Engine) -> None:
@@ -97,3 +117,37 @@ def test_null_values_stay_null_when_clipped(scratch: Callable[..., Engine],
     assert total == pytest.approx(700, abs=1)
     assert mean == pytest.approx(7, abs=0.01)
     assert count == pytest.approx(100, abs=1)
+
+
+SPECIAL = ["'NaN'", "'Infinity'", "'-Infinity'", "NULL", "-5", "0", "3.5", "200", "1e308",
+           "-1e-320"]
+
+
+def test_a_column_clamp_agrees_with_least_greatest_on_every_value(engine: Engine) -> None:
+    """The two clip forms (``rewriters.clipping``) give the same value for every double,
+    NaN and infinities included, on the backend itself: NaN sorts above every number there."""
+    flavour = engine.dialect
+    column = exp.column("x", table="v")
+    by_case = clipping(column, -1, 200).sql(flavour)
+    by_least = clipping(exp.Paren(this=column.copy()), -1, 200).sql(flavour)  # not a column
+    assert "LEAST" not in by_case and "LEAST" in by_least
+    rows = ", ".join(f"(CAST({v} AS DOUBLE PRECISION))" for v in SPECIAL)
+    got = engine.backend.run(f"SELECT {by_case}, {by_least} FROM (VALUES {rows}) AS v(x)").rows
+    expected = [200.0, 200.0, -1.0, None, -1.0, 0.0, 3.5, 200.0, 200.0, -1e-320]
+    assert [r[0] for r in got] == expected and [r[1] for r in got] == expected
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.none(),
+       st.floats(-1e6, 1e6), st.floats(0, 1e6))
+@settings(max_examples=200, deadline=None)
+def test_the_column_clamp_is_within_its_bounds(value: float | None, lower: float,
+                                               width: float) -> None:
+    upper = lower + width
+    con = duckdb.connect()
+    clamp = clipping(exp.column("x"), lower, upper).sql("duckdb")
+    got = con.execute(f"SELECT {clamp} FROM (SELECT CAST(? AS DOUBLE) AS x)", [value]).fetchone()[0]
+    if value is None:
+        assert got is None
+    else:
+        assert lower <= got <= upper
+        assert got == (upper if math.isnan(value) else min(max(value, lower), upper))
