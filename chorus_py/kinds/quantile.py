@@ -28,7 +28,15 @@ import numpy as np
 from sqlglot import exp
 
 from analyses.blocks import BlocksRead, blocks_read
-from analyses.quantiles import QuantileQuery, analyze_quantiles, asks_quantiles
+from analyses.join_groups import groups_per_unit
+from analyses.quantile_joins import join_rows_per_unit
+from analyses.quantiles import (
+    QuantileQuery,
+    QuantileSpec,
+    analyze_quantiles,
+    asks_quantiles,
+    declared_type,
+)
 from analyses.query import AggregateQuery, PublicQuery, display_sql
 from budget.accounting import Event
 from chorus_py.backends import SCHEMA, ResultSet, portable_type
@@ -36,6 +44,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
 from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.join import join_blocks
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.discrete_laplace import DiscreteLaplace
@@ -46,7 +55,7 @@ from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.pipeline import NOISY
-from rewriters.quantiles import quantile_finish, quantile_histogram
+from rewriters.quantiles import quantile_finish, quantile_histogram, quantile_join_histogram
 
 #: Bins of the histogram over [lower, upper]: the answer's resolution is (upper - lower) / BINS.
 BINS = 10_000
@@ -137,6 +146,8 @@ class QuantileKind:
                 delta: float) -> Prepared:
         """Blocks, histogram statements, mechanisms, report, events: pure, nothing charged."""
         query = analysis.query
+        if query.join is not None:
+            return self._prepare_join(analysis, epsilon, delta)
         reads, restriction = self._blocks(query)
         # Calendar keys of the block column: listed over the blocks read (analyses.keys).
         listed = listed_keys(query, {query.alias: restriction} if restriction else {})
@@ -152,14 +163,47 @@ class QuantileKind:
         key = (analysis.shape, epsilon, delta, restriction, sample)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepare(analysis, epsilon, delta, reads, restriction, sample)
+            prepared = self._prepare(analysis, epsilon, delta, reads,
+                                     lambda spec: quantile_histogram(
+                                         query, spec.argument, spec.lower, spec.upper, BINS,
+                                         restriction, sample))
+            self._prepared.put(key, prepared)
+        return prepared
+
+    def _prepare_join(self, analysis: QuantileQuery, epsilon: float,
+                      delta: float) -> Prepared:
+        """A quantile of a join: S, the join rows one person changes, in place of the row cap
+        (``analyses.quantile_joins``); every private table's blocks; each table bounded as the
+        join kind bounds it (``rewriters.joins``)."""
+        services = self.services
+        query = analysis.query
+        join = query.join
+        assert join is not None
+        reads, restrictions = join_blocks(services.blocks, query)
+        query = listed_keys(query, restrictions)
+        mf = services.frequencies.values(join.metrics)  # pinned or public ones only
+        rows = join_rows_per_unit(join, mf)
+        groups = groups_per_unit(join, [k.expr for k in query.keys], mf) \
+            if query.thresholded else None
+        query = dataclasses.replace(query, stability=rows, max_groups=groups)
+        analysis = dataclasses.replace(analysis, query=query)
+        samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
+                   for s in join.private_sources
+                   if s.policy.privacy_unit and s.policy.bounding == "materialized"}
+        key = (analysis.shape, epsilon, delta, tuple(sorted(restrictions.items())),
+               tuple(sorted(mf.items())), tuple(sorted(samples.items())))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare(analysis, epsilon, delta, reads,
+                                     lambda spec: quantile_join_histogram(
+                                         query, spec.argument, spec.lower, spec.upper, BINS,
+                                         restrictions, samples))
             self._prepared.put(key, prepared)
         return prepared
 
     def _prepare(self, analysis: QuantileQuery, epsilon: float, delta: float,
                  reads: BlocksRead | None,
-                 restriction: BlockRestriction | None,
-                 sample: tuple[str, str] | None) -> Prepared:
+                 histogram: Callable[[QuantileSpec], exp.Select]) -> Prepared:
         services = self.services
         query = analysis.query
         gate = None
@@ -187,8 +231,7 @@ class QuantileKind:
         histograms = []
         for argument in analysis.arguments:
             spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
-            tree = quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
-                                      restriction, sample)
+            tree = histogram(spec)
             sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
             services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
             histograms.append((argument, sql))
@@ -200,7 +243,7 @@ class QuantileKind:
         events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
         if gate is not None:
             events += (Event.from_mechanism(gate.mechanism), Event.key_release(gate.delta))
-        return Prepared(report, reads.ids if reads is not None else (query.table,), events,
+        return Prepared(report, reads.ids if reads is not None else query.tables, events,
                         detail, statements=tuple(sql for _, sql in histograms),
                         finish=(_create(detail), finish),
                         answer_key=(analysis.shape, epsilon, report.delta, report.blocks))
@@ -381,10 +424,10 @@ def _duck_type(values: list[object]) -> str:
 def _create(detail: QuantileDetail) -> str:
     """The scratch table of the finish: key ids typed from the declared values, quantile ids."""
     query = detail.analysis.query
-    tp = query.table_policy
     columns = [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
-               if k.public_values is not None or not isinstance(k.expr, exp.Column)
-               else f"{k.id} {_DECLARED[tp.columns[k.expr.name].type]}" for k in query.keys]
+               if k.public_values is not None or declared_type(query, k.expr) is None
+               else f"{k.id} {_DECLARED[declared_type(query, k.expr) or '']}"
+               for k in query.keys]
     columns += [f"{q.id} DOUBLE" for q in detail.analysis.quantiles]
     return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
 
@@ -413,6 +456,20 @@ class _RankBars:
         return tuple(tuple(cells) for _ in range(self.rows))
 
 
+def _rows_note(query: AggregateQuery) -> str:
+    """What bounds one person's rows in the histogram (public inputs only)."""
+    k, unit, join = query.stability, query.privacy_unit, query.join
+    if join is None:
+        return (f"at most {k} rows per {unit} (the policy's limit), chosen at random after the "
+                "filter" if unit else "event level: one row per neighbour")
+    caps = "; ".join(f"{s.table} ({s.alias}): at most {s.cap} rows per "
+                     f"{s.policy.privacy_unit or 'row (event level)'}"
+                     for s in join.private_sources)
+    return (f"join: one person changes at most S = {k} join rows, the join's stability S(k) = "
+            f"{join.stability.text()}, constant in k and read from the policy or public tables "
+            f"only (analyses.quantile_joins); {caps}, chosen at random after their filters")
+
+
 def _report(analysis: QuantileQuery,
             mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...],
             reads: BlocksRead | None, sql: str, epsilon: float,
@@ -424,7 +481,8 @@ def _report(analysis: QuantileQuery,
     measurements = []
     for q, m in zip(analysis.quantiles, mechanisms, strict=True):
         width = (q.upper - q.lower) / BINS
-        who = f"{unit}'s <= {k} rows" if unit else "row (event level)"
+        who = (f"person's <= S = {k} join rows" if query.join is not None
+               else f"{unit}'s <= {k} rows" if unit else "row (event level)")
         why = ("rank utility u = -dist(p n, ranks of the bin), one " + who
                + f" move it by <= k max(p, 1 - p) = {k} * {max(q.p, 1 - q.p):g} = "
                f"{m.sensitivity:g} (mechanisms.exponential)")
@@ -469,8 +527,7 @@ def _report(analysis: QuantileQuery,
                  for m in joint),
              "MIN and MAX are the DP 1st and 99th percentiles, not the minimum and maximum"
              if any(q.function in ("MIN", "MAX") for q in analysis.quantiles) else "",
-             f"at most {k} rows per {unit} (the policy's limit), chosen at random after the "
-             "filter" if unit else "event level: one row per neighbour",
+             _rows_note(query),
              "the error is stated in ranks (mechanism.rank_error_95): a value interval would "
              "need the data's distribution"]
     key_release = KeyRelease("public_values", note="every declared value, nothing else") \
@@ -499,8 +556,8 @@ def _report(analysis: QuantileQuery,
     return PrivacyReport(
         analyst="", verdict="allowed", charged=False, epsilon=epsilon,
         delta=gate.delta if gate is not None else 0.0,
-        noise="proxy", tables=(query.table,),
-        blocks=reads.ids if reads is not None else (query.table,), stability=k,
+        noise="proxy", tables=query.tables,
+        blocks=reads.ids if reads is not None else query.tables, stability=k,
         privacy_unit=unit, measurements=tuple(measurements), columns=tuple(columns),
         key_release=key_release, rewritten_sql=sql, notes=tuple(n for n in notes if n))
 
