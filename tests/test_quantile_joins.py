@@ -14,7 +14,7 @@ from chorus_py.engine import Engine
 from chorus_py.errors import NotSupportedError
 from tests.conftest import nothing_spent
 
-# Rider 1 has 40 rides (an outlier: the cap K = 3 keeps 3), riders 2..61 have 1 to 3 rides
+# Rider 1 has 40 rides (an outlier: the cap of 3 keeps 3), riders 2..61 have 1 to 3 rides
 # (i % 3 + 1).  v = (ride id)^2 / 100 mod 100: skewed.  Every rider has one qj_members row (tier
 # gold for even ids, a signup year 2020 + id % 4).  qj_cities is public, city_id unique;
 # qj_zones is public with two rows per city_id (mf = 2).
@@ -33,7 +33,6 @@ SETUP = [
     "CREATE TABLE qj_zones (city_id BIGINT, zone TEXT)",
     "INSERT INTO qj_zones VALUES (1, 'n'), (1, 's'), (2, 'n'), (2, 's'), (3, 'n'), (3, 's')",
 ]
-K = 3
 POLICY = """
 [backend]
 url = "{url}"
@@ -47,7 +46,7 @@ max_delta_per_query = 1e-4
 
 [tables.qj_rides]
 privacy_unit = "rider_id"
-max_rows_per_unit = %d
+max_rows_per_unit = 3
 contribution = "fixed"
 [tables.qj_rides.columns]
 ride_id  = {{ type = "int" }}
@@ -70,7 +69,7 @@ public = true
 public = true
 
 [analysts.alice]
-""" % K
+"""
 MEMBERS = "FROM qj_rides r JOIN qj_members m ON r.rider_id = m.rider_id "
 
 
@@ -81,7 +80,7 @@ def rides(scratch: Callable[..., Engine], backend_url: str) -> Iterator[Engine]:
 
 
 def _bounded(engine: Engine, where: str = "", per: int = 1) -> list[float]:
-    """The values the histogram counts: each rider's rides, at most K (all of them but rider
+    """The values the histogram counts: each rider's rides, at most 3 (all of them but rider
     1's), ``per`` join rows each.  Rider 1's kept rides are random: the tests allow for them."""
     rows = engine.backend.run(f"SELECT r.v FROM qj_rides r {where}").rows
     return sorted(float(v) for (v,) in rows for _ in range(per))

@@ -315,24 +315,8 @@ class QuantileKind:
         return Answer(result, _RankBars(detail, len(result.rows)), warnings)
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
-        con = self.services.statements.scratch()
-        try:
-            con.execute(_create(detail))
-            if rows:
-                con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(rows[0]))})",
-                                rows)
-            try:
-                cur = con.execute(detail.finish)
-            except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
-                raise BackendError(
-                    "the outputs of this query could not be computed from its DP quantiles",
-                    hint="the budget of this query was charged, as its histograms read the "
-                    "data; check the query's output expressions") from None
-            desc = cur.description or []
-            return ResultSet(tuple(d[0] for d in desc),
-                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
-        finally:
-            con.close()
+        return finish_rows(self.services.statements.scratch(), _create(detail), detail.finish,
+                           rows)
 
     def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None,
                                                       BlockRestriction | None]:
@@ -343,6 +327,28 @@ class QuantileKind:
         column_type = query.table_policy.columns[block.column].type
         return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
                                        reads.separate_runs)
+
+
+def finish_rows(con: Any, create: str, finish: str, rows: list[tuple[Any, ...]]) -> ResultSet:
+    """``finish`` (DuckDB SQL) over ``rows`` of released values in the table ``create`` makes,
+    on the scratch connection ``con`` (closed here): post-processing in the proxy."""
+    try:
+        con.execute(create)
+        if rows:
+            con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(rows[0]))})",
+                            rows)
+        try:
+            cur = con.execute(finish)
+        except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
+            raise BackendError(
+                "the outputs of this query could not be computed from its noisy values",
+                hint="the budget of this query was charged, as it read the data; check the "
+                "query's output expressions") from None
+        desc = cur.description or []
+        return ResultSet(tuple(d[0] for d in desc),
+                         tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+    finally:
+        con.close()
 
 
 def _draw(detail: QuantileDetail, histograms: dict[str, np.ndarray]) -> list[float]:
@@ -421,13 +427,18 @@ def _duck_type(values: list[object]) -> str:
     return "VARCHAR"
 
 
+def key_columns(query: AggregateQuery) -> list[str]:
+    """The scratch table's key columns (``k<j> TYPE``): typed from the declared values, or
+    from the column's declared type for a key released by a threshold."""
+    return [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
+            if k.public_values is not None or declared_type(query, k.expr) is None
+            else f"{k.id} {_DECLARED[declared_type(query, k.expr) or '']}"
+            for k in query.keys]
+
+
 def _create(detail: QuantileDetail) -> str:
     """The scratch table of the finish: key ids typed from the declared values, quantile ids."""
-    query = detail.analysis.query
-    columns = [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
-               if k.public_values is not None or declared_type(query, k.expr) is None
-               else f"{k.id} {_DECLARED[declared_type(query, k.expr) or '']}"
-               for k in query.keys]
+    columns = key_columns(detail.analysis.query)
     columns += [f"{q.id} DOUBLE" for q in detail.analysis.quantiles]
     return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
 
