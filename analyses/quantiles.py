@@ -117,8 +117,8 @@ def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
         raise NotSupportedError(
             f"{display_sql(other)} next to a quantile, MIN or MAX: a query answers either "
             "quantiles or COUNT/SUM/AVG-like aggregates, not both here",
-            hint="select the quantiles and the other aggregates as separate columns of one "
-            "SELECT, without HAVING, or ask them in separate queries")
+            hint="name each aggregate on its own (outputs, HAVING and ORDER BY may combine "
+            "them: analyses.mixed), never one inside another, or ask them in separate queries")
     found: list[tuple[float, str, str]] = []
     # The same quantile asked twice (in SELECT and HAVING or ORDER BY, or MEDIAN(x) next to
     # PERCENTILE_CONT(0.5) ... x) is one release: one draw, one charge, the same value in both.
