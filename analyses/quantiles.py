@@ -210,14 +210,13 @@ def analyze_quantiles(sql: str, dialect: str,
             check_join_keys(analysis.join, [k.expr for k in analysis.keys
                                             if k.public_values is None and k.domain is None],
                             f"{where} grouped by a column without public values")
-        key = next((k for k in analysis.keys if k.public_values is None
-                    and isinstance(k.domain, TableKeys)), None)
-        if key is not None:
+        if analysis.thresholded and any(isinstance(k.domain, TableKeys)
+                                        for k in analysis.keys):
             raise NotSupportedError(
-                f"{where} grouped by {display_sql(key.expr)}, a column of a joined public "
-                "table, is not supported yet",
-                hint="group the quantile by a column with public_values or a column of the "
-                f"private tables, or ask COUNT/SUM/AVG grouped by {display_sql(key.expr)}")
+                f"{where} grouped both by a column of a joined public table and by a column "
+                "without public values is not supported",
+                hint="group by the public table's columns and columns with public_values, or "
+                "ask COUNT/SUM/AVG with these keys")
     if analysis.thresholded:
         # Keys without public values are released in the proxy by a noisy count above a
         # threshold (chorus_py.kinds.quantile): a plain column, whose declared type types them.

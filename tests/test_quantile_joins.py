@@ -16,7 +16,8 @@ from tests.conftest import nothing_spent
 
 # Rider 1 has 40 rides (an outlier: the cap of 3 keeps 3), riders 2..61 have 1 to 3 rides
 # (i % 3 + 1).  v = (ride id)^2 / 100 mod 100: skewed.  Every rider has one qj_members row (tier
-# gold for even ids, a signup year 2020 + id % 4).  qj_cities is public, city_id unique;
+# gold for even ids, a signup year 2020 + id % 4).  qj_cities is public, city_id unique (city 4,
+# in CA, has no ride);
 # qj_zones is public with two rows per city_id (mf = 2).
 OTHER = ("qj_members", "qj_cities", "qj_zones", "qj_events")
 SETUP = [
@@ -29,7 +30,7 @@ SETUP = [
     "THEN 'gold' ELSE 'basic' END AS tier, CAST(2020 + u % 4 AS BIGINT) AS year "
     "FROM generate_series(1, 61) AS a(u)",
     "CREATE TABLE qj_cities (city_id BIGINT, country TEXT)",
-    "INSERT INTO qj_cities VALUES (1, 'US'), (2, 'US'), (3, 'MX')",
+    "INSERT INTO qj_cities VALUES (1, 'US'), (2, 'US'), (3, 'MX'), (4, 'CA')",
     "CREATE TABLE qj_zones (city_id BIGINT, zone TEXT)",
     "INSERT INTO qj_zones VALUES (1, 'n'), (1, 's'), (2, 'n'), (2, 's'), (3, 'n'), (3, 's')",
     "CREATE TABLE qj_events AS SELECT CAST(n % 3 + 1 AS BIGINT) AS city_id, "
@@ -145,6 +146,26 @@ def test_join_with_a_public_table_on_a_key(rides: Engine) -> None:
           q0.mechanism["rank_error_95"])
 
 
+def test_grouped_by_a_column_of_the_joined_public_table(rides: Engine) -> None:
+    """GROUP BY c.country: the groups are every country of qj_cities (public: read from it,
+    no threshold), CA too, with no ride (a value drawn from an empty histogram).  Next to a
+    key with public values: their product."""
+    result = rides.execute("SELECT c.country, m.tier, MEDIAN(r.v) AS med FROM qj_rides r "
+                           "JOIN qj_cities c ON r.city_id = c.city_id JOIN qj_members m "
+                           "ON r.rider_id = m.rider_id GROUP BY c.country, m.tier "
+                           "ORDER BY 1, 2", analyst="alice", epsilon=10.0)
+    assert [r[:2] for r in result.rows] == [(c, t) for c in ("CA", "MX", "US")
+                                            for t in ("basic", "gold", "none")]
+    assert result.types == ("text", "text", "float")
+    (q0,) = result.report.measurements
+    # S = mf(cities.city_id) * 3 * 1 = 3 (qj_members joined on the unit): Delta = 1.5.
+    assert q0.sensitivity == 1.5 and result.report.stability == 3
+    assert result.report.key_release is None or result.report.key_release.method != "threshold"
+    mx_gold = next(r[2] for r in result.rows if r[:2] == ("MX", "gold"))
+    truth = _bounded(rides, "WHERE r.city_id = 3 AND r.rider_id % 2 = 0")
+    _near(truth, mx_gold, 0.5, q0.mechanism["rank_error_95"])
+
+
 def test_a_public_table_with_repeated_keys_multiplies_s(rides: Engine) -> None:
     """qj_zones holds two rows per city_id (mf = 2): each ride joins 2 rows, S = 2 * 3 = 6;
     MIN and MAX (p = 0.01, 0.99) are drawn jointly at Delta = 2 S = 12."""
@@ -208,9 +229,10 @@ def test_an_event_level_table_joined_with_a_public_table(rides: Engine) -> None:
     # Two private tables of one unit joined on another column: the same.
     ("SELECT MEDIAN(r.v) FROM qj_rides r JOIN qj_members m ON r.city_id = m.year",
      ("private data", "max_frequency")),
-    # A key of a joined public table: its groups are not listed for quantiles yet.
-    ("SELECT c.country, MEDIAN(r.v) FROM qj_rides r JOIN qj_cities c ON r.city_id = c.city_id "
-     "GROUP BY c.country", ("joined public table", "COUNT/SUM/AVG grouped by c.country")),
+    # A key of a joined public table next to one released by a threshold.
+    ("SELECT c.country, m.year, MEDIAN(r.v) FROM qj_rides r JOIN qj_cities c "
+     "ON r.city_id = c.city_id JOIN qj_members m ON r.rider_id = m.rider_id GROUP BY 1, 2",
+     ("joined public table", "without public values")),
     # Quantiles next to other aggregates over a join: not combined yet.
     ("SELECT MEDIAN(r.v), COUNT(*) " + MEMBERS, ("over a join", "separate queries")),
     # An event-level table joined to a table of riders: no common neighbour notion.

@@ -198,7 +198,7 @@ def _create(query: MixedQuery, quantile: Prepared) -> str:
     """The finish's table: the keys typed as the quantile part types them, each quantile a
     DOUBLE, each other aggregate a BIGINT (a count) or a DOUBLE, the merged row's index."""
     split = query.split
-    keys = key_columns(quantile.detail.analysis.query)
+    keys = key_columns(quantile.detail.analysis.query, quantile.detail.key_types)
     columns = [*keys, *(f"q{i} DOUBLE" for i in range(len(split.quantiles))),
                *(f"a{j} {'BIGINT' if count else 'DOUBLE'}"
                  for j, count in enumerate(split.counts)), f"{ROW} BIGINT"]

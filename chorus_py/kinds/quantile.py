@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.join_groups import groups_per_unit
+from analyses.keys import TableKeys
 from analyses.quantile_joins import join_rows_per_unit
 from analyses.quantiles import (
     QuantileQuery,
@@ -54,6 +55,7 @@ from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
+from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY
 from rewriters.quantiles import quantile_finish, quantile_histogram, quantile_join_histogram
 
@@ -116,6 +118,19 @@ class QuantileDetail:
     groups: tuple[tuple[object, ...], ...]        # the public key combinations, in order
     finish: str
     gate: KeyGate | None = None                   # keys released by a threshold
+    # A histogram row's keys (a declared value's index, a public table's value) -> its group.
+    lookup: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+    key_types: dict[str, str] = dataclasses.field(default_factory=dict)  # read, by key id
+
+
+@dataclass(frozen=True)
+class TableGroups:
+    """The key combinations of a join's keys over public tables (``rewriters.keys``), read
+    from those tables before the claim: public data, so the groups answered depend on the
+    policy, the query and public tables only.  ``types``: each key's DuckDB type, by id."""
+
+    rows: tuple[tuple[object, ...], ...]
+    types: dict[str, str]
 
 
 class QuantileKind:
@@ -187,30 +202,59 @@ class QuantileKind:
             if query.thresholded else None
         query = dataclasses.replace(query, stability=rows, max_groups=groups)
         analysis = dataclasses.replace(analysis, query=query)
+        table = self._table_groups(query)
         samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
                    for s in join.private_sources
                    if s.policy.privacy_unit and s.policy.bounding == "materialized"}
         key = (analysis.shape, epsilon, delta, tuple(sorted(restrictions.items())),
-               tuple(sorted(mf.items())), tuple(sorted(samples.items())))
+               tuple(sorted(mf.items())), tuple(sorted(samples.items())),
+               table.rows if table is not None else None)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare(analysis, epsilon, delta, reads,
                                      lambda spec: quantile_join_histogram(
                                          query, spec.argument, spec.lower, spec.upper, BINS,
-                                         restrictions, samples))
+                                         restrictions, samples), table)
             self._prepared.put(key, prepared)
         return prepared
 
+    def _table_groups(self, query: AggregateQuery) -> TableGroups | None:
+        """The combinations of the keys read from joined public tables (None: no such key),
+        on the connection restricted to public tables: ``SELECT DISTINCT`` of each public
+        table's keys under its own conditions (``rewriters.keys``), a superset of the groups
+        the join can give (the others get a quantile drawn from an empty histogram)."""
+        keys = tuple(k for k in query.keys if k.public_values is None
+                     and isinstance(k.domain, TableKeys))
+        if not keys or query.thresholded:
+            return None
+        grid, _ = key_grid(dataclasses.replace(query, keys=keys))
+        assert grid is not None  # no listed key here: the product is never empty by rule
+        ids = ", ".join(k.id for k in keys)
+        tree = exp.select(*[exp.column(k.id) for k in keys]).from_(grid.subquery("g"))
+        services = self.services
+        sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+        public = tuple(s.table for s in query.join.sources if s.public) if query.join else ()
+        services.statements.verify_outgoing(sql, "exact", public)
+        result = services.statements.run(sql, None, public=True)
+        if len(result.rows) * BINS > MAX_CELLS:
+            raise QueryRefused(f"{len(result.rows)} combinations of {ids} are too many groups "
+                               "for a quantile query", hint="filter the public table's keys")
+        types = {k.id: _PORTABLE_DUCK.get(t, "VARCHAR")
+                 for k, t in zip(keys, result.types, strict=True)}
+        return TableGroups(tuple(tuple(r) for r in result.rows), types)
+
     def _prepare(self, analysis: QuantileQuery, epsilon: float, delta: float,
                  reads: BlocksRead | None,
-                 histogram: Callable[[QuantileSpec], exp.Select]) -> Prepared:
+                 histogram: Callable[[QuantileSpec], exp.Select],
+                 table: TableGroups | None = None) -> Prepared:
         services = self.services
         query = analysis.query
         gate = None
+        lookup: dict[tuple[object, ...], int] = {}
         if query.thresholded:  # the groups are the data's: none listed, a noisy gate
             groups: tuple[tuple[object, ...], ...] = ()
         else:
-            groups = tuple(itertools.product(*[k.public_values or () for k in query.keys]))
+            groups, lookup = _public_groups(query, table)
         if query.keys and len(groups) * BINS > MAX_CELLS:
             raise QueryRefused(f"{len(groups)} groups of {BINS} bins each are too many for a "
                                "quantile query", hint="filter the group keys to fewer values")
@@ -237,7 +281,8 @@ class QuantileKind:
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
-        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate)
+        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
+                                lookup, table.types if table is not None else {})
         report = _report(analysis, mechanisms, reads,
                          "\n".join(sql for _, sql in histograms), epsilon, gate)
         events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
@@ -260,8 +305,9 @@ class QuantileKind:
         for argument, sql in detail.histograms:
             cells = np.zeros((n_groups, BINS))
             for row in self.services.statements.run(sql, run).rows:
-                group = _group_index(row[:n_keys], analysis)
-                if group is not None:
+                group = detail.lookup.get(_histogram_key(row[:n_keys], analysis.query)) \
+                    if n_keys else 0
+                if group is not None:  # a value the policy does not declare: filtered already
                     cells[group, int(row[n_keys])] += float(row[n_keys + 1])
             counts[argument] = cells  # exact: never leaves this function
         rows = []
@@ -403,14 +449,39 @@ def _rank_error(mechanism: ExponentialMechanism | JointQuantiles) -> float:
     return mechanism.rank_error(BINS)
 
 
-def _group_index(keys: tuple[Any, ...], analysis: QuantileQuery) -> int | None:
-    """The row-major index of a histogram row's key-value indexes in the public grid."""
-    index = 0
-    for value, key in zip(keys, analysis.query.keys, strict=True):
-        if value is None:  # a value the policy does not declare: filtered out already
-            return None
-        index = index * len(key.public_values or ()) + int(value)
-    return index
+def _public_groups(query: AggregateQuery, table: TableGroups | None
+                   ) -> tuple[tuple[tuple[object, ...], ...], dict[tuple[object, ...], int]]:
+    """Every public group, in order (the product of the declared values and of the public
+    tables' key combinations), and the group of each histogram key tuple (a declared value
+    by its index, a public table's key by its value)."""
+    listed = [i for i, k in enumerate(query.keys) if k.public_values is not None]
+    others = [i for i in range(len(query.keys)) if i not in listed]
+    factors: list[list[tuple[tuple[object, ...], tuple[object, ...]]]] = [
+        [((j,), (v,)) for j, v in enumerate(query.keys[i].public_values or ())] for i in listed]
+    if others:
+        factors.append([(row, row) for row in (table.rows if table is not None else ())])
+    order = listed + others  # the key position of each flattened factor value
+    groups, lookup = [], {}
+    for combo in itertools.product(*factors):
+        hist, out = [None] * len(order), [None] * len(order)
+        flat_hist = [v for h, _ in combo for v in h]
+        flat_out = [v for _, o in combo for v in o]
+        for at, h, o in zip(order, flat_hist, flat_out, strict=True):
+            hist[at], out[at] = h, o
+        lookup[tuple(hist)] = len(groups)
+        groups.append(tuple(out))
+    return tuple(groups), lookup
+
+
+def _histogram_key(values: tuple[Any, ...], query: AggregateQuery) -> tuple[object, ...]:
+    """A histogram row's keys as ``_public_groups`` looks them up: declared values by index."""
+    return tuple(None if v is None else int(v) if k.public_values is not None else v
+                 for v, k in zip(values, query.keys, strict=True))
+
+
+#: A portable result type (``chorus_py.backends.portable_type``) as a DuckDB column type.
+_PORTABLE_DUCK = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
+                  "timestamp": "TIMESTAMP", "boolean": "BOOLEAN"}
 
 
 def _duck_type(values: list[object]) -> str:
@@ -427,10 +498,12 @@ def _duck_type(values: list[object]) -> str:
     return "VARCHAR"
 
 
-def key_columns(query: AggregateQuery) -> list[str]:
-    """The scratch table's key columns (``k<j> TYPE``): typed from the declared values, or
-    from the column's declared type for a key released by a threshold."""
-    return [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
+def key_columns(query: AggregateQuery, read: dict[str, str] | None = None) -> list[str]:
+    """The scratch table's key columns (``k<j> TYPE``): typed from the declared values, from
+    the type ``read`` from a public table (by key id), or from the column's declared type for
+    a key released by a threshold."""
+    return [f"{k.id} {read[k.id]}" if read and k.id in read
+            else f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
             if k.public_values is not None or declared_type(query, k.expr) is None
             else f"{k.id} {_DECLARED[declared_type(query, k.expr) or '']}"
             for k in query.keys]
@@ -438,7 +511,7 @@ def key_columns(query: AggregateQuery) -> list[str]:
 
 def _create(detail: QuantileDetail) -> str:
     """The scratch table of the finish: key ids typed from the declared values, quantile ids."""
-    columns = key_columns(detail.analysis.query)
+    columns = key_columns(detail.analysis.query, detail.key_types)
     columns += [f"{q.id} DOUBLE" for q in detail.analysis.quantiles]
     return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
 
