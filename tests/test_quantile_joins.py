@@ -222,6 +222,24 @@ def test_an_event_level_table_joined_with_a_public_table(rides: Engine) -> None:
     assert abs(rank - 0.25 * len(values)) <= 4 * q0.mechanism["rank_error_95"] + 2
 
 
+def test_next_to_other_aggregates_with_having(rides: Engine) -> None:
+    """A median and a count over the join, one charge of 20: 10 to the median (Delta = S / 2 =
+    1.5), 10 to the join's count (the join kind: S(k) = 3 constant, so S* = 3 and Delta =
+    2 S* = 6).  HAVING keeps the tiers whose noisy count exceeds 10: basic and gold (about 60
+    join rows each), not none (no row; noise scale 6 / 10)."""
+    result = rides.execute("SELECT m.tier, MEDIAN(r.v) AS med, COUNT(*) AS n " + MEMBERS
+                           + "GROUP BY m.tier HAVING COUNT(*) > 10 ORDER BY 1",
+                           analyst="alice", epsilon=20.0, delta=1e-6)
+    q0, m0 = result.report.measurements
+    assert (q0.sensitivity, q0.mechanism["epsilon"]) == (1.5, 10.0)
+    assert m0.sensitivity == 6.0 and m0.mechanism["epsilon"] == 10.0
+    assert result.report.elastic.at_zero == 3
+    assert [r[0] for r in result.rows] == ["basic", "gold"]
+    assert all(n > 10 for _, _, n in result.rows)
+    (claim,) = rides.ledger.claims()
+    assert claim.epsilon == pytest.approx(20.0)
+
+
 @pytest.mark.parametrize(("sql", "words"), [
     # A self-join on a non-unit column: S(k) grows with k and reads private frequencies.
     ("SELECT MEDIAN(a.v) FROM qj_rides a JOIN qj_rides b ON a.city_id = b.city_id",
@@ -233,8 +251,9 @@ def test_an_event_level_table_joined_with_a_public_table(rides: Engine) -> None:
     ("SELECT c.country, m.year, MEDIAN(r.v) FROM qj_rides r JOIN qj_cities c "
      "ON r.city_id = c.city_id JOIN qj_members m ON r.rider_id = m.rider_id GROUP BY 1, 2",
      ("joined public table", "without public values")),
-    # Quantiles next to other aggregates over a join: not combined yet.
-    ("SELECT MEDIAN(r.v), COUNT(*) " + MEMBERS, ("over a join", "separate queries")),
+    # Quantiles next to other aggregates over a join whose S reads private data.
+    ("SELECT MEDIAN(a.v), COUNT(*) FROM qj_rides a JOIN qj_rides b ON a.city_id = b.city_id",
+     ("private data",)),
     # An event-level table joined to a table of riders: no common neighbour notion.
     ("SELECT MEDIAN(e.w) FROM qj_events e JOIN qj_rides r ON e.city_id = r.city_id",
      ("different levels",)),

@@ -44,6 +44,7 @@ from chorus_py.backends import ResultSet
 from chorus_py.caches import LRU
 from chorus_py.errors import InternalError, NotSupportedError
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.quantile import QuantileKind, finish_rows, key_columns
 from chorus_py.kinds.single import SingleTableKind
 from chorus_py.report import ColumnReport, PrivacyReport
@@ -105,15 +106,19 @@ class MixedDetail:
 
 
 class MixedKind:
-    """Quantiles and COUNT/SUM/AVG-like aggregates of one private table in one query."""
+    """Quantiles and COUNT/SUM/AVG-like aggregates of one private table, or of a join whose
+    rows per person are publicly bounded (``analyses.quantile_joins``), in one query; the
+    analytic part of a join is answered by the join kind (smooth elastic sensitivity)."""
 
     charges = True
 
     def __init__(self, services: Services, quantile: QuantileKind, single: SingleTableKind,
+                 join: JoinKind,
                  analyse: Callable[[str], AggregateQuery | PublicQuery | PerPersonQuery]
                  ) -> None:
         self.services = services
-        self._quantile, self._single, self._analyse = quantile, single, analyse
+        self._quantile, self._single, self._join = quantile, single, join
+        self._analyse = analyse
         self._analyses: LRU[str, MixedQuery] = LRU(1024)
 
     def accepts(self, sql: str) -> bool:
@@ -136,13 +141,6 @@ class MixedKind:
                 "are not supported",
                 hint="ask the quantiles and the other aggregates in separate queries (each "
                 "releases its groups by a noisy threshold)")
-        if isinstance(analytic, AggregateQuery) and analytic.join is not None:
-            # The analytic part of a join is smoothed (kinds.join), its blocks and charge
-            # planned apart: not combined with the quantile part here yet.
-            raise NotSupportedError(
-                "quantiles next to COUNT/SUM/AVG-like aggregates over a join are not supported "
-                "yet", hint="ask the quantiles and the other aggregates in separate queries "
-                "(each is answered over this join alone)")
         if not isinstance(analytic, AggregateQuery):
             # A per-person aggregate next to a quantile of rows is a different question.
             raise NotSupportedError(
@@ -158,8 +156,9 @@ class MixedKind:
         prepared query: one claim, both parts' events and statements."""
         split = EpsilonSplit.of(query, epsilon, delta)
         quantile = self._quantile.prepare(query.quantile, analyst, split.quantile_epsilon, 0.0)
-        analytic = self._single.prepare(query.analytic, analyst, split.analytic_epsilon,
-                                        split.analytic_delta)
+        kind = self._join if query.analytic.join is not None else self._single
+        analytic = kind.prepare(query.analytic, analyst, split.analytic_epsilon,
+                                split.analytic_delta)
         if quantile.finish is not None:  # the engine plans one finish: the others here
             self.services.statements.check_scratch_plan(*quantile.finish)
         create = _create(query, quantile)
@@ -190,7 +189,8 @@ class MixedKind:
         read the data), merged in the analyst's column order."""
         detail: MixedDetail = prepared.detail
         quantiles = self._quantile.run(detail.quantile, run)
-        analytic = self._single.run(detail.analytic, run)
+        kind = self._join if detail.query.analytic.join is not None else self._single
+        analytic = kind.run(detail.analytic, run)
         return _merge(detail, quantiles, analytic, self.services.statements.scratch())
 
 
