@@ -62,8 +62,11 @@ def test_having_filters_on_the_noisy_count_it_shows(skew: Engine) -> None:
 def test_having_on_an_aggregate_not_selected_is_measured_and_charged(skew: Engine) -> None:
     """HAVING COUNT(*) names a count the SELECT does not: it is a measurement all the same
     (its noisy value filters), so the split is 1 quantile + 1 count, 10 each."""
-    result = skew.execute("SELECT g, MEDIAN(v) AS med FROM skew GROUP BY g "
-                          "HAVING COUNT(*) > 150", epsilon=20.0, **ALICE)
+    sql = "SELECT g, MEDIAN(v) AS med FROM skew GROUP BY g HAVING COUNT(*) > 150"
+    explained = skew.explain(sql, epsilon=20.0, **ALICE)  # runs and charges nothing
+    assert [m.id for m in explained.measurements] == ["q0", "m0"]
+    assert not skew.ledger.claims()
+    result = skew.execute(sql, epsilon=20.0, **ALICE)
     assert result.columns == ("g", "med")
     assert [r[0] for r in result.rows] == ["a"]
     _, m0 = result.report.measurements
