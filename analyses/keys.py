@@ -22,6 +22,11 @@ a column declares (``public_values``), two kinds of keys are public:
   that is not unique in the public table repeats each private row once per match) is the
   join's stability, derived by ``analyses.joins``: each repeated row lands in one group, so the
   L1 change over all groups stays within S(k).
+- **Keys spelled out by the query** (:func:`literal_values`): a CASE whose every result is a
+  literal (``CASE WHEN fare > 50 THEN 'high' ELSE 'low' END``) takes only those values, and a
+  condition (``fare > 50``) only TRUE and FALSE: the set comes from the query's text, so it is
+  listed like declared values (a NULL result, e.g. a CASE without ELSE, is not a listed key:
+  its rows are left out, as a column's values outside its ``public_values`` are).
 """
 
 from __future__ import annotations
@@ -122,6 +127,71 @@ class TableKeys:
 
 
 KeyDomain = CalendarKeys | TableKeys
+
+
+# Conditions whose value is TRUE, FALSE or NULL, whatever they compare.
+_CONDITIONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In, exp.Between,
+               exp.Like, exp.ILike, exp.Not, exp.And, exp.Or)
+
+
+def literal_values(key: exp.Expr) -> tuple[object, ...] | None:
+    """The values a GROUP BY expression can take, when its text alone fixes them; else None.
+
+    >>> from sqlglot import parse_one
+    >>> literal_values(parse_one("CASE WHEN fare > 50 THEN 'high' WHEN fare > 20 THEN 'mid' "
+    ...                          "ELSE 'low' END"))
+    ('high', 'mid', 'low')
+    >>> literal_values(parse_one("CASE WHEN x THEN 1 WHEN y THEN 1 END"))
+    (1,)
+    >>> literal_values(parse_one("fare > 50"))
+    (False, True)
+    >>> literal_values(parse_one("CASE WHEN x THEN 'a' ELSE city END")) is None
+    True
+    >>> literal_values(parse_one("CASE WHEN x THEN 'a' ELSE 1 END")) is None  # mixed types
+    True
+    """
+    node = key.unnest()
+    if isinstance(node, _CONDITIONS):
+        return (False, True)
+    if not isinstance(node, exp.Case):
+        return None
+    # CASE WHEN c THEN r ... and CASE x WHEN v THEN r ...: the results r are the values.
+    results = [i.args.get("true") for i in node.args.get("ifs") or []]
+    results.append(node.args.get("default") or exp.Null())
+    values: list[object] = []
+    for result in results:
+        value = _literal_value(result.unnest() if result is not None else exp.Null())
+        if value is _NOT_LITERAL:
+            return None
+        if value is not None and value not in values:
+            values.append(value)
+    kinds = {type(v) is str for v in values}
+    return tuple(values) if values and len(kinds) == 1 else None
+
+
+_NOT_LITERAL = object()
+
+
+def _literal_value(node: exp.Expr) -> object:
+    """The value of a string or number literal (negated too), None for NULL, else
+    ``_NOT_LITERAL``."""
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        inner = _literal_value(node.this)
+        return _NOT_LITERAL if inner is _NOT_LITERAL else -inner  # type: ignore[operator]
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return node.this
+        text = node.this
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return _NOT_LITERAL
+    return _NOT_LITERAL
 
 
 def key_domain(key: exp.Expr, tables: Mapping[str, tuple[str, TablePolicy]],

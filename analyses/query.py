@@ -31,7 +31,7 @@ from sqlglot.schema import MappingSchema
 from analyses.bounds import expression_bounds
 from analyses.join_groups import check_join_keys
 from analyses.joins import JoinInfo, analyze_joins
-from analyses.keys import CalendarKeys, KeyDomain, key_domain
+from analyses.keys import CalendarKeys, KeyDomain, key_domain, literal_values
 from analyses.sensitivity import (
     count_sensitivity,
     count_units_sensitivity,
@@ -529,12 +529,15 @@ class _Reader:
                 for name, cp in cols.items()}
 
     def _public_values(self, key: exp.Expr) -> tuple[object, ...] | None:
-        """The declared values of a key column, narrowed by ``key = v`` / ``key IN (...)``.
+        """The declared values of a key column, narrowed by ``key = v`` / ``key IN (...)``; the
+        values an expression spells out (``analyses.keys.literal_values``).
 
         The narrowing reads literals of the query only, so the released keys still depend on
         the policy and the query, never on the data.
         """
-        cp = self._column(key) if isinstance(key, exp.Column) else None
+        if not isinstance(key, exp.Column):
+            return literal_values(key)  # a CASE of literals, a condition (analyses.keys)
+        cp = self._column(key)
         if cp is None:
             return None
         declared = cp.public_values

@@ -192,6 +192,46 @@ def test_a_private_column_still_needs_the_threshold(rides: Engine) -> None:
     assert mixed.report.key_release.method == "threshold"
 
 
+# -- keys the query spells out -----------------------------------------------------------------
+def test_a_case_of_literals_returns_every_band_without_a_threshold(rides: Engine) -> None:
+    # fare = i % 40 over i = 1..70 is at most 39: 'top' holds no ride and must come back as a
+    # noisy 0, never be omitted.
+    sql = ("SELECT CASE WHEN fare > 45 THEN 'top' WHEN fare > 30 THEN 'high' ELSE 'low' END "
+           "AS band, COUNT(*) AS n FROM pk_rides GROUP BY 1")
+    result = _ask(rides, sql, epsilon=0.01)
+    assert sorted(_keys(result)) == ["high", "low", "top"]
+    report = result.report
+    assert report.key_release.method == "public_values" and report.delta == 0
+    assert "every value the query spells out ('top', 'high', 'low')" in report.key_release.note
+    assert [m.sensitivity for m in report.measurements] == [float(K)]  # one group per row
+    big = _ask(rides, sql, epsilon=1000.0)  # noise scale 0.005: the exact counts
+    got = {k: round(n) for k, n in big.rows}
+    # Every kept ride in exactly one band: 70 rides, rider 1's 50 capped at K = 5.
+    assert got["top"] == 0 and got["high"] + got["low"] == 70 - (50 - K)
+
+
+def test_a_condition_and_a_case_without_else_are_listed_keys(rides: Engine) -> None:
+    cond = _ask(rides, "SELECT fare > 30 AS high, COUNT(*) FROM pk_rides GROUP BY 1")
+    assert sorted(_keys(cond)) == [False, True]
+    assert cond.report.key_release.method == "public_values"
+    # No ELSE: the rows outside every WHEN have a NULL key, which is not listed: left out.
+    some = _ask(rides, "SELECT CASE WHEN city = 'SF' THEN 1 END AS sf, COUNT(*) "
+                       "FROM pk_rides GROUP BY 1", epsilon=1000.0)
+    assert _keys(some) == [1] and some.report.key_release.method == "public_values"
+
+
+def test_a_case_reading_a_column_still_needs_the_threshold(rides: Engine) -> None:
+    for sql in ("SELECT CASE WHEN fare > 30 THEN city ELSE 'low' END, COUNT(*) FROM pk_rides "
+                "GROUP BY 1",
+                "SELECT CASE WHEN fare > 30 THEN 1 ELSE 'low' END, COUNT(*) FROM pk_rides "
+                "GROUP BY 1"):
+        try:
+            result = _ask(rides, sql)
+        except (QueryRefused, NotSupportedError):
+            continue  # mixed result types: refused before anything is charged
+        assert result.report.key_release.method == "threshold"
+
+
 def test_grids_beyond_10000_keys_are_refused_for_free(rides: Engine) -> None:
     # 90 days * 24 hours = 2,160 hours, times 7 days of the week: 15,120 combinations.
     with pytest.raises(QueryRefused, match="15,120 combinations") as err:

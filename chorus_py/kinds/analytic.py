@@ -412,10 +412,15 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
                else f" (its <= {query.stability} rows)" if query.privacy_unit else ""),
         )
     elif query.keys:
+        spelled = [k for k in query.keys if not isinstance(k.expr, exp.Column)
+                   and k.domain is None]
         key_release = KeyRelease("public_values", note="; ".join(
-            f"{_show_key(k.expr)}: " + ("every declared value, nothing else"
-                                          if k.domain is None else k.domain.describe())
-            for k in query.keys) if any(k.domain is not None for k in query.keys)
+            f"{_show_key(k.expr)}: " + (k.domain.describe() if k.domain is not None
+                                          else "every value the query spells out "
+                                          f"({', '.join(map(repr, k.public_values or ()))}), "
+                                          "nothing else" if k in spelled
+                                          else "every declared value, nothing else")
+            for k in query.keys) if any(k.domain is not None for k in query.keys) or spelled
             else "every declared value, nothing else")
     notes = []
     contribution = None
