@@ -2,8 +2,10 @@
 one scan, and the finish the proxy runs over the selected values.
 
 ``quantile_histogram`` counts, per group (a public key by the index of its declared value, a
-key released by a threshold by its value) and per bin of the clipped value, the rows of the query: its filter, its claimed blocks,
-then at most k rows per unit (``rewriters.contribution``), NULL values left out as the
+key released by a threshold by its value) and per bin of the clipped value, the rows of the
+query: its filter, its claimed blocks, then (keys released by a threshold, with a chosen
+groups-per-unit bound g) each unit's rows in at most g of its groups, then at most k rows per
+unit (``rewriters.contribution``), NULL values left out as the
 percentile functions leave them.  Its exact counts stay in the proxy: only the bins the
 exponential mechanism draws from them leave it (``mechanisms.exponential``).
 """
@@ -17,7 +19,7 @@ from sqlglot import exp
 
 from analyses.query import AggregateQuery, OutputColumn
 from rewriters.blocks import BlockRestriction
-from rewriters.contribution import contribution
+from rewriters.contribution import contribution, group_bound
 from rewriters.groups import public_filter
 from rewriters.pipeline import NOISY, filtered_rows
 from rewriters.safety import safety
@@ -59,6 +61,12 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     unit = query.table_policy.privacy_unit
     if query.table_policy.multi_attribution and sample is None:  # only its kept set S bounds it
         raise ValueError("a table whose rows belong to several units is read from its S")
+    if isinstance(unit, str) and query.max_groups is not None \
+            and query.max_groups < query.stability:
+        # Keys released by a threshold, with the groups per unit chosen (contribution =
+        # "auto"): each unit's rows in at most g of its groups, before the row cap (as in
+        # rewriters.pipeline), so the key release needs D = min(g, k) groups per unit.
+        rows = group_bound(rows, unit, [safety(k.expr) for k in query.keys], query.max_groups)
     if isinstance(unit, str) and sample is None:
         rows = contribution(rows, unit, query.stability)
     # The value once per row (v, a double: not NULL, filtered above), then its bin: written

@@ -32,6 +32,7 @@ from analyses.outgoing import Release
 from budget.accounting import Event
 from budget.answers import AnswerCache
 from chorus_py.backends import ResultSet
+from chorus_py.kinds.quantile_selection import QuantileSelection
 from chorus_py.kinds.selection import Selection
 from chorus_py.policy import Policy
 from chorus_py.report import ErrorBars, PrivacyReport
@@ -88,7 +89,7 @@ class Prepared:
     statements: tuple[str, ...] = ()
     finish: tuple[str, str] | None = None
     answer_key: tuple[object, ...] | None = None
-    selection: Selection | None = None
+    selection: Selection | QuantileSelection | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -36,6 +37,8 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
 from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
+from chorus_py.kinds.selection import Choices, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.discrete_laplace import DiscreteLaplace
@@ -149,24 +152,55 @@ class QuantileKind:
                                                                  query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.services.samples.relation(query.table, query.table_policy))
-        key = (analysis.shape, epsilon, delta, restriction, sample)
+        prepared = self._cached(analysis, epsilon, delta, reads, restriction, sample)
+        if prepared.selection is None:
+            return prepared
+        # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
+        # just ran this query.
+        earlier = self.services.choices.get(analyst, prepared.selection.key)
+        if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
+            return self._cached(analysis, epsilon, delta, reads, restriction, sample, earlier,
+                                reused=True)
+        return prepared
+
+    def _cached(self, analysis: QuantileQuery, epsilon: float, delta: float,
+                reads: BlocksRead | None, restriction: BlockRestriction | None,
+                sample: tuple[str, str] | None, chosen: Choices | None = None,
+                reused: bool = False) -> Prepared:
+        key = (analysis.shape, epsilon, delta, restriction, sample, chosen, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepare(analysis, epsilon, delta, reads, restriction, sample)
+            prepared = self._prepare(analysis, epsilon, delta, reads, restriction, sample,
+                                     chosen, reused)
             self._prepared.put(key, prepared)
         return prepared
 
     def _prepare(self, analysis: QuantileQuery, epsilon: float, delta: float,
                  reads: BlocksRead | None,
                  restriction: BlockRestriction | None,
-                 sample: tuple[str, str] | None) -> Prepared:
+                 sample: tuple[str, str] | None, chosen: Choices | None = None,
+                 reused: bool = False) -> Prepared:
+        """Plan and rewrite.  With contribution = "auto" (``AggregateQuery.auto_cap``: a
+        privacy unit, per-query bounding) the share ``privacy.cap_epsilon_share`` of epsilon
+        pays for choosing the cap (and, for keys released by a threshold, the groups per
+        unit) after the claim: until ``chosen``, everything is planned at the limit, with a
+        :class:`QuantileSelection` to run; the quantiles (and the key-release count) share
+        the rest.  ``reused``: the choices of an identical earlier query, free."""
         services = self.services
+        asked = analysis
         query = analysis.query
+        selects = query.auto_cap and sample is None
+        cap_epsilon = 0.0
+        if selects:
+            cap_epsilon = 0.0 if reused else epsilon * services.policy.privacy.cap_epsilon_share
+            if chosen is not None:
+                query = query.with_cap(chosen.cap)
+                if chosen.groups is not None:
+                    query = query.with_groups(chosen.groups)
+                analysis = dataclasses.replace(analysis, query=query)
         gate = None
-        if query.thresholded:  # the groups are the data's: none listed, a noisy gate
-            groups: tuple[tuple[object, ...], ...] = ()
-        else:
-            groups = tuple(itertools.product(*[k.public_values or () for k in query.keys]))
+        rest = epsilon - cap_epsilon  # the answer's epsilon: the key release and the quantiles
+        groups = _grid(query)
         if query.keys and len(groups) * BINS > MAX_CELLS:
             raise QueryRefused(f"{len(groups)} groups of {BINS} bins each are too many for a "
                                "quantile query", hint="filter the group keys to fewer values")
@@ -178,9 +212,9 @@ class QuantileKind:
                         "groups by a noisy threshold, which needs delta > 0",
                         hint="pass a delta, e.g. 1e-7")
                 gate = KeyGate.plan(query.stability, query.groups_per_unit,
-                                    epsilon * GATE_SHARE, delta)
-            mechanisms = plan_quantiles(analysis, epsilon * (1 - GATE_SHARE) if gate
-                                        else epsilon)
+                                    rest * GATE_SHARE, delta)
+            eps_q = rest * (1 - GATE_SHARE) if gate else rest
+            mechanisms = plan_quantiles(analysis, eps_q)
         except ValueError as err:
             raise InvalidParameter(f"cannot calibrate the exponential mechanism: {err}",
                                    hint="ask for a larger epsilon") from None
@@ -196,14 +230,56 @@ class QuantileKind:
                                  query.offset).sql("duckdb")
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate)
         report = _report(analysis, mechanisms, reads,
-                         "\n".join(sql for _, sql in histograms), epsilon, gate)
+                         "\n".join(sql for _, sql in histograms), rest, gate, selects)
+        if selects:  # the selection steps; the report's epsilon becomes rest + cap_epsilon
+            report = with_contribution(report, query, cap_epsilon, chosen, (), reused)
         events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
         if gate is not None:
             events += (Event.from_mechanism(gate.mechanism), Event.key_release(gate.delta))
+        statements = tuple(sql for _, sql in histograms)
+        selection = None
+        if selects and chosen is None and not reused:
+            # Until the cap is chosen the final mechanisms are not known: the claim is the
+            # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanisms
+            # of that cost (as kinds.single does); the selection's share is in it.
+            events = (Event.epsilon_delta(report.epsilon, report.delta),)
+            selection = self._selection(asked, epsilon, delta, eps_q, restriction,
+                                        lambda c: self._cached(asked, epsilon, delta, reads,
+                                                               restriction, sample, c),
+                                        cap_epsilon)
+            statements += tuple(sql for _, _, sql in selection.histograms)
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
-                        detail, statements=tuple(sql for _, sql in histograms),
-                        finish=(_create(detail), finish),
-                        answer_key=(analysis.shape, epsilon, report.delta, report.blocks))
+                        detail, statements=statements, finish=(_create(detail), finish),
+                        answer_key=(analysis.shape, epsilon, report.delta, report.blocks),
+                        selection=selection)
+
+    def _selection(self, analysis: QuantileQuery, epsilon: float, delta: float, eps_q: float,
+                   restriction: BlockRestriction | None,
+                   apply: Callable[[Choices], Prepared], cap_epsilon: float
+                   ) -> QuantileSelection:
+        """The cap choice of ``analysis`` (asked at the limit): its histograms' SQL, built and
+        verified before the claim (wall 6), and the rule's rank errors at every cap, from the
+        mechanisms the quantiles would be drawn with at ``eps_q``."""
+        query = analysis.query
+        histograms = []
+        for what, size, build in quantile_histograms(query, restriction):
+            sql = dialect(build(), self.services.dialect, copy=False).sql(
+                self.services.dialect, copy=False)
+            # The selection noises it in the proxy.
+            self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
+            histograms.append((what, size, sql))
+
+        def rank_error(k: int) -> float:
+            try:  # a cap the mechanisms cannot be calibrated at is never chosen
+                capped = dataclasses.replace(analysis, query=query.with_cap(k))
+                return sum(_rank_error(m) for m in plan_quantiles(capped, eps_q))
+            except ValueError:
+                return math.inf
+
+        groups = max(len(_grid(query)), 1)
+        return QuantileSelection(
+            query, cap_epsilon, tuple(q.p for q in analysis.quantiles), rank_error, groups,
+            tuple(histograms), ("quantile", analysis.shape, epsilon, delta, restriction), apply)
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Histograms from the database, bins drawn here, the outputs finished here."""
@@ -300,6 +376,14 @@ class QuantileKind:
         column_type = query.table_policy.columns[block.column].type
         return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
                                        reads.separate_runs)
+
+
+def _grid(query: AggregateQuery) -> tuple[tuple[object, ...], ...]:
+    """The public key combinations, in order: none for keys released by a threshold (the
+    groups are the data's, released by a noisy gate) or without keys."""
+    if query.thresholded or not query.keys:
+        return ()
+    return tuple(itertools.product(*[k.public_values or () for k in query.keys]))
 
 
 def _draw(detail: QuantileDetail, histograms: dict[str, np.ndarray]) -> list[float]:
@@ -416,9 +500,11 @@ class _RankBars:
 def _report(analysis: QuantileQuery,
             mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...],
             reads: BlocksRead | None, sql: str, epsilon: float,
-            gate: KeyGate | None = None) -> PrivacyReport:
+            gate: KeyGate | None = None, auto: bool = False) -> PrivacyReport:
     """The report: each quantile's mechanism, epsilon and utility sensitivity; the bins drawn
-    in the proxy whatever ``privacy.noise`` says (the selection needs the histogram)."""
+    in the proxy whatever ``privacy.noise`` says (the selection needs the histogram).
+    ``epsilon``: the answer's (without a cap selection's share, which ``kinds.selection.
+    with_contribution`` adds with its steps); ``auto``: the cap is chosen per query."""
     query = analysis.query
     k, unit = query.stability, query.privacy_unit
     measurements = []
@@ -469,8 +555,10 @@ def _report(analysis: QuantileQuery,
                  for m in joint),
              "MIN and MAX are the DP 1st and 99th percentiles, not the minimum and maximum"
              if any(q.function in ("MIN", "MAX") for q in analysis.quantiles) else "",
-             f"at most {k} rows per {unit} (the policy's limit), chosen at random after the "
-             "filter" if unit else "event level: one row per neighbour",
+             (f"at most {k} rows per {unit} (" + ("chosen per query from a noisy histogram "
+              "of rows per unit: mechanisms.quantile_cap" if auto else "the policy's limit")
+              + "), chosen at random after the filter") if unit
+             else "event level: one row per neighbour",
              "the error is stated in ranks (mechanism.rank_error_95): a value interval would "
              "need the data's distribution"]
     key_release = KeyRelease("public_values", note="every declared value, nothing else") \
