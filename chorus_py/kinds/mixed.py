@@ -46,7 +46,7 @@ from chorus_py.errors import InternalError, NotSupportedError
 from chorus_py.kinds.base import Answer, ChoiceStep, Prepared, Services
 from chorus_py.kinds.quantile import QuantileKind
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.report import PrivacyReport
+from chorus_py.report import ContributionReport, PrivacyReport
 from chorus_py.statements import QueryRun, Statements
 from mechanisms.intervals import Interval, NoInterval
 
@@ -242,7 +242,24 @@ def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
         analytic, epsilon=epsilon, delta=quantile.delta + analytic.delta,
         measurements=(*quantile.measurements, *analytic.measurements), columns=tuple(columns),
         rewritten_sql=f"{quantile.rewritten_sql}\n{analytic.rewritten_sql}", notes=notes,
-        warnings=(*quantile.warnings, *analytic.warnings))
+        warnings=(*quantile.warnings, *analytic.warnings),
+        contribution=_contribution(quantile.contribution, analytic.contribution))
+
+
+def _contribution(quantile: ContributionReport | None, analytic: ContributionReport | None
+                  ) -> ContributionReport | None:
+    """Both parts' selection steps in one report, each step's target naming its part, and
+    their epsilons added (each part pays its own, inside the one claim).  ``cap``: the
+    aggregates' (the quantiles' own is in its step and the note)."""
+    if quantile is None or analytic is None:
+        return analytic if quantile is None else quantile
+    steps = (
+        *(dataclasses.replace(s, target=f"quantiles: {s.target}") for s in quantile.steps),
+        *(dataclasses.replace(s, target=f"aggregates: {s.target}") for s in analytic.steps))
+    return dataclasses.replace(
+        analytic, epsilon=quantile.epsilon + analytic.epsilon, steps=steps,
+        note=f"quantiles: cap {quantile.cap}; {quantile.note} | aggregates: cap "
+        f"{analytic.cap}; {analytic.note}")
 
 
 def _match(value: Any) -> Any:
