@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from chorus_py.engine import Engine
 from chorus_py.errors import BackendError, InvalidParameter
+from chorus_py.kinds.quantile import KeyGate
 from mechanisms.caps import RowModel, cap_bins
 from mechanisms.quantile_cap import choose_quantile_cap
 from tests.conftest import nothing_spent
@@ -212,46 +213,64 @@ def test_public_groups_take_the_chosen_cap(scratch: Callable[..., Engine]) -> No
 
 # -- keys released by a threshold ---------------------------------------------------------------
 def test_thresholded_keys_bound_the_groups_per_unit(scratch: Callable[..., Engine]) -> None:
-    """GROUP BY h (no public values), epsilon 2, delta 1e-6: 1 to the selection (0.5 for the
-    groups histogram, 0.5 for the cap histogram), of the other 1, 0.2 to the key-release count
-    and 0.8 to the medians.  Each unit is in one h group: g = 1, D = min(g, k) = 1, and
-
-        tau = k + (k / 0.2) ln(1 / 1e-6) = k (1 + 5 * 13.8155) = 70.08 k,
-
-    about 210 rows at k = 3, against groups of ~500 rows: all four are released.  At the fixed
-    limit k = 200, D = 200: tau = 200 + 1000 ln(2e8) = 19,314: none is."""
+    """GROUP BY h (no public values), epsilon 8, delta 1e-6: 4 to the selection (2 for the
+    groups histogram, 2 for the cap histogram: at 0.5 each the groups-per-unit quantile of
+    mechanisms.caps takes a g far above 1 in about 30% of draws, from phantom units in the
+    noisy tail), of the other 4, 0.8 to the key-release count and 3.2 to the medians.  Each
+    unit is in one h group: g = 1 < k, so D = min(g, k) = 1 and the gate counts distinct units
+    (kinds.quantile.KeyGate): L1 sensitivity D = 1, b = 1 / 0.8 = 1.25, tau = 1 + 1.25
+    ln(1 / 1e-6) = 18.27 units, against ~250 units per group: all four are released.  At the
+    fixed limit k = 200 (no g), the gate counts rows: b = 200 / 1.6 = 125, tau = 200 + 125
+    ln(200 / 1e-6) = 2,589 rows, against ~500 rows per group: none is."""
     engine = _engine(scratch)
-    result = engine.execute("SELECT h, MEDIAN(v) FROM qskew GROUP BY h", epsilon=2.0,
+    result = engine.execute("SELECT h, MEDIAN(v) FROM qskew GROUP BY h", epsilon=8.0,
                             delta=1e-6, **ALICE)
     report = result.report
     contribution = report.contribution
     assert contribution is not None
     steps = {s.kind: s for s in contribution.steps}
     assert set(steps) == {"groups", "cap"}
-    assert all(s.epsilon == pytest.approx(0.5) for s in steps.values())
+    assert all(s.epsilon == pytest.approx(2.0) for s in steps.values())
     assert steps["groups"].chosen == "1 groups"
     k = contribution.cap
     assert k is not None and 2 <= k <= 8
     release = report.key_release
     assert release is not None and release.method == "threshold"
-    assert release.threshold == pytest.approx(k + k / 0.2 * math.log(1 / 1e-6))
-    gate, median = report.measurements[1], report.measurements[0]
-    assert gate.sensitivity == pytest.approx(k)
-    assert gate.mechanism["epsilon"] == pytest.approx(0.2)
-    assert median.mechanism["epsilon"] == pytest.approx(0.8)
+    assert release.threshold == pytest.approx(1 + 1.25 * math.log(1 / 1e-6))
+    median, gate = report.measurements
+    assert gate.aggregate == "COUNT(DISTINCT unit_id) per group (key release)"
+    assert gate.sensitivity == 1.0 and gate.mechanism["scale"] == pytest.approx(1.25)
+    assert gate.mechanism["epsilon"] == pytest.approx(0.8)
+    assert median.mechanism["epsilon"] == pytest.approx(3.2)
     assert median.sensitivity == pytest.approx(0.5 * k)
     # The parts add up to the charge.
     assert contribution.epsilon + gate.mechanism["epsilon"] + median.mechanism["epsilon"] \
-        == pytest.approx(2.0) == report.epsilon
-    assert _consumed(engine) == pytest.approx(2.0)
+        == pytest.approx(8.0) == report.epsilon
+    assert _consumed(engine) == pytest.approx(8.0)
     assert sorted(int(r[0]) for r in result.rows) == [0, 1, 2, 3]
 
     fixed = _engine(scratch, "fixed")
-    old = fixed.execute("SELECT h, MEDIAN(v) FROM qskew GROUP BY h", epsilon=2.0, delta=1e-6,
+    old = fixed.execute("SELECT h, MEDIAN(v) FROM qskew GROUP BY h", epsilon=8.0, delta=1e-6,
                         **ALICE)
-    assert old.report.key_release.threshold == pytest.approx(  # type: ignore[union-attr]
-        200 + 200 / 0.4 * math.log(200 / 1e-6))
-    assert old.rows == []
+    release = old.report.key_release
+    assert release is not None
+    assert release.threshold == pytest.approx(200 + 200 / 1.6 * math.log(200 / 1e-6))
+    assert old.report.measurements[1].aggregate == "COUNT(*) per group (key release)"
+    assert old.rows == [] and "row count" in old.report.warnings[0]
+
+
+def test_the_gate_by_hand() -> None:
+    """The two gates of kinds.quantile.KeyGate at k = 50, D = 2, epsilon_t = 0.18, delta 1e-8:
+    rows: b = 50 / 0.18, tau = 50 + b ln(2e8) = 5,359; units: b = 2 / 0.18, tau = 1 + b
+    ln(2e8) = 213.4."""
+    rows = KeyGate.plan(50, 2, 0.18, 1e-8, units=False)
+    units = KeyGate.plan(50, 2, 0.18, 1e-8, units=True)
+    assert rows.mechanism.scale == pytest.approx(50 / 0.18)
+    assert rows.threshold == pytest.approx(50 + 50 / 0.18 * math.log(2e8))
+    assert round(rows.threshold) == 5359
+    assert units.mechanism.scale == pytest.approx(2 / 0.18)
+    assert units.threshold == pytest.approx(1 + 2 / 0.18 * math.log(2e8))
+    assert round(units.threshold, 1) == 213.4
 
 
 # -- mixed queries ------------------------------------------------------------------------------

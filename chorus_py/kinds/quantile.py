@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from sqlglot import exp
@@ -49,7 +49,7 @@ from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.pipeline import NOISY
-from rewriters.quantiles import quantile_finish, quantile_histogram
+from rewriters.quantiles import quantile_finish, quantile_group_units, quantile_histogram
 
 #: Bins of the histogram over [lower, upper]: the answer's resolution is (upper - lower) / BINS.
 BINS = 10_000
@@ -67,16 +67,35 @@ _DECLARED = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOO
 class KeyGate:
     """Keys without public values, released by a noisy count above a threshold.
 
-    The count of a group is its number of bounded rows, the sum of its histogram: one unit's
-    <= k rows change the vector of counts by at most k in L1 (``sensitivity``), so discrete
-    Laplace of scale b = k / epsilon_t makes the counts of the groups present in both
-    neighbours epsilon_t-DP.  A group present only with the unit holds at most k rows (its
-    count c <= k); with D the most groups a unit's rows reach (``AggregateQuery.
-    groups_per_unit``: min(k, g)), P(c + X > tau) < exp(-(tau - c) / b) <= exp(-(tau - k) / b)
-    (``mechanisms.thresholding``'s tail bound), and a union bound over the D groups gives
-    delta at
+    Two counts can gate a group; with k the row cap, D = min(g, k) the most groups one unit's
+    rows reach (``AggregateQuery.groups_per_unit``; g the groups-per-unit bound chosen with an
+    automatic cap, or none), epsilon_t the gate's epsilon and delta its delta:
 
-        tau = k + b ln(D / delta) = key_release_threshold(b, D, delta) + (k - 1).
+    - ``rows``: the group's bounded rows (the sum of its histogram).  One unit's <= k rows
+      change the vector of counts by at most k in L1, so discrete Laplace of scale
+      b = k / epsilon_t makes the counts of the groups present in both neighbours
+      epsilon_t-DP.  A group present only with the unit holds c <= k of its rows:
+      P(c + X > tau) < exp(-(tau - c) / b) <= exp(-(tau - k) / b)
+      (``mechanisms.thresholding``'s tail bound), and a union bound over its <= D groups gives
+      delta at tau = k + b ln(D / delta) = key_release_threshold(b, D, delta) + (k - 1).
+    - ``units``: the group's distinct units among the same bounded rows
+      (``rewriters.quantiles.quantile_group_units``).  A unit adds 1 to each of its <= D
+      groups: L1 sensitivity D, scale b = D / epsilon_t, and a group of that unit alone counts
+      1: tau = 1 + b ln(D / delta) = key_release_threshold(b, D, delta), as the analytic kinds'
+      gate (``mechanisms.thresholding``).
+
+    Which is lower.  A group of n rows from u units (r = n / u rows per unit) clears the rows
+    gate when u > tau_rows / r and the units gate when u > tau_units; with L = ln(D / delta),
+    tau_rows / r = (k + (k / epsilon_t) L) / r against tau_units = 1 + (D / epsilon_t) L, so
+    the units gate is the lower bar about when D r < k.  With D = k (a fixed cap, or g not
+    below k) that needs r < 1, impossible: n >= u always and tau_rows - tau_units = k - 1 only,
+    so the rows gate is taken.  With g bounded below k (automatic caps: g is the 99% quantile
+    of groups per unit, usually far below a cap that must keep the heavy units' rows), the
+    units gate is taken: by hand, k = 50, D = 2, epsilon_t = 0.18, delta = 1e-8, L = ln(2e8) =
+    19.11: tau_rows = 50 + 277.8 * 19.11 = 5,359 rows, tau_units = 1 + 11.11 * 19.11 = 213.4
+    units; groups of 9 rows per unit need u > 595 units under the rows gate and u > 213 under
+    the units gate.  The choice reads only k and D (the policy's limit or choices made from
+    noisy histograms): post-processing, nothing about the data.
 
     Each released group's quantiles are then drawn as with public keys: a unit's rows split
     over groups as k_1 + ... + k_D <= k move each group's rank utility by <= k_j max(p, 1 - p),
@@ -88,15 +107,17 @@ class KeyGate:
     threshold: float
     delta: float
     groups_per_unit: int
+    counts: Literal["rows", "units"]
 
     @classmethod
-    def plan(cls, rows_per_unit: int, groups_per_unit: int, epsilon: float,
-             delta: float) -> KeyGate:
-        """The gate of counts with L1 sensitivity ``rows_per_unit`` (k) at ``epsilon``."""
-        mechanism = DiscreteLaplace.from_sensitivity(rows_per_unit, epsilon)
-        tau = key_release_threshold(mechanism.scale, groups_per_unit, delta) \
-            + (rows_per_unit - 1)
-        return cls(mechanism, tau, delta, groups_per_unit)
+    def plan(cls, rows_per_unit: int, groups_per_unit: int, epsilon: float, delta: float,
+             units: bool) -> KeyGate:
+        """The gate at ``epsilon``: counting ``units`` (L1 sensitivity D, one unit alone
+        counts 1) or rows (L1 sensitivity k, one unit alone counts <= k)."""
+        l1, alone = (groups_per_unit, 1) if units else (rows_per_unit, rows_per_unit)
+        mechanism = DiscreteLaplace.from_sensitivity(l1, epsilon)
+        tau = key_release_threshold(mechanism.scale, groups_per_unit, delta) + (alone - 1)
+        return cls(mechanism, tau, delta, groups_per_unit, "units" if units else "rows")
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,7 @@ class QuantileDetail:
     groups: tuple[tuple[object, ...], ...]        # the public key combinations, in order
     finish: str
     gate: KeyGate | None = None                   # keys released by a threshold
+    gate_sql: str | None = None                   # its distinct-units statement (units gate)
 
 
 class QuantileKind:
@@ -212,7 +234,7 @@ class QuantileKind:
                         "groups by a noisy threshold, which needs delta > 0",
                         hint="pass a delta, e.g. 1e-7")
                 gate = KeyGate.plan(query.stability, query.groups_per_unit,
-                                    rest * GATE_SHARE, delta)
+                                    rest * GATE_SHARE, delta, units=_counts_units(query))
             eps_q = rest * (1 - GATE_SHARE) if gate else rest
             mechanisms = plan_quantiles(analysis, eps_q)
         except ValueError as err:
@@ -228,7 +250,16 @@ class QuantileKind:
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
-        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate)
+        gate_sql = None
+        if query.thresholded and (_counts_units(query) or (selects and chosen is None)):
+            # The units gate's statement; at the limit too, before the choice, so that the
+            # database plans it before the claim (the choice may take the units gate).
+            first = analysis.quantiles[0].argument
+            gate_sql = dialect(quantile_group_units(query, first, restriction),
+                               services.dialect, copy=False).sql(services.dialect, copy=False)
+            services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables)
+        detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
+                                gate_sql if _counts_units(query) else None)
         report = _report(analysis, mechanisms, reads,
                          "\n".join(sql for _, sql in histograms), rest, gate, selects)
         if selects:  # the selection steps; the report's epsilon becomes rest + cap_epsilon
@@ -236,7 +267,7 @@ class QuantileKind:
         events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
         if gate is not None:
             events += (Event.from_mechanism(gate.mechanism), Event.key_release(gate.delta))
-        statements = tuple(sql for _, sql in histograms)
+        statements = tuple(sql for _, sql in histograms) + ((gate_sql,) if gate_sql else ())
         selection = None
         if selects and chosen is None and not reused:
             # Until the cap is chosen the final mechanisms are not known: the claim is the
@@ -307,9 +338,10 @@ class QuantileKind:
         return Answer(result, _RankBars(detail, len(result.rows)))
 
     def _run_gated(self, detail: QuantileDetail, gate: KeyGate, run: QueryRun) -> Answer:
-        """Keys without public values: each group present in the histograms is released when
-        its noisy row count clears the gate's threshold (:class:`KeyGate`), then its
-        quantiles are drawn as with public keys.  Exact counts never leave this method."""
+        """Keys without public values: each group is released when its noisy count (distinct
+        units from the gate's statement, or rows from the histograms: :class:`KeyGate`)
+        clears the gate's threshold, then its quantiles are drawn as with public keys.  Exact
+        counts never leave this method."""
         query = detail.analysis.query
         n_keys = len(query.keys)
         cells: dict[str, dict[tuple[Any, ...], list[tuple[int, float]]]] = {}
@@ -320,11 +352,17 @@ class QuantileKind:
                     continue
                 found.setdefault(tuple(row[:n_keys]), []).append((int(row[n_keys]),
                                                                   float(row[n_keys + 1])))
-        # A group's count: its rows of the first argument (all arguments count the same rows
-        # but for NULL values; each group is gated once, on that one histogram).
-        first = cells[detail.histograms[0][0]]
-        groups = list(first)
-        exact = np.array([sum(n for _, n in first[g]) for g in groups], dtype=float)
+        if detail.gate_sql is not None:  # distinct units per group (of the first argument)
+            units = {tuple(row[:n_keys]): float(row[n_keys])
+                     for row in self.services.statements.run(detail.gate_sql, run).rows
+                     if not any(v is None for v in row[:n_keys])}
+        else:
+            # A group's count: its rows of the first argument (all arguments count the same
+            # rows but for NULL values; each group is gated once, on that one histogram).
+            first = cells[detail.histograms[0][0]]
+            units = {g: float(sum(n for _, n in first[g])) for g in first}
+        groups = list(units)
+        exact = np.array([units[g] for g in groups], dtype=float)
         noisy = gate.mechanism.sample(exact) if groups else exact
         rows = []
         for g, count in zip(groups, noisy, strict=True):
@@ -339,12 +377,12 @@ class QuantileKind:
             keys = tuple(value if key.public_values is None else key.public_values[int(value)]
                          for value, key in zip(g, query.keys, strict=True))
             rows.append((*keys, *_draw(detail, histograms)))
-        del cells, first, exact
+        del cells, units, exact
         result = self._finish(detail, rows)
         warnings = () if rows else (
-            f"no group's noisy row count cleared the threshold tau = {gate.threshold:.4g} "
-            f"(scale {gate.mechanism.scale:g}): groups of fewer rows are not released; a "
-            "larger epsilon lowers tau",)
+            f"no group's noisy {'unit' if gate.counts == 'units' else 'row'} count cleared the "
+            f"threshold tau = {gate.threshold:.4g} (scale {gate.mechanism.scale:g}): groups of "
+            f"fewer {gate.counts} are not released; a larger epsilon lowers tau",)
         return Answer(result, _RankBars(detail, len(result.rows)), warnings)
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
@@ -376,6 +414,13 @@ class QuantileKind:
         column_type = query.table_policy.columns[block.column].type
         return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
                                        reads.separate_runs)
+
+
+def _counts_units(query: AggregateQuery) -> bool:
+    """Whether keys released by a threshold are gated on distinct units (:class:`KeyGate`):
+    one unit column, per-query bounding, and groups per unit bounded below the cap."""
+    return (isinstance(query.table_policy.privacy_unit, str) and query.auto_cap
+            and query.groups_per_unit < query.stability)
 
 
 def _grid(query: AggregateQuery) -> tuple[tuple[object, ...], ...]:
@@ -564,18 +609,30 @@ def _report(analysis: QuantileQuery,
     key_release = KeyRelease("public_values", note="every declared value, nothing else") \
         if query.keys else None
     if gate is not None:
-        b = gate.mechanism.scale
-        measurements.append(MeasurementReport(
-            "t0", "COUNT(*) per group (key release)", float(k),
-            f"one {unit or 'row'}'s <= {k} rows change the groups' row counts by <= {k} in "
-            f"all (L1): discrete Laplace of scale b = {k} / {gate.mechanism.epsilon:g}",
-            {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+        b, d = gate.mechanism.scale, gate.groups_per_unit
+        if gate.counts == "units":
+            measurements.append(MeasurementReport(
+                "t0", f"COUNT(DISTINCT {unit}) per group (key release)", float(d),
+                f"one {unit} counts 1 in each of the <= D = min(g, k) = {d} groups its rows are "
+                f"kept in (L1): discrete Laplace of scale b = {d} / "
+                f"{gate.mechanism.epsilon:g}",
+                {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+            rule = (f"tau = 1 + b ln(D / delta) = 1 + {b:g} ln({d} / {gate.delta:g}) = "
+                    f"{gate.threshold:.6g}: a group of one {unit}'s rows counts 1, and a unit "
+                    f"reaches <= D = {d} groups")
+        else:
+            measurements.append(MeasurementReport(
+                "t0", "COUNT(*) per group (key release)", float(k),
+                f"one {unit or 'row'}'s <= {k} rows change the groups' row counts by <= {k} "
+                f"in all (L1): discrete Laplace of scale b = {k} / {gate.mechanism.epsilon:g}",
+                {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+            rule = (f"tau = k + b ln(D / delta) = {k} + {b:g} ln({d} / {gate.delta:g}) = "
+                    f"{gate.threshold:.6g}: a group of one unit's rows holds <= k = {k} of "
+                    f"them, and a unit reaches <= D = {d} groups")
         key_release = KeyRelease(
             "threshold", gate.threshold, "t0", gate.delta,
-            note=f"a group is released only if its noisy row count (t0, scale {b:g}) exceeds "
-            f"tau = k + b ln(D / delta) = {k} + {b:g} ln({gate.groups_per_unit} / "
-            f"{gate.delta:g}) = {gate.threshold:.6g}: a group of one unit's rows holds <= k = "
-            f"{k} of them, and a unit reaches <= D = {gate.groups_per_unit} groups")
+            note=f"a group is released only if its noisy {gate.counts[:-1]} count (t0, scale "
+            f"{b:g}) exceeds " + rule)
         notes[0] = notes[0].replace(
             "epsilon split equally over", f"epsilon {epsilon:g}: {GATE_SHARE:g} of it to the "
             f"key-release count, the rest ({eps_q:g}) split equally over")
