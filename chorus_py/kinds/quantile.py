@@ -353,16 +353,16 @@ class QuantileKind:
                 found.setdefault(tuple(row[:n_keys]), []).append((int(row[n_keys]),
                                                                   float(row[n_keys + 1])))
         if detail.gate_sql is not None:  # distinct units per group (of the first argument)
-            units = {tuple(row[:n_keys]): float(row[n_keys])
+            counts = {tuple(row[:n_keys]): float(row[n_keys])
                      for row in self.services.statements.run(detail.gate_sql, run).rows
                      if not any(v is None for v in row[:n_keys])}
         else:
             # A group's count: its rows of the first argument (all arguments count the same
             # rows but for NULL values; each group is gated once, on that one histogram).
             first = cells[detail.histograms[0][0]]
-            units = {g: float(sum(n for _, n in first[g])) for g in first}
-        groups = list(units)
-        exact = np.array([units[g] for g in groups], dtype=float)
+            counts = {g: float(sum(n for _, n in first[g])) for g in first}
+        groups = list(counts)
+        exact = np.array([counts[g] for g in groups], dtype=float)
         noisy = gate.mechanism.sample(exact) if groups else exact
         rows = []
         for g, count in zip(groups, noisy, strict=True):
@@ -377,7 +377,7 @@ class QuantileKind:
             keys = tuple(value if key.public_values is None else key.public_values[int(value)]
                          for value, key in zip(g, query.keys, strict=True))
             rows.append((*keys, *_draw(detail, histograms)))
-        del cells, units, exact
+        del cells, counts, exact
         result = self._finish(detail, rows)
         warnings = () if rows else (
             f"no group's noisy {'unit' if gate.counts == 'units' else 'row'} count cleared the "
