@@ -258,21 +258,25 @@ def measure_caps(directory: Path, runs: int) -> tuple[list[dict[str, object]],
                 key = sql.split()[1].rstrip(",")
                 groups = len(engine.backend.run(f"SELECT DISTINCT {key} FROM trips").rows)
                 for eps in CAP_EPSILONS:
-                    released, taus, caps = [], [], []
+                    released, caps = [], []
+                    taus: dict[str, list[float]] = {}  # by what the gate counted
                     for _ in range(runs):
                         result = engine.execute(sql, analyst=None, epsilon=eps,
                                                 delta=CAP_DELTA)
                         released.append(len(result.rows))
                         release = result.report.key_release
-                        taus.append(release.threshold if release is not None else None)
+                        gate = next(m for m in result.report.measurements if m.id == "t0")
+                        counted = "riders" if "DISTINCT" in gate.aggregate else "rows"
+                        assert release is not None and release.threshold is not None
+                        taus.setdefault(counted, []).append(release.threshold)
                         contribution = result.report.contribution
                         caps.append(contribution.cap if contribution is not None
                                     and contribution.cap is not None else 200)
-                    gate = next(m for m in result.report.measurements if m.id == "t0")
                     gated.append({"query": label, "epsilon": eps, "mode": mode,
                                   "groups": groups, "released": statistics.mean(released),
-                                  "tau": statistics.median(t for t in taus if t is not None),
-                                  "count": gate.aggregate.split(" per group")[0],
+                                  "tau": "; ".join(
+                                      f"{statistics.median(t):,.0f} {c} ({len(t)} runs)"
+                                      for c, t in sorted(taus.items())),
                                   "cap": statistics.median(caps)})
                     print(gated[-1], flush=True)
             finally:
@@ -313,19 +317,19 @@ def render_caps(rows: list[dict[str, object]], gated: list[dict[str, object]], n
                 f"{float(f['bound']):,.0f} | {float(a['bound']):,.0f} | {a['cap']:g} | "
                 f"{float(f['seconds']):.2g} | {float(a['seconds']):.2g} |")
     lines += ["", "Keys without public values (delta 1e-8): groups released (mean over runs), "
-              "the median threshold tau and what the gate counts (kinds.quantile.KeyGate: "
-              "rows at the fixed limit, distinct riders when the automatic cap also bounds the "
-              "groups per rider below the cap).", "",
+              "the median threshold tau by what the gate counted (kinds.quantile.KeyGate: "
+              "rows at the fixed limit; distinct riders when the automatic selection bounds "
+              "the groups per rider below the cap, rows otherwise) and in how many runs.", "",
               "| query | epsilon | groups | fixed released | auto released | fixed tau | "
-              "auto tau | auto gate counts | auto cap |",
-              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "auto tau | auto cap |",
+              "|---|---:|---:|---:|---:|---|---|---:|"]
     by = {(r["query"], r["epsilon"], r["mode"]): r for r in gated}
     for label, _, _ in GATED:
         for eps in CAP_EPSILONS:
             f, a = by[(label, eps, "fixed")], by[(label, eps, "auto")]
             lines.append(f"| {label} | {eps:g} | {f['groups']} | {float(f['released']):.1f} | "
-                         f"{float(a['released']):.1f} | {float(f['tau']):,.0f} | "
-                         f"{float(a['tau']):,.0f} | {a['count']} | {a['cap']:g} |")
+                         f"{float(a['released']):.1f} | {f['tau']} | {a['tau']} | "
+                         f"{a['cap']:g} |")
     return "\n".join(lines)
 
 

@@ -91,6 +91,20 @@ class QuantileCap:
     rank_error: float
 
 
+def soft_threshold(rows: RowModel) -> RowModel:
+    """The histogram with each consistent count shrunk by twice its noise's standard deviation,
+    H''_b = max(0, H'_b - 2 sqrt(V)) (module docstring); non-negative, hence consistent: read
+    as exact counts (epsilon 0).
+
+    >>> shrunk = soft_threshold(RowModel((1, 2, 3), (100.0, 5.0, 0.0), 3, 1.0))  # 2 sd = 2.71
+    >>> [round(c, 2) for c in shrunk.counts()], shrunk.epsilon
+    ([97.29, 2.29, 0.0], 0.0)
+    """
+    margin = 2.0 * math.sqrt(rows.variance)
+    return RowModel(rows.starts, tuple(max(0.0, c - margin) for c in rows.counts()),
+                    rows.limit, 0.0)
+
+
 def choose_quantile_cap(rows: RowModel, ps: Sequence[float],
                         rank_error: Callable[[int], float], groups: int = 1) -> QuantileCap:
     """The cap minimising E(k) (module docstring).
@@ -112,11 +126,7 @@ def choose_quantile_cap(rows: RowModel, ps: Sequence[float],
     if not ps or any(not 0.0 <= p <= 1.0 for p in ps):
         raise ValueError("at least one quantile p in [0, 1]")
     weight = sum(max(p, 1.0 - p) for p in ps) / max(groups, 1)
-    # Each consistent count soft-thresholded at 2 sd of a bin's noise (module docstring); the
-    # result is non-negative, hence consistent: read as exact counts (epsilon 0).
-    margin = 2.0 * math.sqrt(rows.variance)
-    shrunk = RowModel(rows.starts, tuple(max(0.0, c - margin) for c in rows.counts()),
-                      rows.limit, 0.0)
+    shrunk = soft_threshold(rows)
     best: QuantileCap | None = None
     for k in shrunk.candidates():
         if not 1 <= k <= rows.limit:

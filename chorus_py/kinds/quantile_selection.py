@@ -7,10 +7,9 @@ of scale 1 / epsilon_h), and for keys released by a threshold first the histogra
 groups per unit (``rewriters.selection.group_histogram``, sensitivity 1), read as
 ``mechanisms.caps.RowModel``.  What differs is the rule: the cap minimises rows dropped plus the
 exponential mechanism's rank error (``mechanisms.quantile_cap``), and the groups per unit are
-the histogram's 99% quantile (``mechanisms.caps.choose_groups_checked`` without the
-suppression term, whose threshold model, tau = 1 + (g / epsilon_t) ln(g / delta), is that of
-a distinct-unit count: the quantile gate's tau = k + (k / epsilon_t) ln(D / delta) moves with
-g only through ln D, so g is kept where it drops almost nothing).
+the 99% quantile of the soft-thresholded groups histogram (``mechanisms.caps.
+choose_groups_checked`` without its suppression term: g is kept where it drops almost nothing;
+with g below k the gate counts distinct units, ``chorus_py.kinds.quantile.KeyGate``).
 
 Budget: the selection has ``epsilon`` (the query's ``privacy.cap_epsilon_share``), split equally
 over its histograms (each of sensitivity 1: basic composition gives exactly ``epsilon``); the
@@ -29,7 +28,7 @@ from chorus_py.kinds.selection import Choices, Histogram, bounds_groups, histogr
 from chorus_py.statements import QueryRun, Statements
 from mechanisms import DiscreteLaplace
 from mechanisms.caps import RowModel, cap_bins, choose_groups_checked
-from mechanisms.quantile_cap import choose_quantile_cap
+from mechanisms.quantile_cap import choose_quantile_cap, soft_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
 from rewriters.selection import group_histogram
@@ -66,9 +65,15 @@ class QuantileSelection:
         if by_groups:
             exact = histogram(statements, run, *sized[("groups",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
-            found = choose_groups_checked(
-                RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h))
-            per_unit, fell_back = found.groups, found.noise_dominated
+            units = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
+            # g from the soft-thresholded counts (mechanisms.quantile_cap): the quantile of
+            # choose_groups reads phantom units in the noisy tail as units reaching many
+            # groups (at epsilon_h 0.5 and 1000 units in one group each, g far above 1 in
+            # about 30% of draws), which makes D = k and the gate count rows.  The flag still
+            # comes from the raw counts: a choice the histogram does not clearly support is
+            # not stored for reuse.
+            per_unit = choose_groups_checked(soft_threshold(units)).groups
+            fell_back = choose_groups_checked(units).noise_dominated
         exact = histogram(statements, run, *sized[("cap",)])
         # The exact counts never leave this method: only their noisy version is read.
         noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
