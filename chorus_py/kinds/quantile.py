@@ -82,7 +82,11 @@ class KeyGate:
       (``rewriters.quantiles.quantile_group_units``).  A unit adds 1 to each of its <= D
       groups: L1 sensitivity D, scale b = D / epsilon_t, and a group of that unit alone counts
       1: tau = 1 + b ln(D / delta) = key_release_threshold(b, D, delta), as the analytic kinds'
-      gate (``mechanisms.thresholding``).
+      gate (``mechanisms.thresholding``).  Its statement draws its own random bounding (a
+      statement of its own, like each histogram): each release is DP over its own bounded
+      rows, whose per-unit bounds (<= D groups, <= k rows) do not depend on other units, and
+      the releases compose; a group the gate releases without histogram rows gets a value
+      drawn over its empty histogram (uniform over the bounds), as a public key's.
 
     Which is lower.  A group of n rows from u units (r = n / u rows per unit) clears the rows
     gate when u > tau_rows / r and the units gate when u > tau_units; with L = ln(D / delta),
