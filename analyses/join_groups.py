@@ -54,7 +54,7 @@ def check_join_keys(join: JoinInfo, keys: Sequence[exp.Expr], what: str) -> None
             "event level), so no bound on the groups one person reaches holds", hint=_FIX)
     if _private_only(join, keys):
         return
-    if join.data_dependent or _degree(join) > 0:
+    if join.data_dependent or stability_degree(join) > 0:
         raise NotSupportedError(
             f"{what} over this join: a key reads a public table, so a person's groups are "
             "bounded by their number of join rows, which here depends on private data",
@@ -87,7 +87,7 @@ def groups_per_unit(join: JoinInfo, keys: Sequence[exp.Expr], mf: Mapping[str, f
     if _private_only(join, keys):
         read = {c.table for key in keys for c in key.find_all(exp.Column)}
         bounds.append(math.prod(sources[a].cap for a in read))
-    if not join.data_dependent and _degree(join) == 0:
+    if not join.data_dependent and stability_degree(join) == 0:
         # S(k) <= its constant upper polynomial at every k: at most that many join rows of u.
         bounds.append(math.ceil(join.stability.upper(mf)[0]))
     if not bounds:
@@ -100,7 +100,7 @@ def _private_only(join: JoinInfo, keys: Sequence[exp.Expr]) -> bool:
     return all(c.table in private for key in keys for c in key.find_all(exp.Column))
 
 
-def _degree(join: JoinInfo) -> int:
+def stability_degree(join: JoinInfo) -> int:
     """The degree in k of S's upper polynomial (structural: every frequency taken as 1)."""
     poly = join.stability.upper({leaf.name: 1.0 for leaf in join.stability.leaves()})
     return max((i for i, c in enumerate(poly) if c > 0), default=0)

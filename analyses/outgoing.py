@@ -35,14 +35,17 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` and, above it,
    a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
    rows grouped by the unit then only counted, or each row weighted by
-   ``1 / COUNT(*) OVER (PARTITION BY unit)``.  A ranked copy (``chorus_private.T__ranked_*``,
-   every row of T with its unit's row count, ``__chorus_unit_rows``) is not bounded by itself:
-   it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in the reading
-   SELECT's WHERE (the light units, whose k rows at most are all kept) or ``__chorus_rank <=
-   k`` there (its stored ranks 1..n_u: k rows per unit at most), or, for the selection
-   histograms, each row weighted by ``1 / __chorus_unit_rows`` in the reading SELECT and only
-   SUMs at the barrier (a unit's rows weigh at most 1 in all).  A weight's numerator must be
-   the literal 1.
+   ``1 / COUNT(*) OVER (PARTITION BY unit)`` or marked by ``CASE WHEN ROW_NUMBER() OVER
+   (PARTITION BY unit) = 1 THEN 1 ELSE 0 END`` (one row of each unit).  A ranked copy
+   (``chorus_private.T__ranked_*``, every row of T with its unit's row count,
+   ``__chorus_unit_rows``, and its random rank 1..n_u in its unit, ``__chorus_rank``) is not
+   bounded by itself: it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in
+   the reading SELECT's WHERE (the light units, whose k rows at most are all kept) or
+   ``__chorus_rank <= k`` there (k rows per unit at most), or, for the selection histograms,
+   each row weighted by ``1 / __chorus_unit_rows`` or marked by ``CASE WHEN __chorus_rank = 1
+   THEN 1 ELSE 0 END`` in the reading SELECT, and only SUMs of such weights at the barrier (a
+   unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
+   and value, must be the literal 1.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -63,7 +66,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -502,13 +505,12 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                     and _partitioned_by(item.this, unit) and any(
                         _rank_filter(s.args.get("where"), item.alias) for s in below[i + 1:]):
                 return True
-            if any(isinstance(d, exp.Div) and _constant(d.this) == 1
-                   and isinstance(d.expression, exp.Window)
-                   and isinstance(d.expression.this, exp.Count)
-                   and _partitioned_by(d.expression, unit) for d in _local(item.this)):
-                # Each unit's rows weigh 1 in all (value histograms): bounded only when the
-                # barrier sums those weights and nothing else.
-                return _sums_of_weights(chain, barrier, unit, stored=False)
+            if any(_weight(d, unit, copy=None) for d in _local(item.this)
+                   if isinstance(d, exp.Div | exp.Case)):
+                # Each unit's rows weigh 1 in all (value histograms), or one of them is marked
+                # (cap histograms): bounded only when the barrier sums those weights and
+                # nothing else.
+                return _sums_of_weights(chain, barrier, unit, copy=None)
         group = select.args.get("group")
         if group is not None and any(isinstance(k, exp.Column) and k.name == unit
                                      for k in group.expressions):
@@ -521,13 +523,15 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
     return False
 
 
-def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str, stored: bool) -> bool:
+def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str,
+                     copy: Callable[[exp.Expr], bool] | None) -> bool:
     """Whether every aggregate of the barrier ``chain[barrier]`` is a SUM of a column that is,
     down the chain of FROM subqueries (each read whole: no join that could repeat a row), a
-    weight: ``1 / COUNT(...) OVER (PARTITION BY unit)`` (``stored``: or ``1 /
-    __chorus_unit_rows`` of a ranked copy), or a CASE whose every branch is such a weight or
-    NULL.  A unit's rows then add at most 1 to the sums in all; a SUM of anything else beside
-    the weights (a value, a bin key) would not be bounded by them."""
+    weight: ``1 / COUNT(...) OVER (PARTITION BY unit)`` (with ``copy``, which tells a column
+    of the ranked copy read by the reader: or ``1 / __chorus_unit_rows`` of it), a mark of one
+    row per unit (``_mark``), or a CASE whose every branch is such a weight or NULL.  A unit's
+    rows then add at most 1 to each sum in all; a SUM of anything else beside the weights (a
+    value, a bin key) would not be bounded by them."""
     aggregates = [a for item in chain[barrier].expressions for a in _plain_aggregates(item)]
     if not aggregates:
         return False
@@ -545,7 +549,7 @@ def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str, stored: b
             if isinstance(value, exp.Column):  # passed through: look one level down
                 name, level = value.name, level - 1
                 continue
-            if not _weight(value, unit, stored):
+            if not _weight(value, unit, copy):
                 return False
             break
     return True
@@ -558,35 +562,67 @@ def _read_whole_by(inner: exp.Select, outer: exp.Select) -> bool:
             and holder.parent.parent is outer and not outer.args.get("joins"))
 
 
-def _weight(value: exp.Expr, unit: str, stored: bool) -> bool:
+def _weight(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -> bool:
     """Whether ``value`` is a weight (``_sums_of_weights``)."""
     if isinstance(value, exp.Paren):
-        return _weight(value.this, unit, stored)
+        return _weight(value.this, unit, copy)
+    if _mark(value, unit, copy):
+        return True
     if isinstance(value, exp.Case):
         branches = [i.args.get("true") for i in value.args.get("ifs") or []]
         branches.append(value.args.get("default"))
-        return all(b is None or isinstance(b, exp.Null) or _weight(b, unit, stored)
+        return all(b is None or isinstance(b, exp.Null) or _weight(b, unit, copy)
                    for b in branches)
     if not isinstance(value, exp.Div) or _constant(value.this) != 1:
         return False
     below = value.expression
     if isinstance(below, exp.Window):
         return isinstance(below.this, exp.Count) and _partitioned_by(below, unit)
-    return stored and isinstance(below, exp.Column) and below.name == _UNIT_ROWS
+    return copy is not None and copy(below) and isinstance(below, exp.Column) \
+        and below.name == _UNIT_ROWS
+
+
+def _mark(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -> bool:
+    """Whether ``value`` is ``CASE WHEN n = 1 THEN 1 ELSE 0 END`` (ELSE 0, NULL or none) where
+    n numbers each unit's rows 1, 2, ... once each, so exactly one row of a unit is marked:
+    ``ROW_NUMBER() OVER (PARTITION BY unit ...)`` (the unit alone: more columns would mark a
+    row per sub-partition), or, with ``copy``, a ranked copy's ``__chorus_rank`` (1..n_u, each
+    once per unit), a column ``copy`` says is the copy's, read by its direct reader."""
+    if not isinstance(value, exp.Case) or value.this is not None:
+        return False
+    ifs = value.args.get("ifs") or []
+    default = value.args.get("default")
+    if len(ifs) != 1 or _constant(ifs[0].args.get("true")) != 1 or not (
+            default is None or isinstance(default, exp.Null) or _constant(default) == 0):
+        return False
+    test = ifs[0].this
+    if not isinstance(test, exp.EQ) or not isinstance(test.expression, exp.Literal) \
+            or not test.expression.is_int or _constant(test.expression) != 1:
+        return False
+    number = test.this
+    if isinstance(number, exp.Window):
+        return isinstance(number.this, exp.RowNumber) and _partitioned_by(number, unit)
+    return copy is not None and copy(number) and isinstance(number, exp.Column) \
+        and number.name == _STORED_RANK
 
 
 def _stored_weights(chain: list[exp.Select], barrier: int, alias: str, sole: bool,
                     unit: str | None) -> bool:
     """Whether the direct reader of a ranked copy weighs rows by ``1 / alias.__chorus_unit_rows``
     (the stored count of the unit's rows in the copy: a unit's rows weigh at most 1 in all,
-    whatever the filter keeps) and the barrier only sums (a COUNT there would count the rows
-    themselves): the selection histograms over the stored counts
-    (``rewriters.selection.choice_histogram``)."""
-    weighted = any(isinstance(d, exp.Div) and _constant(d.this) == 1
-                   and isinstance(d.expression, exp.Column) and d.expression.name == _UNIT_ROWS
-                   and (d.expression.table == alias or (sole and not d.expression.table))
-                   for item in chain[0].expressions for d in _local(item))
-    return weighted and unit is not None and _sums_of_weights(chain, barrier, unit, stored=True)
+    whatever the filter keeps) or marks its rank-1 rows (``CASE WHEN alias.__chorus_rank = 1
+    THEN 1 ELSE 0 END``: one row per unit at most, whatever the filter keeps), and the barrier
+    only sums such weights (a COUNT there would count the rows themselves): the selection
+    histograms over the stored counts (``rewriters.selection.choice_histogram``)."""
+    def own(column: exp.Expr) -> bool:  # a column of this very copy, read by this SELECT
+        return isinstance(column, exp.Column) and (column.table == alias
+                                                   or (sole and not column.table))
+
+    if unit is None:
+        return False
+    weighted = any(_weight(d, unit, own) for item in chain[0].expressions
+                   for d in _local(item) if isinstance(d, exp.Div | exp.Case))
+    return weighted and _sums_of_weights(chain, barrier, unit, own)
 
 
 def _copy_capped(where: exp.Expr | None, alias: str, sole: bool) -> bool:

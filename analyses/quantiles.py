@@ -10,8 +10,9 @@ The rest of the query is analysed by ``analyses.query`` itself, so the table, fi
 group keys, totality and declared bounds follow exactly the rules of every other aggregate:
 each quantile is first replaced by a marked ``SUM(x)`` (which needs x bounded and total, as a
 quantile over the clipped x does), then the markers in the lifted outputs become the quantile's
-own id ``q<i>``.  Nothing else is accepted in the same query (other aggregates, joins, keys
-released by a threshold): those refusals name the mode that answers them.
+own id ``q<i>``.  Joins are accepted when the join rows one person changes are bounded by a
+public constant (``analyses.quantile_joins``).  Other aggregates in the same query are split
+off by ``analyses.mixed``; what stays refused names the mode that answers it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from analyses.join_groups import check_join_keys
+from analyses.keys import TableKeys
+from analyses.quantile_joins import check_quantile_join
 from analyses.query import AggregateQuery, OutputColumn, PublicQuery, display_sql
 from analyses.validate import AGGREGATES
 from chorus_py.errors import NotSupportedError, QueryRefused
@@ -113,8 +117,8 @@ def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
         raise NotSupportedError(
             f"{display_sql(other)} next to a quantile, MIN or MAX: a query answers either "
             "quantiles or COUNT/SUM/AVG-like aggregates, not both here",
-            hint="select the quantiles and the other aggregates as separate columns of one "
-            "SELECT, without HAVING, or ask them in separate queries")
+            hint="name each aggregate on its own (outputs, HAVING and ORDER BY may combine "
+            "them: analyses.mixed), never one inside another, or ask them in separate queries")
     found: list[tuple[float, str, str]] = []
     # The same quantile asked twice (in SELECT and HAVING or ORDER BY, or MEDIAN(x) next to
     # PERCENTILE_CONT(0.5) ... x) is one release: one draw, one charge, the same value in both.
@@ -199,10 +203,20 @@ def analyze_quantiles(sql: str, dialect: str,
             hint="ask the per-person question with COUNT, SUM or AVG, or the quantile of the "
                  "table's own rows")
     if analysis.join is not None:
-        raise NotSupportedError(
-            f"{where} over a join is not supported by the analytic quantile mode",
-            hint="ask it of one table, " + SAMPLED_HINT.replace("any percentile", "percentiles "
-                                                                 "of one table"))
+        # The join's rows per person must be a public constant (analyses.quantile_joins);
+        # keys released by a threshold need a public bound on the groups a person reaches.
+        check_quantile_join(analysis.join)
+        if analysis.thresholded:
+            check_join_keys(analysis.join, [k.expr for k in analysis.keys
+                                            if k.public_values is None and k.domain is None],
+                            f"{where} grouped by a column without public values")
+        if analysis.thresholded and any(isinstance(k.domain, TableKeys)
+                                        for k in analysis.keys):
+            raise NotSupportedError(
+                f"{where} grouped both by a column of a joined public table and by a column "
+                "without public values is not supported",
+                hint="group by the public table's columns and columns with public_values, or "
+                "ask COUNT/SUM/AVG with these keys")
     if analysis.thresholded:
         # Keys without public values are released in the proxy by a noisy count above a
         # threshold (chorus_py.kinds.quantile): a plain column, whose declared type types them.
@@ -220,10 +234,11 @@ def analyze_quantiles(sql: str, dialect: str,
     specs: dict[int, QuantileSpec] = {}
 
     def unmark(node: exp.Expr) -> exp.Expr:
+        summed = _measured_column(node.this) if isinstance(node, exp.Add) else None
         if isinstance(node, exp.Add) and isinstance(node.expression, exp.Literal) and \
-                node.expression.name in by_marker and isinstance(node.this, exp.Column):
+                node.expression.name in by_marker and summed is not None:
             i = by_marker[node.expression.name]
-            m = measured[node.this.name]
+            m = measured[summed.name]
             assert m.lower is not None and m.upper is not None and m.argument is not None
             p, name, source = found[i]
             specs[i] = QuantileSpec(f"q{i}", p, name, source, m.argument, m.lower, m.upper,
@@ -243,6 +258,15 @@ def analyze_quantiles(sql: str, dialect: str,
         raise NotSupportedError("a query answers either quantiles or other aggregates")
     query = dataclasses.replace(analysis, outputs=outputs, having=having, order=order)
     return QuantileQuery(query, tuple(specs[i] for i in sorted(specs)))
+
+
+def _measured_column(node: exp.Expr) -> exp.Column | None:
+    """The measurement column of a lifted SUM: ``m0``, or ``(m0 * grid)`` in a join, where
+    sums are measured in grid steps (``analyses.query``)."""
+    if isinstance(node, exp.Paren) and isinstance(node.this, exp.Mul) \
+            and isinstance(node.this.expression, exp.Literal):
+        node = node.this.this
+    return node if isinstance(node, exp.Column) else None
 
 
 def _bare(node: exp.Expr) -> exp.Expr:
@@ -284,7 +308,19 @@ def _unmarked_text(text: str, found: list[tuple[float, str, str]]) -> str:
 
 def _integral(query: AggregateQuery, argument: exp.Expr) -> bool:
     """Whether the quantiled value is an integer column (its answers are rounded)."""
-    if not isinstance(argument, exp.Column):
-        return False
-    column = query.table_policy.columns.get(argument.name)
-    return column is not None and column.type == "int"
+    return declared_type(query, argument) == "int"
+
+
+def declared_type(query: AggregateQuery, node: exp.Expr) -> str | None:
+    """The declared type of a column of the query (of the table its alias names, in a join),
+    None for an expression or an undeclared column."""
+    if not isinstance(node, exp.Column):
+        return None
+    policy = query.table_policy
+    if query.join is not None:
+        source = next((s for s in query.join.sources if s.alias == node.table), None)
+        if source is None:
+            return None
+        policy = source.policy
+    column = policy.columns.get(node.name)
+    return column.type if column is not None else None

@@ -294,7 +294,7 @@ def analyze_query(
         return PublicQuery(tree=parsed.tree, tables=parsed.tables)
     table_name = private[0]
     table_policy = policy.tables[table_name]
-    names = _output_names(parsed.tree)
+    names = output_names(parsed.tree)
     schema = {t: _table_schema(policy.tables[t], public_columns.get(t, {}))
               for t in parsed.tables}
     flat = _normalize(parsed.tree, table_name, table_policy, dialect, schema)
@@ -335,7 +335,7 @@ def _table_schema(tp: TablePolicy, live: dict[str, str]) -> dict[str, str]:
     return {c: SQL_TYPES[col.type] for c, col in _column_policies(tp, live).items()}
 
 
-def _output_names(tree: exp.Select) -> list[str]:
+def output_names(tree: exp.Select) -> list[str]:
     """Names as Postgres would give them: the alias, the column name, or the function name."""
     names = []
     for item in tree.expressions:

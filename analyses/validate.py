@@ -144,7 +144,8 @@ def check_node(node: exp.Expr) -> None:
         raise NotSupportedError(
             f"{_REFUSED_AGGREGATES[name]} is not supported here: plain Laplace noise cannot "
             "protect a statistic with unbounded sensitivity",
-            hint="a quantile, MIN or MAX is answered as an outermost aggregate of one table by "
+            hint="a quantile, MIN or MAX is answered as an outermost aggregate of one table (or "
+            "of a join whose rows per person are publicly bounded) by "
             "the exponential mechanism, in the default (analytic) mode"
             + ("" if name in ("Min", "Max") else
                "; percentiles also by sensitivity sampling: SET chorus.sensitivity = "

@@ -131,7 +131,7 @@ class Engine:
         self.quantile = QuantileKind(services, self._analyse)  # DP quantiles, MIN, MAX
         self.per_person = PerPersonKind(services)  # aggregates of per-person values
         # Quantiles next to COUNT/SUM/AVG-like aggregates: both kinds, one charge.
-        self.mixed = MixedKind(services, self.quantile, self.single, self._analyse)
+        self.mixed = MixedKind(services, self.quantile, self.single, self.join, self._analyse)
         # What the doors and the engine did, for the log and the metrics (chorus_py.activity).
         self.activity = Activity()
         # Steps 1-4 are pure functions of (SQL, policy): cached.

@@ -13,7 +13,7 @@ exponential mechanism draws from them leave it (``mechanisms.exponential``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlglot import exp
 
@@ -21,6 +21,7 @@ from analyses.query import AggregateQuery, OutputColumn
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import contribution, group_bound
 from rewriters.groups import public_filter
+from rewriters.joins import join_rows
 from rewriters.pipeline import NOISY, filtered_rows
 from rewriters.safety import safety
 
@@ -57,6 +58,44 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     per_row = exp.select(*_key_columns(query),
                          exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
         rows.subquery(alias, copy=False), copy=False)
+    return _binned(per_row, len(query.keys), lower, upper, bins)
+
+
+def quantile_join_histogram(query: AggregateQuery, argument: exp.Expr, lower: float,
+                            upper: float, bins: int,
+                            restrictions: Mapping[str, BlockRestriction],
+                            samples: Mapping[str, tuple[str, str]] | None) -> exp.Select:
+    """The histogram of :func:`quantile_histogram` over the rows of a join: each table's
+    bounded, block-restricted rows (``rewriters.joins.join_rows``), joined as the analyst
+    wrote it.  The conditions the histogram adds (the value is not NULL, the keys are
+    declared values) join the analyst's filter, so those that read one table are applied
+    before its rows are bounded, as in a one-table query.
+    """
+    if not (upper > lower and bins >= 1):
+        raise ValueError("a quantile histogram needs upper > lower and at least one bin")
+    join = query.join
+    if join is None:
+        raise ValueError("a join histogram needs a join query")
+    tree = join.tree.copy()
+    extra: list[exp.Expr] = [exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))]
+    extra += [public_filter(k.expr, k.public_values) for k in query.keys
+              if k.public_values is not None]
+    old = tree.args.get("where")
+    tree.set("where", exp.Where(this=exp.and_(*([old.this.copy()] if old else []), *extra)))
+    bound = dataclasses.replace(query, join=dataclasses.replace(join, tree=tree))
+    rows = join_rows(bound, restrictions, samples)
+    columns: list[exp.Expr] = [exp.alias_(
+        safety(k.expr) if k.public_values is None else _key_index(safety(k.expr),
+                                                                  k.public_values),
+        f"g{i}") for i, k in enumerate(query.keys)]
+    rows.set("expressions", [*columns, exp.alias_(exp.cast(safety(argument), exp.DType.DOUBLE),
+                                                  "v")])
+    return _binned(rows, len(query.keys), lower, upper, bins)
+
+
+def _binned(per_row: exp.Select, n_keys: int, lower: float, upper: float,
+            bins: int) -> exp.Select:
+    """(g0, ..., b, n) from rows (g0, ..., v): v's bin over [lower, upper], counted."""
     v = exp.column("v", table="r")
     scale = bins / (upper - lower)
     position = exp.Mul(this=exp.Paren(this=exp.Sub(this=v.copy(), expression=_number(lower))),
@@ -68,10 +107,10 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         exp.If(this=v.copy() <= _number(lower), true=exp.Literal.number(0)),
         exp.If(this=v.copy() >= _number(upper), true=exp.Literal.number(bins - 1))],
         default=inside)
-    binned = exp.select(*[exp.column(f"g{i}", table="r") for i in range(len(query.keys))],
+    binned = exp.select(*[exp.column(f"g{i}", table="r") for i in range(n_keys)],
                         exp.alias_(bin_expr, "b")).from_(per_row.subquery("r", copy=False),
                                                          copy=False)
-    group = [exp.column(f"g{i}", table="h") for i in range(len(query.keys))]
+    group = [exp.column(f"g{i}", table="h") for i in range(n_keys)]
     group.append(exp.column("b", table="h"))
     return (exp.select(*[exp.alias_(c, c.name) for c in group],
                        exp.alias_(exp.Count(this=exp.Star()), "n"))

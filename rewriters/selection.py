@@ -18,7 +18,7 @@ from sqlglot import exp
 from analyses.query import AggregateQuery
 from rewriters.blocks import BlockRestriction
 from rewriters.clipping import clipping
-from rewriters.contribution import UNIT_ROWS
+from rewriters.contribution import RANK, UNIT_ROWS
 from rewriters.pipeline import filtered_rows
 from rewriters.safety import safety
 
@@ -61,9 +61,10 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
     >>> print(value_histogram(q, parse_one("t.x"), 0, 10, (10.0, 5.0), None, None)
     ...       .sql())  # doctest: +NORMALIZE_WHITESPACE
     SELECT v.b AS b, SUM(v.w) AS w FROM (SELECT CASE WHEN r.m >= 10.0 THEN 0 WHEN r.m >= 5.0
-    THEN 1 ELSE 2 END AS b, r.w AS w FROM (SELECT ABS(CASE WHEN t.x IS NULL THEN NULL ELSE
-    LEAST(GREATEST(t.x, 0), 10) END) AS m, CAST(1 AS DOUBLE) / COUNT(*) OVER (PARTITION BY t.u)
-    AS w FROM (SELECT t.* FROM t AS t) AS t WHERE NOT t.x IS NULL) AS r) AS v GROUP BY v.b
+    THEN 1 ELSE 2 END AS b, r.w AS w FROM (SELECT ABS(CASE WHEN t.x IS NULL THEN NULL WHEN t.x
+    < 0 THEN 0 WHEN t.x > 10 THEN 10 ELSE t.x END) AS m, CAST(1 AS DOUBLE) / COUNT(*) OVER
+    (PARTITION BY t.u) AS w FROM (SELECT t.* FROM t AS t) AS t WHERE NOT t.x IS NULL) AS r) AS v
+    GROUP BY v.b
     """
     alias = query.alias
     rows = filtered_rows(query, restriction, sample)
@@ -160,31 +161,35 @@ def choice_histogram(query: AggregateQuery,
 
     Rows (k, wc, w0, ...), grouped by the cell k (the unit's row count, at most the limit, and
     every argument's magnitude bin): the cells of the joint histogram, which the proxy sums
-    into the marginals (``kinds.selection.cells``).  Each row
-    weighs ``wc`` = 1 / c_u in its unit's cap bin (c_u: the unit's filtered rows) and, when
-    argument i is not NULL, ``w_i`` = 1 / (the unit's non-NULL values of i) in its magnitude
-    bin, so summed over the cells:
+    into the marginals (``kinds.selection.cells``).  Each unit marks ONE of its rows with
+    ``wc`` = 1 (every other row: 0) and each row, when argument i is not NULL, weighs ``w_i``
+    = 1 / (the unit's non-NULL values of i) in its magnitude bin, so summed over the cells:
 
     - the cap marginal, the sum of wc per bin of min(c_u, limit), is the number of units per
-      bin of c_u: today's ``cap_histogram`` (a unit's c_u rows weigh 1 in all, in the one bin
-      of c_u; exact up to floating-point error, rounded by the proxy), L1 sensitivity 1;
+      bin of c_u (c_u: the unit's filtered rows): today's ``cap_histogram``.  It is an exact
+      integer (a SUM of integers 0 and 1: no floating point, nothing to round), and its L1
+      sensitivity is 1: adding or removing a unit adds or removes its one marked row, in the
+      one cell of its c_u, and changes no other unit's rows, counts or marks;
     - the clipping marginal of i, the sum of w_i per magnitude bin of i, is today's
-      ``value_histogram`` (the same weights, the same bins), L1 sensitivity 1.
+      ``value_histogram`` (the same weights, the same bins), L1 sensitivity 1: a unit's
+      weights add up to 1 and no other unit's weights depend on its rows.
 
-    The weights come from windows over one partition (the unit): one sort or hash partition of
-    the filtered rows, where today's two statements made a GROUP BY and a window.
+    The marked row, over the filtered rows: ``ROW_NUMBER() OVER (PARTITION BY unit) = 1``,
+    exactly one row of every unit that has a filtered row, whichever order the engine numbers
+    them in (the mark says nothing about the row; only the unit's count reaches the key).  The
+    windows share one partition (the unit): one sort or hash partition of the filtered rows.
 
     ``stored`` names (schema, table) of the ranked copy (``rewriters.contribution.
     ranked_table``) when the query has no filter but its claimed blocks, which hold every row
-    of the copy: c_u is then the copy's stored row count n_u (``__chorus_unit_rows``), so no
+    of the copy: c_u is then the copy's stored row count n_u (``__chorus_unit_rows``) and the
+    marked row its stored rank 1 (``__chorus_rank``, each of 1..n_u once per unit), so no
     window is needed and the statement is one plain scan with a small hash aggregate.  The
-    caller must make sure every row of the copy passes the filter; if some did not, a unit's
-    rows would weigh c_u / n_u <= 1 in all, still sensitivity <= 1 (the proxy rounds the cap
-    marginal as floor(x + 1/2), which moves by at most 1 when x moves by at most 1).  One
-    difference from today's clipping histogram, on that path only: the weight is 1 / n_u, not
-    1 / (non-NULL values), so a unit with NULL values of i weighs (non-NULL values) / n_u < 1
-    there instead of 1: less weight, never more, the same sensitivity bound 1 and the same
-    noise; identical when i has no NULLs.
+    caller must make sure every row of the copy passes the filter; if some did not, a unit
+    would add its mark (1, or 0 when its rank-1 row failed) to the cell of n_u: still L1
+    sensitivity <= 1, an integer.  One difference from today's clipping histogram, on that
+    path only: the weight is 1 / n_u, not 1 / (non-NULL values), so a unit with NULL values of
+    i weighs (non-NULL values) / n_u < 1 there instead of 1: less weight, never more, the same
+    sensitivity bound 1 and the same noise; identical when i has no NULLs.
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -196,10 +201,10 @@ def choice_histogram(query: AggregateQuery,
     ...                        ("p", "t__ranked_x")).sql())  # doctest: +NORMALIZE_WHITESPACE
     SELECT c.k AS k, SUM(c.wc) AS wc, SUM(c.w0) AS w0 FROM (SELECT (LEAST(r.n, 5)) * 4 + CASE
     WHEN r.m0 IS NULL THEN 3 ELSE CASE WHEN r.m0 >= 10.0 THEN 0 WHEN r.m0 >= 5.0 THEN 1 ELSE 2
-    END END AS k, r.wc, r.w0 FROM (SELECT t.__chorus_unit_rows AS n, CAST(1 AS DOUBLE) /
-    t.__chorus_unit_rows AS wc, ABS(CASE WHEN t.x IS NULL THEN NULL ELSE LEAST(GREATEST(t.x,
-    0), 10) END) AS m0, CASE WHEN t.x IS NULL THEN NULL ELSE CAST(1 AS DOUBLE) /
-    t.__chorus_unit_rows END AS w0 FROM p."t__ranked_x" AS t) AS r) AS c GROUP BY c.k
+    END END AS k, r.wc, r.w0 FROM (SELECT t.__chorus_unit_rows AS n, CASE WHEN t.__chorus_rank
+    = 1 THEN 1 ELSE 0 END AS wc, ABS(CASE WHEN t.x IS NULL THEN NULL WHEN t.x < 0 THEN 0 WHEN
+    t.x > 10 THEN 10 ELSE t.x END) AS m0, CASE WHEN t.x IS NULL THEN NULL ELSE CAST(1 AS DOUBLE)
+    / t.__chorus_unit_rows END AS w0 FROM p."t__ranked_x" AS t) AS r) AS c GROUP BY c.k
     """
     unit = query.privacy_unit
     if unit is None:
@@ -212,7 +217,7 @@ def choice_histogram(query: AggregateQuery,
     if stored is not None:
         size: exp.Expr = exp.column(UNIT_ROWS, table=alias)
         per_unit = [exp.alias_(size.copy(), "n"),
-                    exp.alias_(exp.Div(this=one.copy(), expression=size.copy()), CAP_WEIGHT)]
+                    exp.alias_(_mark(exp.column(RANK, table=alias)), CAP_WEIGHT)]
         weights = [exp.Div(this=one.copy(), expression=size.copy()) for _ in values]
         source = filtered_rows(query, restriction, None, stored)
         # The direct reader of the copy (its WHERE: the claimed blocks) computes every column.
@@ -221,9 +226,7 @@ def choice_histogram(query: AggregateQuery,
         def by_unit(agg: exp.Expr) -> exp.Window:
             return exp.Window(this=agg, partition_by=[exp.column(unit, table=alias)])
         per_unit = [exp.alias_(by_unit(exp.Count(this=exp.Star())), "n"),
-                    exp.alias_(exp.Div(this=one.copy(),
-                                       expression=by_unit(exp.Count(this=exp.Star()))),
-                               CAP_WEIGHT)]
+                    exp.alias_(_mark(by_unit(exp.RowNumber())), CAP_WEIGHT)]
         weights = [exp.Div(this=one.copy(), expression=by_unit(exp.Count(this=v.copy())))
                    for v in values]
         rows = filtered_rows(query, restriction, sample)
@@ -258,6 +261,14 @@ def choice_histogram(query: AggregateQuery,
                          for w in weighted])
             .from_(cells.subquery("c", copy=False), copy=False)
             .group_by(exp.column(CELL, table="c"), copy=False))
+
+
+def _mark(number: exp.Expr) -> exp.Case:
+    """``CASE WHEN number = 1 THEN 1 ELSE 0 END``: 1 on the one row of its unit whose row
+    number (or stored rank) is 1, 0 on the others (``choice_histogram``'s cap weight)."""
+    return exp.Case(ifs=[exp.If(this=exp.EQ(this=number, expression=exp.Literal.number(1)),
+                                true=exp.Literal.number(1))],
+                    default=exp.Literal.number(0))
 
 
 def _bin_search(magnitude: exp.Column, edges: Sequence[float], lo: int, hi: int) -> exp.Expr:

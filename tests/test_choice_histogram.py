@@ -16,11 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import sqlglot
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlglot import exp
 
 from analyses.outgoing import Refused, verify
 from chorus_py.engine import Engine
-from chorus_py.errors import InternalError
 from chorus_py.kinds.selection import CELLS, STORED, WINDOWED, cells, histogram_builders, parts
 from mechanisms.caps import cap_bins
 from mechanisms.clip_bounds import STEPS, magnitude_edges
@@ -251,17 +252,100 @@ def test_a_cap_histogram_alone(scratch: Callable[..., Engine], where: str,
         assert exact[("cap",)].tolist() == _reference(SIZES, lambda r: True)[0].tolist()
 
 
-def test_cells_fail_closed_when_weights_do_not_add_up(scratch: Callable[..., Engine]) -> None:
-    """Over windows every unit weighs exactly 1: a cap bin far from a whole number means the
-    floating-point bound was broken, and nothing is used."""
+@pytest.mark.parametrize("where, shape", [("", STORED), ("WHERE v > 1", WINDOWED)])
+def test_the_cap_histogram_is_counted_in_whole_units(scratch: Callable[..., Engine], where: str,
+                                                     shape: int) -> None:
+    """The cap weights are marks (1 on one row per unit, 0 on the others): the database sums
+    integers, so every cap cell comes back as a whole number, not a float to be rounded."""
     engine = _engine(scratch)
-    _, statement, clipped = _statement(engine, "SELECT SUM(v) FROM choice_t WHERE v > 1")
-    halved = statement.replace("CAST(1 AS DOUBLE) / COUNT(*)", "CAST(0.5 AS DOUBLE) / COUNT(*)")
-    halved = halved.replace("CAST(1 AS DOUBLE PRECISION) / COUNT(*)",
-                            "CAST(0.5 AS DOUBLE PRECISION) / COUNT(*)")
-    assert halved != statement
-    with pytest.raises(InternalError, match="did not add up"):
-        cells(engine.statements, None, halved, LIMIT, clipped, stored=False)
+    got, statement, _ = _statement(engine, f"SELECT SUM(v) FROM choice_t {where}")
+    assert got == shape
+    rows = engine.backend.run(statement).rows
+    assert rows
+    for row in rows:
+        assert not isinstance(row[1], float) and int(row[1]) == row[1], row
+
+
+# -- brute force: small skewed tables, both shapes, both backends -----------------------------
+#: Values around the bin edges and the bounds (v: [0, 100], w: [-50, 50]), beyond them too.
+V_VALUES = [None, 0.0, 0.07, 1.0, 3.0, 12.5, 50.0, 60.25, 100.0, 250.0, -4.0]
+W_VALUES = [None, -75.0, -50.0, -17.5, -0.3, 0.0, 2.0, 25.0, 49.9, 50.0, 80.0]
+#: (SQL filter, the same in Python over (id, person, v, w)); "" keeps every row (the stored
+#: shape), the others cut units unevenly or drop whole units (person % 3 = 1).
+FILTERS: list[tuple[str, Callable[[Row], bool]]] = [
+    ("", lambda r: True),
+    ("WHERE w > -20", lambda r: r[3] is not None and r[3] > -20),
+    ("WHERE person % 3 <> 1", lambda r: r[1] % 3 != 1),
+    ("WHERE id % 4 <> 0 AND (v IS NULL OR v < 55)",
+     lambda r: r[0] % 4 != 0 and (r[2] is None or r[2] < 55)),
+]
+_tables = iter(range(1_000_000))
+
+
+def _brute_force(rows: list[tuple[int, int, float | None, float | None]],
+                 passing: Callable[[Row], bool], stored: bool
+                 ) -> tuple[list[int], dict[str, np.ndarray]]:
+    """By hand: units per cap bin of their passing rows c_u, and per column each passing
+    non-NULL value weighing 1 / (its unit's passing non-NULL values of the column) in the bin
+    of |clip(value)| (``stored``, every row passing: 1 / n_u)."""
+    starts = cap_bins(LIMIT)
+    cap = [0] * len(starts)
+    clip = {"v": (0.0, 100.0, 2), "w": (-50.0, 50.0, 3)}
+    vectors = {c: np.zeros(STEPS + 2) for c in clip}
+    for person in sorted({r[1] for r in rows}):
+        kept = [r for r in rows if r[1] == person and passing(r)]
+        if not kept:
+            continue
+        cap[max(i for i, s in enumerate(starts) if len(kept) >= s)] += 1
+        for column, (lower, upper, at) in clip.items():
+            edges = magnitude_edges(max(abs(lower), abs(upper)))
+            present = [r[at] for r in kept if r[at] is not None]
+            for value in present:
+                weight = 1 / (len(kept) if stored else len(present))
+                vectors[column][_bin(abs(min(max(value, lower), upper)), edges)] += weight
+    return cap, vectors
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(units=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 10_000)), min_size=1,
+                      max_size=7),
+       which=st.integers(0, len(FILTERS) - 1))
+def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine],
+                                                  units: list[tuple[int, int]],
+                                                  which: int) -> None:
+    """Units of 1 to 40 rows (the limit is 10), NULLs, signed values beyond the bounds and
+    filters that drop whole units: the statement's cells, summed by ``cells``, give exactly
+    the hand count of units per cap bin and, up to floating point, the hand weights."""
+    rows, next_id = [], 1
+    for person, (size, seed) in enumerate(units, 1):
+        for i in range(size):
+            rows.append((next_id, person, V_VALUES[(seed + i) % len(V_VALUES)],
+                         W_VALUES[(seed * 7 + i * 3) % len(W_VALUES)]))
+            next_id += 1
+    table = f"choice_h{next(_tables)}"
+
+    def text(x: float | None) -> str:
+        return "NULL" if x is None else repr(x)
+
+    values = ", ".join(f"({i}, {p}, {text(v)}, {text(w)})" for i, p, v, w in rows)
+    engine = scratch(table, [
+        f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION, "
+        f"w DOUBLE PRECISION)", f"INSERT INTO {table} VALUES {values}"],
+        POLICY.replace("choice_t", table))
+    where, passing = FILTERS[which]
+    _, prepared = engine.prepare(f"SELECT SUM(v), AVG(w) FROM {table} {where}", "alice",
+                                 epsilon=10.0)
+    assert prepared.selection is not None
+    (_, shape, statement), = prepared.selection.histograms
+    assert shape == (STORED if not where else WINDOWED)
+    exact = cells(engine.statements, None, statement, LIMIT,
+                  parts(prepared.selection.query)[1], stored=shape == STORED)
+    cap, vectors = _brute_force(rows, passing, stored=shape == STORED)
+    assert exact[("cap",)].tolist() == cap
+    for column, vector in vectors.items():
+        np.testing.assert_allclose(_clip(exact, f'"{column}"'), vector, rtol=1e-12,
+                                   atol=1e-12)
 
 
 # -- the outgoing verifier (wall 4) over the new shapes -------------------------------------------
@@ -374,3 +458,36 @@ def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
     with pytest.raises(Refused, match="without contribution bounding"):
         verify(tampered, trips.dialect, trips.statements.outgoing, release,
                frozenset({"trips"}))
+
+
+#: Tampered marks (the cap weight, one row per unit), each refused: (query, pattern,
+#: replacement), over the windowed mark (ROW_NUMBER, a filtered query) or the stored one (the
+#: copy's rank, a query without a filter), or both.
+BOTH = (SUM_ALL, SUM_FILTERED)
+MARK_MUTATIONS = {
+    "partitioned by more than the unit": ((SUM_FILTERED,),
+        r"ROW_NUMBER\(\) OVER \(PARTITION BY (\w+)\.rider_id\)",
+        r"ROW_NUMBER() OVER (PARTITION BY \1.rider_id, \1.trip_id)"),
+    "every row marked": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc", r"= 1 THEN 1 ELSE 1 END AS wc"),
+    "marked twice": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc", r"<= 2 THEN 1 ELSE 0 END AS wc"),
+    "weighs more than 1": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc",
+                           r"= 1 THEN 3 ELSE 0 END AS wc"),
+    "mark dropped": (BOTH, r"CASE WHEN [^,]*? = 1 THEN 1 ELSE 0 END AS wc", r"1 AS wc"),
+    "a number that is not a rank": ((SUM_ALL,), r"CASE WHEN (\w+)\.__chorus_rank = 1",
+                                    r"CASE WHEN \1.__chorus_unit_rows = 1"),
+    "the rank of another relation": ((SUM_ALL,), r"CASE WHEN (\w+)\.__chorus_rank = 1",
+                                     r"CASE WHEN other.__chorus_rank = 1"),
+}
+
+
+@pytest.mark.parametrize("mutation, query", [(name, query)
+                                              for name, (queries, *_) in MARK_MUTATIONS.items()
+                                              for query in queries])
+def test_tampered_marks_are_refused(trips: Engine, mutation: str, query: str) -> None:
+    """The cap weight passes only as a mark of one row per unit: a ROW_NUMBER partitioned by
+    the unit alone or the copy's own stored rank, equal to 1, worth 1, else 0."""
+    _, pattern, replacement = MARK_MUTATIONS[mutation]
+    _, sql = _selection_sql(trips, query)
+    tampered = re.sub(pattern, replacement, sql)
+    assert tampered != sql
+    _refused(trips, tampered, "without contribution bounding")

@@ -70,8 +70,9 @@ OTHERS = ["COUNT(*)", "AVG(x) AS a", "SUM(y)"]
            lambda p: st.integers(2, len(p)).map(lambda n: p[:n])),
        dialect=st.sampled_from(["duckdb", "postgres"]))
 def test_mixed_split_keeps_every_item_in_its_part(items: list[str], dialect: str) -> None:
-    """Every selected item lands in exactly one part (keys in both, first), in order, and the
-    outputs map back to the analyst's columns; the parts keep FROM, WHERE and GROUP BY."""
+    """Each part selects the group keys first, then its own aggregates (without their
+    aliases), in order; the parts keep FROM, WHERE and GROUP BY; each output is the scratch
+    column of its key or aggregate (k<i>, q<i>, a<j>)."""
     keys = [i for i in items if i in KEYS]
     assume(any(i in QUANTILES for i in items) and any(i in OTHERS for i in items))
     group = " GROUP BY " + ", ".join(k.split(" AS ")[-1] for k in keys) if keys else ""
@@ -80,25 +81,49 @@ def test_mixed_split_keeps_every_item_in_its_part(items: list[str], dialect: str
     split = split_mixed(sql, dialect)
     parts = {"quantile": sqlglot.parse_one(split.quantile_sql, read=dialect),
              "analytic": sqlglot.parse_one(split.analytic_sql, read=dialect)}
+
+    def bare(item: str) -> str:
+        node = sqlglot.parse_one(f"SELECT {item}", read=dialect).expressions[0]
+        return (node.this if isinstance(node, exp.Alias) else node).sql(dialect)
+
     for name, tree in parts.items():
         assert tree.args["where"] is not None and bool(tree.args.get("group")) == bool(keys)
+        assert tree.args.get("having") is None and tree.args.get("order") is None
         selected = [e.sql(dialect) for e in tree.expressions]
         mine = [i for i in items if i in (QUANTILES if name == "quantile" else OTHERS)]
-        expected = [sqlglot.parse_one(f"SELECT {i}", read=dialect).expressions[0].sql(dialect)
-                    for i in (*keys, *mine)]
-        assert selected == expected
-    for item, (part, index) in zip(items, split.outputs, strict=True):
-        pool = keys if part == "key" else [
-            i for i in items if i in (QUANTILES if part == "quantile" else OTHERS)]
-        assert pool[index] == item
+        assert selected == [bare(i) for i in (*keys, *mine)]
+    for item, source in zip(items, split.sources, strict=True):
+        assert source is not None
+        pool = {"k": keys, "q": [i for i in items if i in QUANTILES],
+                "a": [i for i in items if i in OTHERS]}[source[0]]
+        assert pool[int(source[1:])] == item
 
 
-def test_mixed_split_refuses_what_it_cannot_merge() -> None:
+def test_mixed_finish_reads_released_values_only() -> None:
+    """Outputs, HAVING and ORDER BY over the scratch columns: an aggregate named twice is one
+    column, an aggregate only in HAVING or ORDER BY is one more measurement of its part."""
+    split = split_mixed("SELECT g, MAX(x) - MIN(x) AS spread, COUNT(*) FROM t GROUP BY g "
+                        "HAVING COUNT(*) > 5 AND AVG(x) < MEDIAN(x) ORDER BY spread / SUM(x) "
+                        "DESC LIMIT 3", "postgres")
+    # Postgres sorts NULLs first under DESC: the DuckDB finish says so explicitly.
+    assert split.finish == (
+        'SELECT k0 AS "g", q0 - q1 AS "spread", a0 AS "count", chorus_row FROM chorus_noisy '
+        'WHERE a0 > 5 AND a1 < q2 ORDER BY "spread" / a2 DESC NULLS FIRST LIMIT 3')
+    assert split.quantiles == ("MAX(x)", "MIN(x)", "MEDIAN(x)")
+    assert split.analytic == ("COUNT(*)", "AVG(x)", "SUM(x)")
+    assert split.counts == (True, False, False)
+    assert split.sources == ("k0", None, "a0")
+
+
+def test_mixed_split_refuses_what_it_cannot_compute_from_released_values() -> None:
     for sql, words in [
-        ("SELECT MAX(x) - AVG(x) FROM t", "one expression"),
-        ("SELECT MEDIAN(x), COUNT(*) FROM t GROUP BY g", "add g to the SELECT list"),
-        ("SELECT g, MEDIAN(x), COUNT(*) FROM t GROUP BY g HAVING COUNT(*) > 1", "HAVING"),
-        ("SELECT g, MEDIAN(x), COUNT(*) FROM t GROUP BY g ORDER BY SUM(x)", "names an output"),
+        ("SELECT g, MEDIAN(x), COUNT(*) FROM t GROUP BY g HAVING SUM(MAX(x)) > 1",
+         "inside another"),
+        ("SELECT MEDIAN(x), SUM(COUNT(*)) OVER () FROM t", "window"),
+        ("SELECT g, MEDIAN(x) FROM t GROUP BY g HAVING COUNT(*) > (SELECT COUNT(*) FROM t)",
+         "subquery"),
+        ("SELECT MEDIAN(x) + y, COUNT(*) FROM t", "neither a group key"),
+        ("SELECT DISTINCT MEDIAN(x), COUNT(*) FROM t", "DISTINCT"),
         ("SELECT MEDIAN(x), COUNT(*) FROM t LIMIT ALL", "LIMIT"),
     ]:
         with pytest.raises(NotSupportedError) as raised:

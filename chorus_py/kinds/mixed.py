@@ -18,13 +18,15 @@ analytic part.  Each part may spend its own share choosing its row cap first, as
 alone (contribution = "auto"): the quantile part for its rank error
 (``kinds.quantile_selection``), the analytic part for its noise, with its clipping bounds
 (``kinds.selection``); the two caps may differ, each bounding only its own part's rows, and each
-part's sensitivities are at its own cap.
+part's sensitivities are at its own cap.  Over a join neither part chooses: the quantile part's
+S is a public constant (``analyses.quantile_joins``), the join kind bounds its rows itself.
 
 Run, after the claim: the quantile part, then the analytic part, through the same
 :class:`~chorus_py.statements.QueryRun`: once the first read the data, a failure of the second
 refunds nothing.  The parts' rows are matched on the group keys (every declared value or
-calendar bucket: the same public grid in both), merged in the analyst's column order, then
-ordered and limited (post-processing of released values).
+calendar bucket: the same public grid in both) into one row of released values per group
+(k<i>, q<i>, a<j>); the finish (``analyses.mixed``) computes the outputs, HAVING, ORDER BY and
+LIMIT over them in the proxy's scratch DuckDB: post-processing of noisy values, free.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from analyses.mixed import MixedSplit, asks_mixed, split_mixed
+from sqlglot import exp
+
+from analyses.mixed import ROW, MixedSplit, asks_mixed, split_mixed
 from analyses.per_person import PerPersonQuery
 from analyses.quantiles import QuantileQuery
 from analyses.query import AggregateQuery, PublicQuery
@@ -44,11 +48,13 @@ from chorus_py.backends import ResultSet
 from chorus_py.caches import LRU
 from chorus_py.errors import InternalError, NotSupportedError
 from chorus_py.kinds.base import Answer, ChoiceStep, Prepared, Services
-from chorus_py.kinds.quantile import QuantileKind
+from chorus_py.kinds.join import JoinKind
+from chorus_py.kinds.quantile import QuantileKind, finish_rows, key_columns
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.report import ContributionReport, PrivacyReport
+from chorus_py.report import ColumnReport, ContributionReport, PrivacyReport
 from chorus_py.statements import QueryRun, Statements
 from mechanisms.intervals import Interval, NoInterval
+from rewriters.pipeline import NOISY
 
 
 @dataclass(frozen=True)
@@ -131,24 +137,30 @@ class PartSelections:
 
 @dataclass(frozen=True)
 class MixedDetail:
-    """The kind's state of a prepared mixed query (``Prepared.detail``)."""
+    """The kind's state of a prepared mixed query (``Prepared.detail``); ``create`` makes the
+    finish's scratch table of released values."""
 
     query: MixedQuery
     split: EpsilonSplit
     quantile: Prepared
     analytic: Prepared
+    create: str
 
 
 class MixedKind:
-    """Quantiles and COUNT/SUM/AVG-like aggregates of one private table in one query."""
+    """Quantiles and COUNT/SUM/AVG-like aggregates of one private table, or of a join whose
+    rows per person are publicly bounded (``analyses.quantile_joins``), in one query; the
+    analytic part of a join is answered by the join kind (smooth elastic sensitivity)."""
 
     charges = True
 
     def __init__(self, services: Services, quantile: QuantileKind, single: SingleTableKind,
+                 join: JoinKind,
                  analyse: Callable[[str], AggregateQuery | PublicQuery | PerPersonQuery]
                  ) -> None:
         self.services = services
-        self._quantile, self._single, self._analyse = quantile, single, analyse
+        self._quantile, self._single, self._join = quantile, single, join
+        self._analyse = analyse
         self._analyses: LRU[str, MixedQuery] = LRU(1024)
 
     def accepts(self, sql: str) -> bool:
@@ -171,9 +183,8 @@ class MixedKind:
                 "are not supported",
                 hint="ask the quantiles and the other aggregates in separate queries (each "
                 "releases its groups by a noisy threshold)")
-        if not isinstance(analytic, AggregateQuery) or analytic.join is not None:
-            # The quantile part has refused joins already; a per-person aggregate next to a
-            # quantile of rows is a different question.
+        if not isinstance(analytic, AggregateQuery):
+            # A per-person aggregate next to a quantile of rows is a different question.
             raise NotSupportedError(
                 "quantiles next to aggregates of per-person values are not supported",
                 hint="ask the quantiles and the other aggregates in separate queries")
@@ -187,14 +198,17 @@ class MixedKind:
         prepared query: one claim, both parts' events and statements."""
         split = EpsilonSplit.of(query, epsilon, delta)
         quantile = self._quantile.prepare(query.quantile, analyst, split.quantile_epsilon, 0.0)
-        analytic = self._single.prepare(query.analytic, analyst, split.analytic_epsilon,
-                                        split.analytic_delta)
-        if quantile.finish is not None:  # the engine plans one finish: the other one here
+        kind = self._join if query.analytic.join is not None else self._single
+        analytic = kind.prepare(query.analytic, analyst, split.analytic_epsilon,
+                                split.analytic_delta)
+        if quantile.finish is not None:  # the engine plans one finish: the others here
             self.services.statements.check_scratch_plan(*quantile.finish)
-        return self._combine(query, split, quantile, analytic, epsilon)
+        create = _create(query, quantile)
+        self.services.statements.check_scratch_plan(create, query.split.finish)
+        return self._combine(query, split, quantile, analytic, epsilon, create)
 
     def _combine(self, query: MixedQuery, split: EpsilonSplit, quantile: Prepared,
-                 analytic: Prepared, epsilon: float) -> Prepared:
+                 analytic: Prepared, epsilon: float, create: str) -> Prepared:
         if quantile.blocks != analytic.blocks:  # the same WHERE: the same blocks
             raise InternalError("the parts of a query that mixes quantiles with other "
                                 "aggregates read different blocks; nothing was charged",
@@ -204,14 +218,15 @@ class MixedKind:
         selection = None
         if q_step is not None or a_step is not None:
             # Each part's cap (and bounds) chosen after the one claim, from its own share of its
-            # part's epsilon (kinds.quantile, kinds.single): the claim holds both shares.
+            # part's epsilon (kinds.quantile, kinds.single): the claim holds both shares.  A
+            # join's parts choose nothing (S public, the join kind's smooth elastic bound).
             selection = PartSelections(q_step, a_step, lambda chosen: self._combine(
                 query, split,
                 quantile if q_step is None else q_step.apply(chosen.quantile),
-                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon))
+                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon, create))
         return Prepared(
             report, analytic.blocks, (*quantile.events, *analytic.events),
-            MixedDetail(query, split, quantile, analytic),
+            MixedDetail(query, split, quantile, analytic, create),
             statements=(*quantile.statements, *analytic.statements), finish=analytic.finish,
             answer_key=("mixed", query.split.sql, epsilon, report.delta, report.blocks),
             selection=selection)
@@ -221,23 +236,53 @@ class MixedKind:
         read the data), merged in the analyst's column order."""
         detail: MixedDetail = prepared.detail
         quantiles = self._quantile.run(detail.quantile, run)
-        analytic = self._single.run(detail.analytic, run)
-        return _merge(detail.query.split, quantiles, analytic)
+        kind = self._join if detail.query.analytic.join is not None else self._single
+        analytic = kind.run(detail.analytic, run)
+        return _merge(detail, quantiles, analytic, self.services.statements.scratch())
+
+
+def _create(query: MixedQuery, quantile: Prepared) -> str:
+    """The finish's table: the keys typed as the quantile part types them, each quantile a
+    DOUBLE, each other aggregate a BIGINT (a count) or a DOUBLE, the merged row's index."""
+    split = query.split
+    keys = key_columns(quantile.detail.analysis.query, quantile.detail.key_types)
+    columns = [*keys, *(f"q{i} DOUBLE" for i in range(len(split.quantiles))),
+               *(f"a{j} {'BIGINT' if count else 'DOUBLE'}"
+                 for j, count in enumerate(split.counts)), f"{ROW} BIGINT"]
+    return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
 
 
 def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
             analytic: PrivacyReport, epsilon: float) -> PrivacyReport:
     """One report: both parts' measurements, the columns in the analyst's order, the split."""
-    n_keys = sum(1 for part, _ in query.split.outputs if part == "key")
+    s = query.split
     columns = []
-    for part, index in query.split.outputs:
-        source = quantile if part == "quantile" else analytic
-        columns.append(source.columns[index if part == "key" else n_keys + index])
+    for name, source, text, output in zip(s.names, s.sources, s.texts, s.outputs,
+                                          strict=True):
+        if source is not None:
+            part, index = (quantile, int(source[1:])) if source[0] in "kq" else \
+                (analytic, int(source[1:]))
+            at = index if source[0] == "k" else s.keys + index
+            columns.append(dataclasses.replace(part.columns[at], name=name))
+            continue
+        used = _used(output)
+        measurements = tuple(m for c in used for m in (
+            quantile.columns[s.keys + int(c[1:])] if c[0] == "q"
+            else analytic.columns[s.keys + int(c[1:])]).measurements)
+        columns.append(ColumnReport(
+            name, "derived" if measurements else "constant", text,
+            tuple(dict.fromkeys(measurements)),
+            note="post-processing of the noisy values of " + ", ".join(
+                (s.quantiles[int(c[1:])] if c[0] == "q" else s.analytic[int(c[1:])])
+                for c in used if c[0] in "qa") if measurements else ""))
     total = quantile.epsilon + analytic.epsilon
     assert abs(total - epsilon) <= 1e-9 * epsilon, (total, epsilon)
     notes = (split.describe(epsilon, analytic.delta),
              *(f"quantiles: {n}" for n in quantile.notes),
-             *(f"aggregates: {n}" for n in analytic.notes))
+             *(f"aggregates: {n}" for n in analytic.notes),
+             "outputs, HAVING, ORDER BY and LIMIT: computed by the proxy over the noisy values "
+             "(post-processing); an aggregate named only in HAVING or ORDER BY is measured with "
+             "noise like the others")
     return dataclasses.replace(
         analytic, epsilon=epsilon, delta=quantile.delta + analytic.delta,
         measurements=(*quantile.measurements, *analytic.measurements), columns=tuple(columns),
@@ -262,6 +307,11 @@ def _contribution(quantile: ContributionReport | None, analytic: ContributionRep
         f"{analytic.cap}; {analytic.note}")
 
 
+def _used(node: exp.Expr) -> tuple[str, ...]:
+    """The scratch columns an output reads (q<i>, a<j>, k<i>), in order, once each."""
+    return tuple(dict.fromkeys(c.name for c in node.find_all(exp.Column)))
+
+
 def _match(value: Any) -> Any:
     """A group key's value as both parts' rows compare it: a backend's date, Decimal or int
     and the declared value it stands for compare equal."""
@@ -276,65 +326,56 @@ def _match(value: Any) -> Any:
     return value
 
 
-def _merge(split: MixedSplit, quantiles: Answer, analytic: Answer) -> Answer:
-    """The parts' rows matched on their keys (the quantile part lists every public group),
-    in the analyst's column order, ordered and limited."""
+def _merge(detail: MixedDetail, quantiles: Answer, analytic: Answer, con: Any) -> Answer:
+    """The parts' rows matched on their keys (the quantile part lists every public group) into
+    rows of released values, then the finish over them (``analyses.mixed``)."""
+    split = detail.query.split
     q_rows, a_rows = quantiles.result.rows, analytic.result.rows
-    n_keys = sum(1 for part, _ in split.outputs if part == "key")
+    n_keys, n_q, n_a = split.keys, len(split.quantiles), len(split.analytic)
     by_key = {tuple(_match(v) for v in row[:n_keys]): i for i, row in enumerate(a_rows)}
     pairs: list[tuple[int | None, int | None]] = []
     for i, row in enumerate(q_rows):
         pairs.append((i, by_key.pop(tuple(_match(v) for v in row[:n_keys]), None)))
     pairs += [(None, j) for j in sorted(by_key.values())]
-
-    def cell(pair: tuple[int | None, int | None], part: str, index: int) -> Any:
-        q, a = pair
-        if part == "key":
-            return q_rows[q][index] if q is not None else a_rows[a][index]  # type: ignore[index]
-        if part == "quantile":
-            return None if q is None else q_rows[q][n_keys + index]
-        return None if a is None else a_rows[a][n_keys + index]
-
-    rows = [tuple(cell(p, part, i) for part, i in split.outputs) for p in pairs]
-    order = list(range(len(rows)))
-    for column, desc, nulls_first in reversed(split.order):  # stable: last term first
-        present = [i for i in order if rows[i][column] is not None]
-        missing = [i for i in order if rows[i][column] is None]
-        present.sort(key=lambda i, c=column: rows[i][c], reverse=desc)
-        order = missing + present if nulls_first else present + missing
-    end = None if split.limit is None else split.offset + split.limit
-    order = order[split.offset:end]
-    names, types = [], []
-    for part, index in split.outputs:
-        source = analytic.result if part == "analytic" else quantiles.result
-        at = index if part == "key" else n_keys + index
-        names.append(source.columns[at])
-        types.append(source.types[at])
-    result = ResultSet(tuple(names), tuple(types), [rows[i] for i in order])
-    bars = _MergedBars(split, quantiles, analytic, [pairs[i] for i in order], n_keys)
+    rows = []
+    for r, (q, a) in enumerate(pairs):
+        keys = q_rows[q][:n_keys] if q is not None else a_rows[a][:n_keys]  # type: ignore[index]
+        rows.append((*keys,
+                     *(q_rows[q][n_keys:] if q is not None else (None,) * n_q),
+                     *(a_rows[a][n_keys:] if a is not None else (None,) * n_a), r))
+    finished = finish_rows(con, detail.create, split.finish, rows)
+    result = ResultSet(finished.columns[:-1], finished.types[:-1],
+                       [row[:-1] for row in finished.rows])
+    bars = _MergedBars(split, quantiles, analytic,
+                       [pairs[row[-1]] for row in finished.rows])
     return Answer(result, bars, (*quantiles.warnings, *analytic.warnings))
 
 
 class _MergedBars:
-    """Error bars of a merged answer: each column's from the part that made it."""
+    """Error bars of a merged answer: an output that is one part's value has that part's bar;
+    an expression of several has none (its distribution is not computed here)."""
 
     def __init__(self, split: MixedSplit, quantiles: Answer, analytic: Answer,
-                 pairs: list[tuple[int | None, int | None]], n_keys: int) -> None:
+                 pairs: list[tuple[int | None, int | None]]) -> None:
         self.split, self.quantiles, self.analytic = split, quantiles, analytic
-        self.pairs, self.n_keys = pairs, n_keys
+        self.pairs = pairs
 
     def intervals(self) -> tuple[tuple[Interval | NoInterval | None, ...], ...]:
         """Per row, per column: the interval of the part's cell, None for a key."""
         q_bars = self.quantiles.error_bars.intervals() if self.quantiles.error_bars else ()
         a_bars = self.analytic.error_bars.intervals() if self.analytic.error_bars else ()
+        n_keys = self.split.keys
         out = []
         for q, a in self.pairs:
             row: list[Interval | NoInterval | None] = []
-            for part, index in self.split.outputs:
-                bars, at = (q_bars, q) if part == "quantile" else (a_bars, a)
-                if part == "key" or at is None or at >= len(bars):
+            for source in self.split.sources:
+                if source is None:
+                    row.append(NoInterval("computed from several noisy values: no interval"))
+                    continue
+                bars, at = (q_bars, q) if source[0] == "q" else (a_bars, a)
+                if source[0] == "k" or at is None or at >= len(bars):
                     row.append(None)
                     continue
-                row.append(bars[at][self.n_keys + index])
+                row.append(bars[at][n_keys + int(source[1:])])
             out.append(tuple(row))
         return tuple(out)

@@ -29,7 +29,16 @@ import numpy as np
 from sqlglot import exp
 
 from analyses.blocks import BlocksRead, blocks_read
-from analyses.quantiles import QuantileQuery, analyze_quantiles, asks_quantiles
+from analyses.join_groups import groups_per_unit
+from analyses.keys import TableKeys
+from analyses.quantile_joins import join_rows_per_unit
+from analyses.quantiles import (
+    QuantileQuery,
+    QuantileSpec,
+    analyze_quantiles,
+    asks_quantiles,
+    declared_type,
+)
 from analyses.query import AggregateQuery, PublicQuery, display_sql
 from budget.accounting import Event
 from chorus_py.backends import SCHEMA, ResultSet, portable_type
@@ -37,6 +46,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
 from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.join import join_blocks
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
 from chorus_py.kinds.selection import Choices, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
@@ -48,8 +58,14 @@ from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
+from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY
-from rewriters.quantiles import quantile_finish, quantile_group_units, quantile_histogram
+from rewriters.quantiles import (
+    quantile_finish,
+    quantile_group_units,
+    quantile_histogram,
+    quantile_join_histogram,
+)
 
 #: Bins of the histogram over [lower, upper]: the answer's resolution is (upper - lower) / BINS.
 BINS = 10_000
@@ -136,6 +152,19 @@ class QuantileDetail:
     finish: str
     gate: KeyGate | None = None                   # keys released by a threshold
     gate_sql: str | None = None                   # its distinct-units statement (units gate)
+    # A histogram row's keys (a declared value's index, a public table's value) -> its group.
+    lookup: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+    key_types: dict[str, str] = dataclasses.field(default_factory=dict)  # read, by key id
+
+
+@dataclass(frozen=True)
+class TableGroups:
+    """The key combinations of a join's keys over public tables (``rewriters.keys``), read
+    from those tables before the claim: public data, so the groups answered depend on the
+    policy, the query and public tables only.  ``types``: each key's DuckDB type, by id."""
+
+    rows: tuple[tuple[object, ...], ...]
+    types: dict[str, str]
 
 
 class QuantileKind:
@@ -166,6 +195,8 @@ class QuantileKind:
                 delta: float) -> Prepared:
         """Blocks, histogram statements, mechanisms, report, events: pure, nothing charged."""
         query = analysis.query
+        if query.join is not None:
+            return self._prepare_join(analysis, epsilon, delta)
         reads, restriction = self._blocks(query)
         # Calendar keys of the block column: listed over the blocks read (analyses.keys).
         listed = listed_keys(query, {query.alias: restriction} if restriction else {})
@@ -196,22 +227,91 @@ class QuantileKind:
         key = (analysis.shape, epsilon, delta, restriction, sample, chosen, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
-            prepared = self._prepare(analysis, epsilon, delta, reads, restriction, sample,
-                                     chosen, reused)
+            prepared = self._prepare(analysis, epsilon, delta, reads,
+                                     lambda q, spec: quantile_histogram(
+                                         q, spec.argument, spec.lower, spec.upper, BINS,
+                                         restriction, sample),
+                                     restriction=restriction, sample=sample, chosen=chosen,
+                                     reused=reused)
             self._prepared.put(key, prepared)
         return prepared
 
+    def _prepare_join(self, analysis: QuantileQuery, epsilon: float,
+                      delta: float) -> Prepared:
+        """A quantile of a join: S, the join rows one person changes, in place of the row cap
+        (``analyses.quantile_joins``); every private table's blocks; each table bounded as the
+        join kind bounds it (``rewriters.joins``).  S is a public constant: no cap is chosen
+        (``AggregateQuery.auto_cap`` is False for a join), whatever the tables' contribution."""
+        services = self.services
+        query = analysis.query
+        join = query.join
+        assert join is not None
+        reads, restrictions = join_blocks(services.blocks, query)
+        query = listed_keys(query, restrictions)
+        mf = services.frequencies.values(join.metrics)  # pinned or public ones only
+        rows = join_rows_per_unit(join, mf)
+        groups = groups_per_unit(join, [k.expr for k in query.keys], mf) \
+            if query.thresholded else None
+        query = dataclasses.replace(query, stability=rows, max_groups=groups)
+        analysis = dataclasses.replace(analysis, query=query)
+        table = self._table_groups(query)
+        samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
+                   for s in join.private_sources
+                   if s.policy.privacy_unit and s.policy.bounding == "materialized"}
+        key = (analysis.shape, epsilon, delta, tuple(sorted(restrictions.items())),
+               tuple(sorted(mf.items())), tuple(sorted(samples.items())),
+               table.rows if table is not None else None)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare(analysis, epsilon, delta, reads,
+                                     lambda q, spec: quantile_join_histogram(
+                                         q, spec.argument, spec.lower, spec.upper, BINS,
+                                         restrictions, samples), table=table)
+            self._prepared.put(key, prepared)
+        return prepared
+
+    def _table_groups(self, query: AggregateQuery) -> TableGroups | None:
+        """The combinations of the keys read from joined public tables (None: no such key),
+        on the connection restricted to public tables: ``SELECT DISTINCT`` of each public
+        table's keys under its own conditions (``rewriters.keys``), a superset of the groups
+        the join can give (the others get a quantile drawn from an empty histogram)."""
+        keys = tuple(k for k in query.keys if k.public_values is None
+                     and isinstance(k.domain, TableKeys))
+        if not keys or query.thresholded:
+            return None
+        grid, _ = key_grid(dataclasses.replace(query, keys=keys))
+        assert grid is not None  # no listed key here: the product is never empty by rule
+        ids = ", ".join(k.id for k in keys)
+        tree = exp.select(*[exp.column(k.id) for k in keys]).from_(grid.subquery("g"))
+        services = self.services
+        sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+        public = tuple(s.table for s in query.join.sources if s.public) if query.join else ()
+        services.statements.verify_outgoing(sql, "exact", public)
+        result = services.statements.run(sql, None, public=True)
+        if len(result.rows) * BINS > MAX_CELLS:
+            raise QueryRefused(f"{len(result.rows)} combinations of {ids} are too many groups "
+                               "for a quantile query", hint="filter the public table's keys")
+        types = {k.id: _PORTABLE_DUCK.get(t, "VARCHAR")
+                 for k, t in zip(keys, result.types, strict=True)}
+        return TableGroups(tuple(tuple(r) for r in result.rows), types)
+
     def _prepare(self, analysis: QuantileQuery, epsilon: float, delta: float,
                  reads: BlocksRead | None,
-                 restriction: BlockRestriction | None,
-                 sample: tuple[str, str] | None, chosen: Choices | None = None,
+                 histogram: Callable[[AggregateQuery, QuantileSpec], exp.Select], *,
+                 table: TableGroups | None = None,
+                 restriction: BlockRestriction | None = None,
+                 sample: tuple[str, str] | None = None, chosen: Choices | None = None,
                  reused: bool = False) -> Prepared:
-        """Plan and rewrite.  With contribution = "auto" (``AggregateQuery.auto_cap``: a
-        privacy unit, per-query bounding) the share ``privacy.cap_epsilon_share`` of epsilon
-        pays for choosing the cap (and, for keys released by a threshold, the groups per
-        unit) after the claim: until ``chosen``, everything is planned at the limit, with a
-        :class:`QuantileSelection` to run; the quantiles (and the key-release count) share
-        the rest.  ``reused``: the choices of an identical earlier query, free."""
+        """Plan and rewrite.  ``histogram`` builds a quantile's histogram statement over the
+        query (of its one table, or of a join: ``table`` then holds the key combinations read
+        from joined public tables); ``restriction`` and ``sample``: the one table's blocks and
+        bounded copy.  With contribution = "auto" (``AggregateQuery.auto_cap``: one table with
+        a privacy unit, per-query bounding; never a join, whose S is a public constant) the
+        share ``privacy.cap_epsilon_share`` of epsilon pays for choosing the cap (and, for keys
+        released by a threshold, the groups per unit) after the claim: until ``chosen``,
+        everything is planned at the limit, with a :class:`QuantileSelection` to run; the
+        quantiles (and the key-release count) share the rest.  ``reused``: the choices of an
+        identical earlier query, free."""
         services = self.services
         asked = analysis
         query = analysis.query
@@ -226,7 +326,11 @@ class QuantileKind:
                 analysis = dataclasses.replace(analysis, query=query)
         gate = None
         rest = epsilon - cap_epsilon  # the answer's epsilon: the key release and the quantiles
-        groups = _grid(query)
+        lookup: dict[tuple[object, ...], int] = {}
+        if query.thresholded:  # the groups are the data's: none listed, a noisy gate
+            groups: tuple[tuple[object, ...], ...] = ()
+        else:
+            groups, lookup = _public_groups(query, table)
         if query.keys and len(groups) * BINS > MAX_CELLS:
             raise QueryRefused(f"{len(groups)} groups of {BINS} bins each are too many for a "
                                "quantile query", hint="filter the group keys to fewer values")
@@ -247,8 +351,7 @@ class QuantileKind:
         histograms = []
         for argument in analysis.arguments:
             spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
-            tree = quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
-                                      restriction, sample)
+            tree = histogram(query, spec)
             sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
             services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
             histograms.append((argument, sql))
@@ -263,7 +366,8 @@ class QuantileKind:
                                services.dialect, copy=False).sql(services.dialect, copy=False)
             services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables)
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
-                                gate_sql if _counts_units(query) else None)
+                                gate_sql if _counts_units(query) else None, lookup,
+                                table.types if table is not None else {})
         report = _report(analysis, mechanisms, reads,
                          "\n".join(sql for _, sql in histograms), rest, gate, selects)
         if selects:  # the selection steps; the report's epsilon becomes rest + cap_epsilon
@@ -281,20 +385,21 @@ class QuantileKind:
             selection = self._selection(asked, epsilon, delta, eps_q, restriction,
                                         lambda c: self._cached(asked, epsilon, delta, reads,
                                                                restriction, sample, c),
-                                        cap_epsilon)
+                                        cap_epsilon, max(len(groups), 1))
             statements += tuple(sql for _, _, sql in selection.histograms)
-        return Prepared(report, reads.ids if reads is not None else (query.table,), events,
+        return Prepared(report, reads.ids if reads is not None else query.tables, events,
                         detail, statements=statements, finish=(_create(detail), finish),
                         answer_key=(analysis.shape, epsilon, report.delta, report.blocks),
                         selection=selection)
 
     def _selection(self, analysis: QuantileQuery, epsilon: float, delta: float, eps_q: float,
                    restriction: BlockRestriction | None,
-                   apply: Callable[[Choices], Prepared], cap_epsilon: float
+                   apply: Callable[[Choices], Prepared], cap_epsilon: float, groups: int
                    ) -> QuantileSelection:
-        """The cap choice of ``analysis`` (asked at the limit): its histograms' SQL, built and
-        verified before the claim (wall 6), and the rule's rank errors at every cap, from the
-        mechanisms the quantiles would be drawn with at ``eps_q``."""
+        """The cap choice of ``analysis`` (asked at the limit, one table): its histograms'
+        SQL, built and verified before the claim (wall 6), and the rule's rank errors at every
+        cap, from the mechanisms the quantiles would be drawn with at ``eps_q``; ``groups``:
+        the public groups (1 without keys or with keys released by a threshold)."""
         query = analysis.query
         histograms = []
         for what, size, build in quantile_histograms(query, restriction):
@@ -311,7 +416,6 @@ class QuantileKind:
             except ValueError:
                 return math.inf
 
-        groups = max(len(_grid(query)), 1)
         return QuantileSelection(
             query, cap_epsilon, tuple(q.p for q in analysis.quantiles), rank_error, groups,
             tuple(histograms), ("quantile", analysis.shape, epsilon, delta, restriction), apply)
@@ -328,8 +432,9 @@ class QuantileKind:
         for argument, sql in detail.histograms:
             cells = np.zeros((n_groups, BINS))
             for row in self.services.statements.run(sql, run).rows:
-                group = _group_index(row[:n_keys], analysis)
-                if group is not None:
+                group = detail.lookup.get(_histogram_key(row[:n_keys], analysis.query)) \
+                    if n_keys else 0
+                if group is not None:  # a value the policy does not declare: filtered already
                     cells[group, int(row[n_keys])] += float(row[n_keys + 1])
             counts[argument] = cells  # exact: never leaves this function
         rows = []
@@ -390,24 +495,8 @@ class QuantileKind:
         return Answer(result, _RankBars(detail, len(result.rows)), warnings)
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
-        con = self.services.statements.scratch()
-        try:
-            con.execute(_create(detail))
-            if rows:
-                con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(rows[0]))})",
-                                rows)
-            try:
-                cur = con.execute(detail.finish)
-            except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
-                raise BackendError(
-                    "the outputs of this query could not be computed from its DP quantiles",
-                    hint="the budget of this query was charged, as its histograms read the "
-                    "data; check the query's output expressions") from None
-            desc = cur.description or []
-            return ResultSet(tuple(d[0] for d in desc),
-                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
-        finally:
-            con.close()
+        return finish_rows(self.services.statements.scratch(), _create(detail), detail.finish,
+                           rows)
 
     def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None,
                                                       BlockRestriction | None]:
@@ -427,12 +516,26 @@ def _counts_units(query: AggregateQuery) -> bool:
             and query.groups_per_unit < query.stability)
 
 
-def _grid(query: AggregateQuery) -> tuple[tuple[object, ...], ...]:
-    """The public key combinations, in order: none for keys released by a threshold (the
-    groups are the data's, released by a noisy gate) or without keys."""
-    if query.thresholded or not query.keys:
-        return ()
-    return tuple(itertools.product(*[k.public_values or () for k in query.keys]))
+def finish_rows(con: Any, create: str, finish: str, rows: list[tuple[Any, ...]]) -> ResultSet:
+    """``finish`` (DuckDB SQL) over ``rows`` of released values in the table ``create`` makes,
+    on the scratch connection ``con`` (closed here): post-processing in the proxy."""
+    try:
+        con.execute(create)
+        if rows:
+            con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(rows[0]))})",
+                            rows)
+        try:
+            cur = con.execute(finish)
+        except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
+            raise BackendError(
+                "the outputs of this query could not be computed from its noisy values",
+                hint="the budget of this query was charged, as it read the data; check the "
+                "query's output expressions") from None
+        desc = cur.description or []
+        return ResultSet(tuple(d[0] for d in desc),
+                         tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
+    finally:
+        con.close()
 
 
 def _draw(detail: QuantileDetail, histograms: dict[str, np.ndarray]) -> list[float]:
@@ -487,14 +590,39 @@ def _rank_error(mechanism: ExponentialMechanism | JointQuantiles) -> float:
     return mechanism.rank_error(BINS)
 
 
-def _group_index(keys: tuple[Any, ...], analysis: QuantileQuery) -> int | None:
-    """The row-major index of a histogram row's key-value indexes in the public grid."""
-    index = 0
-    for value, key in zip(keys, analysis.query.keys, strict=True):
-        if value is None:  # a value the policy does not declare: filtered out already
-            return None
-        index = index * len(key.public_values or ()) + int(value)
-    return index
+def _public_groups(query: AggregateQuery, table: TableGroups | None
+                   ) -> tuple[tuple[tuple[object, ...], ...], dict[tuple[object, ...], int]]:
+    """Every public group, in order (the product of the declared values and of the public
+    tables' key combinations), and the group of each histogram key tuple (a declared value
+    by its index, a public table's key by its value)."""
+    listed = [i for i, k in enumerate(query.keys) if k.public_values is not None]
+    others = [i for i in range(len(query.keys)) if i not in listed]
+    factors: list[list[tuple[tuple[object, ...], tuple[object, ...]]]] = [
+        [((j,), (v,)) for j, v in enumerate(query.keys[i].public_values or ())] for i in listed]
+    if others:
+        factors.append([(row, row) for row in (table.rows if table is not None else ())])
+    order = listed + others  # the key position of each flattened factor value
+    groups, lookup = [], {}
+    for combo in itertools.product(*factors):
+        hist, out = [None] * len(order), [None] * len(order)
+        flat_hist = [v for h, _ in combo for v in h]
+        flat_out = [v for _, o in combo for v in o]
+        for at, h, o in zip(order, flat_hist, flat_out, strict=True):
+            hist[at], out[at] = h, o
+        lookup[tuple(hist)] = len(groups)
+        groups.append(tuple(out))
+    return tuple(groups), lookup
+
+
+def _histogram_key(values: tuple[Any, ...], query: AggregateQuery) -> tuple[object, ...]:
+    """A histogram row's keys as ``_public_groups`` looks them up: declared values by index."""
+    return tuple(None if v is None else int(v) if k.public_values is not None else v
+                 for v, k in zip(values, query.keys, strict=True))
+
+
+#: A portable result type (``chorus_py.backends.portable_type``) as a DuckDB column type.
+_PORTABLE_DUCK = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "date": "DATE",
+                  "timestamp": "TIMESTAMP", "boolean": "BOOLEAN"}
 
 
 def _duck_type(values: list[object]) -> str:
@@ -511,13 +639,20 @@ def _duck_type(values: list[object]) -> str:
     return "VARCHAR"
 
 
+def key_columns(query: AggregateQuery, read: dict[str, str] | None = None) -> list[str]:
+    """The scratch table's key columns (``k<j> TYPE``): typed from the declared values, from
+    the type ``read`` from a public table (by key id), or from the column's declared type for
+    a key released by a threshold."""
+    return [f"{k.id} {read[k.id]}" if read and k.id in read
+            else f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
+            if k.public_values is not None or declared_type(query, k.expr) is None
+            else f"{k.id} {_DECLARED[declared_type(query, k.expr) or '']}"
+            for k in query.keys]
+
+
 def _create(detail: QuantileDetail) -> str:
     """The scratch table of the finish: key ids typed from the declared values, quantile ids."""
-    query = detail.analysis.query
-    tp = query.table_policy
-    columns = [f"{k.id} {_duck_type(list(k.public_values or ()) or ['?'])}"
-               if k.public_values is not None or not isinstance(k.expr, exp.Column)
-               else f"{k.id} {_DECLARED[tp.columns[k.expr.name].type]}" for k in query.keys]
+    columns = key_columns(detail.analysis.query, detail.key_types)
     columns += [f"{q.id} DOUBLE" for q in detail.analysis.quantiles]
     return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
 
@@ -546,6 +681,23 @@ class _RankBars:
         return tuple(tuple(cells) for _ in range(self.rows))
 
 
+def _rows_note(query: AggregateQuery, auto: bool) -> str:
+    """What bounds one person's rows in the histogram (public inputs only); ``auto``: the
+    cap k was chosen per query (never for a join)."""
+    k, unit, join = query.stability, query.privacy_unit, query.join
+    if join is None:
+        return (f"at most {k} rows per {unit} (" + ("chosen per query from a noisy histogram "
+                "of rows per unit: mechanisms.quantile_cap" if auto else "the policy's limit")
+                + "), chosen at random after the filter") if unit \
+            else "event level: one row per neighbour"
+    caps = "; ".join(f"{s.table} ({s.alias}): at most {s.cap} rows per "
+                     f"{s.policy.privacy_unit or 'row (event level)'}"
+                     for s in join.private_sources)
+    return (f"join: one person changes at most S = {k} join rows, the join's stability S(k) = "
+            f"{join.stability.text()}, constant in k and read from the policy or public tables "
+            f"only (analyses.quantile_joins); {caps}, chosen at random after their filters")
+
+
 def _report(analysis: QuantileQuery,
             mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...],
             reads: BlocksRead | None, sql: str, epsilon: float,
@@ -559,7 +711,8 @@ def _report(analysis: QuantileQuery,
     measurements = []
     for q, m in zip(analysis.quantiles, mechanisms, strict=True):
         width = (q.upper - q.lower) / BINS
-        who = f"{unit}'s <= {k} rows" if unit else "row (event level)"
+        who = (f"person's <= S = {k} join rows" if query.join is not None
+               else f"{unit}'s <= {k} rows" if unit else "row (event level)")
         why = ("rank utility u = -dist(p n, ranks of the bin), one " + who
                + f" move it by <= k max(p, 1 - p) = {k} * {max(q.p, 1 - q.p):g} = "
                f"{m.sensitivity:g} (mechanisms.exponential)")
@@ -604,10 +757,7 @@ def _report(analysis: QuantileQuery,
                  for m in joint),
              "MIN and MAX are the DP 1st and 99th percentiles, not the minimum and maximum"
              if any(q.function in ("MIN", "MAX") for q in analysis.quantiles) else "",
-             (f"at most {k} rows per {unit} (" + ("chosen per query from a noisy histogram "
-              "of rows per unit: mechanisms.quantile_cap" if auto else "the policy's limit")
-              + "), chosen at random after the filter") if unit
-             else "event level: one row per neighbour",
+             _rows_note(query, auto),
              "the error is stated in ranks (mechanism.rank_error_95): a value interval would "
              "need the data's distribution"]
     key_release = KeyRelease("public_values", note="every declared value, nothing else") \
@@ -648,8 +798,8 @@ def _report(analysis: QuantileQuery,
     return PrivacyReport(
         analyst="", verdict="allowed", charged=False, epsilon=epsilon,
         delta=gate.delta if gate is not None else 0.0,
-        noise="proxy", tables=(query.table,),
-        blocks=reads.ids if reads is not None else (query.table,), stability=k,
+        noise="proxy", tables=query.tables,
+        blocks=reads.ids if reads is not None else query.tables, stability=k,
         privacy_unit=unit, measurements=tuple(measurements), columns=tuple(columns),
         key_release=key_release, rewritten_sql=sql, notes=tuple(n for n in notes if n))
 

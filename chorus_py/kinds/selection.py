@@ -21,7 +21,6 @@ from typing import Any, Literal
 import numpy as np
 
 from analyses.query import AggregateQuery, display_sql
-from chorus_py.errors import InternalError
 from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
 from chorus_py.statements import QueryRun, Statements
 from mechanisms import DiscreteLaplace, Snapping
@@ -184,16 +183,14 @@ def cells(statements: Statements, run: QueryRun, sql: str, limit: int,
     """Run ``rewriters.selection.choice_histogram``'s statement and sum its cells into the
     exact cap histogram and the exact clipping histogram of every argument.
 
-    The cap marginal sums weights 1 / c_u: the number of units per bin up to floating-point
-    error (each of a unit's c_u rows adds fl(1 / c_u), a relative error of 2^-53 each; a bin
-    summing N rows errs by at most about N 2^-53 times its total, below 1/2 for N up to
-    2^26).  It is rounded as floor(x + 1/2), which gives today's integer counts whenever the
-    error is below 1/2, so the discrete Laplace noise sees the same histogram, L1 sensitivity
-    1.  Over windows every unit weighs exactly 1, so a bin further than 1/4 from an integer
-    means the floating-point error was not negligible: refused (fails closed, nothing of the
-    histogram leaves).  Over stored row counts (``stored``) a unit weighs c_u / n_u <= 1 (1
-    when the copy holds only rows that pass, which the caller checks): floor(x + 1/2) moves by
-    at most 1 when one unit moves x by at most 1, so the sensitivity stays 1 without a check.
+    The cap marginal sums the marks wc (1 on one row of each unit, 0 on its other rows): the
+    number of units per bin, an exact integer on both shapes (``stored``: the copy's rank 1;
+    otherwise ROW_NUMBER() = 1 over the unit's filtered rows), so nothing is rounded and
+    nothing can fail to add up.  L1 sensitivity 1: one more or one fewer unit moves its one
+    mark, in the one bin of its c_u (``stored``: of n_u, which the caller checks is c_u; were
+    a row of the copy filtered out, the unit would add at most 1 there: still <= 1).  The
+    clipping marginals sum the per-row weights of ``choice_histogram`` (L1 sensitivity 1
+    each, derived there), noised by the snapping mechanism.
     """
     starts = np.array(cap_bins(limit))
     cap = np.zeros(len(starts))
@@ -212,12 +209,10 @@ def cells(statements: Statements, run: QueryRun, sql: str, limit: int,
                 values[i][b] += float(w)
         # key = min(c_u, limit): bin i holds starts[i] <= c_u < starts[i + 1], the last bin
         # c_u >= limit (``rewriters.pipeline.cap_histogram``'s bins).
-        cap[int(np.searchsorted(starts, key, side="right")) - 1] += float(row[1] or 0.0)
-    counts = np.floor(cap + 0.5)
-    if not stored and np.any(np.abs(cap - counts) > 0.25):
-        raise InternalError("the cap histogram's weights did not add up to whole units",
-                            hint="this is a bug in the proxy: please report the query")
-    out = {("cap",): counts}
+        # A SUM of integers: an int (DuckDB HUGEINT) or a Decimal (Postgres NUMERIC); below
+        # 2^53 units a float holds it exactly.
+        cap[int(np.searchsorted(starts, key, side="right")) - 1] += int(row[1] or 0)
+    out = {("cap",): cap}
     for arg, vector in zip(clipped, values, strict=True):
         out[("clip", arg.key)] = vector
     return out
