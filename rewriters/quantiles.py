@@ -2,8 +2,10 @@
 one scan, and the finish the proxy runs over the selected values.
 
 ``quantile_histogram`` counts, per group (a public key by the index of its declared value, a
-key released by a threshold by its value) and per bin of the clipped value, the rows of the query: its filter, its claimed blocks,
-then at most k rows per unit (``rewriters.contribution``), NULL values left out as the
+key released by a threshold by its value) and per bin of the clipped value, the rows of the
+query: its filter, its claimed blocks, then (keys released by a threshold, with a chosen
+groups-per-unit bound g) each unit's rows in at most g of its groups, then at most k rows per
+unit (``rewriters.contribution``), NULL values left out as the
 percentile functions leave them.  Its exact counts stay in the proxy: only the bins the
 exponential mechanism draws from them leave it (``mechanisms.exponential``).
 """
@@ -17,7 +19,7 @@ from sqlglot import exp
 
 from analyses.query import AggregateQuery, OutputColumn
 from rewriters.blocks import BlockRestriction
-from rewriters.contribution import contribution
+from rewriters.contribution import contribution, group_bound
 from rewriters.groups import public_filter
 from rewriters.joins import join_rows
 from rewriters.pipeline import NOISY, filtered_rows
@@ -49,27 +51,12 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         raise ValueError("a quantile histogram needs upper > lower and at least one bin")
     alias = query.alias
     value = safety(argument)
-    # filtered_rows makes the whole filter safe (rewriters.safety): the raw expressions here.
-    where = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
-    for key in query.keys:  # undeclared key values are dropped, as in every public-key query
-        if key.public_values is not None:
-            where = exp.and_(where, public_filter(key.expr, key.public_values))
-    if query.where is not None:
-        where = exp.and_(query.where.copy(), where)
-    rows = filtered_rows(dataclasses.replace(query, where=where), restriction, sample)
-    unit = query.table_policy.privacy_unit
-    if query.table_policy.multi_attribution and sample is None:  # only its kept set S bounds it
-        raise ValueError("a table whose rows belong to several units is read from its S")
-    if isinstance(unit, str) and sample is None:
-        rows = contribution(rows, unit, query.stability)
+    rows = _bounded_rows(query, argument, restriction, sample)
     # The value once per row (v, a double: not NULL, filtered above), then its bin: written
     # inside the bin's CASE it would be rendered once per branch.
     # A key without public values (released by a threshold in the proxy) comes as its value.
-    columns: list[exp.Expr] = [exp.alias_(
-        safety(k.expr) if k.public_values is None else _key_index(safety(k.expr),
-                                                                  k.public_values),
-        f"g{i}") for i, k in enumerate(query.keys)]
-    per_row = exp.select(*columns, exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
+    per_row = exp.select(*_key_columns(query),
+                         exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
         rows.subquery(alias, copy=False), copy=False)
     return _binned(per_row, len(query.keys), lower, upper, bins)
 
@@ -129,6 +116,81 @@ def _binned(per_row: exp.Select, n_keys: int, lower: float, upper: float,
                        exp.alias_(exp.Count(this=exp.Star()), "n"))
             .from_(binned.subquery("h", copy=False), copy=False)
             .group_by(*[c.copy() for c in group], copy=False))
+
+
+def _bounded_rows(query: AggregateQuery, argument: exp.Expr,
+                  restriction: BlockRestriction | None,
+                  sample: tuple[str, str] | None) -> exp.Select:
+    """The rows a quantile of ``argument`` reads: the query's filter, the declared public key
+    values, the claimed blocks, non-NULL values; then (a chosen groups-per-unit bound g) each
+    unit's rows in at most g of its groups; then at most k rows per unit."""
+    # filtered_rows makes the whole filter safe (rewriters.safety): the raw expressions here.
+    where = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
+    for key in query.keys:  # undeclared key values are dropped, as in every public-key query
+        if key.public_values is not None:
+            where = exp.and_(where, public_filter(key.expr, key.public_values))
+    if query.where is not None:
+        where = exp.and_(query.where.copy(), where)
+    rows = filtered_rows(dataclasses.replace(query, where=where), restriction, sample)
+    unit = query.table_policy.privacy_unit
+    if query.table_policy.multi_attribution and sample is None:  # only its kept set S bounds it
+        raise ValueError("a table whose rows belong to several units is read from its S")
+    if isinstance(unit, str) and query.max_groups is not None \
+            and query.max_groups < query.stability:
+        # Keys released by a threshold, with the groups per unit chosen (contribution =
+        # "auto"): each unit's rows in at most g of its groups, before the row cap (as in
+        # rewriters.pipeline), so the key release needs D = min(g, k) groups per unit.
+        rows = group_bound(rows, unit, [safety(k.expr) for k in query.keys], query.max_groups)
+    if isinstance(unit, str) and sample is None:
+        rows = contribution(rows, unit, query.stability)
+    return rows
+
+
+def quantile_group_units(query: AggregateQuery, argument: exp.Expr,
+                         restriction: BlockRestriction | None) -> exp.Select:
+    """Rows (g0, ..., n): per group (keys as in ``quantile_histogram``), the number n of distinct
+    privacy units among the rows a quantile of ``argument`` reads (``_bounded_rows``: one
+    column's units, per-query bounding).  Groups without rows are absent.  The proxy adds
+    noise and keeps the groups above its threshold (``chorus_py.kinds.quantile.KeyGate``).
+
+    >>> from sqlglot import parse_one
+    >>> from chorus_py.policy import TablePolicy
+    >>> from analyses.query import GroupKey
+    >>> tp = TablePolicy(privacy_unit="u", max_rows_per_unit=2,
+    ...                  columns={"u": {"type": "int"}, "h": {"type": "int"}})
+    >>> q = AggregateQuery("t", "t", tp, None, (GroupKey("k0", parse_one("t.h"), None),), (),
+    ...                    (), None, (), None, None, 2, True, None)
+    >>> from rewriters.dialect import dialect
+    >>> tree = quantile_group_units(q, parse_one("t.x"), None)
+    >>> print(dialect(tree, "postgres").sql("postgres"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT r.g0 AS g0, COUNT(DISTINCT r.u) AS n FROM (SELECT t.h AS g0, t.u AS u FROM (SELECT *
+    FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.u ORDER BY r.__chorus_rand) AS
+    __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM t AS t WHERE NOT t.x IS NULL)
+    AS r) AS b WHERE b.__chorus_rank <= 2) AS t) AS r GROUP BY r.g0
+    """
+    unit = query.table_policy.privacy_unit
+    if not isinstance(unit, str) or not query.keys:
+        raise ValueError("distinct units per group need one privacy-unit column and group keys")
+    rows = _bounded_rows(query, argument, restriction, None)
+    alias = query.alias
+    per_row = exp.select(*_key_columns(query),
+                         exp.alias_(exp.column(unit, table=alias), "u")).from_(
+        rows.subquery(alias, copy=False), copy=False)
+    group = [exp.column(f"g{i}", table="r") for i in range(len(query.keys))]
+    return (exp.select(*[exp.alias_(c, c.name) for c in group],
+                       exp.alias_(exp.Count(this=exp.Distinct(
+                           expressions=[exp.column("u", table="r")])), "n"))
+            .from_(per_row.subquery("r", copy=False), copy=False)
+            .group_by(*[c.copy() for c in group], copy=False))
+
+
+def _key_columns(query: AggregateQuery) -> list[exp.Expr]:
+    """``g<i>`` per key: a key with public values by the index of its value, any other (released
+    by a threshold in the proxy) by its value."""
+    return [exp.alias_(
+        safety(k.expr) if k.public_values is None else _key_index(safety(k.expr),
+                                                                  k.public_values),
+        f"g{i}") for i, k in enumerate(query.keys)]
 
 
 def _key_index(key: exp.Expr, values: Sequence[object]) -> exp.Expr:

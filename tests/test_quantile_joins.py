@@ -265,3 +265,45 @@ def test_refusals_cost_nothing(rides: Engine, sql: str, words: tuple[str, ...]) 
     for word in words:
         assert word in text, text
     assert nothing_spent(rides)
+
+
+@pytest.fixture
+def auto_rides(scratch: Callable[..., Engine], backend_url: str) -> Iterator[Engine]:
+    """The same tables with contribution = "auto": one-table quantiles choose their cap."""
+    yield scratch("qj_rides", SETUP,
+                  POLICY.replace('contribution = "fixed"', 'contribution = "auto"'))
+    open_backend(backend_url).run_owned([f"DROP TABLE IF EXISTS {t}" for t in OTHER])
+
+
+def test_a_join_keeps_s_with_automatic_caps(auto_rides: Engine) -> None:
+    """contribution = "auto" chooses a cap for qj_rides alone (a cap step, its share 0.1 of
+    epsilon 10 = 1 charged apart), never for a join: S is a public constant, 3 * 1 = 3 over
+    qj_members, so no selection, no cap step, Delta = S max(0.5, 0.5) = 1.5 and all of
+    epsilon 10 to the median; next to a count over the join (epsilon 20, 10 each part), the
+    join kind's Delta 2 S* = 6, no step either, and the parts add up to the claim."""
+    alone = auto_rides.execute("SELECT MEDIAN(r.v) FROM qj_rides r", analyst="alice",
+                               epsilon=10.0)
+    contribution = alone.report.contribution
+    assert contribution is not None and [s.kind for s in contribution.steps] == ["cap"]
+    assert contribution.epsilon == pytest.approx(1.0)
+
+    _, prepared = auto_rides.prepare("SELECT MEDIAN(r.v) " + MEMBERS, analyst="alice",
+                                     epsilon=10.0)
+    assert prepared.selection is None
+    result = auto_rides.execute("SELECT MEDIAN(r.v) " + MEMBERS, analyst="alice", epsilon=10.0)
+    report = result.report
+    assert report.contribution is None and report.stability == 3
+    (q0,) = report.measurements
+    assert (q0.sensitivity, q0.mechanism["epsilon"]) == (1.5, 10.0) and report.epsilon == 10.0
+    assert "chosen per query" not in " ".join(report.notes)
+
+    mixed = auto_rides.execute("SELECT m.tier, MEDIAN(r.v) AS med, COUNT(*) AS n " + MEMBERS
+                               + "GROUP BY m.tier", analyst="alice", epsilon=20.0, delta=1e-6)
+    assert mixed.report.contribution is None
+    q0, m0 = mixed.report.measurements
+    assert (q0.sensitivity, q0.mechanism["epsilon"]) == (1.5, 10.0)
+    assert (m0.sensitivity, m0.mechanism["epsilon"]) == (6.0, 10.0)
+    assert q0.mechanism["epsilon"] + m0.mechanism["epsilon"] == pytest.approx(
+        mixed.report.epsilon) == pytest.approx(20.0)
+    assert [c.epsilon for c in auto_rides.ledger.claims()] == [
+        pytest.approx(10.0), pytest.approx(10.0), pytest.approx(20.0)]

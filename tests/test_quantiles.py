@@ -30,6 +30,7 @@ max_epsilon_per_query = 1e5
 [tables.skew]
 privacy_unit = "unit_id"
 max_rows_per_unit = 3
+contribution = "fixed"  # the quantiles at the limit k = 3 (tests/test_quantile_caps.py: "auto")
 
 [tables.skew.columns]
 unit_id = {{ type = "int", private_id = true }}
@@ -266,8 +267,7 @@ def test_event_level_table(engine: Engine) -> None:
 
 def test_materialized_bounding_reads_the_stored_sample(scratch: Callable[..., Engine]) -> None:
     engine = scratch("skew", CREATE, POLICY.replace(
-        'max_rows_per_unit = 3\n\n[tables.skew.columns]',
-        'max_rows_per_unit = 3\nbounding = "materialized"\n\n[tables.skew.columns]'))
+        'contribution = "fixed"', 'bounding = "materialized"', 1))
     result = engine.execute("SELECT MEDIAN(v) FROM skew", epsilon=20.0, **ALICE)
     assert "chorus_private" in (result.report.rewritten_sql or "")
     assert 0 <= result.rows[0][0] <= 100

@@ -25,6 +25,7 @@ A new kind is a module here with a class satisfying :class:`QueryKind`; the engi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,7 +33,6 @@ from analyses.outgoing import Release
 from budget.accounting import Event
 from budget.answers import AnswerCache
 from chorus_py.backends import ResultSet
-from chorus_py.kinds.selection import Selection
 from chorus_py.policy import Policy
 from chorus_py.report import ErrorBars, PrivacyReport
 from chorus_py.statements import QueryRun, Statements
@@ -64,6 +64,25 @@ class Services:
         return "noised_in_sql" if self.policy.privacy.noise == "sql" else "noised_by_proxy"
 
 
+class ChoiceStep(Protocol):
+    """Private choices a prepared query makes on the data after its claim: the analytic kinds'
+    :class:`~chorus_py.kinds.selection.Selection`, the quantile kind's
+    :class:`~chorus_py.kinds.quantile_selection.QuantileSelection`, or both parts' of a mixed
+    query.  ``choose`` runs its noisy histograms (paid for by the claim) and returns the
+    choices (with a ``reusable`` flag); ``apply`` gives the query prepared with them; ``key``:
+    under which an identical query may reuse them."""
+
+    @property
+    def key(self) -> tuple[object, ...]: ...
+
+    @property
+    def apply(self) -> Callable[[Any], Any]: ...
+
+    def choose(self, statements: Statements, run: QueryRun) -> Any:
+        """Run the noisy histograms and make the choices."""
+        ...
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A query ready for its claim: everything the engine needs, whatever the kind.
@@ -88,7 +107,7 @@ class Prepared:
     statements: tuple[str, ...] = ()
     finish: tuple[str, str] | None = None
     answer_key: tuple[object, ...] | None = None
-    selection: Selection | None = None
+    selection: ChoiceStep | None = None
 
 
 @dataclass(frozen=True)

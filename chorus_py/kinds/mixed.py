@@ -14,8 +14,12 @@ the whole data, are together (eps_q + eps_a, delta_q + delta_a)-DP; the split is
 with n_q the quantiles asked and n_a the noisy measurements of the analytic part (AVG counts
 two: a sum and a count), so every measurement gets the same epsilon / (n_q + n_a), as in a
 query of either kind alone.  The quantile part is pure epsilon-DP: all of delta goes to the
-analytic part.  The analytic part may spend its own share choosing its row cap and clipping
-bounds first (``kinds.selection``), as it does alone.
+analytic part.  Each part may spend its own share choosing its row cap first, as it does
+alone (contribution = "auto"): the quantile part for its rank error
+(``kinds.quantile_selection``), the analytic part for its noise, with its clipping bounds
+(``kinds.selection``); the two caps may differ, each bounding only its own part's rows, and each
+part's sensitivities are at its own cap.  Over a join neither part chooses: the quantile part's
+S is a public constant (``analyses.quantile_joins``), the join kind bounds its rows itself.
 
 Run, after the claim: the quantile part, then the analytic part, through the same
 :class:`~chorus_py.statements.QueryRun`: once the first read the data, a failure of the second
@@ -43,12 +47,12 @@ from analyses.query import AggregateQuery, PublicQuery
 from chorus_py.backends import ResultSet
 from chorus_py.caches import LRU
 from chorus_py.errors import InternalError, NotSupportedError
-from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.base import Answer, ChoiceStep, Prepared, Services
 from chorus_py.kinds.join import JoinKind
 from chorus_py.kinds.quantile import QuantileKind, finish_rows, key_columns
 from chorus_py.kinds.single import SingleTableKind
-from chorus_py.report import ColumnReport, PrivacyReport
-from chorus_py.statements import QueryRun
+from chorus_py.report import ColumnReport, ContributionReport, PrivacyReport
+from chorus_py.statements import QueryRun, Statements
 from mechanisms.intervals import Interval, NoInterval
 from rewriters.pipeline import NOISY
 
@@ -91,6 +95,44 @@ class EpsilonSplit:
                 f"delta 0), {self.measurements} noisy measurement(s) of COUNT/SUM/AVG-like "
                 f"aggregates get {self.measurements}/{n} = {self.analytic_epsilon:g} and "
                 f"delta {delta:g}")
+
+
+@dataclass(frozen=True)
+class PartChoices:
+    """The choices of both parts of a mixed query (None: that part had none to make)."""
+
+    quantile: Any
+    analytic: Any
+
+    @property
+    def reusable(self) -> bool:
+        """Whether every part's choices may be reused (``kinds.selection.Choices``)."""
+        return all(c.reusable for c in (self.quantile, self.analytic) if c is not None)
+
+
+@dataclass(frozen=True)
+class PartSelections:
+    """Both parts' choices, made one after the other between the claim and the answer: the
+    quantile part's row cap (``kinds.quantile_selection``), then the analytic part's cap and
+    bounds (``kinds.selection``).  Each is paid for by its part's own share, inside the one
+    claim.  Kept under ``key`` by the engine, but not looked up again: an identical mixed query
+    chooses afresh (each part alone reuses only its own choices)."""
+
+    quantile: ChoiceStep | None
+    analytic: ChoiceStep | None
+    apply: Callable[[PartChoices], Prepared]
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Both parts' keys."""
+        return ("mixed", *(None if s is None else s.key for s in (self.quantile,
+                                                                   self.analytic)))
+
+    def choose(self, statements: Statements, run: QueryRun) -> PartChoices:
+        """The quantile part's choices, then the analytic part's."""
+        return PartChoices(
+            None if self.quantile is None else self.quantile.choose(statements, run),
+            None if self.analytic is None else self.analytic.choose(statements, run))
 
 
 @dataclass(frozen=True)
@@ -172,11 +214,16 @@ class MixedKind:
                                 "aggregates read different blocks; nothing was charged",
                                 hint="this is a bug in the proxy: please report the query")
         report = _report(query, split, quantile.report, analytic.report, epsilon)
-        selection = analytic.selection
-        if selection is not None:  # the analytic part's cap and bounds, chosen after the claim
-            selection = dataclasses.replace(
-                selection, apply=lambda chosen, s=selection: self._combine(
-                    query, split, quantile, s.apply(chosen), epsilon, create))
+        q_step, a_step = quantile.selection, analytic.selection
+        selection = None
+        if q_step is not None or a_step is not None:
+            # Each part's cap (and bounds) chosen after the one claim, from its own share of its
+            # part's epsilon (kinds.quantile, kinds.single): the claim holds both shares.  A
+            # join's parts choose nothing (S public, the join kind's smooth elastic bound).
+            selection = PartSelections(q_step, a_step, lambda chosen: self._combine(
+                query, split,
+                quantile if q_step is None else q_step.apply(chosen.quantile),
+                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon, create))
         return Prepared(
             report, analytic.blocks, (*quantile.events, *analytic.events),
             MixedDetail(query, split, quantile, analytic, create),
@@ -240,7 +287,24 @@ def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
         analytic, epsilon=epsilon, delta=quantile.delta + analytic.delta,
         measurements=(*quantile.measurements, *analytic.measurements), columns=tuple(columns),
         rewritten_sql=f"{quantile.rewritten_sql}\n{analytic.rewritten_sql}", notes=notes,
-        warnings=(*quantile.warnings, *analytic.warnings))
+        warnings=(*quantile.warnings, *analytic.warnings),
+        contribution=_contribution(quantile.contribution, analytic.contribution))
+
+
+def _contribution(quantile: ContributionReport | None, analytic: ContributionReport | None
+                  ) -> ContributionReport | None:
+    """Both parts' selection steps in one report, each step's target naming its part, and
+    their epsilons added (each part pays its own, inside the one claim).  ``cap``: the
+    aggregates' (the quantiles' own is in its step and the note)."""
+    if quantile is None or analytic is None:
+        return analytic if quantile is None else quantile
+    steps = (
+        *(dataclasses.replace(s, target=f"quantiles: {s.target}") for s in quantile.steps),
+        *(dataclasses.replace(s, target=f"aggregates: {s.target}") for s in analytic.steps))
+    return dataclasses.replace(
+        analytic, epsilon=quantile.epsilon + analytic.epsilon, steps=steps,
+        note=f"quantiles: cap {quantile.cap}; {quantile.note} | aggregates: cap "
+        f"{analytic.cap}; {analytic.note}")
 
 
 def _used(node: exp.Expr) -> tuple[str, ...]:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from sqlglot import exp
@@ -46,6 +47,8 @@ from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
 from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks
+from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
+from chorus_py.kinds.selection import Choices, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.discrete_laplace import DiscreteLaplace
@@ -57,7 +60,12 @@ from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY
-from rewriters.quantiles import quantile_finish, quantile_histogram, quantile_join_histogram
+from rewriters.quantiles import (
+    quantile_finish,
+    quantile_group_units,
+    quantile_histogram,
+    quantile_join_histogram,
+)
 
 #: Bins of the histogram over [lower, upper]: the answer's resolution is (upper - lower) / BINS.
 BINS = 10_000
@@ -75,16 +83,39 @@ _DECLARED = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOO
 class KeyGate:
     """Keys without public values, released by a noisy count above a threshold.
 
-    The count of a group is its number of bounded rows, the sum of its histogram: one unit's
-    <= k rows change the vector of counts by at most k in L1 (``sensitivity``), so discrete
-    Laplace of scale b = k / epsilon_t makes the counts of the groups present in both
-    neighbours epsilon_t-DP.  A group present only with the unit holds at most k rows (its
-    count c <= k); with D the most groups a unit's rows reach (``AggregateQuery.
-    groups_per_unit``: min(k, g)), P(c + X > tau) < exp(-(tau - c) / b) <= exp(-(tau - k) / b)
-    (``mechanisms.thresholding``'s tail bound), and a union bound over the D groups gives
-    delta at
+    Two counts can gate a group; with k the row cap, D = min(g, k) the most groups one unit's
+    rows reach (``AggregateQuery.groups_per_unit``; g the groups-per-unit bound chosen with an
+    automatic cap, or none), epsilon_t the gate's epsilon and delta its delta:
 
-        tau = k + b ln(D / delta) = key_release_threshold(b, D, delta) + (k - 1).
+    - ``rows``: the group's bounded rows (the sum of its histogram).  One unit's <= k rows
+      change the vector of counts by at most k in L1, so discrete Laplace of scale
+      b = k / epsilon_t makes the counts of the groups present in both neighbours
+      epsilon_t-DP.  A group present only with the unit holds c <= k of its rows:
+      P(c + X > tau) < exp(-(tau - c) / b) <= exp(-(tau - k) / b)
+      (``mechanisms.thresholding``'s tail bound), and a union bound over its <= D groups gives
+      delta at tau = k + b ln(D / delta) = key_release_threshold(b, D, delta) + (k - 1).
+    - ``units``: the group's distinct units among the same bounded rows
+      (``rewriters.quantiles.quantile_group_units``).  A unit adds 1 to each of its <= D
+      groups: L1 sensitivity D, scale b = D / epsilon_t, and a group of that unit alone counts
+      1: tau = 1 + b ln(D / delta) = key_release_threshold(b, D, delta), as the analytic kinds'
+      gate (``mechanisms.thresholding``).  Its statement draws its own random bounding (a
+      statement of its own, like each histogram): each release is DP over its own bounded
+      rows, whose per-unit bounds (<= D groups, <= k rows) do not depend on other units, and
+      the releases compose; a group the gate releases without histogram rows gets a value
+      drawn over its empty histogram (uniform over the bounds), as a public key's.
+
+    Which is lower.  A group of n rows from u units (r = n / u rows per unit) clears the rows
+    gate when u > tau_rows / r and the units gate when u > tau_units; with L = ln(D / delta),
+    tau_rows / r = (k + (k / epsilon_t) L) / r against tau_units = 1 + (D / epsilon_t) L, so
+    the units gate is the lower bar about when D r < k.  With D = k (a fixed cap, or g not
+    below k) that needs r < 1, impossible: n >= u always and tau_rows - tau_units = k - 1 only,
+    so the rows gate is taken.  With g bounded below k (automatic caps: g is the 99% quantile
+    of groups per unit, usually far below a cap that must keep the heavy units' rows), the
+    units gate is taken: by hand, k = 50, D = 2, epsilon_t = 0.18, delta = 1e-8, L = ln(2e8) =
+    19.11: tau_rows = 50 + 277.8 * 19.11 = 5,359 rows, tau_units = 1 + 11.11 * 19.11 = 213.4
+    units; groups of 9 rows per unit need u > 595 units under the rows gate and u > 213 under
+    the units gate.  The choice reads only k and D (the policy's limit or choices made from
+    noisy histograms): post-processing, nothing about the data.
 
     Each released group's quantiles are then drawn as with public keys: a unit's rows split
     over groups as k_1 + ... + k_D <= k move each group's rank utility by <= k_j max(p, 1 - p),
@@ -96,15 +127,17 @@ class KeyGate:
     threshold: float
     delta: float
     groups_per_unit: int
+    counts: Literal["rows", "units"]
 
     @classmethod
-    def plan(cls, rows_per_unit: int, groups_per_unit: int, epsilon: float,
-             delta: float) -> KeyGate:
-        """The gate of counts with L1 sensitivity ``rows_per_unit`` (k) at ``epsilon``."""
-        mechanism = DiscreteLaplace.from_sensitivity(rows_per_unit, epsilon)
-        tau = key_release_threshold(mechanism.scale, groups_per_unit, delta) \
-            + (rows_per_unit - 1)
-        return cls(mechanism, tau, delta, groups_per_unit)
+    def plan(cls, rows_per_unit: int, groups_per_unit: int, epsilon: float, delta: float,
+             units: bool) -> KeyGate:
+        """The gate at ``epsilon``: counting ``units`` (L1 sensitivity D, one unit alone
+        counts 1) or rows (L1 sensitivity k, one unit alone counts <= k)."""
+        l1, alone = (groups_per_unit, 1) if units else (rows_per_unit, rows_per_unit)
+        mechanism = DiscreteLaplace.from_sensitivity(l1, epsilon)
+        tau = key_release_threshold(mechanism.scale, groups_per_unit, delta) + (alone - 1)
+        return cls(mechanism, tau, delta, groups_per_unit, "units" if units else "rows")
 
 
 @dataclass(frozen=True)
@@ -118,6 +151,7 @@ class QuantileDetail:
     groups: tuple[tuple[object, ...], ...]        # the public key combinations, in order
     finish: str
     gate: KeyGate | None = None                   # keys released by a threshold
+    gate_sql: str | None = None                   # its distinct-units statement (units gate)
     # A histogram row's keys (a declared value's index, a public table's value) -> its group.
     lookup: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
     key_types: dict[str, str] = dataclasses.field(default_factory=dict)  # read, by key id
@@ -175,13 +209,30 @@ class QuantileKind:
                                                                  query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, self.services.samples.relation(query.table, query.table_policy))
-        key = (analysis.shape, epsilon, delta, restriction, sample)
+        prepared = self._cached(analysis, epsilon, delta, reads, restriction, sample)
+        if prepared.selection is None:
+            return prepared
+        # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
+        # just ran this query.
+        earlier = self.services.choices.get(analyst, prepared.selection.key)
+        if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
+            return self._cached(analysis, epsilon, delta, reads, restriction, sample, earlier,
+                                reused=True)
+        return prepared
+
+    def _cached(self, analysis: QuantileQuery, epsilon: float, delta: float,
+                reads: BlocksRead | None, restriction: BlockRestriction | None,
+                sample: tuple[str, str] | None, chosen: Choices | None = None,
+                reused: bool = False) -> Prepared:
+        key = (analysis.shape, epsilon, delta, restriction, sample, chosen, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare(analysis, epsilon, delta, reads,
-                                     lambda spec: quantile_histogram(
-                                         query, spec.argument, spec.lower, spec.upper, BINS,
-                                         restriction, sample))
+                                     lambda q, spec: quantile_histogram(
+                                         q, spec.argument, spec.lower, spec.upper, BINS,
+                                         restriction, sample),
+                                     restriction=restriction, sample=sample, chosen=chosen,
+                                     reused=reused)
             self._prepared.put(key, prepared)
         return prepared
 
@@ -189,7 +240,8 @@ class QuantileKind:
                       delta: float) -> Prepared:
         """A quantile of a join: S, the join rows one person changes, in place of the row cap
         (``analyses.quantile_joins``); every private table's blocks; each table bounded as the
-        join kind bounds it (``rewriters.joins``)."""
+        join kind bounds it (``rewriters.joins``).  S is a public constant: no cap is chosen
+        (``AggregateQuery.auto_cap`` is False for a join), whatever the tables' contribution."""
         services = self.services
         query = analysis.query
         join = query.join
@@ -212,9 +264,9 @@ class QuantileKind:
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare(analysis, epsilon, delta, reads,
-                                     lambda spec: quantile_join_histogram(
-                                         query, spec.argument, spec.lower, spec.upper, BINS,
-                                         restrictions, samples), table)
+                                     lambda q, spec: quantile_join_histogram(
+                                         q, spec.argument, spec.lower, spec.upper, BINS,
+                                         restrictions, samples), table=table)
             self._prepared.put(key, prepared)
         return prepared
 
@@ -245,11 +297,35 @@ class QuantileKind:
 
     def _prepare(self, analysis: QuantileQuery, epsilon: float, delta: float,
                  reads: BlocksRead | None,
-                 histogram: Callable[[QuantileSpec], exp.Select],
-                 table: TableGroups | None = None) -> Prepared:
+                 histogram: Callable[[AggregateQuery, QuantileSpec], exp.Select], *,
+                 table: TableGroups | None = None,
+                 restriction: BlockRestriction | None = None,
+                 sample: tuple[str, str] | None = None, chosen: Choices | None = None,
+                 reused: bool = False) -> Prepared:
+        """Plan and rewrite.  ``histogram`` builds a quantile's histogram statement over the
+        query (of its one table, or of a join: ``table`` then holds the key combinations read
+        from joined public tables); ``restriction`` and ``sample``: the one table's blocks and
+        bounded copy.  With contribution = "auto" (``AggregateQuery.auto_cap``: one table with
+        a privacy unit, per-query bounding; never a join, whose S is a public constant) the
+        share ``privacy.cap_epsilon_share`` of epsilon pays for choosing the cap (and, for keys
+        released by a threshold, the groups per unit) after the claim: until ``chosen``,
+        everything is planned at the limit, with a :class:`QuantileSelection` to run; the
+        quantiles (and the key-release count) share the rest.  ``reused``: the choices of an
+        identical earlier query, free."""
         services = self.services
+        asked = analysis
         query = analysis.query
+        selects = query.auto_cap and sample is None
+        cap_epsilon = 0.0
+        if selects:
+            cap_epsilon = 0.0 if reused else epsilon * services.policy.privacy.cap_epsilon_share
+            if chosen is not None:
+                query = query.with_cap(chosen.cap)
+                if chosen.groups is not None:
+                    query = query.with_groups(chosen.groups)
+                analysis = dataclasses.replace(analysis, query=query)
         gate = None
+        rest = epsilon - cap_epsilon  # the answer's epsilon: the key release and the quantiles
         lookup: dict[tuple[object, ...], int] = {}
         if query.thresholded:  # the groups are the data's: none listed, a noisy gate
             groups: tuple[tuple[object, ...], ...] = ()
@@ -266,32 +342,83 @@ class QuantileKind:
                         "groups by a noisy threshold, which needs delta > 0",
                         hint="pass a delta, e.g. 1e-7")
                 gate = KeyGate.plan(query.stability, query.groups_per_unit,
-                                    epsilon * GATE_SHARE, delta)
-            mechanisms = plan_quantiles(analysis, epsilon * (1 - GATE_SHARE) if gate
-                                        else epsilon)
+                                    rest * GATE_SHARE, delta, units=_counts_units(query))
+            eps_q = rest * (1 - GATE_SHARE) if gate else rest
+            mechanisms = plan_quantiles(analysis, eps_q)
         except ValueError as err:
             raise InvalidParameter(f"cannot calibrate the exponential mechanism: {err}",
                                    hint="ask for a larger epsilon") from None
         histograms = []
         for argument in analysis.arguments:
             spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
-            tree = histogram(spec)
+            tree = histogram(query, spec)
             sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
             services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
+        gate_sql = None
+        if query.thresholded and (_counts_units(query) or (selects and chosen is None)):
+            # The units gate's statement; at the limit too, before the choice, so that the
+            # database plans it before the claim (the choice may take the units gate).
+            first = analysis.quantiles[0].argument
+            gate_sql = dialect(quantile_group_units(query, first, restriction),
+                               services.dialect, copy=False).sql(services.dialect, copy=False)
+            services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables)
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
-                                lookup, table.types if table is not None else {})
+                                gate_sql if _counts_units(query) else None, lookup,
+                                table.types if table is not None else {})
         report = _report(analysis, mechanisms, reads,
-                         "\n".join(sql for _, sql in histograms), epsilon, gate)
+                         "\n".join(sql for _, sql in histograms), rest, gate, selects)
+        if selects:  # the selection steps; the report's epsilon becomes rest + cap_epsilon
+            report = with_contribution(report, query, cap_epsilon, chosen, (), reused)
         events = tuple(Event.epsilon_delta(m.epsilon) for m in _distinct(mechanisms))
         if gate is not None:
             events += (Event.from_mechanism(gate.mechanism), Event.key_release(gate.delta))
+        statements = tuple(sql for _, sql in histograms) + ((gate_sql,) if gate_sql else ())
+        selection = None
+        if selects and chosen is None and not reused:
+            # Until the cap is chosen the final mechanisms are not known: the claim is the
+            # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanisms
+            # of that cost (as kinds.single does); the selection's share is in it.
+            events = (Event.epsilon_delta(report.epsilon, report.delta),)
+            selection = self._selection(asked, epsilon, delta, eps_q, restriction,
+                                        lambda c: self._cached(asked, epsilon, delta, reads,
+                                                               restriction, sample, c),
+                                        cap_epsilon, max(len(groups), 1))
+            statements += tuple(sql for _, _, sql in selection.histograms)
         return Prepared(report, reads.ids if reads is not None else query.tables, events,
-                        detail, statements=tuple(sql for _, sql in histograms),
-                        finish=(_create(detail), finish),
-                        answer_key=(analysis.shape, epsilon, report.delta, report.blocks))
+                        detail, statements=statements, finish=(_create(detail), finish),
+                        answer_key=(analysis.shape, epsilon, report.delta, report.blocks),
+                        selection=selection)
+
+    def _selection(self, analysis: QuantileQuery, epsilon: float, delta: float, eps_q: float,
+                   restriction: BlockRestriction | None,
+                   apply: Callable[[Choices], Prepared], cap_epsilon: float, groups: int
+                   ) -> QuantileSelection:
+        """The cap choice of ``analysis`` (asked at the limit, one table): its histograms'
+        SQL, built and verified before the claim (wall 6), and the rule's rank errors at every
+        cap, from the mechanisms the quantiles would be drawn with at ``eps_q``; ``groups``:
+        the public groups (1 without keys or with keys released by a threshold)."""
+        query = analysis.query
+        histograms = []
+        for what, size, build in quantile_histograms(query, restriction):
+            sql = dialect(build(), self.services.dialect, copy=False).sql(
+                self.services.dialect, copy=False)
+            # The selection noises it in the proxy.
+            self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
+            histograms.append((what, size, sql))
+
+        def rank_error(k: int) -> float:
+            try:  # a cap the mechanisms cannot be calibrated at is never chosen
+                capped = dataclasses.replace(analysis, query=query.with_cap(k))
+                return sum(_rank_error(m) for m in plan_quantiles(capped, eps_q))
+            except ValueError:
+                return math.inf
+
+        return QuantileSelection(
+            query, cap_epsilon, tuple(q.p for q in analysis.quantiles), rank_error, groups,
+            tuple(histograms), ("quantile", analysis.shape, epsilon, delta, restriction), apply)
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """Histograms from the database, bins drawn here, the outputs finished here."""
@@ -320,9 +447,10 @@ class QuantileKind:
         return Answer(result, _RankBars(detail, len(result.rows)))
 
     def _run_gated(self, detail: QuantileDetail, gate: KeyGate, run: QueryRun) -> Answer:
-        """Keys without public values: each group present in the histograms is released when
-        its noisy row count clears the gate's threshold (:class:`KeyGate`), then its
-        quantiles are drawn as with public keys.  Exact counts never leave this method."""
+        """Keys without public values: each group is released when its noisy count (distinct
+        units from the gate's statement, or rows from the histograms: :class:`KeyGate`)
+        clears the gate's threshold, then its quantiles are drawn as with public keys.  Exact
+        counts never leave this method."""
         query = detail.analysis.query
         n_keys = len(query.keys)
         cells: dict[str, dict[tuple[Any, ...], list[tuple[int, float]]]] = {}
@@ -333,11 +461,17 @@ class QuantileKind:
                     continue
                 found.setdefault(tuple(row[:n_keys]), []).append((int(row[n_keys]),
                                                                   float(row[n_keys + 1])))
-        # A group's count: its rows of the first argument (all arguments count the same rows
-        # but for NULL values; each group is gated once, on that one histogram).
-        first = cells[detail.histograms[0][0]]
-        groups = list(first)
-        exact = np.array([sum(n for _, n in first[g]) for g in groups], dtype=float)
+        if detail.gate_sql is not None:  # distinct units per group (of the first argument)
+            counts = {tuple(row[:n_keys]): float(row[n_keys])
+                     for row in self.services.statements.run(detail.gate_sql, run).rows
+                     if not any(v is None for v in row[:n_keys])}
+        else:
+            # A group's count: its rows of the first argument (all arguments count the same
+            # rows but for NULL values; each group is gated once, on that one histogram).
+            first = cells[detail.histograms[0][0]]
+            counts = {g: float(sum(n for _, n in first[g])) for g in first}
+        groups = list(counts)
+        exact = np.array([counts[g] for g in groups], dtype=float)
         noisy = gate.mechanism.sample(exact) if groups else exact
         rows = []
         for g, count in zip(groups, noisy, strict=True):
@@ -352,12 +486,12 @@ class QuantileKind:
             keys = tuple(value if key.public_values is None else key.public_values[int(value)]
                          for value, key in zip(g, query.keys, strict=True))
             rows.append((*keys, *_draw(detail, histograms)))
-        del cells, first, exact
+        del cells, counts, exact
         result = self._finish(detail, rows)
         warnings = () if rows else (
-            f"no group's noisy row count cleared the threshold tau = {gate.threshold:.4g} "
-            f"(scale {gate.mechanism.scale:g}): groups of fewer rows are not released; a "
-            "larger epsilon lowers tau",)
+            f"no group's noisy {'unit' if gate.counts == 'units' else 'row'} count cleared the "
+            f"threshold tau = {gate.threshold:.4g} (scale {gate.mechanism.scale:g}): groups of "
+            f"fewer {gate.counts} are not released; a larger epsilon lowers tau",)
         return Answer(result, _RankBars(detail, len(result.rows)), warnings)
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
@@ -373,6 +507,13 @@ class QuantileKind:
         column_type = query.table_policy.columns[block.column].type
         return reads, BlockRestriction(block.column, column_type, reads.start, reads.end,
                                        reads.separate_runs)
+
+
+def _counts_units(query: AggregateQuery) -> bool:
+    """Whether keys released by a threshold are gated on distinct units (:class:`KeyGate`):
+    one unit column, per-query bounding, and groups per unit bounded below the cap."""
+    return (isinstance(query.table_policy.privacy_unit, str) and query.auto_cap
+            and query.groups_per_unit < query.stability)
 
 
 def finish_rows(con: Any, create: str, finish: str, rows: list[tuple[Any, ...]]) -> ResultSet:
@@ -540,12 +681,15 @@ class _RankBars:
         return tuple(tuple(cells) for _ in range(self.rows))
 
 
-def _rows_note(query: AggregateQuery) -> str:
-    """What bounds one person's rows in the histogram (public inputs only)."""
+def _rows_note(query: AggregateQuery, auto: bool) -> str:
+    """What bounds one person's rows in the histogram (public inputs only); ``auto``: the
+    cap k was chosen per query (never for a join)."""
     k, unit, join = query.stability, query.privacy_unit, query.join
     if join is None:
-        return (f"at most {k} rows per {unit} (the policy's limit), chosen at random after the "
-                "filter" if unit else "event level: one row per neighbour")
+        return (f"at most {k} rows per {unit} (" + ("chosen per query from a noisy histogram "
+                "of rows per unit: mechanisms.quantile_cap" if auto else "the policy's limit")
+                + "), chosen at random after the filter") if unit \
+            else "event level: one row per neighbour"
     caps = "; ".join(f"{s.table} ({s.alias}): at most {s.cap} rows per "
                      f"{s.policy.privacy_unit or 'row (event level)'}"
                      for s in join.private_sources)
@@ -557,9 +701,11 @@ def _rows_note(query: AggregateQuery) -> str:
 def _report(analysis: QuantileQuery,
             mechanisms: tuple[ExponentialMechanism | JointQuantiles, ...],
             reads: BlocksRead | None, sql: str, epsilon: float,
-            gate: KeyGate | None = None) -> PrivacyReport:
+            gate: KeyGate | None = None, auto: bool = False) -> PrivacyReport:
     """The report: each quantile's mechanism, epsilon and utility sensitivity; the bins drawn
-    in the proxy whatever ``privacy.noise`` says (the selection needs the histogram)."""
+    in the proxy whatever ``privacy.noise`` says (the selection needs the histogram).
+    ``epsilon``: the answer's (without a cap selection's share, which ``kinds.selection.
+    with_contribution`` adds with its steps); ``auto``: the cap is chosen per query."""
     query = analysis.query
     k, unit = query.stability, query.privacy_unit
     measurements = []
@@ -611,24 +757,36 @@ def _report(analysis: QuantileQuery,
                  for m in joint),
              "MIN and MAX are the DP 1st and 99th percentiles, not the minimum and maximum"
              if any(q.function in ("MIN", "MAX") for q in analysis.quantiles) else "",
-             _rows_note(query),
+             _rows_note(query, auto),
              "the error is stated in ranks (mechanism.rank_error_95): a value interval would "
              "need the data's distribution"]
     key_release = KeyRelease("public_values", note="every declared value, nothing else") \
         if query.keys else None
     if gate is not None:
-        b = gate.mechanism.scale
-        measurements.append(MeasurementReport(
-            "t0", "COUNT(*) per group (key release)", float(k),
-            f"one {unit or 'row'}'s <= {k} rows change the groups' row counts by <= {k} in "
-            f"all (L1): discrete Laplace of scale b = {k} / {gate.mechanism.epsilon:g}",
-            {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+        b, d = gate.mechanism.scale, gate.groups_per_unit
+        if gate.counts == "units":
+            measurements.append(MeasurementReport(
+                "t0", f"COUNT(DISTINCT {unit}) per group (key release)", float(d),
+                f"one {unit} counts 1 in each of the <= D = min(g, k) = {d} groups its rows are "
+                f"kept in (L1): discrete Laplace of scale b = {d} / "
+                f"{gate.mechanism.epsilon:g}",
+                {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+            rule = (f"tau = 1 + b ln(D / delta) = 1 + {b:g} ln({d} / {gate.delta:g}) = "
+                    f"{gate.threshold:.6g}: a group of one {unit}'s rows counts 1, and a unit "
+                    f"reaches <= D = {d} groups")
+        else:
+            measurements.append(MeasurementReport(
+                "t0", "COUNT(*) per group (key release)", float(k),
+                f"one {unit or 'row'}'s <= {k} rows change the groups' row counts by <= {k} "
+                f"in all (L1): discrete Laplace of scale b = {k} / {gate.mechanism.epsilon:g}",
+                {**gate.mechanism.describe(), "share_of_epsilon": GATE_SHARE}, None))
+            rule = (f"tau = k + b ln(D / delta) = {k} + {b:g} ln({d} / {gate.delta:g}) = "
+                    f"{gate.threshold:.6g}: a group of one unit's rows holds <= k = {k} of "
+                    f"them, and a unit reaches <= D = {d} groups")
         key_release = KeyRelease(
             "threshold", gate.threshold, "t0", gate.delta,
-            note=f"a group is released only if its noisy row count (t0, scale {b:g}) exceeds "
-            f"tau = k + b ln(D / delta) = {k} + {b:g} ln({gate.groups_per_unit} / "
-            f"{gate.delta:g}) = {gate.threshold:.6g}: a group of one unit's rows holds <= k = "
-            f"{k} of them, and a unit reaches <= D = {gate.groups_per_unit} groups")
+            note=f"a group is released only if its noisy {gate.counts[:-1]} count (t0, scale "
+            f"{b:g}) exceeds " + rule)
         notes[0] = notes[0].replace(
             "epsilon split equally over", f"epsilon {epsilon:g}: {GATE_SHARE:g} of it to the "
             f"key-release count, the rest ({eps_q:g}) split equally over")
