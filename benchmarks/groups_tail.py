@@ -38,6 +38,10 @@ POPULATIONS = {
     "600 in 1, 390 in 2, 15 in 30": population({1: 600, 2: 390, 30: 15}),
     "600 in 1, 395 in 2, 5 in 30": population({1: 600, 2: 395, 30: 5}),
     "500 uniform in 1..20": population({g: 25 for g in range(1, 21)}),
+    "900 in 1, 5 in each bin of 10..199 (90)": population(
+        {1: 900} | {s: 5 for s in STARTS if 10 <= s < 200}),
+    "1000 geometric, mean 3": population(
+        {g: round(1000 * (1 / 3) * (2 / 3) ** (g - 1)) for g in range(1, 40)}),
 }
 
 

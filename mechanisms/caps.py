@@ -309,6 +309,21 @@ class RowModel:
         return float(self.kept_at(np.array([float(k)]))[0])
 
 
+def soft_threshold(rows: RowModel) -> RowModel:
+    """The histogram with each consistent count shrunk by twice its noise's standard deviation,
+    H''_b = max(0, H'_b - 2 sqrt(V)) (derived in ``mechanisms.quantile_cap``, whose rule reads
+    rows per unit from it, as ``choose_groups_checked`` reads groups per unit); non-negative,
+    hence consistent: read as exact counts (epsilon 0).
+
+    >>> shrunk = soft_threshold(RowModel((1, 2, 3), (100.0, 5.0, 0.0), 3, 1.0))  # 2 sd = 2.71
+    >>> [round(c, 2) for c in shrunk.counts()], shrunk.epsilon
+    ([97.29, 2.29, 0.0], 0.0)
+    """
+    margin = 2.0 * math.sqrt(rows.variance)
+    return RowModel(rows.starts, tuple(max(0.0, c - margin) for c in rows.counts()),
+                    rows.limit, 0.0)
+
+
 def limit_is_certain(terms: Sequence[CapTerm], epsilon_h: float, groups: int = 1) -> bool:
     """Whether :func:`choose`, given a cap histogram of ``epsilon_h`` and no clipped column,
     returns the limit whatever the histogram holds, so running it would buy nothing.
@@ -617,14 +632,47 @@ def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
     a known mean): the integral of x exp(-x / n) / n^2 over [0, tau].  Both terms are shares of
     the distinct-unit counts lost.  Ties go to the larger g.
 
+    Reading the noisy tail.  A(g) sums the counts of every bin above g, and most of the 27 bins
+    of ``cap_bins(200)`` are empty for most keys.  The consistent counts keep a positive
+    excursion of an empty bin's noise as phantom units (an empty bin's noise is positive half
+    of the time, E[X+] = a / (1 - a^2) for discrete Laplace, a = exp(-epsilon_h): 0.96 units
+    at epsilon_h = 0.5), and 20-odd empty bins hold as many phantom units as alpha U when U is
+    about a thousand: with 1005 units in one group each and epsilon_h = 0.5 the quantile of
+    the consistent counts took g > 2 in 32% of draws, 55% at epsilon_h = 0.1 (seeded
+    simulation, ``benchmarks/groups_tail.py``).  Phantom units in high bins also weigh in L(g)
+    by their middles, so the suppression term kept such g, tau(g) then hid every group.  So
+    both terms read the soft-thresholded counts (``soft_threshold``, derived in
+    ``mechanisms.quantile_cap`` for rows per unit): H''_b = max(0, H'_b - 2 sqrt(V)).  For
+    Laplace noise of scale b (sd sqrt(2) b) an empty bin then keeps E[(X - 2 sqrt(2) b)+] =
+    (b / 2) exp(-2 sqrt(2)) = 0.03 b units instead of b / 2, a 17th of the phantom mass, while
+    a real bin of c units keeps c - 2 sqrt(V).  In the sums H'' replaces H' (A, U, P, L, n).
+
+    The floor.  Shrinking every bin by 2 sd can erase a tail that holds many units in bins of
+    a few each (each within 2 sd of empty): g would drop to where nothing says it should.  So
+    g_q is never below the quantile's lower 95% limit on the consistent counts, g_lo, the
+    smallest candidate with A(g) - Z sqrt(V |{b: m_b > g}|) <= alpha (U + Z sqrt(V n_bins)):
+    below g_lo the histogram itself shows, at Z standard deviations of its noise, more than a
+    share alpha of the units above g (the mirror of the test below).  g_q = max(g_q'', g_lo),
+    g_q'' the quantile of the shrunk counts; the suppression term then searches g <= g_q as
+    before (it may go below g_lo on purpose: pairs lost against groups released).
+
     Why point estimates here.  For the cap and the bounds the limit and the declared bounds are
     the safe fallback; for g the limit is the worst choice (tau(limit) releases nothing), and
     L(g) and S(g) are both losses of the same kind, so neither is taken at a confidence limit.
     The test only sets the flag: ``noise_dominated`` when the quantile at Z standard deviations
-    (A(g) + Z sqrt(V |{b: m_b > g}|) <= alpha (U - Z sqrt(V n_bins)), V the histogram noise's
-    variance, ``discrete_laplace_variance``) finds no candidate below the limit while the point
-    estimates do: the histogram does not clearly support g, so it is not stored for reuse.  g
-    is post-processing of the noisy histogram (epsilon_t and delta are public).
+    (A(g) + Z sqrt(V |{b: m_b > g}|) <= alpha (U - Z sqrt(V n_bins)), on the consistent counts
+    H', V the histogram noise's variance, ``discrete_laplace_variance``) finds no candidate
+    below the limit while g_q is below it: the histogram does not clearly support g, so it is
+    not stored for reuse.
+
+    Privacy, and what g guarantees about the key release.  g is post-processing of the noisy
+    histogram (shrinkage, floor and flag read only its released counts and the public
+    epsilon_h, epsilon_t, delta and alpha): it costs nothing beyond the histogram's epsilon_h.
+    The key-release threshold is planned at the chosen g, tau(D) with D = min(g, k), and
+    ``rewriters.contribution.group_bound`` enforces D groups per unit in the query's rows, so
+    (epsilon_t, delta) holds for every g the rule may return: no g is unsafe, a wrong one only
+    costs accuracy (too large: tau(g) hides groups; too small: pairs are dropped).  Neither the
+    shrinkage nor the floor is a guard for delta; the flag guards only reuse.
 
     1000 units with 17 to 19 groups each (the bin [17, 19], m = 18), exact counts: g_q = 19, the
     bin's end (g = 17, the start, leaves them all above it); at epsilon_t = 1 and delta 1e-8,
@@ -641,11 +689,15 @@ def choose_groups_checked(units: RowModel, gate_epsilon: float | None = None,
     if gate_epsilon is not None and (not gate_epsilon > 0 or not 0 < delta < 1):
         raise ValueError("the key-release count needs epsilon > 0 and 0 < delta < 1")
     # The key-release threshold makes the limit the worst g, not a safe default (it releases
-    # nothing), so g itself comes from the point estimates; the test (the quantile at Z) only
-    # says whether the histogram clearly supports a quantile below the limit.
-    chosen = _groups(units, gate_epsilon, delta, alpha)
+    # nothing), so g itself comes from point estimates: of the soft-thresholded counts (the
+    # consistent ones keep phantom units in the empty tail), never below the quantile's lower
+    # 95% limit.  The test (the quantile at Z) only says whether the histogram clearly
+    # supports a quantile below the limit.
+    shrunk = soft_threshold(units)
+    quantile = max(_quantile(shrunk, alpha, 0.0), _quantile(units, alpha, -Z))
+    chosen = _groups(units, quantile, gate_epsilon, delta)
     supported = _quantile(units, alpha, Z) < units.limit
-    return GroupChoice(chosen, not supported and _quantile(units, alpha, 0.0) < units.limit)
+    return GroupChoice(chosen, not supported and quantile < units.limit)
 
 
 def _quantile(units: RowModel, alpha: float, z: float) -> int:
@@ -663,17 +715,20 @@ def _quantile(units: RowModel, alpha: float, z: float) -> int:
     return units.limit
 
 
-def _groups(units: RowModel, gate_epsilon: float | None, delta: float, alpha: float) -> int:
-    """g (``choose_groups_checked``) from the consistent counts' point estimates."""
-    quantile = _quantile(units, alpha, 0.0)
+def _groups(units: RowModel, quantile: int, gate_epsilon: float | None, delta: float) -> int:
+    """g (``choose_groups_checked``): the candidate g <= ``quantile`` (g_q) of least E(g), the
+    pairs read as the larger of the soft-thresholded counts' estimate and the consistent
+    counts' lower 95% limit (the floor)."""
     if gate_epsilon is None:
         return quantile
-    pairs = units.all_rows()
+    shrunk = soft_threshold(units)
+    pairs = max(shrunk.all_rows(), units.all_rows() - Z * units.all_rows_sd())
     best, best_error = quantile, math.inf
     for g in reversed([c for c in units.candidates() if c <= quantile]):
-        per_group = units.kept(g) / quantile
+        lost = min(max(shrunk.lost(g, 0.0), units.lost(g, -Z)), pairs)
+        per_group = max(pairs - lost, 1.0) / quantile
         r = key_release_threshold(g / gate_epsilon, g, delta) / per_group
-        error = units.lost(g, 0.0) / pairs + 1.0 - (1.0 + r) * math.exp(-r)
+        error = lost / pairs + 1.0 - (1.0 + r) * math.exp(-r)
         if error < best_error:
             best, best_error = g, error
     return best

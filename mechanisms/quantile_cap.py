@@ -77,7 +77,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mechanisms.caps import RowModel
+from mechanisms.caps import RowModel, soft_threshold
 
 
 @dataclass(frozen=True)
@@ -89,20 +89,6 @@ class QuantileCap:
     error: float
     dropped: float
     rank_error: float
-
-
-def soft_threshold(rows: RowModel) -> RowModel:
-    """The histogram with each consistent count shrunk by twice its noise's standard deviation,
-    H''_b = max(0, H'_b - 2 sqrt(V)) (module docstring); non-negative, hence consistent: read
-    as exact counts (epsilon 0).
-
-    >>> shrunk = soft_threshold(RowModel((1, 2, 3), (100.0, 5.0, 0.0), 3, 1.0))  # 2 sd = 2.71
-    >>> [round(c, 2) for c in shrunk.counts()], shrunk.epsilon
-    ([97.29, 2.29, 0.0], 0.0)
-    """
-    margin = 2.0 * math.sqrt(rows.variance)
-    return RowModel(rows.starts, tuple(max(0.0, c - margin) for c in rows.counts()),
-                    rows.limit, 0.0)
 
 
 def choose_quantile_cap(rows: RowModel, ps: Sequence[float],

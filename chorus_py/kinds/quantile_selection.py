@@ -28,7 +28,7 @@ from chorus_py.kinds.selection import Choices, Histogram, bounds_groups, histogr
 from chorus_py.statements import QueryRun, Statements
 from mechanisms import DiscreteLaplace
 from mechanisms.caps import RowModel, cap_bins, choose_groups_checked
-from mechanisms.quantile_cap import choose_quantile_cap, soft_threshold
+from mechanisms.quantile_cap import choose_quantile_cap
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
 from rewriters.selection import group_histogram
@@ -66,14 +66,11 @@ class QuantileSelection:
             exact = histogram(statements, run, *sized[("groups",)])
             noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             units = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
-            # g from the soft-thresholded counts (mechanisms.quantile_cap): the quantile of
-            # choose_groups reads phantom units in the noisy tail as units reaching many
-            # groups (at epsilon_h 0.5 and 1000 units in one group each, g far above 1 in
-            # about 30% of draws), which makes D = k and the gate count rows.  The flag still
-            # comes from the raw counts: a choice the histogram does not clearly support is
-            # not stored for reuse.
-            per_unit = choose_groups_checked(soft_threshold(units)).groups
-            fell_back = choose_groups_checked(units).noise_dominated
+            # The rule reads the soft-thresholded counts (phantom units in the noisy tail
+            # would make D = k and the gate count rows); a choice the histogram does not
+            # clearly support is not stored for reuse.
+            group_choice = choose_groups_checked(units)
+            per_unit, fell_back = group_choice.groups, group_choice.noise_dominated
         exact = histogram(statements, run, *sized[("cap",)])
         # The exact counts never leave this method: only their noisy version is read.
         noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)

@@ -248,13 +248,15 @@ def test_generous_histograms_still_narrow() -> None:
 
 
 def test_groups_per_unit_say_when_the_histogram_is_noise() -> None:
-    # 30 units with 3 groups each, epsilon_h = 0.01 (sd ~ 141 units per bin).  g keeps the
-    # point estimate (the limit would release no group at all), but the quantile at its 95%
-    # limits finds nothing below the limit: the choice is flagged, not to be reused.
+    # 30 units with 3 groups each, epsilon_h = 0.01 (sd ~ 141 units per bin).  g keeps a point
+    # estimate (the limit would release no group at all): of the soft-thresholded counts, where
+    # 30 units are within 2 sd (283) of none, so g = 1, and nothing in the histogram clearly
+    # shows units above 1 (the floor).  The quantile at its 95% limits finds nothing below the
+    # limit: the choice is flagged, not to be reused.
     rows = RowModel(cap_bins(50), tuple([0.0, 0.0, 30.0] + [0.0] * (len(cap_bins(50)) - 3)),
                     50, 0.01)
     choice = choose_groups_checked(rows)
-    assert choice.groups == 3 and choice.noise_dominated
+    assert choice.groups == 1 and choice.noise_dominated
     exact = RowModel(rows.starts, rows.noisy, 50, 0.0)
     assert choose_groups_checked(exact).groups == 3
     assert not choose_groups_checked(exact).noise_dominated
