@@ -73,8 +73,8 @@ def test_phantom_units_in_the_tail_by_hand() -> None:
     # as a histogram of epsilon_h = 0.5 (2 sd = 2 sqrt(7.835) = 5.60): 15 units above g = 1
     # exceed 1% of 1020, so the consistent counts' quantile is 161 (m = 177 and 196 above it:
     # 10 <= 10.2), and with the gate g stays there (the phantom pairs beyond g = 1 weigh
-    # 5 (147.5 + 176 + 195) = 2,592.5 of 3,612.5).  Each is within 2 sd of empty: shrunk to 0, g = 1;
-    # the floor at g = 1, 15 - Z sqrt(26 V) = 15 - 23.5 < 0, does not lift it.
+    # 5 (147.5 + 176 + 195) = 2,592.5 of 3,612.5).  Each is within 2 sd of empty: shrunk to
+    # 0, g = 1; the floor at g = 1, 15 - Z sqrt(26 V) = 15 - 23.5 < 0, does not lift it.
     v = discrete_laplace_variance(0.5)
     assert 2 * math.sqrt(v) == pytest.approx(5.598, abs=1e-3)
     assert 15 - Z * math.sqrt(26 * v) < 0.01 * 1020
