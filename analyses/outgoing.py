@@ -575,11 +575,7 @@ def _weight(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None)
                    for b in branches)
     if not isinstance(value, exp.Div) or _constant(value.this) != 1:
         return False
-    below = value.expression
-    if isinstance(below, exp.Window):
-        return isinstance(below.this, exp.Count) and _partitioned_by(below, unit)
-    return copy is not None and copy(below) and isinstance(below, exp.Column) \
-        and below.name == _UNIT_ROWS
+    return _per_unit(value.expression, unit, copy, exp.Count, _UNIT_ROWS)
 
 
 def _mark(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -> bool:
@@ -599,11 +595,17 @@ def _mark(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -
     if not isinstance(test, exp.EQ) or not isinstance(test.expression, exp.Literal) \
             or not test.expression.is_int or _constant(test.expression) != 1:
         return False
-    number = test.this
-    if isinstance(number, exp.Window):
-        return isinstance(number.this, exp.RowNumber) and _partitioned_by(number, unit)
-    return copy is not None and copy(number) and isinstance(number, exp.Column) \
-        and number.name == _STORED_RANK
+    return _per_unit(test.this, unit, copy, exp.RowNumber, _STORED_RANK)
+
+
+def _per_unit(node: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None,
+              function: type[exp.Expr], stored: str) -> bool:
+    """Whether ``node`` is ``function`` over a window partitioned by the unit alone, or, with
+    ``copy``, the ranked copy's own column ``stored`` that holds the same per unit."""
+    if isinstance(node, exp.Window):
+        return isinstance(node.this, function) and _partitioned_by(node, unit)
+    return copy is not None and copy(node) and isinstance(node, exp.Column) \
+        and node.name == stored
 
 
 def _stored_weights(chain: list[exp.Select], barrier: int, alias: str, sole: bool,
