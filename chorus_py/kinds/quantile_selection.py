@@ -24,10 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyses.query import AggregateQuery
-from chorus_py.kinds.selection import Choices, Histogram, bounds_groups, histogram
+from chorus_py.kinds.selection import (
+    Choices,
+    Histogram,
+    bounds_groups,
+    histogram,
+    noisy_units,
+)
 from chorus_py.statements import QueryRun, Statements
-from mechanisms import DiscreteLaplace
-from mechanisms.caps import RowModel, cap_bins, choose_groups_checked
+from mechanisms.caps import cap_bins, choose_groups_checked
 from mechanisms.quantile_cap import choose_quantile_cap
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
@@ -57,25 +62,19 @@ class QuantileSelection:
         """Run the noisy histograms, then pick g (thresholded keys) and the cap."""
         query = self.query
         limit = query.table_policy.contribution_bound
-        starts = cap_bins(limit)
         by_groups = bounds_groups(query)
         eps_h = self.epsilon / (1 + int(by_groups))
         sized = {what: (size, sql) for what, size, sql in self.histograms}
         per_unit, fell_back = None, False
         if by_groups:
-            exact = histogram(statements, run, *sized[("groups",)])
-            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
-            units = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
             # The rule reads the soft-thresholded counts (phantom units in the noisy tail
             # would make D = k and the gate count rows); a choice the histogram does not
             # clearly support is not stored for reuse.
-            group_choice = choose_groups_checked(units)
+            group_choice = choose_groups_checked(noisy_units(
+                histogram(statements, run, *sized[("groups",)]), limit, eps_h))
             per_unit, fell_back = group_choice.groups, group_choice.noise_dominated
-        exact = histogram(statements, run, *sized[("cap",)])
-        # The exact counts never leave this method: only their noisy version is read.
-        noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
-        del exact
-        rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
+        # Only the noisy histogram leaves: the exact one goes no further than noisy_units.
+        rows = noisy_units(histogram(statements, run, *sized[("cap",)]), limit, eps_h)
         cap = choose_quantile_cap(rows, self.ps, self.rank_error, self.groups).cap
         return Choices(cap, (), per_unit, reusable=not fell_back)
 

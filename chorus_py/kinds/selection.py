@@ -101,13 +101,10 @@ class Selection:
         per_unit = None
         groups_fell_back = False
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
-            starts = cap_bins(limit)
-            exact = exact_of(("groups",))
-            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
             gate = plan.threshold  # its epsilon and delta are public: the rule weighs tau(g)
             assert gate is not None
             group_choice = choose_groups_checked(
-                RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h),
+                noisy_units(exact_of(("groups",)), limit, eps_h),
                 gate.mechanism.epsilon, gate.delta)
             per_unit = group_choice.groups
             groups_fell_back = group_choice.noise_dominated
@@ -121,10 +118,7 @@ class Selection:
         if not with_rows and not clipped:  # only g to choose: the cap stays as it is
             return Choices(query.stability, (), per_unit, reusable=not groups_fell_back)
         if with_rows:
-            starts = cap_bins(limit)
-            exact = exact_of(("cap",))
-            noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
-            rows = RowModel(starts, tuple(float(v) for v in noisy), limit, eps_h)
+            rows = noisy_units(exact_of(("cap",)), limit, eps_h)
         else:  # event level: the units (rows) the value histograms counted
             rows = RowModel.exact_rows(max(max(sum(c.weights()), 1.0) for c in columns))
         terms = cap_terms(query, plan, {arg.key: i for i, arg in enumerate(clipped)},
@@ -139,6 +133,14 @@ class Selection:
             cap_bias=cap_bias(rows, choice.cap) if with_rows and auto else None,
             clip_bias=tuple((arg.key, clip_bias(columns[i], choice.bounds[i]))
                             for i, arg in enumerate(clipped)))
+
+
+def noisy_units(exact: np.ndarray, limit: int, eps_h: float) -> RowModel:
+    """An exact histogram of units per bin (``mechanisms.caps.cap_bins`` of ``limit``; L1
+    sensitivity 1: a unit is in one bin) as the choice rules read it: discrete Laplace noise of
+    scale 1 / ``eps_h`` on every bin.  The exact counts go no further than this function."""
+    noisy = DiscreteLaplace.from_sensitivity(1, eps_h).sample(exact)
+    return RowModel(cap_bins(limit), tuple(float(v) for v in noisy), limit, eps_h)
 
 
 def _bias_text(bias: SelectionBias | None, what: str) -> str | None:
