@@ -25,7 +25,7 @@ import dataclasses
 import math
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,14 +258,21 @@ class Engine:
             self.statements.check_scratch_plan(*prepared.finish)
         # The claim comes back consumed (charged before anything runs).  ``run`` records whether
         # any statement read a row: only if none did may a failure refund it (Statements.run).
-        claim = self._claim(prepared, analyst, sql, wait_seconds, remaining)
-        run = QueryRun(claim)
+        # Its commit overlaps the statements (Ledger.claim_overlapped): ``run.settle`` waits for
+        # it before anything of the query leaves, an error included.
+        claim, durable = self._claim(prepared, analyst, sql, wait_seconds, remaining)
+        run = QueryRun(claim, durable)
         selection = prepared.selection
         chosen = None
-        if selection is not None:
-            chosen = selection.choose(self.statements, run)
-            prepared = selection.apply(chosen)
-        answer = kind.run(prepared, run)
+        try:
+            if selection is not None:
+                chosen = selection.choose(self.statements, run)
+                prepared = selection.apply(chosen)
+            answer = kind.run(prepared, run)
+        except BaseException:
+            run.settle()  # an unrecorded charge is the error shown, not the query's
+            raise
+        run.settle()
         result = answer.result
         # Choices made on the data are kept for reuse only now: the query that paid for them
         # succeeded and its claim stays consumed (never after a failure, which may refund).
@@ -382,19 +389,19 @@ class Engine:
 
     # -- budget (steps 6 and 10) -----------------------------------------------------------
     def _claim(self, prepared: Prepared, analyst: str, sql: str, wait_seconds: float | None,
-               remaining: bool = True) -> Claim | None:
+               remaining: bool = True) -> tuple[Claim | None, Callable[[], None] | None]:
         """Claim the query's cost on every block it reads (None: it reads no block, e.g. a
-        public query); with ``remaining``, the claim brings back each block's guarantee after
-        it."""
+        public query), and what waits for the charge to be on disk; with ``remaining``, the
+        claim brings back each block's guarantee after it."""
         if not prepared.blocks:
-            return None
+            return None, None
         report = prepared.report
         self.ledger.ensure_blocks(prepared.blocks)
         try:
-            return self.ledger.claim(analyst, prepared.blocks, report.epsilon, report.delta,
-                                     description=sql[:200], events=prepared.events,
-                                     wait_seconds=wait_seconds, consume_on_grant=True,
-                                     views=False if remaining else None)
+            return self.ledger.claim_overlapped(
+                analyst, prepared.blocks, report.epsilon, report.delta, description=sql[:200],
+                events=prepared.events, wait_seconds=wait_seconds,
+                views=False if remaining else None)
         except ValueError as err:  # e.g. a negative wait time
             raise InvalidParameter(str(err)) from None
         except BudgetExhausted as err:

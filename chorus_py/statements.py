@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import duckdb
 
@@ -42,10 +42,26 @@ class QueryRun:
     before any refund; it is the only place a claim is refunded.
     """
 
-    def __init__(self, claim: Claim | None) -> None:
+    def __init__(self, claim: Claim | None,
+                 durable: Callable[[], None] | None = None) -> None:
         self.claim = claim
         self.touched = False
         self.refunded = False
+        # ``Ledger.claim_overlapped``: the claim's commit may still be running.
+        self._durable = durable
+        self._unrecorded: BaseException | None = None
+
+    def settle(self) -> None:
+        """Wait until the claim's charge is on disk; raises when it was not recorded, and
+        then nothing of the query (answer, data-dependent error, refund) may leave."""
+        if self._durable is not None:
+            durable, self._durable = self._durable, None
+            try:
+                durable()
+            except BaseException as err:
+                self._unrecorded = err
+        if self._unrecorded is not None:
+            raise self._unrecorded
 
     def read(self) -> None:
         """A statement of the query ran to the end: it read rows."""
@@ -59,6 +75,7 @@ class QueryRun:
         """Refund the claim if nothing of this query read a row; whether it was refunded."""
         if self.claim is None or self.touched or self.refunded:
             return False
+        self.settle()  # a claim is refunded once its charge is recorded
         ledger.refund(self.claim)  # consumed on grant: give it back
         self.refunded = True
         return True

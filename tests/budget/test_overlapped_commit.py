@@ -1,0 +1,192 @@
+"""A query's charge commits while its statements run (``Ledger.claim_overlapped``), and nothing
+of the query leaves the proxy before that commit is on disk.
+
+The ledger decides a claim in its transaction, then commits it (an fsync on a durable store, as
+long as a whole DuckDB answer): the decision is all the statements need, the commit is all the
+release needs.  These tests hold or fail the commit at ``before_commit`` (the store's hook
+between the transaction's writes and its commit) and check each side of that line.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from budget.ledger import InMemoryLedger, Ledger
+from budget.store import SQLiteStore
+from chorus_py.engine import Engine
+from chorus_py.errors import BackendError, BudgetExhausted
+from tests.budget.test_scheduler import check_all, fields
+from tests.conftest import nothing_spent
+
+
+def sqlite_ledger(tmp_path: Path) -> Ledger:
+    return Ledger(1.0, 1e-6, store=SQLiteStore(tmp_path / "ledger.sqlite3"))
+
+
+class DiskFull(Exception):
+    """What a store's commit may raise."""
+
+
+def test_the_claim_comes_back_decided_while_its_commit_is_held(tmp_path: Path) -> None:
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a", "b"])
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+    gate, committing = threading.Event(), threading.Event()
+
+    def held() -> None:
+        committing.set()
+        assert gate.wait(10)
+
+    store.before_commit = held
+    claim, durable = led.claim_overlapped("alice", ["a", "b"], 0.25, 1e-7, views=False)
+    # Back as decided: its commit runs (and is held) in the ledger's thread.
+    assert committing.wait(5) and not gate.is_set()
+    assert claim.state == "consumed"
+    assert [b.block_id for b in claim.left] == ["a", "b"]
+    assert claim.left[0].epsilon_left == pytest.approx(0.75)
+    waited = threading.Event()
+
+    def settle() -> None:
+        durable()
+        waited.set()
+
+    waiter = threading.Thread(target=settle)
+    waiter.start()
+    time.sleep(0.2)
+    assert not waited.is_set()  # durable waits for the commit
+    gate.set()
+    waiter.join(10)
+    assert waited.is_set()
+    store.before_commit = None
+    assert fields(led, "a") == fields(led, "b") == (0.0, 0.75, 0.0, 0.25)
+    (stored,) = led.claims()
+    assert (stored.claim_id, stored.state) == (claim.claim_id, "consumed")
+    led.close()
+    check_all(Ledger(1.0, 1e-6, store=SQLiteStore(tmp_path / "ledger.sqlite3")))
+
+
+def test_a_commit_that_fails_makes_durable_raise_and_spends_nothing(tmp_path: Path) -> None:
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a"])
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+
+    def fail() -> None:
+        raise DiskFull("disk full")
+
+    store.before_commit = fail
+    claim, durable = led.claim_overlapped("alice", ["a"], 0.25, 0.0)
+    assert claim.state == "consumed"  # as decided; the commit has not succeeded
+    with pytest.raises(DiskFull):
+        durable()
+    with pytest.raises(DiskFull):  # and again: the caller may ask twice
+        durable()
+    store.before_commit = None
+    assert fields(led, "a") == (0.0, 1.0, 0.0, 0.0)
+    assert not led.claims()
+    check_all(led)
+
+
+def test_a_refusal_is_raised_by_the_claim_itself(tmp_path: Path) -> None:
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a"])
+    with pytest.raises(BudgetExhausted, match="nothing was spent"):
+        led.claim_overlapped("alice", ["a"], 2.0, 0.0, wait_seconds=0)
+    assert fields(led, "a") == (0.0, 1.0, 0.0, 0.0)
+
+
+def test_a_ledger_in_memory_commits_before_returning() -> None:
+    led = InMemoryLedger(1.0, 1e-6)
+    led.ensure_blocks(["a"])
+    claim, durable = led.claim_overlapped("alice", ["a"], 0.5, 0.0)
+    assert claim.state == "consumed" and fields(led, "a") == (0.0, 0.5, 0.0, 0.5)
+    durable()
+
+
+# -- the engine: statements overlap the commit, the release waits for it ----------------------
+
+@pytest.fixture
+def timeline(engine: Engine, monkeypatch: pytest.MonkeyPatch
+             ) -> tuple[list[str], Callable[[Callable[[], None]], None]]:
+    """What happened in which order: statements sent, commits begun and ended."""
+    events: list[str] = []
+    run = engine.backend.run
+
+    def logged(sql: str, *args: object, **kwargs: object) -> object:
+        events.append("statement")
+        return run(sql, *args, **kwargs)
+
+    monkeypatch.setattr(engine.backend, "run", logged)
+    store = engine.ledger.store
+    assert isinstance(store, SQLiteStore)  # a policy file's default ledger
+
+    def hook(during: Callable[[], None]) -> None:
+        def before_commit() -> None:
+            events.append("commit begins")
+            during()
+            events.append("commit ends")
+        store.before_commit = before_commit
+
+    yield events, hook
+    store.before_commit = None
+
+
+def test_the_answer_runs_during_the_commit_and_is_released_after_it(
+        engine: Engine, timeline: tuple[list[str], Callable[[Callable[[], None]], None]]) -> None:
+    events, hook = timeline
+    sql = "SELECT COUNT(*) FROM trips"
+    engine.execute(sql, epsilon=0.5, analyst="alice")  # caches and the ranked copy ready
+    events.clear()
+    hook(lambda: time.sleep(0.3))
+    started = time.perf_counter()
+    result = engine.execute(sql, epsilon=0.5, analyst="alice")
+    assert time.perf_counter() - started >= 0.3  # released only once the commit ended
+    assert result.report.charged and len(result.rows) == 1
+    assert events.index("statement") < events.index("commit ends")  # ran during the commit
+
+
+def test_an_answer_whose_charge_failed_to_commit_is_never_released(
+        engine: Engine, timeline: tuple[list[str], Callable[[Callable[[], None]], None]]) -> None:
+    events, hook = timeline
+
+    def fail() -> None:
+        raise DiskFull("disk full")
+
+    hook(fail)
+    with pytest.raises(DiskFull):
+        engine.execute("SELECT COUNT(*) FROM trips", epsilon=0.5, analyst="alice")
+    assert "statement" in events  # the database answered; the answer stayed in the proxy
+    assert nothing_spent(engine)
+
+
+def test_a_data_error_is_shown_only_on_a_recorded_charge(
+        engine: Engine, timeline: tuple[list[str], Callable[[Callable[[], None]], None]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure that may depend on the data (after a statement read rows) is an answer too:
+    with the commit failing, the analyst sees the ledger's error, never the data's."""
+    from chorus_py.backends import StatementFailed
+
+    def failing(sql: str, *args: object, **kwargs: object) -> object:
+        raise StatementFailed(True, "division by zero")
+
+    sql = "SELECT SUM(fare) FROM trips"
+    engine.execute(sql, epsilon=0.5, analyst="alice")
+    monkeypatch.setattr(engine.backend, "run", failing)
+    with pytest.raises(BackendError, match="charged"):  # the commit is fine: the data's error
+        engine.execute(sql, epsilon=0.5, analyst="alice")
+    spent = [b.epsilon_consumed for b in engine.ledger.blocks()]
+    _, hook = timeline
+
+    def fail() -> None:
+        raise DiskFull("disk full")
+
+    hook(fail)
+    with pytest.raises(DiskFull):
+        engine.execute(sql, epsilon=0.5, analyst="alice")
+    assert [b.epsilon_consumed for b in engine.ledger.blocks()] == spent
