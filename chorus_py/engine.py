@@ -7,7 +7,9 @@ between kinds of query by a *kind* (``chorus_py.kinds``: public, single table, j
    then pick the kind                          -> ``Engine._pick``
 5. plan noise, 7. rewrite, report              -> ``QueryKind.prepare`` (pure, cached per shape)
    plan every statement (EXPLAIN)              -> ``chorus_py.statements`` (wall 6)
-6. claim                                       -> ``budget.ledger`` (consumed on grant)
+6. claim                                       -> ``budget.ledger`` (consumed on grant; its
+                                                  commit overlaps steps 8-9, waited for before
+                                                  anything is released: ``QueryRun.settle``)
    choose caps and clipping bounds             -> ``chorus_py.kinds.selection`` (own epsilon)
 8. execute, 9. post-process                    -> ``QueryKind.run`` through ``Statements.run``,
                                                   each statement checked by ``analyses.outgoing``
