@@ -154,13 +154,15 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
         raise Refused(f"a statement released without noise reads private table '{private[0][1]}'")
     allowed = _SAMPLED_AGGREGATES if release == "sampled" else _BARRIER_AGGREGATES
     barriers: list[exp.Select] = []
+    reads: dict[int, list[exp.Table]] = {}  # id(barrier) -> the private reads below it
     for table, name in private:
         barrier = _check_private_read(table, name, rules, allowed)
         # Several reads may share one barrier (a ranked copy's light and heavy branches).
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
+        reads.setdefault(id(barrier), []).append(table)
     if release == "noised_in_sql":
-        _check_noise(tree, barriers, rules)
+        _check_noise(tree, barriers, rules, reads)
 
 
 # -- 1. binding ------------------------------------------------------------------------------
@@ -704,7 +706,8 @@ def _window(conjuncts: list[exp.Expr], alias: str, column: str, sole: bool) -> b
 
 
 # -- 5. noise --------------------------------------------------------------------------------
-def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRules) -> None:
+def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRules,
+                 reads: Mapping[int, list[exp.Table]]) -> None:
     with_ = tree.args.get("with_")
     ctes = with_.expressions if isinstance(with_, exp.With) else []
     if len(ctes) != 1 or ctes[0].alias_or_name != NOISY or not ctes[0].args.get("materialized"):
@@ -727,12 +730,13 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRu
             or not isinstance(inner.this, exp.Select):
         raise Refused(f"{NOISY} does not read ({EXACT})")
     exact = inner.this
-    if len(barriers) == 1 and _released_empty(exact, barriers[0]):
+    # One aggregation of the private rows, or the sum of a ranked copy's two branches'.
+    measured = barriers[0] if len(barriers) == 1 else _combination(barriers, reads, rules)
+    if _released_empty(exact, measured):
         return  # WHERE FALSE over the aggregation: no row reaches the noise, nothing is released
-    for barrier in barriers:
-        if barrier is not exact and not _grid_over(exact, barrier, rules):
-            raise Refused("an aggregation of a private table is not the exact measurements "
-                          "the noise reads")
+    if measured is not exact and not _grid_over(exact, measured, rules):
+        raise Refused("an aggregation of a private table is not the exact measurements "
+                      "the noise reads")
     passed: list[str] = []
     noised: set[str] = set()
     for item in noisy.expressions:
@@ -754,6 +758,86 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRu
         if not gate:
             raise Refused(f"group key {from_rows[0]} comes from private rows but is released "
                           "without the noisy threshold")
+
+
+def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]],
+                 rules: OutgoingRules) -> exp.Select:
+    """The SELECT ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY keys`` over
+    exactly the two ``barriers``, the per-group aggregates of a ranked copy's light and heavy
+    branches (``rewriters.pipeline._combined``): each output a GROUP BY column passed through
+    or a SUM of a column (cast or not), nothing else.  A unit's rows feed one branch only
+    (``_disjoint_branches``), so each sum is that of one aggregation over the union of the
+    branches' rows and the stability of each branch, k, holds for the sum: were the branches
+    not disjoint, a unit could give k rows to each, 2k in all."""
+    if len(barriers) != 2:
+        raise Refused("more than one aggregation of private rows and not a ranked copy's two "
+                      "branches")
+    first, second = barriers
+    union = first.parent
+    if not isinstance(union, exp.Union) or isinstance(union, exp.Intersect | exp.Except) \
+            or union.args.get("distinct") or second.parent is not union \
+            or {id(union.this), id(union.expression)} != {id(first), id(second)}:
+        raise Refused("two aggregations of private rows that are not one UNION ALL")
+    holder = union.parent
+    if not isinstance(holder, exp.Subquery) or not isinstance(holder.parent, exp.From) \
+            or not isinstance(holder.parent.parent, exp.Select):
+        raise Refused("the UNION ALL of two aggregations is not read as a FROM")
+    combiner = holder.parent.parent
+    if any(combiner.args.get(a) for a in ("joins", "where", "with_", *_FORBIDDEN_IN_BARRIER)):
+        raise Refused("the sum of two aggregations is not a plain GROUP BY")
+    group = combiner.args.get("group")
+    if group is not None and (any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets"))
+                              or not all(isinstance(k, exp.Column) for k in group.expressions)):
+        raise Refused("the sum of two aggregations groups by something other than columns")
+    keys = {k.sql() for k in group.expressions} if group is not None else set()
+    for item in combiner.expressions:
+        value = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(value, exp.Column) and value.sql() in keys:
+            continue
+        total = value.this if isinstance(value, exp.Cast) else value
+        if not isinstance(total, exp.Sum) or not isinstance(total.this, exp.Column):
+            raise Refused(f"the sum of two aggregations outputs {item.alias_or_name}, neither "
+                          "a group key nor a SUM of one of their columns")
+    _disjoint_branches(reads[id(first)], reads[id(second)], rules)
+    return combiner
+
+
+def _disjoint_branches(first: list[exp.Table], second: list[exp.Table],
+                       rules: OutgoingRules) -> None:
+    """Refuse unless each branch reads one table, the same ranked copy, one where
+    ``__chorus_unit_rows <= K`` and the other where ``__chorus_unit_rows > K`` (the same
+    literal K, ANDed into each reading SELECT's WHERE): a unit's stored row count is the same
+    on all its rows, so its rows pass one of the two filters only."""
+    if len(first) != 1 or len(second) != 1:
+        raise Refused("a branch of the sum of two aggregations reads private rows twice")
+    (a,), (b,) = first, second
+    db_a, db_b = a.args.get("db"), b.args.get("db")
+    if not (db_a is not None and db_a.name == rules.private_schema and _RANKED_MARKER in a.name
+            and db_b is not None and db_b.name == rules.private_schema
+            and a.name == b.name):
+        raise Refused("the two aggregations do not read one ranked copy")
+    low_a, high_a = _unit_rows_bounds(a)
+    low_b, high_b = _unit_rows_bounds(b)
+    if not (low_a & high_b or low_b & high_a):
+        raise Refused("the two branches of a ranked copy are not disjoint (__chorus_unit_rows "
+                      "<= K in one, > K in the other)")
+
+
+def _unit_rows_bounds(table: exp.Table) -> tuple[set[int], set[int]]:
+    """The K of every ``alias.__chorus_unit_rows <= K`` and of every ``> K`` ANDed into the
+    WHERE of the SELECT that reads ``table`` (a bare column when it is that SELECT's only
+    source)."""
+    reader = _select_ancestors(table)[0]
+    alias, sole = table.alias_or_name, not reader.args.get("joins")
+    below: set[int] = set()
+    above: set[int] = set()
+    for c in _conjuncts(reader.args.get("where")):
+        if isinstance(c, exp.LTE | exp.GT) and isinstance(c.this, exp.Column) \
+                and c.this.name == _UNIT_ROWS \
+                and (c.this.table == alias or (sole and not c.this.table)) \
+                and isinstance(c.expression, exp.Literal) and c.expression.is_int:
+            (below if isinstance(c, exp.LTE) else above).add(int(c.expression.this))
+    return below, above
 
 
 def _released_empty(exact: exp.Select, barrier: exp.Select) -> bool:

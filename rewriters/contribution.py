@@ -185,6 +185,16 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.
     (PARTITION BY t.rider_id ORDER BY t.__chorus_rank) AS __chorus_krank FROM p.trips__ranked_x
     AS t WHERE t.fare > 3 AND t.__chorus_unit_rows > 5) AS b WHERE b.__chorus_krank <= 5
     """
+    light, heavy = ranked_branches(rows, alias, unit, k)
+    return exp.union(light, heavy, distinct=False, copy=False)
+
+
+def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int
+                    ) -> tuple[exp.Select, exp.Select]:
+    """The light and the heavy branch of ``ranked_contribution``, apart: the rows of the units
+    with n_u <= k in the copy, and the first k filtered rows of each heavier unit.  Each unit
+    is in exactly one of them, so aggregates of the two can be combined group by group
+    (``rewriters.pipeline``, Postgres: each branch aggregated on its own)."""
     if k < 1:
         raise ValueError("k must be >= 1")
     size = exp.column(UNIT_ROWS, table=alias)
@@ -198,4 +208,4 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.
                                       copy=False)
     kept = (exp.select("*").from_(heavy.subquery("b", copy=False), copy=False)
             .where(exp.column(KEPT_RANK, table="b") <= cap.copy(), copy=False))
-    return exp.union(light, kept, distinct=False, copy=False)
+    return light, kept
