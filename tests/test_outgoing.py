@@ -17,6 +17,7 @@ from sqlglot import exp
 from analyses.outgoing import Refused, verify
 from chorus_py.engine import Engine
 from chorus_py.errors import InternalError
+from rewriters import pipeline
 
 GROUPED = "SELECT city, COUNT(*), AVG(fare) FROM trips GROUP BY city"      # public keys
 # Filtered: a ranked copy is read as light UNION ALL heavy (GROUPED keeps its stored ranks).
@@ -45,11 +46,15 @@ def _tree(engine: Engine, sql: str) -> exp.Select:
 
 
 def _barrier(tree: exp.Select) -> exp.Select:
-    """The select that aggregates the private rows (the measure)."""
-    return next(s for s in tree.find_all(exp.Select)
-                if s.args.get("group") is not None or any(
-                    isinstance(a.parent, exp.Alias) for a in s.find_all(exp.Count)
-                    if a.parent_select is s))
+    """The select that aggregates the private rows (the measure; of the split ranked copy,
+    the light branch's: the first aggregation with no aggregation inside it)."""
+    def aggregates(s: exp.Select) -> bool:
+        return s.args.get("group") is not None or any(
+            isinstance(a.parent, exp.Alias) for a in s.find_all(exp.Count)
+            if a.parent_select is s)
+
+    return next(s for s in tree.find_all(exp.Select) if aggregates(s) and not any(
+        aggregates(inner) for inner in s.find_all(exp.Select) if inner is not s))
 
 
 @pytest.mark.parametrize("query", [GROUPED, THRESHOLDED, EVENT])
@@ -266,3 +271,104 @@ def test_the_attack_text_would_be_stopped_even_without_binding(engine: Engine) -
             "(WITH c AS (SELECT 1 AS a FROM cities) SELECT a FROM c) s")
     with pytest.raises(Refused, match="not qualified"):
         _check(engine, bare, "exact", frozenset({"cities"}))
+
+
+# -- the ranked copy's branches aggregated apart and added (rewriters.pipeline._combined) --------
+def _parts(engine: Engine, sql: str) -> tuple[exp.Select, exp.Union, list[exp.Select]]:
+    """The combining SELECT, its UNION ALL and the two branch aggregations (light first)."""
+    tree = _tree(engine, sql)
+    union = next(u for u in tree.find_all(exp.Union))
+    return tree, union, [union.this, union.expression]
+
+
+def _split_mutation(edit: Callable[[exp.Select, exp.Union, list[exp.Select]], None]) -> Mutation:
+    def mutate(engine: Engine, sql: str) -> str:
+        tree, union, branches = _parts(engine, sql)
+        edit(tree, union, branches)
+        return tree.sql(engine.dialect)
+    mutate.__name__ = edit.__name__
+    return mutate
+
+
+def _heavy_without_its_test(engine: Engine, sql: str) -> str:
+    """The heavy branch ranks every unit (no n_u > k): a light unit's rows in both branches."""
+    out = re.sub(r" AND (\w+\.__chorus_unit_rows > \d+)", r" AND (\1 OR TRUE)", sql)
+    assert out != sql
+    return out
+
+
+def _light_cap_above_k(engine: Engine, sql: str) -> str:
+    """Light n_u <= k + 1, heavy n_u > k: each still bounded, but a unit of k + 1 rows is in
+    both branches."""
+    k = int(re.search(r"__chorus_unit_rows > (\d+)", sql).group(1))
+    out = sql.replace(f"__chorus_unit_rows <= {k}", f"__chorus_unit_rows <= {k + 1}")
+    assert out != sql
+    return out
+
+
+def _light_twice(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    union.set("expression", branches[0].copy())  # light UNION ALL light: every light unit twice
+
+
+def _third_branch(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    union.replace(exp.union(union.copy(), branches[0].copy(), distinct=False))
+
+
+def _union_distinct(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    union.set("distinct", True)
+
+
+def _max_of_parts(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    combiner = union.parent_select
+    total = next(t for t in combiner.find_all(exp.Sum) if t.parent_select is combiner)
+    total.replace(exp.Max(this=total.this.copy()))
+
+
+def _raw_column_of_parts(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    combiner = union.parent_select
+    combiner.select(exp.column("m0", table="chorus_parts"), copy=False)
+
+
+def _parts_filtered(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    union.parent_select.where("chorus_parts.m0 > 1", copy=False)
+
+
+SPLIT_MUTATIONS = [_heavy_without_its_test, _light_cap_above_k, *[_split_mutation(m) for m in (
+    _light_twice, _third_branch, _union_distinct, _max_of_parts, _raw_column_of_parts,
+    _parts_filtered)]]
+SPLIT_QUERIES = [FILTERED, "SELECT COUNT(*), SUM(fare) FROM trips WHERE fare > 1",
+                 "SELECT COUNT(DISTINCT rider_id) FROM trips WHERE fare > 1"]
+
+
+@pytest.fixture
+def split(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """The engine with the ranked copy's branches aggregated apart on its backend too (the
+    default on Postgres only: the shape must pass and its near misses fail on both)."""
+    monkeypatch.setattr(pipeline, "SPLIT_DIALECTS", frozenset({engine.dialect}))
+    return engine
+
+
+@pytest.mark.parametrize("query", SPLIT_QUERIES)
+def test_the_split_branches_pass(split: Engine, query: str) -> None:
+    sql = _sql(split, query)
+    assert "chorus_parts" in sql and "UNION ALL" in sql
+    _check(split, sql)
+
+
+@pytest.mark.parametrize("mutation", SPLIT_MUTATIONS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("query", SPLIT_QUERIES)
+def test_near_misses_of_the_split_branches_are_refused(split: Engine, mutation: Mutation,
+                                                       query: str) -> None:
+    sql = _sql(split, query)
+    _check(split, sql)
+    with pytest.raises(Refused):
+        _check(split, mutation(split, sql))
+
+
+def test_the_split_disjointness_is_what_refuses(split: Engine) -> None:
+    """Each branch alone is bounded (rule 4 passes): the refusal is the missing disjointness."""
+    sql = _sql(split, FILTERED)
+    for mutation in (_heavy_without_its_test, _light_cap_above_k,
+                     _split_mutation(_light_twice)):
+        with pytest.raises(Refused, match="not disjoint"):
+            _check(split, mutation(split, sql))
