@@ -51,7 +51,11 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
    expression with RANDOM() (noise), every barrier lies inside E, and E is the barrier itself,
    the public-values grid LEFT JOIN the barrier, or ``SELECT ... FROM (barrier) AS e WHERE
-   FALSE`` (no declared key left: no row).  The grid is made of literal VALUES and of SELECTs
+   FALSE`` (no declared key left: no row).  Where the barrier is named, the sum of a ranked
+   copy's two branches may stand, on every release (the proxy's noise, too, is calibrated
+   to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY
+   keys``, B1 and B2 barriers that read the copy with ``__chorus_unit_rows <= K`` and ``> K``
+   (each unit in one of them only).  The grid is made of literal VALUES and of SELECTs
    that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
    that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
    outer WHERE.  A statement whose exact
@@ -161,8 +165,11 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
         reads.setdefault(id(barrier), []).append(table)
+    # One aggregation of the private rows, or the sum of a ranked copy's two branches' (on
+    # every release: the proxy's noise, too, is calibrated to one aggregation's stability).
+    measured = barriers[0] if len(barriers) == 1 else _combination(barriers, reads, rules)
     if release == "noised_in_sql":
-        _check_noise(tree, barriers, rules, reads)
+        _check_noise(tree, measured, rules)
 
 
 # -- 1. binding ------------------------------------------------------------------------------
@@ -706,8 +713,7 @@ def _window(conjuncts: list[exp.Expr], alias: str, column: str, sole: bool) -> b
 
 
 # -- 5. noise --------------------------------------------------------------------------------
-def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRules,
-                 reads: Mapping[int, list[exp.Table]]) -> None:
+def _check_noise(tree: exp.Select, measured: exp.Select, rules: OutgoingRules) -> None:
     with_ = tree.args.get("with_")
     ctes = with_.expressions if isinstance(with_, exp.With) else []
     if len(ctes) != 1 or ctes[0].alias_or_name != NOISY or not ctes[0].args.get("materialized"):
@@ -730,8 +736,6 @@ def _check_noise(tree: exp.Select, barriers: list[exp.Select], rules: OutgoingRu
             or not isinstance(inner.this, exp.Select):
         raise Refused(f"{NOISY} does not read ({EXACT})")
     exact = inner.this
-    # One aggregation of the private rows, or the sum of a ranked copy's two branches'.
-    measured = barriers[0] if len(barriers) == 1 else _combination(barriers, reads, rules)
     if _released_empty(exact, measured):
         return  # WHERE FALSE over the aggregation: no row reaches the noise, nothing is released
     if measured is not exact and not _grid_over(exact, measured, rules):

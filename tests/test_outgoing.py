@@ -372,3 +372,19 @@ def test_the_split_disjointness_is_what_refuses(split: Engine) -> None:
                      _split_mutation(_light_twice)):
         with pytest.raises(Refused, match="not disjoint"):
             _check(split, mutation(split, sql))
+
+
+def test_proxy_noise_needs_the_split_branches_disjoint(make_engine: Callable[..., Engine],
+                                                       backend_url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact measurements the proxy noises: the same sum of the two branches, and the
+    same refusal when a unit could be in both (the noise assumes k rows per unit)."""
+    engine = make_engine(backend_url, noise="proxy")
+    monkeypatch.setattr(pipeline, "SPLIT_DIALECTS", frozenset({engine.dialect}))
+    sql = _sql(engine, FILTERED)
+    assert "chorus_parts" in sql
+    _check(engine, sql, "noised_by_proxy")
+    for mutation in (_heavy_without_its_test, _split_mutation(_light_twice),
+                     _split_mutation(_third_branch)):
+        with pytest.raises(Refused):
+            _check(engine, mutation(engine, sql), "noised_by_proxy")
