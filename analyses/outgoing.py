@@ -610,9 +610,17 @@ def _mark(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -
 def _per_unit(node: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None,
               function: type[exp.Expr], stored: str) -> bool:
     """Whether ``node`` is ``function`` over a window partitioned by the unit alone, or, with
-    ``copy``, the ranked copy's own column ``stored`` that holds the same per unit."""
+    ``copy``, the ranked copy's own column ``stored`` that holds the same per unit.
+
+    A COUNT (a weight's denominator) must count the whole partition: no ORDER BY and no
+    frame.  ``COUNT(*) OVER (PARTITION BY unit ORDER BY x)`` is a running count 1, 2, .., n,
+    whose weights 1, 1/2, .., 1/n add up to the harmonic number H_n ~ ln n, not 1: the
+    histogram's sensitivity would grow with the unit's rows.  (ROW_NUMBER numbers each row
+    once in any order, so its one row numbered 1 is a mark however it is ordered.)"""
     if isinstance(node, exp.Window):
-        return isinstance(node.this, function) and _partitioned_by(node, unit)
+        whole = not (node.args.get("order") or node.args.get("spec")) \
+            or function is not exp.Count
+        return isinstance(node.this, function) and _partitioned_by(node, unit) and whole
     return copy is not None and copy(node) and isinstance(node, exp.Column) \
         and node.name == stored
 

@@ -388,3 +388,21 @@ def test_proxy_noise_needs_the_split_branches_disjoint(make_engine: Callable[...
                      _split_mutation(_third_branch)):
         with pytest.raises(Refused):
             _check(engine, mutation(engine, sql), "noised_by_proxy")
+
+
+def test_a_weight_counts_the_whole_unit(engine: Engine) -> None:
+    """A selection histogram's weight 1 / COUNT(x) OVER (PARTITION BY unit) passes; over a
+    running count (ORDER BY, or a frame) a unit's weights add up to H_n ~ ln n, not 1: refused."""
+    blocks = ("CAST('2026-01-01 00:00:00' AS TIMESTAMP) <= t.pickup_time AND t.pickup_time < "
+              "CAST('2026-02-01 00:00:00' AS TIMESTAMP)")
+
+    def histogram(window: str) -> str:
+        return (f"SELECT SUM(r.w) AS w FROM (SELECT CASE WHEN t.fare IS NULL THEN NULL ELSE "
+                f"CAST(1 AS DOUBLE PRECISION) / COUNT(t.fare) OVER (PARTITION BY t.rider_id"
+                f"{window}) END AS w FROM \"{engine.schema}\".trips AS t WHERE {blocks}) AS r")
+
+    _check(engine, histogram(""), "noised_by_proxy")
+    for running in (" ORDER BY t.fare", " ORDER BY t.fare ROWS BETWEEN UNBOUNDED PRECEDING "
+                    "AND CURRENT ROW", " ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"):
+        with pytest.raises(Refused, match="contribution bounding"):
+            _check(engine, histogram(running), "noised_by_proxy")
