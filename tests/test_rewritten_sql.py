@@ -55,8 +55,12 @@ def test_rewritten_sql_reparses_and_is_protected(engine: Engine, sql: str) -> No
         # the stored ranks of the table's ranked copy when every row passes the filter).
         assert any(isinstance(w.this, exp.RowNumber) for w in tree.find_all(exp.Window)) \
             or re.search(r"__ranked_\w+\"? AS \w+ WHERE .* AND \w+\.__chorus_rank <= \d+", text)
-    # Every summed value is clipped (LEAST(GREATEST(...)), or a column's comparisons).
+    # Every summed value is clipped (LEAST(GREATEST(...)), or a column's comparisons); on
+    # Postgres a ranked copy's branches are summed apart, then their sums added (those sums
+    # of chorus_parts' columns are the clipped sums themselves, checked here too).
     for total in cte.find_all(exp.Sum):
+        if isinstance(total.this, exp.Column) and total.this.table == "chorus_parts":
+            continue
         assert (total.find(exp.Least) is not None and total.find(exp.Greatest) is not None) \
             or any(_clamps_a_column(case) for case in total.find_all(exp.Case))
 
