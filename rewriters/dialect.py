@@ -13,6 +13,12 @@ backend binds to a fresh 63-bit secret from :mod:`secrets` for every statement
 the SQL text.  (The privacy of contribution bounding does not rest on that randomness: a unit's
 kept rows depend on its own rows only, so neighbours differ in at most k rows whichever are kept;
 the rank's randomness keeps the kept rows an unbiased choice.)
+
+Spark also refuses a ``ROW_NUMBER()`` window without ORDER BY.  The selection histograms mark
+one row per unit with ``ROW_NUMBER() OVER (PARTITION BY unit) = 1`` (any row will do): for Spark
+the window is ordered by its own partition keys, a tie, so it still numbers the rows in any
+order.  Postgres and DuckDB get no ORDER BY: there the mark's window then shares the unit
+counts' window (one WindowAgg instead of two, a fifth less time on Postgres).
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ def dialect(node: exp.Expr, name: str, copy: bool = True) -> exp.Expr:
     'SELECT ROUND(CAST(AVG(x) AS DECIMAL), 2)'
     >>> dialect(parse_one("SELECT t.*, RANDOM() AS r FROM trips AS t"), "spark").sql("spark")
     'SELECT t.*, XXHASH64(:chorus_key, t.*) AS r FROM trips AS t'
+    >>> dialect(parse_one("SELECT ROW_NUMBER() OVER (PARTITION BY u) FROM t"), "spark").sql("spark")
+    'SELECT ROW_NUMBER() OVER (PARTITION BY u ORDER BY u) FROM t'
     """
     if name == "spark":
-        return (node.copy() if copy else node).transform(_keyed_hash, copy=False)
+        return (node.copy() if copy else node).transform(_for_spark, copy=False)
     if name != "postgres":
         return node.copy() if copy else node
 
@@ -43,6 +51,16 @@ def dialect(node: exp.Expr, name: str, copy: bool = True) -> exp.Expr:
         return sub
 
     return (node.copy() if copy else node).transform(visit, copy=False)
+
+
+def _for_spark(sub: exp.Expr) -> exp.Expr:
+    if isinstance(sub, exp.Window) and isinstance(sub.this, exp.RowNumber) \
+            and not sub.args.get("order") and sub.args.get("partition_by"):
+        sub.set("order", exp.Order(expressions=[
+            exp.Ordered(this=key.copy(), nulls_first=True)  # Spark's own default order
+            for key in sub.args["partition_by"]]))
+        return sub
+    return _keyed_hash(sub)
 
 
 def _keyed_hash(sub: exp.Expr) -> exp.Expr:

@@ -225,11 +225,9 @@ def choice_histogram(query: AggregateQuery,
     else:
         def by_unit(agg: exp.Expr) -> exp.Window:
             return exp.Window(this=agg, partition_by=[exp.column(unit, table=alias)])
-        # ROW_NUMBER ordered by the unit itself (a tie within the partition, so any one row
-        # is marked): Spark refuses a ROW_NUMBER without ORDER BY.
+        # Unordered, the mark shares the counts' window (Spark gets it ordered by the unit, a
+        # tie: rewriters.dialect).
         numbered = by_unit(exp.RowNumber())
-        numbered.set("order", exp.Order(expressions=[exp.Ordered(
-            this=exp.column(unit, table=alias))]))
         per_unit = [exp.alias_(by_unit(exp.Count(this=exp.Star())), "n"),
                     exp.alias_(_mark(numbered), CAP_WEIGHT)]
         weights = [exp.Div(this=one.copy(), expression=by_unit(exp.Count(this=v.copy())))

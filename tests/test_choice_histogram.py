@@ -466,8 +466,8 @@ def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
 BOTH = (SUM_ALL, SUM_FILTERED)
 MARK_MUTATIONS = {
     "partitioned by more than the unit": ((SUM_FILTERED,),
-        r"ROW_NUMBER\(\) OVER \(PARTITION BY (\w+)\.rider_id ORDER",
-        r"ROW_NUMBER() OVER (PARTITION BY \1.rider_id, \1.trip_id ORDER"),
+        r"ROW_NUMBER\(\) OVER \(PARTITION BY (\w+)\.rider_id\)",
+        r"ROW_NUMBER() OVER (PARTITION BY \1.rider_id, \1.trip_id)"),
     "every row marked": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc", r"= 1 THEN 1 ELSE 1 END AS wc"),
     "marked twice": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc", r"<= 2 THEN 1 ELSE 0 END AS wc"),
     "weighs more than 1": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc",
@@ -491,3 +491,14 @@ def test_tampered_marks_are_refused(trips: Engine, mutation: str, query: str) ->
     tampered = re.sub(pattern, replacement, sql)
     assert tampered != sql
     _refused(trips, tampered, "without contribution bounding")
+
+
+def test_the_mark_shares_the_unit_counts_window(trips: Engine) -> None:
+    """Over filtered rows every window of the choice statement is the same one, partitioned by
+    the unit alone (the mark is unordered: one WindowAgg on Postgres, not two); Spark gets the
+    mark ordered by the unit (rewriters.dialect), as it refuses ROW_NUMBER without ORDER BY."""
+    _, sql = _selection_sql(trips, SUM_FILTERED)
+    windows = set(re.findall(r"OVER \(([^)]*)\)", sql))
+    assert windows == {"PARTITION BY trips.rider_id"}, windows
+    spark = dialect(sqlglot.parse_one(sql, read=trips.dialect), "spark").sql("spark")
+    assert "ROW_NUMBER() OVER (PARTITION BY trips.rider_id ORDER BY trips.rider_id)" in spark
