@@ -165,6 +165,8 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
         reads.setdefault(id(barrier), []).append(table)
+    for barrier in barriers:  # one aggregation over a ranked copy's light UNION ALL heavy
+        _copy_read_once_per_branch(reads[id(barrier)], rules)
     # One aggregation of the private rows, or the sum of a ranked copy's two branches' (on
     # every release: the proxy's noise, too, is calibrated to one aggregation's stability).
     measured = barriers[0] if len(barriers) == 1 else _combination(barriers, reads, rules)
@@ -833,6 +835,23 @@ def _disjoint_branches(first: list[exp.Table], second: list[exp.Table],
     if not (low_a & high_b or low_b & high_a):
         raise Refused("the two branches of a ranked copy are not disjoint (__chorus_unit_rows "
                       "<= K in one, > K in the other)")
+
+
+def _copy_read_once_per_branch(tables: list[exp.Table], rules: OutgoingRules) -> None:
+    """Within one aggregation, a ranked copy read twice must be its light and heavy branches,
+    disjoint (``_disjoint_branches``): overlapping ones would give a unit k rows in each, 2k in
+    the one aggregation.  A copy read three times or more is refused."""
+    copies: dict[str, list[exp.Table]] = {}
+    for t in tables:
+        db = t.args.get("db")
+        if db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name:
+            copies.setdefault(t.name, []).append(t)
+    for name, reads in copies.items():
+        if len(reads) > 2:
+            raise Refused(f"the ranked copy {name} is read {len(reads)} times by one "
+                          "aggregation")
+        if len(reads) == 2:
+            _disjoint_branches(reads[:1], reads[1:], rules)
 
 
 def _unit_rows_bounds(table: exp.Table) -> tuple[set[int], set[int]]:

@@ -406,3 +406,19 @@ def test_a_weight_counts_the_whole_unit(engine: Engine) -> None:
                     "AND CURRENT ROW", " ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"):
         with pytest.raises(Refused, match="contribution bounding"):
             _check(engine, histogram(running), "noised_by_proxy")
+
+
+@pytest.mark.parametrize("mutation", [_heavy_without_its_test, _light_cap_above_k],
+                         ids=lambda m: m.__name__)
+def test_one_aggregate_over_overlapping_branches_is_refused(
+        make_engine: Callable[..., Engine], backend_url: str, mutation: Mutation,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unsplit shape (DuckDB's and Spark's): one aggregation over light UNION ALL heavy
+    is refused too when a unit could be in both branches (k rows in each, 2k in the sum)."""
+    monkeypatch.setattr(pipeline, "SPLIT_DIALECTS", frozenset())
+    engine = make_engine(backend_url)
+    sql = _sql(engine, FILTERED)
+    assert "UNION ALL" in sql and "chorus_parts" not in sql
+    _check(engine, sql)
+    with pytest.raises(Refused, match="not disjoint"):
+        _check(engine, mutation(engine, sql))
