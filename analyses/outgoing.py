@@ -55,7 +55,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    copy's two branches may stand, on every release (the proxy's noise, too, is calibrated
    to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY
    keys``, B1 and B2 barriers that read the copy with ``__chorus_unit_rows <= K`` and ``> K``
-   (each unit in one of them only).  The grid is made of literal VALUES and of SELECTs
+   (each unit in one of them only; one barrier that reads the copy twice, its light UNION
+   ALL heavy, passes only with the same test).  The grid is made of literal VALUES and of SELECTs
    that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
    that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
    outer WHERE.  A statement whose exact
