@@ -64,20 +64,31 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    histograms; ``sampled`` for sampled sensitivity, which may also take percentiles) needs 1-4
    only; one released exactly (``exact``: public
    queries) may read no private table at all.
+
+A verdict carries over to a statement that differs from a verified one only in literal values
+no rule reads (:func:`same_but_literals`): the statement at a query's limit cap and its final
+statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
+literal's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
+else 0, a per-person bound is finite) and ``Literal.is_int`` (rule 4's ``r <= k``); a rule that
+reads more of a literal must add it to ``_number_class``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
 
 from chorus_py.errors import InternalError
 from chorus_py.policy import Policy
@@ -122,6 +133,70 @@ class OutgoingRules:
 
 class Refused(Exception):
     """The statement breaks the structure; the message says which rule."""
+
+
+_PLAIN_NUMBER = re.compile(r"\d+(\.\d+)?")
+# A mechanism parameter as rewriters print it: '<repr(float)>' (mechanisms.base.float_literal).
+_FLOAT_TEXT = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
+_NUMBER_TEXT = re.compile(r"(?<![\w.])\d+(\.\d+)?(?![\w.])")
+
+
+def shape_key(sql: str) -> str:
+    """A key under which statements that may differ only in literal values meet (every run of
+    digits written as a number made 0): only a place to look, never a proof
+    (:func:`same_but_literals` is)."""
+    return _NUMBER_TEXT.sub("0", sql)
+
+
+def _number_class(text: str) -> tuple[bool, bool, bool, bool]:
+    """Everything the rules read of a numeric literal: ``is_int`` (rule 4's ``r <= k``), and
+    through ``_constant`` whether it is 0, 1 (rule 4's mark and weight) or finite (rule 3')."""
+    value = float(text)
+    return "." not in text, value == 0, value == 1, math.isfinite(value)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_of(dialect: str) -> Dialect:
+    return Dialect.get_or_raise(dialect)
+
+
+def _tokens(sql: str, dialect: str) -> list[Token] | None:
+    try:
+        return _tokenizer_of(dialect).tokenize(sql)
+    except (TokenError, RecursionError):
+        return None
+
+
+def same_but_literals(verified: str, sql: str, dialect: str) -> bool:
+    """Whether ``sql`` is the text ``verified`` with only literal values changed that no rule
+    reads, so that it passes the rules exactly when ``verified`` does.
+
+    Both texts are cut by the tokenizer the verifier's parser reads (sqlglot's, of
+    ``dialect``): the same tokens, of the same types, comments and texts, except numbers written
+    as digits with an optional fraction (no sign: a minus is a token of its own) whose
+    :func:`_number_class` is the same, and strings that both print a float (the rules read no
+    string's value).  The parser builds a tree from token types and texts, a number's text
+    going only into its Literal, so the parse of ``sql`` is that of ``verified`` with those
+    literals' values changed, and no rule tells them apart (module docstring).
+    """
+    if verified == sql:
+        return True
+    before, after = _tokens(verified, dialect), _tokens(sql, dialect)
+    if before is None or after is None or len(before) != len(after):
+        return False
+    for a, b in zip(before, after, strict=True):
+        if a.token_type != b.token_type or a.comments != b.comments:
+            return False
+        if a.text == b.text:
+            continue
+        if a.token_type == TokenType.NUMBER:
+            if not (_PLAIN_NUMBER.fullmatch(a.text) and _PLAIN_NUMBER.fullmatch(b.text)
+                    and _number_class(a.text) == _number_class(b.text)):
+                return False
+        elif a.token_type != TokenType.STRING or not (
+                _FLOAT_TEXT.fullmatch(a.text) and _FLOAT_TEXT.fullmatch(b.text)):
+            return False
+    return True
 
 
 def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
