@@ -14,9 +14,10 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from analyses.outgoing import Refused, verify
+from analyses.outgoing import Refused, same_but_literals, verify
 from chorus_py.engine import Engine
 from chorus_py.errors import InternalError
+from chorus_py.kinds.selection import Choices
 from rewriters import pipeline
 
 GROUPED = "SELECT city, COUNT(*), AVG(fare) FROM trips GROUP BY city"      # public keys
@@ -422,3 +423,80 @@ def test_one_aggregate_over_overlapping_branches_is_refused(
     _check(engine, sql)
     with pytest.raises(Refused, match="not disjoint"):
         _check(engine, mutation(engine, sql))
+
+
+# -- a verdict carried over to the same statement with other numbers ---------------------------
+def _limit_and_final(make_engine: Callable[..., Engine], url: str, query: str
+                     ) -> tuple[Engine, str, str]:
+    """An automatic-cap query's statement at the limit and its final statement at cap 3."""
+    engine = make_engine(url, contribution="auto")
+    _, prepared = engine.prepare(query, "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    final = prepared.selection.apply(Choices(cap=3, bounds=(), groups=None))
+    return engine, prepared.statements[0], final.statements[0]
+
+
+def _literals(tree: exp.Expr) -> list[exp.Literal]:
+    return list(tree.find_all(exp.Literal, bfs=False))
+
+
+@pytest.mark.parametrize("query", [GROUPED, FILTERED])
+def test_the_final_statement_is_the_limit_one_with_other_numbers(
+        make_engine: Callable[..., Engine], backend_url: str, query: str) -> None:
+    engine, limit, final = _limit_and_final(make_engine, backend_url, query)
+    assert limit != final
+    assert same_but_literals(limit, final, engine.dialect)
+    # What same_but_literals concludes from the tokens, on the trees: the final statement's
+    # parse is the limit's with only the values of literals changed, none of them a 0 or 1
+    # turned into another value nor an integer into a fraction.
+    before, after = _tree(engine, limit), _tree(engine, final)
+    changed = 0
+    for a, b in zip(_literals(before), _literals(after), strict=True):
+        if a.this != b.this:
+            changed += 1
+            assert a.is_string == b.is_string and (a.is_string or a.is_int == b.is_int)
+            assert a.this not in ("0", "1") and b.this not in ("0", "1")
+            a.set("this", b.this)
+    assert changed and before == after
+
+
+@pytest.mark.parametrize("mutation", [
+    _drop_bounding, _drop_blocks, _raw_column_out, _raw_column_in_measure,
+    _extra_private_table, _cte_shadowing, _drop_noise, _not_materialized, _max_instead_of_count,
+    _limit_in_measure,
+])
+def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
+        make_engine: Callable[..., Engine], backend_url: str, mutation: Mutation) -> None:
+    engine, limit, final = _limit_and_final(make_engine, backend_url, FILTERED)
+    engine.statements.verify_outgoing(limit, "noised_in_sql", ("trips",))
+    engine.statements.verify_outgoing(final, "noised_in_sql", ("trips",))  # carried over
+    tampered = mutation(engine, final)
+    assert not same_but_literals(limit, tampered, engine.dialect)
+    with pytest.raises(InternalError, match="refused by the outgoing check"):
+        engine.statements.verify_outgoing(tampered, "noised_in_sql", ("trips",))
+
+
+@pytest.mark.parametrize(("verified", "other", "same"), [
+    ("SELECT a FROM t WHERE r <= 200", "SELECT a FROM t WHERE r <= 3", True),
+    ("SELECT CAST('0.5' AS DOUBLE) * x", "SELECT CAST('1e-05' AS DOUBLE) * x", True),
+    ("SELECT 2.5 * x", "SELECT 0.125 * x", True),
+    # What a rule reads of a literal: integral (r <= k), 0, 1 (weights, marks), finite.
+    ("SELECT a FROM t WHERE r <= 200", "SELECT a FROM t WHERE r <= 200.5", False),
+    ("SELECT SUM(1 / n) FROM t", "SELECT SUM(2 / n) FROM t", False),
+    ("SELECT SUM(4 / n) FROM t", "SELECT SUM(1 / n) FROM t", False),
+    ("SELECT CASE WHEN r = 1 THEN 1 ELSE 0 END", "SELECT CASE WHEN r = 1 THEN 1 ELSE 5 END",
+     False),
+    ("SELECT LEAST(x, 5)", "SELECT LEAST(x, 1" + "0" * 400 + ")", False),
+    ("SELECT LEAST(x, 5)", "SELECT LEAST(x, 5e3)", False),
+    # Anything else: signs, names, strings that are not numbers, comments, keywords.
+    ("SELECT 5 * x", "SELECT -5 * x", False),
+    ("SELECT a1 FROM t", "SELECT a2 FROM t", False),
+    ("SELECT 'x1' FROM t", "SELECT 'x2' FROM t", False),
+    ("SELECT 'inf' FROM t", "SELECT 'nan' FROM t", False),
+    ("SELECT 5 /* a */ FROM t", "SELECT 5 /* b */ FROM t", False),
+    ("SELECT a FROM t WHERE r <= 5", "SELECT a FROM t WHERE r >= 5", False),
+    ("SELECT a FROM t", "SELECT a FROM t, u", False),
+])
+def test_same_but_literals(verified: str, other: str, same: bool) -> None:
+    assert same_but_literals(verified, other, "duckdb") is same
+    assert same_but_literals(verified, other, "postgres") is same
