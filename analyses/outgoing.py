@@ -66,7 +66,7 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    queries) may read no private table at all.
 
 A verdict carries over to a statement that differs from a verified one only in literal values
-no rule reads (:func:`same_but_literals`): the statement at a query's limit cap and its final
+no rule reads (:func:`literal_shape`): the statement at a query's limit cap and its final
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
 literal's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
 else 0, a per-person bound is finite) and ``Literal.is_int`` (rule 4's ``r <= k``); a rule that
@@ -75,7 +75,9 @@ reads more of a literal must add it to ``_number_class``.
 
 from __future__ import annotations
 
+import array
 import functools
+import hashlib
 import itertools
 import logging
 import math
@@ -84,7 +86,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
@@ -138,74 +139,78 @@ class Refused(Exception):
 _PLAIN_NUMBER = re.compile(r"\d+(\.\d+)?")
 # A mechanism parameter as rewriters print it: '<repr(float)>' (mechanisms.base.float_literal).
 _FLOAT_TEXT = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
-_NUMBER_TEXT = re.compile(r"(?<![\w.])\d+(\.\d+)?(?![\w.])")
 
 
-def shape_key(sql: str) -> str:
-    """A key under which statements that may differ only in literal values meet (every run of
-    digits written as a number made 0): only a place to look, never a proof
-    (:func:`same_but_literals` is)."""
-    return _NUMBER_TEXT.sub("0", sql)
+_KIND = {kind: i for i, kind in enumerate(TokenType)}
+_NUMBER, _STRING = TokenType.NUMBER, TokenType.STRING
 
 
-def _number_class(text: str) -> tuple[bool, bool, bool, bool]:
-    """Everything the rules read of a numeric literal: ``is_int`` (rule 4's ``r <= k``), and
-    through ``_constant`` whether it is 0, 1 (rule 4's mark and weight) or finite (rule 3')."""
+def _number_class(text: str) -> str:
+    """Everything the rules read of a numeric literal, as four 0/1 digits: ``is_int`` (rule
+    4's ``r <= k``), and through ``_constant`` whether it is 0, 1 (rule 4's mark and weight)
+    or finite (rule 3')."""
     value = float(text)
-    return "." not in text, value == 0, value == 1, math.isfinite(value)
+    return f"{'.' not in text:d}{value == 0:d}{value == 1:d}{math.isfinite(value):d}"
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer_of(dialect: str) -> Dialect:
+def _dialect(dialect: str) -> Dialect:
     return Dialect.get_or_raise(dialect)
 
 
-def _tokens(sql: str, dialect: str) -> list[Token] | None:
+def tokens(sql: str, dialect: str) -> list[Token] | None:
+    """``sql`` cut by the tokenizer the verifier's parser reads (None: it cannot be cut; the
+    verifier then refuses it as a statement that does not parse)."""
     try:
-        return _tokenizer_of(dialect).tokenize(sql)
+        return _dialect(dialect).tokenize(sql)
     except (TokenError, RecursionError):
         return None
 
 
+def literal_shape(cut: list[Token]) -> bytes:
+    """A digest of a statement's tokens in which only literal values no rule reads are blanked:
+    two statements with the same digest pass the rules alike (module docstring).
+
+    Every token keeps its type, comments and text, except a number written as digits with an
+    optional fraction (no sign: a minus is a token of its own), which keeps only its
+    :func:`_number_class`, and a string that prints a float (the rules read no string's
+    value).  The parser builds a tree from token types and texts, a number's text going only
+    into its Literal: the same digest, the same tree but for those literals' values.
+    """
+    kinds = [token.token_type for token in cut]
+    texts = [token.text for token in cut]
+    number, string = _NUMBER, _STRING  # locals: an enum member is slow to look up
+    for i, kind in enumerate(kinds):
+        if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
+            texts[i] = _number_class(texts[i])
+        elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
+            texts[i] = "float"
+    digest = hashlib.blake2b(digest_size=16)
+    # Types, the texts' lengths, then the texts: no two token lists give the same bytes.
+    digest.update(array.array("H", [_KIND[kind] for kind in kinds]).tobytes())
+    digest.update(array.array("Q", [len(text) for text in texts]).tobytes())
+    digest.update("".join(texts).encode())
+    digest.update(repr([(i, token.comments) for i, token in enumerate(cut)
+                        if token.comments]).encode())
+    return digest.digest()
+
+
 def same_but_literals(verified: str, sql: str, dialect: str) -> bool:
     """Whether ``sql`` is the text ``verified`` with only literal values changed that no rule
-    reads, so that it passes the rules exactly when ``verified`` does.
-
-    Both texts are cut by the tokenizer the verifier's parser reads (sqlglot's, of
-    ``dialect``): the same tokens, of the same types, comments and texts, except numbers written
-    as digits with an optional fraction (no sign: a minus is a token of its own) whose
-    :func:`_number_class` is the same, and strings that both print a float (the rules read no
-    string's value).  The parser builds a tree from token types and texts, a number's text
-    going only into its Literal, so the parse of ``sql`` is that of ``verified`` with those
-    literals' values changed, and no rule tells them apart (module docstring).
-    """
-    if verified == sql:
-        return True
-    before, after = _tokens(verified, dialect), _tokens(sql, dialect)
-    if before is None or after is None or len(before) != len(after):
-        return False
-    for a, b in zip(before, after, strict=True):
-        if a.token_type != b.token_type or a.comments != b.comments:
-            return False
-        if a.text == b.text:
-            continue
-        if a.token_type == TokenType.NUMBER:
-            if not (_PLAIN_NUMBER.fullmatch(a.text) and _PLAIN_NUMBER.fullmatch(b.text)
-                    and _number_class(a.text) == _number_class(b.text)):
-                return False
-        elif a.token_type != TokenType.STRING or not (
-                _FLOAT_TEXT.fullmatch(a.text) and _FLOAT_TEXT.fullmatch(b.text)):
-            return False
-    return True
+    reads (:func:`literal_shape`), so that it passes the rules exactly when ``verified`` does."""
+    before, after = tokens(verified, dialect), tokens(sql, dialect)
+    return before is not None and after is not None \
+        and literal_shape(before) == literal_shape(after)
 
 
 def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
-                   tables: frozenset[str]) -> None:
+                   tables: frozenset[str], cut: list[Token] | None = None) -> None:
     """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
     tables only inside the bounding-and-noise structure (module docstring) and reads no
-    private table outside ``tables``, those the analysis said the query reads."""
+    private table outside ``tables``, those the analysis said the query reads.  ``cut``: the
+    text's :func:`tokens`, when the caller has them."""
     try:
-        verify(sql, dialect, rules, release, tables)
+        verify(sql, dialect, rules, release, tables, cut)
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
@@ -214,10 +219,13 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
 
 
 def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
-           tables: frozenset[str]) -> None:
+           tables: frozenset[str], cut: list[Token] | None = None) -> None:
     """``check_outgoing`` without logging: raises Refused naming the broken rule."""
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+        # What sqlglot.parse does, from the tokens when given (cut from this very text).
+        reader = _dialect(dialect)
+        parsed = reader.parser().parse(reader.tokenize(sql) if cut is None else cut, sql)
+        statements = [s for s in parsed if s is not None]
     except (ParseError, TokenError, RecursionError) as err:
         raise Refused(f"the statement does not parse ({type(err).__name__})") from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):

@@ -27,8 +27,8 @@ from analyses.outgoing import (
     OutgoingRules,
     Release,
     check_outgoing,
-    same_but_literals,
-    shape_key,
+    literal_shape,
+    tokens,
 )
 from budget.ledger import Claim, Ledger
 from chorus_py.backends import Backend, ResultSet, StatementFailed
@@ -99,9 +99,9 @@ class Statements:
         self.outgoing = outgoing
         # Statements the outgoing check passed (wall 4), by a digest of their text.
         self._verified: LRU[tuple[object, ...], bool] = LRU(4096)
-        # A statement that passed, by its shape (analyses.outgoing.shape_key): a text that is
-        # the same but for literal values no rule reads passes too, proven token by token.
-        self._shapes: LRU[tuple[object, ...], str] = LRU(1024)
+        # Statements that passed, by their literal shape (analyses.outgoing.literal_shape): a
+        # text that is the same but for literal values no rule reads passes alike.
+        self._shapes: LRU[tuple[object, ...], bool] = LRU(4096)
         # Statement texts the database planned without error (check_plans).
         self._planned: LRU[object, bool] = LRU(4096)
         self._constants: LRU[str, bool] = LRU(4096)  # verdicts of run_constant
@@ -127,14 +127,14 @@ class Statements:
         if key in self._verified:
             return
         # The statement at a query's limit cap and its final statement at the chosen cap and
-        # bounds differ in numbers only: the second is proven the first's tokens with other
-        # values (a tokenization, not a parse and the rules) or checked in full.
-        shape = (hashlib.blake2b(shape_key(sql).encode(), digest_size=16).digest(), release,
-                 *sorted(tables))
-        passed = self._shapes.get(shape)
-        if passed is None or not same_but_literals(passed, sql, self.dialect):
-            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables))
-            self._shapes.put(shape, sql)
+        # bounds differ in numbers only: the second passes by its tokens (the parse and the
+        # rules are most of the check; the first is parsed from the same tokens).
+        cut = tokens(sql, self.dialect)
+        shape = None if cut is None else (literal_shape(cut), release, *sorted(tables))
+        if shape is None or shape not in self._shapes:
+            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables), cut)
+            if shape is not None:
+                self._shapes.put(shape, True)
         self._verified.put(key, True)
 
     def run_constant(self, sql: str) -> bool:

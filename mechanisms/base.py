@@ -95,7 +95,10 @@ def float_literal(value: float) -> exp.Expr:
     """
     if not math.isfinite(value):
         raise ValueError(f"cannot render the non-finite constant {value!r}")
-    return exp.cast(exp.Literal.string(repr(float(value))), exp.DataType.build("double"))
+    # Built as nodes: DataType.build("double") parses its text (about 45 us, 7 per snapping
+    # rendering), and exp.cast copies its argument.
+    return exp.Cast(this=exp.Literal.string(repr(float(value))),
+                    to=exp.DataType(this=exp.DType.DOUBLE, nested=False))
 
 
 # Nodes that bind tighter than any operator, so they never need parentheses as an operand.
