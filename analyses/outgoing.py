@@ -68,9 +68,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
 A verdict carries over to a statement that differs from a verified one only in literal values
 no rule reads (:func:`literal_shape`): the statement at a query's limit cap and its final
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
-literal's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
-else 0, a per-person bound is finite) and ``Literal.is_int`` (rule 4's ``r <= k``); a rule that
-reads more of a literal must add it to ``_number_class``.
+number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
+else 0, a per-person bound is finite) and ``Literal.is_int`` of a literal compared to a column
+(rule 4's ``r <= k`` and ``r = 1``); no rule reads a string's value.  A rule that reads more
+of a literal must add it to ``_number_class``.
 """
 
 from __future__ import annotations
@@ -143,14 +144,18 @@ _FLOAT_TEXT = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
 
 _KIND = {kind: i for i, kind in enumerate(TokenType)}
 _NUMBER, _STRING = TokenType.NUMBER, TokenType.STRING
+_COMPARISONS = frozenset({TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.EQ,
+                          TokenType.NEQ})
 
 
-def _number_class(text: str) -> str:
-    """Everything the rules read of a numeric literal, as four 0/1 digits: ``is_int`` (rule
-    4's ``r <= k``), and through ``_constant`` whether it is 0, 1 (rule 4's mark and weight)
-    or finite (rule 3')."""
+def _number_class(text: str, compared: bool) -> str:
+    """Everything the rules read of a numeric literal, as 0/1 digits: through ``_constant``
+    whether it is 0, 1 (rule 4's mark and weight) or finite (rule 3'), and, for a literal
+    right after a comparison (``compared``), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``:
+    the literal that is a comparison's right side is the token right after its operator)."""
     value = float(text)
-    return f"{'.' not in text:d}{value == 0:d}{value == 1:d}{math.isfinite(value):d}"
+    integral = f"{'.' not in text:d}" if compared else ""
+    return f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}{integral}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -173,16 +178,16 @@ def literal_shape(cut: list[Token]) -> bytes:
 
     Every token keeps its type, comments and text, except a number written as digits with an
     optional fraction (no sign: a minus is a token of its own), which keeps only its
-    :func:`_number_class`, and a string that prints a float (the rules read no string's
-    value).  The parser builds a tree from token types and texts, a number's text going only
-    into its Literal: the same digest, the same tree but for those literals' values.
+    :func:`_number_class`, and a string that prints a float.  The parser builds a tree from
+    token types and texts, a number's text going only into its Literal: the same digest, the
+    same tree but for those literals' values.
     """
     kinds = [token.token_type for token in cut]
     texts = [token.text for token in cut]
     number, string = _NUMBER, _STRING  # locals: an enum member is slow to look up
     for i, kind in enumerate(kinds):
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
-            texts[i] = _number_class(texts[i])
+            texts[i] = _number_class(texts[i], i > 0 and kinds[i - 1] in _COMPARISONS)
         elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
             texts[i] = "float"
     digest = hashlib.blake2b(digest_size=16)

@@ -117,18 +117,26 @@ class Statements:
                 self._scratch.close()
                 self._scratch = None
 
-    def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = ()) -> None:
+    def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = (),
+                        variants: bool = False) -> None:
         """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
         InternalError if it reads a private table outside the bounding-and-noise structure,
         or one not among ``tables`` (those its analysis reads).  Every statement derived from
-        analyst SQL passes here before the backend sees it."""
+        analyst SQL passes here before the backend sees it.
+
+        ``variants``: the statement is one of a family that differ in numbers only (a query
+        at its limit cap, then at the chosen cap and bounds): its verdict is kept by its
+        literal shape (``analyses.outgoing.literal_shape``) and carried over to the others."""
         # A digest of the text, not the text (several kB per statement), as the cache key.
         key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, *sorted(tables))
         if key in self._verified:
             return
-        # The statement at a query's limit cap and its final statement at the chosen cap and
-        # bounds differ in numbers only: the second passes by its tokens (the parse and the
-        # rules are most of the check; the first is parsed from the same tokens).
+        if not variants:
+            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables))
+            self._verified.put(key, True)
+            return
+        # The later variants pass by their tokens (the parse and the rules are most of the
+        # check); the first is parsed from the same tokens.
         cut = tokens(sql, self.dialect)
         shape = None if cut is None else (literal_shape(cut), release, *sorted(tables))
         if shape is None or shape not in self._shapes:

@@ -181,7 +181,10 @@ class SingleTableKind:
             report = dataclasses.replace(report, warnings=(warning,))
         detail = dataclasses.replace(detail, cap_epsilon=open_epsilon, chosen=chosen)
         # Before it is cached, so before any claim: a refused statement costs nothing.
-        services.statements.verify_outgoing(detail.sql, services.release, query.tables)
+        # With choices to make, the statement at the limit and the one at the choices differ
+        # in numbers only (the verifier proves it from their tokens).
+        services.statements.verify_outgoing(detail.sql, services.release, query.tables,
+                                            variants=bool(selects))
         # While the row cap is still to be chosen the final mechanisms are not known yet: the
         # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanism of
         # that cost.
