@@ -843,7 +843,7 @@ def display_sql(node: exp.Expr) -> str:
     plain = node.copy()
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
-    return plain.sql()
+    return plain.sql(copy=False)  # a copy of its own already
 
 
 def _literal_int(flat: exp.Select, arg: str) -> int | None:

@@ -116,6 +116,15 @@ def _parsed(template: str) -> exp.Expr:
     # the argument: the snapping mechanism's nested clamps wrote its noise 4 times per value.
     for node in tree.find_all(exp.Greatest, exp.Least):
         node.set("ignore_nulls", True)
+    # The parser's positions (line, column) of each name and literal serve only its error
+    # messages, and cost a dict copy per node in every copy of the template.
+    for node in tree.walk():
+        meta = node._meta
+        if meta:
+            for position in ("line", "col", "start", "end"):
+                meta.pop(position, None)
+            if not meta:
+                node._meta = None
     return tree
 
 

@@ -79,7 +79,8 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -
         raise ValueError("a groups-per-unit bound needs group keys")
     names = [f"{GROUP_KEY}{i}" for i in range(len(keys))]
     randomised = rows.copy().select(
-        *[exp.alias_(key.copy(), name) for key, name in zip(keys, names, strict=True)],
+        *[exp.alias_(key.copy(), name, copy=False)
+          for key, name in zip(keys, names, strict=True)],
         exp.alias_(exp.Rand(), GROUP_RAND), copy=False)
     scored = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
@@ -137,9 +138,11 @@ def ranked_table(table: str, unit: str, where: exp.Expr | None = None) -> exp.Se
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
         exp.alias_(exp.Window(this=exp.RowNumber(), partition_by=partition,
                               order=exp.Order(expressions=[
-                                  exp.Ordered(this=exp.column(RAND, table="r"))])), RANK),
+                                  exp.Ordered(this=exp.column(RAND, table="r"))])), RANK,
+                   copy=False),
         exp.alias_(exp.Window(this=exp.Count(this=exp.Star()),
-                              partition_by=[p.copy() for p in partition]), UNIT_ROWS),
+                              partition_by=[p.copy() for p in partition]), UNIT_ROWS,
+                   copy=False),
     ).from_(randomised.subquery("r", copy=False), copy=False)
 
 

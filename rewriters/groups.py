@@ -57,23 +57,26 @@ def complete_groups(exact: exp.Select, key_ids: Sequence[str], measure_ids: Sequ
     if grid is None:
         columns = [exp.column(k, table="e") for k in key_ids] + [
             exp.alias_(exp.Coalesce(this=exp.column(m, table="e"),
-                                    expressions=[exp.Literal.number(0)]), m)
+                                    expressions=[exp.Literal.number(0)]), m, copy=False)
             for m in measure_ids
         ]
-        return exp.select(*columns).from_(exact.subquery("e")).where(exp.false())
+        return exp.select(*columns).from_(exact.subquery("e", copy=False), copy=False).where(
+            exp.false(), copy=False)
     on = exp.and_(*[exp.NullSafeEQ(this=exp.column(k, table="e"),
                                    expression=exp.column(k, table=GRID)) if k in null_safe
                     else exp.column(k, table="e").eq(exp.column(k, table=GRID))
                     for k in key_ids])
     columns = [exp.column(k, table=GRID) for k in key_ids] + [
         exp.alias_(exp.Coalesce(this=exp.column(m, table="e"),
-                                expressions=[exp.Literal.number(0)]), m)
+                                expressions=[exp.Literal.number(0)]), m, copy=False)
         for m in measure_ids
     ]
+    # ``exact`` and ``grid`` are the caller's fresh trees (rewriters.pipeline): placed as
+    # they are, not copied (the measurements are most of the statement).
     return (
         exp.select(*columns)
-        .from_(grid.subquery(GRID))
-        .join(exact.subquery("e"), on=on, join_type="left")
+        .from_(grid.subquery(GRID, copy=False), copy=False)
+        .join(exact.subquery("e", copy=False), on=on, join_type="left", copy=False)
     )
 
 

@@ -158,7 +158,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
             assert isinstance(unit, str)
         gate = (exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=gate_alias)]))
                 if unit else exp.Count(this=exp.Star()))
-        columns.append(exp.alias_(gate, THRESHOLD_ID))
+        columns.append(exp.alias_(gate, THRESHOLD_ID, copy=False))
         measure_ids.append(THRESHOLD_ID)
     if query.join is not None:
         measure = join_rows(query, restrictions or {}, samples).select(*columns, copy=False)
@@ -194,7 +194,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     #    computes each output's error bars from them, then drops them.
     finish = exp.select(*[exp.alias_(safety(o.expr), o.name, quoted=True, copy=False)
                           for o in query.outputs],
-                        *[exp.alias_(exp.column(mid), f"chorus_{mid}")
+                        *[exp.alias_(exp.column(mid), f"chorus_{mid}", copy=False)
                           for mid in released_measurements(query)]).from_(NOISY)
     conditions = []
     if plan.threshold is not None:
@@ -297,14 +297,15 @@ def cap_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
     assert unit is not None
     rows = filtered_rows(query, restriction, sample)
     # Every tree here is built fresh for this statement: the builders need not copy them.
-    per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c"))
+    per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c", copy=False))
                 .from_(rows.subquery("f", copy=False), copy=False)
                 .group_by(exp.column(unit, table="f"), copy=False))
     ifs = [exp.If(this=exp.column("c") >= exp.Literal.number(start),
                   true=exp.Literal.number(i))
            for i, start in reversed(list(enumerate(starts)))]
     bin_index = exp.Case(ifs=ifs, default=exp.Literal.number(0))
-    return (exp.select(exp.alias_(bin_index, "b"), exp.alias_(exp.Count(this=exp.Star()), "n"))
+    return (exp.select(exp.alias_(bin_index, "b", copy=False),
+                       exp.alias_(exp.Count(this=exp.Star()), "n", copy=False))
             .from_(per_unit.subquery("u", copy=False), copy=False)
             .group_by(bin_index.copy(), copy=False))
 

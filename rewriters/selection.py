@@ -90,11 +90,11 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
     ifs = [exp.If(this=magnitude.copy() >= exp.Literal.number(edge), true=exp.Literal.number(j))
            for j, edge in enumerate(edges)]
     binned = exp.select(
-        exp.alias_(exp.Case(ifs=ifs, default=exp.Literal.number(len(edges))), "b"),
-        exp.alias_(exp.column("w", table="r"), "w")).from_(per_row.subquery("r", copy=False),
+        exp.alias_(exp.Case(ifs=ifs, default=exp.Literal.number(len(edges))), "b", copy=False),
+        exp.alias_(exp.column("w", table="r"), "w", copy=False)).from_(per_row.subquery("r", copy=False),
                                                             copy=False)
-    return (exp.select(exp.alias_(exp.column("b", table="v"), "b"),
-                       exp.alias_(exp.Sum(this=exp.column("w", table="v")), "w"))
+    return (exp.select(exp.alias_(exp.column("b", table="v"), "b", copy=False),
+                       exp.alias_(exp.Sum(this=exp.column("w", table="v")), "w", copy=False))
             .from_(binned.subquery("v", copy=False), copy=False)
             .group_by(exp.column("b", table="v"), copy=False))
 

@@ -139,7 +139,7 @@ def _show_key(expr: exp.Expr) -> str:
     plain = expr.copy()
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
-    return plain.sql("postgres")
+    return plain.sql("postgres", copy=False)  # a copy of its own already
 
 
 def listed_keys(query: AggregateQuery,
