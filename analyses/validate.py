@@ -106,6 +106,14 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
     tree = as_extract(tree)  # HOUR(ts), DATE_PART('hour', ts): EXTRACT(HOUR FROM ts)
     for node in tree.walk():
         check_node(node)
+        meta = node._meta
+        if meta:
+            # The parser's positions (line, column) of names and literals serve only its own
+            # error messages (raised above): every copy of the tree would copy them per node.
+            for position in ("line", "col", "start", "end"):
+                meta.pop(position, None)
+            if not meta:
+                node._meta = None
     # Names are bound by scope, and the binding is written into the tree (CTEs renamed), so
     # every later pass reads the same tables (analyses.binding).
     bound = bind_tables(tree, dialect, known_tables)
