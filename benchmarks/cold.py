@@ -173,50 +173,49 @@ def worker(tree: Path, policy: Path, rounds: int, start: int) -> dict[str, Any]:
 
 #: How to read the tables (written under them).
 READING = [
-    "What made the difference (issue 23, part 2):",
+    "Already in main before this round: compiled sqlglot (`sqlglot[c]`), no "
+    "argument-repeating GREATEST/LEAST on DuckDB, fewer copies of the one-table rewrite, no "
+    "text-template build inside a query's first run, a verifier that walks with a stack, "
+    "one sqlglot schema per set of tables.",
     "",
-    "- **Compiled sqlglot.** The `sqlglot[c]` extra installs sqlglotc, sqlglot's own mypyc "
-    "build of its parser, generator, expressions and optimizer (same version, same results): "
-    "about half of every step that is sqlglot's.",
-    "- **No argument-repeating GREATEST/LEAST on DuckDB.** sqlglot renders a GREATEST or LEAST "
-    "built without `ignore_nulls` for DuckDB as `CASE WHEN a IS NULL OR b IS NULL THEN NULL "
-    "ELSE GREATEST(a, b) END`, repeating its argument: a clip (`LEAST(GREATEST(x, l), u)`) "
-    "wrote x 4 times, the snapping mechanism's nested clamps its noise 4 times, an AVG's "
-    "clamp its division 4 times.  The proxy's clips (whose NULL is handled by the CASE "
-    "around them), its noise (over COALESCE(m, 0)) and its AVG/VARIANCE outputs (over noisy "
-    "measurements, never NULL) now use the backends' own functions, as on Postgres: the "
-    "AVG + VARIANCE answer went from 6,818 to 4,094 characters (its clip histogram from "
-    "2,691 to 1,925), the city one from 3,252 to 2,552, and the outgoing verifier parses "
-    "all of it again.",
-    "- **Fewer tree copies.** The one-table rewrite is rendered once and dropped, so its trees "
-    "go into the statement without copies (`RewrittenQuery.sql_with_noise(consume=True)`, "
-    "`alias_`/`cast`/`subquery` with `copy=False` on fresh trees, a clip takes its fresh "
-    "argument); a measurement's argument is rendered once (`Measurement.argument_sql`).",
-    "- **No template build inside a query's first run.** With automatic caps the statement "
-    "at the limit (for the plans, the report and the claim) counted as the shape's first "
-    "sighting and the final statement, a moment later, as its second, which builds the text "
-    "template (two more full renderings): a never-seen query paid for a template it might "
-    "never use.  The statement at the limit is no sighting now: the template is built when "
-    "the query comes back (its second run), and filled in from its third.",
-    "- **The outgoing verifier** checks a barrier's outputs without rendering each to compare "
-    "with the GROUP BY (only an output that is not an allowed aggregate is compared: the "
-    "same outputs pass), walks nested expressions with a stack instead of recursive "
-    "generators (quadratic on the deep noise expressions), and reads children through "
-    "`iter_expressions`; its rules are unchanged and its tests (tests/test_outgoing.py) pass.",
-    "- **One sqlglot schema per set of tables**, reused by `qualify` and `annotate_types` "
-    "for every query over them.",
+    "What this round changed (\"main\" above is the tree before it):",
     "",
-    "Reading.  The targets (single table <= 2 ms, join <= 4 ms at p50) are met by none of "
-    "these queries yet: COUNT(*) and the public join are within 1.5x of theirs; a query with "
-    "automatic caps and clipping bounds renders and verifies two answers (at the limit, then "
-    "at the choices) and one histogram per clipped expression and for the cap, so it costs "
-    "3-9 times a COUNT(*).  What is left is spread over sqlglot's own work: building the "
-    "rewritten trees, rendering them, and the verifier parsing the text back (it must read "
-    "what runs, wall 4), about a third each.  The p95 of a few queries is a garbage "
-    "collection of the interpreter (the caches keep thousands of sqlglot trees): with the "
-    "collector off, their p95 came within 15% of the p50.  The histograms' statements carry no "
-    "alias, so from the second run their verification is cached here; a query with a new "
-    "filter pays for it (about 1 ms per histogram).",
+    "- **One verification per statement shape.** A query with automatic caps or clipping "
+    "bounds verified two answers in full: the statement at the limit (for the plans, the "
+    "report and the claim) and the final statement at the chosen values, the same text with "
+    "other numbers.  The verifier now cuts a statement into tokens once (the full check parses "
+    "those same tokens) and keeps the verdict under the statement's *literal shape* "
+    "(`analyses.outgoing.literal_shape`): the token types, texts and comments, with only the "
+    "values no rule reads blanked: a number keeps whether it is 0, 1 or finite (what "
+    "`_constant` reads) and, right after a comparison, whether it is an integer "
+    "(`r <= k`, `r = 1`); a string keeps its text unless it prints a float (no rule reads a "
+    "string's value); a sign is a token of its own.  The parser builds its tree from token "
+    "types and texts, so the final statement's tree is the limit one's with other literal "
+    "values, which no rule tells apart: it passes by a tokenization instead of a parse and "
+    "the rules.  Only the statements of such a family take this path (`variants=True`); "
+    "tests/test_outgoing.py shows on real statements that the trees differ only in those "
+    "literals, that every tampering of the final statement is refused after the limit one "
+    "passed, and what the shape tells apart.",
+    "- **Fewer copies of sqlglot trees.** About a third of the proxy's CPU was "
+    "`copy.deepcopy` inside sqlglot's tree copies: the parser's positions (a dict per name and "
+    "literal, copied with every node) are dropped from the analysed tree and from the noise "
+    "templates; builders place the rewriter's fresh trees without copying them "
+    "(`alias_`, `subquery`, `from_`, `join` with `copy=False`: the public-grid LEFT JOIN "
+    "copied the whole measurement statement twice); the report's display copies render "
+    "without a second copy; a mechanism's DOUBLE constant is built as nodes "
+    "(`DataType.build(\"double\")` parsed its text, 7 times per snapping rendering).",
+    "",
+    "Reading.  This machine is slower than the one of the previous round (main's COUNT(*) "
+    "took 2.96 ms there), so compare the columns of one run.  The automatic-cap queries "
+    "gain a fifth to a quarter, COUNT(*) and the joins little; the targets (single table "
+    "<= 2 ms, join <= 4 ms at p50) are still met by none.  What is left: the final statement "
+    "is still rendered in full (a text template needs two renderings to be proven exact, "
+    "`chorus_py.kinds.templates`, so a first run gains nothing from one); the histograms of a "
+    "new query text are rebuilt and verified (their cache is keyed by the query's text, "
+    "aliases included); the typed trees of the analysis still cost a DataType copy per node "
+    "in every copy (sqlglot's generators read those types, so they stay).  The p95 of a few "
+    "queries is a garbage collection of the interpreter (the caches keep thousands of "
+    "sqlglot trees).",
     "",
 ]
 
