@@ -206,9 +206,13 @@ READING = [
     "(`DataType.build(\"double\")` parsed its text, 7 times per snapping rendering).",
     "",
     "Reading.  This machine is slower than the one of the previous round (main's COUNT(*) "
-    "took 2.96 ms there), so compare the columns of one run.  The automatic-cap queries "
-    "gain a fifth to a quarter, COUNT(*) and the joins little; the targets (single table "
-    "<= 2 ms, join <= 4 ms at p50) are still met by none.  What is left: the final statement "
+    "took 2.96 ms there), and shared with other jobs whose load changes from one backend's "
+    "run to the next: compare the columns of one table.  The automatic-cap queries gain the "
+    "most (up to two fifths: one full verification fewer, and cheaper copies in both "
+    "renderings), COUNT(*) and the joins a tenth or two (copies only; a join's row that comes "
+    "out slower in one table is that table's noise: nothing on its path got more work); the "
+    "targets (single table <= 2 ms, join <= 4 ms at p50) are still met by none.  What is "
+    "left: the final statement "
     "is still rendered in full (a text template needs two renderings to be proven exact, "
     "`chorus_py.kinds.templates`, so a first run gains nothing from one); the histograms of a "
     "new query text are rebuilt and verified (their cache is keyed by the query's text, "
