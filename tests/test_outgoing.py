@@ -14,7 +14,7 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from analyses.outgoing import Refused, check_outgoing, same_but_literals, verify
+from analyses.outgoing import Refused, check_outgoing, literal_shape, tokens, verify
 from chorus_py import statements
 from chorus_py.engine import Engine
 from chorus_py.errors import InternalError
@@ -427,6 +427,14 @@ def test_one_aggregate_over_overlapping_branches_is_refused(
 
 
 # -- a verdict carried over to the same statement with other numbers ---------------------------
+def same_but_literals(verified: str, sql: str, dialect: str) -> bool:
+    """Whether the verifier carries the verdict of ``verified`` over to ``sql``: the same
+    literal shape (``analyses.outgoing.literal_shape``)."""
+    before, after = tokens(verified, dialect), tokens(sql, dialect)
+    return before is not None and after is not None \
+        and literal_shape(before) == literal_shape(after)
+
+
 def _limit_and_final(make_engine: Callable[..., Engine], url: str, query: str
                      ) -> tuple[Engine, str, str]:
     """An automatic-cap query's statement at the limit and its final statement at cap 3."""
@@ -507,6 +515,7 @@ def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
     ("SELECT a1 FROM t", "SELECT a2 FROM t", False),
     ("SELECT 'x1' FROM t", "SELECT 'x2' FROM t", False),
     ("SELECT 'inf' FROM t", "SELECT 'nan' FROM t", False),
+    ("SELECT '0.5' FROM t", "SELECT 'float' FROM t", False),
     ("SELECT 5 /* a */ FROM t", "SELECT 5 /* b */ FROM t", False),
     ("SELECT a FROM t WHERE r <= 5", "SELECT a FROM t WHERE r >= 5", False),
     ("SELECT a FROM t", "SELECT a FROM t, u", False),
