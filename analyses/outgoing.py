@@ -69,9 +69,10 @@ A verdict carries over to a statement that differs from a verified one only in l
 no rule reads (:func:`literal_shape`): the statement at a query's limit cap and its final
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
 number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
-else 0, a per-person bound is finite) and ``Literal.is_int`` of a literal compared to a column
-(rule 4's ``r <= k`` and ``r = 1``); no rule reads a string's value.  A rule that reads more
-of a literal must add it to ``_number_class``.
+else 0, a per-person bound is finite), ``Literal.is_int`` of a literal compared to a column
+(rule 4's ``r <= k`` and ``r = 1``) and the equality of literals compared to columns (the light
+and heavy branches' ``__chorus_unit_rows <= K`` and ``> K``, the same K); no rule reads a
+string's value.  A rule that reads more of a literal must add it to ``_number_class``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 from sqlglot import exp
@@ -148,14 +150,18 @@ _COMPARISONS = frozenset({TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.G
                           TokenType.NEQ})
 
 
-def _number_class(text: str, compared: bool) -> str:
-    """Everything the rules read of a numeric literal, as 0/1 digits: through ``_constant``
-    whether it is 0, 1 (rule 4's mark and weight) or finite (rule 3'), and, for a literal
-    right after a comparison (``compared``), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``:
-    the literal that is a comparison's right side is the token right after its operator)."""
+def _number_class(text: str, compared: dict[Fraction, int] | None) -> str:
+    """Everything the rules read of a numeric literal: through ``_constant`` whether it is 0,
+    1 (rule 4's mark and weight) or finite (rule 3'), as 0/1 digits, and, for a literal right
+    after a comparison (the literal that is a comparison's right side is the token right after
+    its operator), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``) and which of the statement's
+    compared literals it equals (the branches' one K): ``compared`` numbers their exact
+    values in order of appearance."""
     value = float(text)
-    integral = f"{'.' not in text:d}" if compared else ""
-    return f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}{integral}"
+    if compared is None:
+        return f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}"
+    label = compared.setdefault(Fraction(text), len(compared))
+    return f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}{'.' not in text:d}:{label}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -185,10 +191,12 @@ def literal_shape(cut: list[Token]) -> bytes:
     kinds = [token.token_type for token in cut]
     texts = [token.text for token in cut]
     blanked: list[int] = []
+    compared: dict[Fraction, int] = {}
     number, string = _NUMBER, _STRING  # locals: an enum member is slow to look up
     for i, kind in enumerate(kinds):
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
-            texts[i] = _number_class(texts[i], i > 0 and kinds[i - 1] in _COMPARISONS)
+            texts[i] = _number_class(texts[i], compared if i > 0
+                                     and kinds[i - 1] in _COMPARISONS else None)
             blanked.append(i)
         elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
             texts[i] = ""

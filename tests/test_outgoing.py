@@ -435,6 +435,15 @@ def same_but_literals(verified: str, sql: str, dialect: str) -> bool:
         and literal_shape(before) == literal_shape(after)
 
 
+def _heavy_threshold_moved(engine: Engine, sql: str) -> str:
+    """The heavy branch's ``__chorus_unit_rows > K`` with another K than the light one's
+    ``<= K``: a unit between the two is read by both (only numbers changed)."""
+    out = re.sub(r"__chorus_unit_rows > (\d+)",
+                 lambda m: f"__chorus_unit_rows > {int(m.group(1)) + 4}", sql)
+    assert out != sql
+    return out
+
+
 def _limit_and_final(make_engine: Callable[..., Engine], url: str, query: str
                      ) -> tuple[Engine, str, str]:
     """An automatic-cap query's statement at the limit and its final statement at cap 3."""
@@ -474,7 +483,7 @@ def test_the_final_statement_is_the_limit_one_with_other_numbers(
 @pytest.mark.parametrize("mutation", [
     _drop_bounding, _drop_blocks, _raw_column_out, _raw_column_in_measure,
     _extra_private_table, _cte_shadowing, _drop_noise, _not_materialized, _max_instead_of_count,
-    _limit_in_measure,
+    _limit_in_measure, _heavy_threshold_moved,
 ])
 def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
         make_engine: Callable[..., Engine], backend_url: str, mutation: Mutation,
@@ -519,6 +528,13 @@ def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
     ("SELECT 5 /* a */ FROM t", "SELECT 5 /* b */ FROM t", False),
     ("SELECT a FROM t WHERE r <= 5", "SELECT a FROM t WHERE r >= 5", False),
     ("SELECT a FROM t", "SELECT a FROM t, u", False),
+    # Compared literals keep which of them are equal (the light and heavy branches' one K).
+    ("SELECT a FROM t WHERE n <= 200 AND m > 200", "SELECT a FROM t WHERE n <= 3 AND m > 3",
+     True),
+    ("SELECT a FROM t WHERE n <= 200 AND m > 200", "SELECT a FROM t WHERE n <= 3 AND m > 7",
+     False),
+    ("SELECT a FROM t WHERE n <= 3 AND m > 7", "SELECT a FROM t WHERE n <= 5 AND m > 5",
+     False),
 ])
 def test_same_but_literals(verified: str, other: str, same: bool) -> None:
     assert same_but_literals(verified, other, "duckdb") is same
