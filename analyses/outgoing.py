@@ -70,9 +70,9 @@ no rule reads (:func:`literal_shape`): the statement at a query's limit cap and 
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
 number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
 else 0, a per-person bound is finite), ``Literal.is_int`` of a literal compared to a column
-(rule 4's ``r <= k`` and ``r = 1``) and the equality of literals compared to columns (the light
-and heavy branches' ``__chorus_unit_rows <= K`` and ``> K``, the same K); no rule reads a
-string's value.  A rule that reads more of a literal must add it to ``_number_class``.
+(rule 4's ``r <= k`` and ``r = 1``) and the equality of the Ks of ``__chorus_unit_rows <= K``
+and ``> K`` (the light and heavy branches' one K); no rule reads a string's value.  A rule
+that reads more of a literal must add it to ``_number_class``.
 """
 
 from __future__ import annotations
@@ -146,22 +146,25 @@ _FLOAT_TEXT = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
 
 _KIND = {kind: i for i, kind in enumerate(TokenType)}
 _NUMBER, _STRING = TokenType.NUMBER, TokenType.STRING
+_ROW_COUNT_TESTS = frozenset({TokenType.LTE, TokenType.GT})
 _COMPARISONS = frozenset({TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.EQ,
                           TokenType.NEQ})
 
 
-def _number_class(text: str, compared: dict[Fraction, int] | None) -> str:
+def _number_class(text: str, compared: bool, counts: dict[Fraction, int] | None) -> str:
     """Everything the rules read of a numeric literal: through ``_constant`` whether it is 0,
-    1 (rule 4's mark and weight) or finite (rule 3'), as 0/1 digits, and, for a literal right
-    after a comparison (the literal that is a comparison's right side is the token right after
-    its operator), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``) and which of the statement's
-    compared literals it equals (the branches' one K): ``compared`` numbers their exact
-    values in order of appearance."""
+    1 (rule 4's mark and weight) or finite (rule 3'), as 0/1 digits; for a literal right after
+    a comparison (``compared``: the literal that is a comparison's right side is the token
+    right after its operator), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``); and for the K
+    of ``__chorus_unit_rows <= K`` or ``> K`` (``counts``, which numbers those Ks' exact
+    values in order of appearance), which of them it equals (the branches' one K)."""
     value = float(text)
-    if compared is None:
-        return f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}"
-    label = compared.setdefault(Fraction(text), len(compared))
-    return f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}{'.' not in text:d}:{label}"
+    out = f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}"
+    if compared:
+        out += f"{'.' not in text:d}"
+    if counts is not None:
+        out += f":{counts.setdefault(Fraction(text), len(counts))}"
+    return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -191,12 +194,16 @@ def literal_shape(cut: list[Token]) -> bytes:
     kinds = [token.token_type for token in cut]
     texts = [token.text for token in cut]
     blanked: list[int] = []
-    compared: dict[Fraction, int] = {}
+    counts: dict[Fraction, int] = {}
     number, string = _NUMBER, _STRING  # locals: an enum member is slow to look up
     for i, kind in enumerate(kinds):
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
-            texts[i] = _number_class(texts[i], compared if i > 0
-                                     and kinds[i - 1] in _COMPARISONS else None)
+            compared = i > 0 and kinds[i - 1] in _COMPARISONS
+            # ``a.__chorus_unit_rows <= K``: the column's name is the token before the operator
+            # (a parenthesised column is no Column to the rule, and reads no K).
+            unit_rows = compared and i > 1 and kinds[i - 1] in _ROW_COUNT_TESTS \
+                and texts[i - 2] == _UNIT_ROWS
+            texts[i] = _number_class(texts[i], compared, counts if unit_rows else None)
             blanked.append(i)
         elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
             texts[i] = ""

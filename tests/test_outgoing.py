@@ -528,13 +528,15 @@ def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
     ("SELECT 5 /* a */ FROM t", "SELECT 5 /* b */ FROM t", False),
     ("SELECT a FROM t WHERE r <= 5", "SELECT a FROM t WHERE r >= 5", False),
     ("SELECT a FROM t", "SELECT a FROM t, u", False),
-    # Compared literals keep which of them are equal (the light and heavy branches' one K).
-    ("SELECT a FROM t WHERE n <= 200 AND m > 200", "SELECT a FROM t WHERE n <= 3 AND m > 3",
-     True),
+    # The Ks of __chorus_unit_rows keep which of them are equal (the branches' one K).
+    ("SELECT a FROM t WHERE x.__chorus_unit_rows <= 200 AND y.__chorus_unit_rows > 200",
+     "SELECT a FROM t WHERE x.__chorus_unit_rows <= 3 AND y.__chorus_unit_rows > 3", True),
+    ("SELECT a FROM t WHERE x.__chorus_unit_rows <= 200 AND y.__chorus_unit_rows > 200",
+     "SELECT a FROM t WHERE x.__chorus_unit_rows <= 3 AND y.__chorus_unit_rows > 7", False),
+    ("SELECT a FROM t WHERE __chorus_unit_rows <= 3 AND __chorus_unit_rows > 7",
+     "SELECT a FROM t WHERE __chorus_unit_rows <= 5 AND __chorus_unit_rows > 5", False),
     ("SELECT a FROM t WHERE n <= 200 AND m > 200", "SELECT a FROM t WHERE n <= 3 AND m > 7",
-     False),
-    ("SELECT a FROM t WHERE n <= 3 AND m > 7", "SELECT a FROM t WHERE n <= 5 AND m > 5",
-     False),
+     True),
 ])
 def test_same_but_literals(verified: str, other: str, same: bool) -> None:
     assert same_but_literals(verified, other, "duckdb") is same
