@@ -77,12 +77,16 @@ def test_a_commit_that_fails_makes_durable_raise_and_spends_nothing(tmp_path: Pa
     store = led.store
     assert isinstance(store, SQLiteStore)
 
+    gate = threading.Event()
+
     def fail() -> None:
+        assert gate.wait(10)  # the claim comes back before the commit fails
         raise DiskFull("disk full")
 
     store.before_commit = fail
     claim, durable = led.claim_overlapped("alice", ["a"], 0.25, 0.0)
     assert claim.state == "consumed"  # as decided; the commit has not succeeded
+    gate.set()
     with pytest.raises(DiskFull):
         durable()
     with pytest.raises(DiskFull):  # and again: the caller may ask twice
@@ -155,7 +159,10 @@ def test_an_answer_whose_charge_failed_to_commit_is_never_released(
         engine: Engine, timeline: tuple[list[str], Callable[[Callable[[], None]], None]]) -> None:
     events, hook = timeline
 
-    def fail() -> None:
+    def fail() -> None:  # once the answer has run: the commit fails after it
+        deadline = time.monotonic() + 10
+        while "statement" not in events and time.monotonic() < deadline:
+            time.sleep(0.001)
         raise DiskFull("disk full")
 
     hook(fail)
@@ -172,7 +179,10 @@ def test_a_data_error_is_shown_only_on_a_recorded_charge(
     with the commit failing, the analyst sees the ledger's error, never the data's."""
     from chorus_py.backends import StatementFailed
 
+    failed = threading.Event()
+
     def failing(sql: str, *args: object, **kwargs: object) -> object:
+        failed.set()
         raise StatementFailed(True, "division by zero")
 
     sql = "SELECT SUM(fare) FROM trips"
@@ -182,8 +192,10 @@ def test_a_data_error_is_shown_only_on_a_recorded_charge(
         engine.execute(sql, epsilon=0.5, analyst="alice")
     spent = [b.epsilon_consumed for b in engine.ledger.blocks()]
     _, hook = timeline
+    failed.clear()
 
-    def fail() -> None:
+    def fail() -> None:  # once the statement has failed: both errors are there to show
+        assert failed.wait(10)
         raise DiskFull("disk full")
 
     hook(fail)
