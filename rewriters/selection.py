@@ -61,8 +61,8 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
     >>> print(value_histogram(q, parse_one("t.x"), 0, 10, (10.0, 5.0), None, None)
     ...       .sql())  # doctest: +NORMALIZE_WHITESPACE
     SELECT v.b AS b, SUM(v.w) AS w FROM (SELECT CASE WHEN r.m >= 10.0 THEN 0 WHEN r.m >= 5.0
-    THEN 1 ELSE 2 END AS b, r.w AS w FROM (SELECT ABS(CASE WHEN t.x IS NULL THEN NULL WHEN t.x
-    < 0 THEN 0 WHEN t.x > 10 THEN 10 ELSE t.x END) AS m, CAST(1 AS DOUBLE) / COUNT(*) OVER
+    THEN 1 ELSE 2 END AS b, r.w AS w FROM (SELECT ABS(CASE WHEN t.x < 0 THEN 0 WHEN t.x > 10
+    THEN 10 ELSE t.x END) AS m, CAST(1 AS DOUBLE) / COUNT(*) OVER
     (PARTITION BY t.u) AS w FROM (SELECT t.* FROM t AS t) AS t WHERE NOT t.x IS NULL) AS r) AS v
     GROUP BY v.b
     """
@@ -202,8 +202,8 @@ def choice_histogram(query: AggregateQuery,
     SELECT c.k AS k, SUM(c.wc) AS wc, SUM(c.w0) AS w0 FROM (SELECT (LEAST(r.n, 5)) * 4 + CASE
     WHEN r.m0 IS NULL THEN 3 ELSE CASE WHEN r.m0 >= 10.0 THEN 0 WHEN r.m0 >= 5.0 THEN 1 ELSE 2
     END END AS k, r.wc, r.w0 FROM (SELECT t.__chorus_unit_rows AS n, CASE WHEN t.__chorus_rank
-    = 1 THEN 1 ELSE 0 END AS wc, ABS(CASE WHEN t.x IS NULL THEN NULL WHEN t.x < 0 THEN 0 WHEN
-    t.x > 10 THEN 10 ELSE t.x END) AS m0, CASE WHEN t.x IS NULL THEN NULL ELSE CAST(1 AS DOUBLE)
+    = 1 THEN 1 ELSE 0 END AS wc, ABS(CASE WHEN t.x < 0 THEN 0 WHEN t.x > 10 THEN 10 ELSE t.x
+    END) AS m0, CASE WHEN t.x IS NULL THEN NULL ELSE CAST(1 AS DOUBLE)
     / t.__chorus_unit_rows END AS w0 FROM p."t__ranked_x" AS t) AS r) AS c GROUP BY c.k
     """
     unit = query.privacy_unit

@@ -66,17 +66,16 @@ def test_rewritten_sql_reparses_and_is_protected(engine: Engine, sql: str) -> No
 
 
 def _clamps_a_column(case: exp.Case) -> bool:
-    """``CASE WHEN c IS NULL THEN NULL WHEN c < l THEN l WHEN c > u THEN u ELSE c END``."""
+    """``CASE WHEN c < l THEN l WHEN c > u THEN u ELSE c END`` (a NULL c reaches ELSE c)."""
     ifs = case.args.get("ifs") or []
     column = case.args.get("default")
-    if len(ifs) != 3 or not isinstance(column, exp.Column):
+    if len(ifs) != 2 or not isinstance(column, exp.Column):
         return False
-    null, low, high = (i.this for i in ifs)
-    return (isinstance(null, exp.Is) and null.this == column
-            and isinstance(low, exp.LT) and low.this == column
-            and low.expression == ifs[1].args["true"]
+    low, high = (i.this for i in ifs)
+    return (isinstance(low, exp.LT) and low.this == column
+            and low.expression == ifs[0].args["true"]
             and isinstance(high, exp.GT) and high.this == column
-            and high.expression == ifs[2].args["true"])
+            and high.expression == ifs[1].args["true"])
 
 
 def test_thresholded_keys_are_gated_in_the_outer_query(engine: Engine) -> None:
