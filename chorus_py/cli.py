@@ -198,6 +198,10 @@ def query(policy_path: Path, analyst: str | None, epsilon: float | None, delta: 
                                 sensitivity=sensitivity, gamma=gamma)
     except ChorusError as err:
         _fail(err, as_json)
+    finally:
+        # Closed before exit: a Spark Connect session left to the interpreter's shutdown
+        # waits on release threads that no longer run, and the command never returns.
+        engine.close()
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
         return
@@ -224,6 +228,8 @@ def explain(policy_path: Path, analyst: str | None, epsilon: float | None,
                                 sensitivity=sensitivity, gamma=gamma)
     except ChorusError as err:
         _fail(err, as_json)
+    finally:
+        engine.close()  # as in `chorus query`
     if as_json:
         click.echo(json.dumps({"columns": [], "rows": [], "report": report.to_dict()},
                               default=str))
@@ -340,7 +346,8 @@ def check(policy_path: Path, as_json: bool) -> None:
     logging.getLogger("chorus.backends").setLevel(logging.ERROR)
     try:
         policy = load_policy(policy_path)
-        backend = open_backend(policy.backend.url, policy.backend.statement_timeout_seconds)
+        backend = open_backend(policy.backend.url, policy.backend.statement_timeout_seconds,
+                               policy.backend.spark)
     except ChorusError as err:
         _fail(err, as_json, status=FAILED)
     try:

@@ -30,13 +30,18 @@ def _fail(err: ChorusError) -> NoReturn:
 
 @click.command()
 @click.option("--from", "url", required=True, metavar="URL",
-              help="The database: postgresql://user@host/db or duckdb:///path.duckdb")
+              help="The database: postgresql://user@host/db, duckdb:///path.duckdb, or "
+                   "spark://local with --parquet")
+@click.option("--parquet", "parquet", default=None,
+              type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="With --from spark://local: the directory whose <table>.parquet entries "
+                   "are the tables (the draft's [backend.spark] warehouse).")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("policy.toml"), show_default=True, help="Where to write the draft.")
 @click.option("--analyst", default="analyst", show_default=True,
               help="Name of the analyst the draft declares (with a new REST token).")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-def init(url: str, out: Path, analyst: str, force: bool) -> None:
+def init(url: str, parquet: Path | None, out: Path, analyst: str, force: bool) -> None:
     """Draft a policy from a database's schema and data, for the data owner to review.
 
     Guesses the privacy unit, rows per unit, block columns, public lookup tables and bounds of
@@ -48,25 +53,43 @@ def init(url: str, out: Path, analyst: str, force: bool) -> None:
     Examples:
       chorus init --from postgresql://owner@127.0.0.1:5432/clinic --out policy.toml
       chorus init --from duckdb:///data.duckdb
+      chorus init --from spark://local --parquet lake/ --out policy.toml
       chorus check --policy policy.toml
     """
     from chorus_py.backends import StatementFailed, open_backend
     from chorus_py.draft import draft_policy
     from chorus_py.errors import OperationalError
-    from chorus_py.policy import BackendConfig
+    from chorus_py.policy import BackendConfig, SparkConfig
 
     if out.exists() and not force:
         _fail(PolicyError(f"{out} exists", hint="choose another --out, or pass --force"))
+    spark = None
+    if url.startswith("sc://"):
+        # The cluster's paths cannot be listed from here, and init reads every table whole.
+        _fail(PolicyError("chorus init drafts from a local Spark, not over Spark Connect",
+                          hint="draft from a copy of the Parquet files (--from spark://local "
+                               "--parquet DIR), then set url = \"sc://...\" and the cluster's "
+                               "paths in [backend.spark] tables (docs/owner-guide.md)"))
+    if url.startswith("spark://"):
+        if parquet is None:
+            _fail(PolicyError("--from spark://local needs --parquet DIR",
+                              hint="the directory whose <table>.parquet files are the tables"))
+        # The stores' directory the drafted policy will use by default (load_policy).
+        spark = SparkConfig(warehouse=str(parquet.resolve()),
+                            private_dir=str(out.parent.resolve() / f"{out.name}.spark-private"))
+    elif parquet is not None:
+        _fail(PolicyError("--parquet is for --from spark://local"))
     try:
-        dialect = BackendConfig(url=url).dialect
+        dialect = BackendConfig(url=url, spark=spark).dialect
     except ValueError:
-        _fail(PolicyError(f"--from {url!r}: expected a postgresql:// or duckdb:/// URL"))
+        _fail(PolicyError(f"--from {url!r}: expected a postgresql://, duckdb:/// or "
+                          "spark://local URL"))
     try:
-        backend = open_backend(url)
+        backend = open_backend(url, spark=spark)
     except (ChorusError, OSError) as err:
         _fail(err if isinstance(err, ChorusError) else OperationalError(str(err)))
     try:
-        draft = draft_policy(url, backend, dialect, out.parent, analyst)
+        draft = draft_policy(url, backend, dialect, out.parent, analyst, parquet)
     except ChorusError as err:
         _fail(err)
     except StatementFailed as err:

@@ -99,6 +99,7 @@ def _quantiles(dialect: str, col: str) -> str:
 def read_stats(backend: Backend, dialect: str) -> dict[str, TableStats]:
     """Every table of the backend's schema, with its rows and column statistics."""
     out: dict[str, TableStats] = {}
+    double = "DOUBLE" if dialect == "spark" else "DOUBLE PRECISION"  # Spark has no PRECISION
     for table, columns in sorted(backend.table_columns().items()):
         if table != table.lower():  # the policy names tables in lower case
             continue
@@ -116,7 +117,7 @@ def read_stats(backend: Backend, dialect: str) -> dict[str, TableStats]:
             col = f'"{name}"'
             parts.append(f"COUNT(DISTINCT {col})")
             if cs.type in ("int", "float"):
-                parts.append(_quantiles(dialect, f"CAST({col} AS DOUBLE PRECISION)"))
+                parts.append(_quantiles(dialect, f"CAST({col} AS {double})"))
             elif cs.type in ("date", "timestamp"):
                 parts.append(f"MIN({col}), MAX({col})")
         row = list(backend.run(f'SELECT {", ".join(parts)} FROM "{table}"').rows[0])
@@ -221,8 +222,9 @@ def _literal(value: Any) -> str:
 
 
 def draft_policy(url: str, backend: Backend, dialect: str, policy_dir: Path,
-                 analyst: str = "analyst") -> Draft:
-    """Draft a policy for the database at ``url`` (already opened as ``backend``)."""
+                 analyst: str = "analyst", warehouse: Path | None = None) -> Draft:
+    """Draft a policy for the database at ``url`` (already opened as ``backend``); on a local
+    Spark, ``warehouse`` is the directory of ``<table>.parquet`` entries it reads."""
     stats = read_stats(backend, dialect)
     unit, why_unit = guess_unit(stats)
     messages: list[str] = []
@@ -233,9 +235,26 @@ def draft_policy(url: str, backend: Backend, dialect: str, policy_dir: Path,
         "# need a decision of the data owner.  Then: `chorus check --policy <this file>`.",
         "",
         "[backend]",
-        "# TODO: connect as a role that can only SELECT the declared tables",
-        "# (docs/owner-guide.md, 'Least privilege'); `chorus check` tells what this one can do.",
-        f"url = {_literal(_policy_url(url, policy_dir))}",
+    ]
+    if warehouse is None:
+        lines += [
+            "# TODO: connect as a role that can only SELECT the declared tables",
+            "# (docs/owner-guide.md, 'Least privilege'); `chorus check` tells what this one "
+            "can do.",
+            f"url = {_literal(_policy_url(url, policy_dir))}",
+        ]
+    else:
+        lines += [
+            "# A local Spark over Parquet files (docs/owner-guide.md, 'When one machine is not",
+            "# enough'): its session reads the tables declared below, nothing else.",
+            f"url = {_literal(url)}",
+            "",
+            "[backend.spark]",
+            "# Every <name>.parquet in this directory is the table <name> (relative to this "
+            "file).",
+            f"warehouse = {_literal(os.path.relpath(warehouse.resolve(), policy_dir.resolve()))}",
+        ]
+    lines += [
         "",
         "[privacy]",
         "# TODO: the total privacy loss each block of data may suffer, over every query of every",

@@ -45,6 +45,7 @@ import shutil
 import socket
 import threading
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -144,8 +145,11 @@ def spark_statement_check(sql: str) -> None:
 
 def _quiet() -> None:
     """Spark's own logger would print every failed statement's message, which may quote a
-    value of a row: operators get them from chorus.backends at debug level."""
+    value of a row: operators get them from chorus.backends at debug level.  pyspark's warning
+    about pandas 3 is not the proxy's: it collects rows, never pandas frames."""
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
+                            category=FutureWarning)
 
 
 def _spark(config: SparkConfig) -> SparkSession:

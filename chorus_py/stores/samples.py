@@ -124,9 +124,8 @@ class BoundedSamples:
             # Changed (or never built): the old copy no longer matches the table.
             self._current.pop((table, RANKED), None)
             if not self._build_ranked_copies:  # a one-shot command: use one if it is there
-                there = bool(self._backend.run(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                    f"'{SCHEMA}' AND table_name = '{name}'").rows)
+                # The backend's own listing: Spark has no information_schema.
+                there = name in self._backend.owned_tables()
                 self._current[(table, RANKED)] = (now, name if there else None)
                 return name if there else None
             if not self.build_in_background:  # built now, read by this very query

@@ -7,6 +7,8 @@ the private database and the naming key on the cluster's side)."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -186,3 +188,20 @@ def test_a_server_that_refuses_a_wall_is_refused(connect_url: str, spark_data: P
     monkeypatch.setitem(_SESSION_CONF, "spark.sql.warehouse.dir", str(spark_data / "elsewhere"))
     with pytest.raises(OperationalError, match=r"warehouse\.dir|refuses a setting"):
         SparkBackend(_connect_config(spark_data), remote=connect_url)
+
+
+def test_the_one_shot_query_command_returns(connect_url: str, spark_data: Path,
+                                            tmp_path: Path) -> None:
+    """``chorus query`` over Spark Connect, as a process of its own (the client only: no
+    Spark starts in it): it prints the answer and exits.  Before it closed its engine, the
+    Connect sessions left to the interpreter's shutdown waited on release threads that no
+    longer ran, and the command never returned."""
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY_TEMPLATE.format(
+        url=connect_url, noise="proxy", k=10, epsilon_per_block=1000.0, max_epsilon=500.0,
+        contribution="fixed") + spark_block(spark_data, TABLES))
+    done = subprocess.run([str(Path(sys.executable).parent / "chorus"), "query", "--policy",
+                           str(path), "--analyst", "alice", "SELECT COUNT(*) FROM visits"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "noise in proxy" in done.stdout
