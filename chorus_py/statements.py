@@ -19,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -36,6 +37,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BackendError, InternalError, QueryRefused, StatementCanceled
 
 log = logging.getLogger("chorus.engine")
+T = TypeVar("T")
 
 
 class QueryRun:
@@ -107,6 +109,8 @@ class Statements:
         self._constants: LRU[str, bool] = LRU(4096)  # verdicts of run_constant
         # Exact results of statements over stored relations only (run_stored), by their text.
         self._stored: LRU[str, ResultSet] = LRU(256)
+        # What run_stored_as derived from them: (the result it came from, the value).
+        self._derived: LRU[tuple[str, Hashable], tuple[ResultSet, Any]] = LRU(256)
         self._scratch: duckdb.DuckDBPyConnection | None = None  # opened on first proxy noise
         self._scratch_lock = threading.Lock()
 
@@ -273,3 +277,16 @@ class Statements:
         elif run is not None:
             run.read()
         return hit
+
+    def run_stored_as(self, sql: str, run: QueryRun | None, what: Hashable,
+                      derive: Callable[[ResultSet], T]) -> T:
+        """:meth:`run_stored`, then ``derive`` of its result, remembered with that result
+        (under ``what``): ``derive`` must be a pure function of the result, and its value is
+        shared by every later call (the caller must not change it)."""
+        result = self.run_stored(sql, run)
+        hit = self._derived.get((sql, what))
+        if hit is not None and hit[0] is result:  # derived from this very result
+            return hit[1]
+        value = derive(result)
+        self._derived.put((sql, what), (result, value))
+        return value

@@ -502,3 +502,28 @@ def test_the_mark_shares_the_unit_counts_window(trips: Engine) -> None:
     assert windows == {"PARTITION BY trips.rider_id"}, windows
     spark = dialect(sqlglot.parse_one(sql, read=trips.dialect), "spark").sql("spark")
     assert "ROW_NUMBER() OVER (PARTITION BY trips.rider_id ORDER BY trips.rider_id)" in spark
+
+
+def test_marginals_of_remembered_cells_are_derived_once_and_read_only(trips: Engine) -> None:
+    """Over the ranked copy the exact cells are remembered by their text, and so are their
+    marginals (``Statements.run_stored_as``): derived once per remembered result, shared
+    read-only, and every call still counts as rows read (no refund after it)."""
+    from chorus_py.statements import QueryRun
+
+    calls = []
+
+    def derive(result: object) -> np.ndarray:
+        calls.append(result)
+        out = np.arange(3.0)
+        out.flags.writeable = False
+        return out
+
+    sql = "SELECT COUNT(*) AS n FROM trips"
+    runs = [QueryRun(None), QueryRun(None)]
+    first = trips.statements.run_stored_as(sql, runs[0], "n", derive)
+    again = trips.statements.run_stored_as(sql, runs[1], "n", derive)
+    assert first is again and len(calls) == 1 and all(r.touched for r in runs)
+    assert trips.statements.run_stored_as(sql, None, "other", derive) is not first
+    assert len(calls) == 2  # another derivation of the same result: its own value
+    with pytest.raises(ValueError):
+        first[0] = 1.0
