@@ -113,6 +113,44 @@ def test_a_ledger_in_memory_commits_before_returning() -> None:
     durable()
 
 
+def test_under_load_the_claim_commits_in_the_callers_thread(tmp_path: Path) -> None:
+    """With another claim committing, a claim joins the group commit in its own thread (no
+    hand-over to the ledger's threads, which would only add CPU): it returns committed."""
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a"])
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+    gate = threading.Event()
+    committers: list[str] = []
+
+    def held() -> None:
+        committers.append(threading.current_thread().name)
+        gate.wait(10)
+
+    store.before_commit = held
+    first = threading.Thread(target=led.claim, args=("alice", ["a"], 0.1, 0.0),
+                             kwargs={"consume_on_grant": True}, name="first")
+    first.start()
+    deadline = time.monotonic() + 5
+    while not led._arrivals and time.monotonic() < deadline:
+        time.sleep(0.001)
+    returned: list[object] = []
+    second = threading.Thread(target=lambda: returned.append(
+        led.claim_overlapped("bob", ["a"], 0.1, 0.0)), name="second")
+    second.start()
+    time.sleep(0.2)
+    assert not returned  # queued behind the held commit, not handed over and back
+    gate.set()
+    first.join(10)
+    second.join(10)
+    store.before_commit = None
+    (claim, durable), = returned  # type: ignore[misc]
+    assert claim.state == "consumed"
+    assert committers == ["first", "second"]  # bob's transaction ran in bob's thread
+    durable()
+    assert fields(led, "a")[3] == pytest.approx(0.2)
+
+
 # -- the engine: statements overlap the commit, the release waits for it ----------------------
 
 @pytest.fixture
