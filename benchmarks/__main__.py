@@ -5,7 +5,7 @@
 
 Each benchmark is its own process (its own interpreter, as the proxy runs in production) with its
 default arguments; run one directly for its options (``python -m benchmarks.pgwire --help``).
-Postgres must be up for ``run``, ``pgwire`` and ``rest`` (``CHORUS_TEST_PG``, default
+Postgres must be up for ``run``, ``corpus``, ``pgwire`` and ``rest`` (``CHORUS_TEST_PG``, default
 ``postgresql://postgres@127.0.0.1:5432/test``); ``spark`` needs pyspark and Java 17 (the
 ``spark`` extra) and makes its 10M-trip Parquet demo once, under the system's temp directory.
 """
@@ -35,6 +35,7 @@ BENCHMARKS = {
     "scan_options": "issue 23 study: one-scan designs for the default policy, cold prepares",
     "one_statement": "issue 23: a SUM/AVG query's private choices from one statement",
     "cold": "issue 23: proxy CPU of never-seen queries, by phase",
+    "corpus": "issue 23: 36 analyst questions, DP / raw with the default policy",
 }
 
 

@@ -1,0 +1,620 @@
+"""A corpus of 36 typical analyst questions on the demo's ride-sharing data: DP / raw time per
+query with the policy a user gets by default, on Postgres and DuckDB.  Writes the ``corpus``
+section of benchmarks/RESULTS.md.
+
+    python -m benchmarks.corpus [--rows 1000000] [--repeat 5] [--min-repeat 3]
+                                [--query-seconds 12] [--postgres URL] [--database NAME]
+                                [--skip-postgres] [--skip-duckdb] [--out FILE]
+
+Issue 23's held-out check reruns a corpus of 36 ride-sharing queries and compares the default
+policy's end-to-end DP / raw ratio with other DP SQL tools'; benchmarks/run.py covers six
+queries.  This one covers what analysts ask first: totals, filters on fare, distance, time and
+city, GROUP BY city and calendar buckets, HAVING / ORDER BY / LIMIT, CASE bands, quantiles,
+MIN/MAX, joins with riders and cities, per-rider questions and the drivers table (``CORPUS``).
+
+1. The demo (``generate_demo``) at ``--rows`` trips, in a DuckDB file and in a Postgres
+   database ``--database`` created next to ``--postgres`` and dropped at the end.
+2. Per backend one engine on the demo's own policy, unchanged but for a budget per block that
+   no run exhausts (the default policy: automatic caps <= 200 and clipping bounds, per-query
+   bounding from the ranked copy, choices reused for 10 minutes when not dominated by noise),
+   warmed up as ``chorus serve`` starts (the ranked copy built).
+3. Per query: a first run (never-seen text: cold prepare, join frequencies, the private
+   choices; shown apart), then rounds alternating the analyst's SQL straight to the database
+   (raw), ``Engine.execute`` at the policy's default epsilon (what a user gets: an identical
+   query reuses its choices when they were not dominated by noise) and at epsilon 0.01 (a
+   noisier histogram: its choices are more often dominated by noise, then made again each run;
+   the count of histograms run is in the results).
+   ``--repeat`` rounds, or ``--min-repeat`` once a query's rounds took ``--query-seconds``
+   (keeps the 1M run short).  Medians.  ``remaining=False``, as the wire protocol asks.
+4. Where the time of a DP query goes (the worst ratios): the selection histograms' statements,
+   the answer statement(s), other statements (plans checked once per shape, public keys, join
+   frequencies), the ledger (the claim's decision and the wait for its durable commit, which
+   overlaps the statements) and the proxy's own rest; the proxy's CPU time beside it.
+
+Queries refused on a backend are listed with the refusal (run again, so the list says what the
+proxy answers today) and replaced by the nearest form the proxy answers (``REFUSED``).
+Shared, noisy machine: read ratios and medians; the load average is in the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.results import write_section  # noqa: E402
+from benchmarks.run import percentile  # noqa: E402
+from chorus_py.demo import generate_demo  # noqa: E402
+from chorus_py.engine import Engine  # noqa: E402
+from chorus_py.errors import ChorusError  # noqa: E402
+from chorus_py.kinds.mixed import PartSelections  # noqa: E402
+from chorus_py.kinds.quantile_selection import QuantileSelection  # noqa: E402
+from chorus_py.kinds.selection import Selection  # noqa: E402
+
+LOW_EPSILON = 0.01
+
+
+@dataclass(frozen=True)
+class Query:
+    """One analyst question: ``sql`` on both backends, or ``duckdb`` there when the common text
+    is refused on DuckDB (see ``REFUSED``)."""
+
+    name: str
+    sql: str
+    duckdb: str | None = None
+
+    def text(self, backend: str) -> str:
+        return self.duckdb if backend == "DuckDB" and self.duckdb else self.sql
+
+
+CORPUS: tuple[Query, ...] = (
+    # totals
+    Query("count", "SELECT COUNT(*) FROM trips"),
+    Query("sum", "SELECT SUM(fare) FROM trips"),
+    Query("average", "SELECT AVG(fare) FROM trips"),
+    Query("average and stddev", "SELECT AVG(distance_km), STDDEV(distance_km) FROM trips"),
+    Query("distinct riders", "SELECT COUNT(DISTINCT rider_id) FROM trips"),
+    # filters on fare, distance, time, city
+    Query("count, fare filter", "SELECT COUNT(*) FROM trips WHERE fare > 50"),
+    Query("average, distance range",
+          "SELECT AVG(fare) FROM trips WHERE distance_km BETWEEN 5 AND 10"),
+    Query("sum, city and month",
+          "SELECT SUM(fare) FROM trips WHERE city = 'NYC' "
+          "AND pickup_time >= '2026-02-01' AND pickup_time < '2026-03-01'"),
+    Query("count, hours of the day",
+          "SELECT COUNT(*) FROM trips WHERE EXTRACT(hour FROM pickup_time) BETWEEN 7 AND 9"),
+    # GROUP BY a public column
+    Query("per city: count", "SELECT city, COUNT(*) FROM trips GROUP BY city"),
+    Query("per city: sum, ordered",
+          "SELECT city, SUM(fare) AS revenue FROM trips GROUP BY city ORDER BY revenue DESC"),
+    Query("per city: distinct riders",
+          "SELECT city, COUNT(DISTINCT rider_id) FROM trips GROUP BY city"),
+    Query("per city: variance, filtered",
+          "SELECT city, VARIANCE(fare) FROM trips WHERE pickup_time >= '2026-03-01' "
+          "GROUP BY city"),
+    # GROUP BY calendar buckets
+    Query("per month: count and sum",
+          "SELECT DATE_TRUNC('month', pickup_time) AS month, COUNT(*), SUM(fare) "
+          "FROM trips GROUP BY 1 ORDER BY 1"),
+    Query("per hour: count",
+          "SELECT EXTRACT(hour FROM pickup_time) AS hour, COUNT(*) FROM trips "
+          "GROUP BY 1 ORDER BY 1"),
+    Query("per weekday: average",
+          "SELECT EXTRACT(dow FROM pickup_time) AS dow, AVG(fare) FROM trips "
+          "GROUP BY 1 ORDER BY 1"),
+    Query("per day of March: count",
+          "SELECT CAST(pickup_time AS DATE) AS day, COUNT(*) FROM trips "
+          "WHERE pickup_time >= '2026-03-01' GROUP BY 1 ORDER BY 1"),
+    Query("per city and month: average",
+          "SELECT city, DATE_TRUNC('month', pickup_time) AS month, AVG(fare) "
+          "FROM trips GROUP BY 1, 2 ORDER BY 1, 2"),
+    # HAVING, ORDER BY, top-N
+    Query("HAVING count",
+          "SELECT city, COUNT(*) AS n FROM trips GROUP BY city HAVING COUNT(*) > 50000 "
+          "ORDER BY n DESC"),
+    Query("top 3 cities by average, filtered",
+          "SELECT city, AVG(fare) AS avg_fare FROM trips WHERE distance_km > 10 "
+          "GROUP BY city HAVING AVG(fare) > 20 ORDER BY avg_fare DESC LIMIT 3"),
+    Query("top 5 hours",
+          "SELECT EXTRACT(hour FROM pickup_time) AS hour, COUNT(*) AS n FROM trips "
+          "GROUP BY 1 ORDER BY n DESC LIMIT 5"),
+    Query("top 10 drivers (thresholded keys)",
+          "SELECT driver_id, COUNT(*) AS n FROM trips GROUP BY driver_id "
+          "ORDER BY n DESC LIMIT 10"),
+    # CASE
+    Query("CASE bands",
+          "SELECT CASE WHEN distance_km < 2 THEN 'short' WHEN distance_km < 10 THEN 'medium' "
+          "ELSE 'long' END AS band, COUNT(*), AVG(fare) FROM trips GROUP BY 1"),
+    Query("CASE conditional count",
+          "SELECT SUM(CASE WHEN fare > 30 THEN 1 ELSE 0 END) AS expensive, COUNT(*) "
+          "FROM trips"),
+    Query("per city: CASE conditional sum",
+          "SELECT city, SUM(CASE WHEN distance_km > 10 THEN fare ELSE 0 END) AS long_revenue "
+          "FROM trips GROUP BY city"),
+    # quantiles, MIN, MAX
+    Query("median", "SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY fare) FROM trips"),
+    Query("per city: 90th percentile",
+          "SELECT city, PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY distance_km) AS p90 "
+          "FROM trips GROUP BY city"),
+    Query("MIN and MAX, filtered", "SELECT MIN(fare), MAX(fare) FROM trips WHERE city = 'SF'"),
+    Query("per city: median and count",
+          "SELECT city, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY fare) AS median_fare, "
+          "COUNT(*) FROM trips GROUP BY city",
+          duckdb="SELECT city, QUANTILE_CONT(fare, 0.5) AS median_fare, COUNT(*) FROM trips "
+                 "GROUP BY city"),
+    # joins
+    Query("join riders: per membership",
+          "SELECT r.membership, COUNT(*), AVG(t.fare) FROM trips t "
+          "JOIN riders r ON t.rider_id = r.rider_id GROUP BY r.membership"),
+    Query("join riders: filter on signup",
+          "SELECT COUNT(*) FROM trips t JOIN riders r ON t.rider_id = r.rider_id "
+          "WHERE r.signup_date < DATE '2025-01-01'"),
+    Query("join riders: distinct riders per home city",
+          "SELECT r.home_city, COUNT(DISTINCT t.rider_id) FROM trips t "
+          "JOIN riders r ON t.rider_id = r.rider_id GROUP BY r.home_city"),
+    Query("join cities: per state",
+          "SELECT c.state, SUM(t.fare) FROM trips t JOIN cities c ON t.city = c.city "
+          "WHERE c.population > 1000000 GROUP BY c.state"),
+    # per person
+    Query("per rider: average trips",
+          "WITH per AS (SELECT rider_id, COUNT(*) AS n FROM trips GROUP BY rider_id) "
+          "SELECT AVG(n) FROM per"),
+    Query("per rider: big spenders",
+          "WITH per AS (SELECT rider_id, SUM(fare) AS spend FROM trips GROUP BY rider_id) "
+          "SELECT COUNT(*) FROM per WHERE spend > 500"),
+    # drivers (private per row)
+    Query("drivers: count", "SELECT COUNT(*) FROM drivers"),
+)
+
+#: (backends, the analyst's first text, the corpus query answering instead, why): queries the
+#: proxy refused while the corpus was written.  Each is run again (``refusals``) so the
+#: results show the message given today.
+REFUSED: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
+    (("Postgres", "DuckDB"), "SELECT COUNT(DISTINCT driver_id) FROM trips", "drivers: count",
+     "a distinct count of a column other than the privacy unit has no bounded sensitivity; "
+     "the drivers table has one row per driver of the trips"),
+    (("DuckDB",),
+     "SELECT city, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY fare) AS median_fare, "
+     "COUNT(*) FROM trips GROUP BY city", "per city: median and count",
+     "looks like a bug (the same text is answered on Postgres, and alone on DuckDB): "
+     "analyses.mixed.split_mixed renders the quantile part with sqlglot's DuckDB dialect as "
+     "QUANTILE_CONT(fare, 0.5 ORDER BY fare), which parses back with the fraction inside an "
+     "ORDER node; the DuckDB spelling QUANTILE_CONT(fare, 0.5) is answered"),
+)
+
+
+# -- where the time goes --------------------------------------------------------------------
+
+
+@dataclass
+class Phases:
+    """Where one DP query's time went (seconds; ``cpu``: the proxy process's CPU time)."""
+
+    total: float = 0.0
+    histograms: float = 0.0
+    histogram_count: int = 0
+    answer: float = 0.0
+    other: float = 0.0  # EXPLAIN (once per shape), public keys, join frequencies, stores
+    ledger: float = 0.0
+    cpu: float = 0.0
+
+    @property
+    def proxy(self) -> float:
+        """The proxy's own time: everything not spent in a statement or the ledger."""
+        return self.total - self.histograms - self.answer - self.other - self.ledger
+
+
+class Recorder:
+    """Times the statements engines send and their ledger calls, by phase.
+
+    A statement of a query (``Statements.run``) sent while a private-choice step runs
+    (``choose`` of the analytic, quantile or mixed selection) is a selection histogram, any
+    other statement of the query its answer; statements sent outside ``Statements.run``
+    (plans, freshness checks, join frequencies) are "other".  The ledger's share is the claim
+    until its decision plus the wait for its durable commit (``Ledger.claim_overlapped``: the
+    commit overlaps the statements, so only the wait is on the query's path)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self.current: Phases | None = None
+        for cls in (Selection, QuantileSelection, PartSelections):
+            self._mark_choose(cls)
+
+    def _mark_choose(self, cls: type) -> None:
+        choose = cls.choose
+
+        def marked(selection: Any, *args: Any) -> Any:
+            # A depth, not a flag: a mixed query's choose calls its parts' choose.
+            self._local.selecting = getattr(self._local, "selecting", 0) + 1
+            try:
+                return choose(selection, *args)
+            finally:
+                self._local.selecting -= 1
+
+        cls.choose = marked  # type: ignore[attr-defined]
+
+    def attach(self, engine: Engine) -> None:
+        """Time ``engine``'s backend statements and ledger calls (instance attributes: the
+        engine's Statements, kinds and stores call them through the same objects)."""
+        backend, statements, ledger = engine.backend, engine.statements, engine.ledger
+        for name in ("run", "run_public"):
+            self._time_backend(backend, name)
+        query_run = statements.run
+
+        def marked_query_run(*args: Any, **kwargs: Any) -> Any:
+            self._local.in_query = True
+            try:
+                return query_run(*args, **kwargs)
+            finally:
+                self._local.in_query = False
+
+        statements.run = marked_query_run  # type: ignore[method-assign]
+        ensure = ledger.ensure_blocks
+        overlapped = ledger.claim_overlapped
+
+        def timed_ensure(*args: Any, **kwargs: Any) -> Any:
+            with self._ledger():
+                return ensure(*args, **kwargs)
+
+        def timed_claim(*args: Any, **kwargs: Any) -> Any:
+            with self._ledger():
+                claim, durable = overlapped(*args, **kwargs)
+
+            def timed_durable() -> None:
+                with self._ledger():
+                    durable()
+
+            return claim, timed_durable
+
+        ledger.ensure_blocks = timed_ensure  # type: ignore[method-assign]
+        ledger.claim_overlapped = timed_claim  # type: ignore[method-assign]
+
+    def _time_backend(self, backend: Any, name: str) -> None:
+        call = getattr(backend, name)
+
+        def timed(sql: str) -> Any:
+            started = time.perf_counter()
+            try:
+                return call(sql)
+            finally:
+                self._statement(sql, time.perf_counter() - started)
+
+        setattr(backend, name, timed)
+
+    @contextmanager
+    def _ledger(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.current is not None:
+                self.current.ledger += time.perf_counter() - started
+
+    def _statement(self, sql: str, seconds: float) -> None:
+        phases = self.current
+        if phases is None:
+            return
+        if not getattr(self._local, "in_query", False) or sql.startswith("EXPLAIN "):
+            phases.other += seconds
+        elif getattr(self._local, "selecting", 0):
+            phases.histograms += seconds
+            phases.histogram_count += 1
+        else:
+            phases.answer += seconds
+
+    @contextmanager
+    def measure(self) -> Iterator[Phases]:
+        """The phases of the calls made inside the block."""
+        phases = Phases()
+        self.current = phases
+        cpu = time.process_time()
+        started = time.perf_counter()
+        try:
+            yield phases
+        finally:
+            phases.total = time.perf_counter() - started
+            phases.cpu = time.process_time() - cpu
+            self.current = None
+
+
+# -- the runs -------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One query on one backend: the first DP run (not in the medians) and the rounds."""
+
+    first: Phases
+    raw: list[float] = field(default_factory=list)
+    dp: list[Phases] = field(default_factory=list)
+    low: list[Phases] = field(default_factory=list)  # at LOW_EPSILON
+
+    @property
+    def raw_ms(self) -> float:
+        return statistics.median(self.raw) * 1000
+
+    def dp_ms(self, low: bool = False) -> float:
+        return median_ms([p.total for p in (self.low if low else self.dp)])
+
+    def ratio(self, low: bool = False) -> float:
+        return self.dp_ms(low) / self.raw_ms
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+def timed(call: Callable[..., Any], *args: Any) -> float:
+    """Seconds ``call(*args)`` took."""
+    started = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - started
+
+
+def bench(label: str, engine: Engine, recorder: Recorder, args: argparse.Namespace
+          ) -> dict[str, Cell]:
+    """Every corpus query on one backend: a first run, then alternating rounds."""
+    cells: dict[str, Cell] = {}
+    for query in CORPUS:
+        sql = query.text(label)
+        engine.backend.run(sql)  # the raw query's buffers and plan, as the DP run's
+        with recorder.measure() as first:
+            engine.execute(sql, remaining=False)
+        cell = cells[query.name] = Cell(first)
+        engine.execute(sql, epsilon=LOW_EPSILON, remaining=False)
+        started = time.perf_counter()
+        for done in range(1, args.repeat + 1):
+            cell.raw.append(timed(engine.backend.run, sql))
+            with recorder.measure() as phases:
+                engine.execute(sql, remaining=False)
+            cell.dp.append(phases)
+            with recorder.measure() as phases:
+                engine.execute(sql, epsilon=LOW_EPSILON, remaining=False)
+            cell.low.append(phases)
+            if done >= args.min_repeat and time.perf_counter() - started > args.query_seconds:
+                break
+        print(f"{label} {query.name}: raw {cell.raw_ms:.1f} ms, DP {cell.dp_ms():.1f} "
+              f"({cell.ratio():.2f}x), at {LOW_EPSILON} {cell.dp_ms(True):.1f} ms "
+              f"({cell.ratio(True):.2f}x), {len(cell.raw)} rounds", file=sys.stderr)
+    return cells
+
+
+def refusals(label: str, engine: Engine) -> list[str]:
+    """Each refused text of ``REFUSED`` for this backend, run again: its message today."""
+    lines = []
+    for backends, sql, instead, why in REFUSED:
+        if label not in backends:
+            continue
+        try:
+            engine.execute(sql, remaining=False)
+            outcome = "**answered now** (the corpus could use it again)"
+        except ChorusError as err:
+            outcome = f"refused: {type(err).__name__}: {err}"
+        lines.append(f"- {label}: `{sql}`: {outcome}. Replaced by \"{instead}\": {why}.")
+    return lines
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def summary(label: str, cells: dict[str, Cell]) -> list[str]:
+    """Median, p90 and max ratio of one backend, at the default epsilon, at LOW_EPSILON and
+    on the first run."""
+    lines = []
+    for what, ratios in (
+            ("default epsilon (choices reused when allowed)",
+             [c.ratio() for c in cells.values()]),
+            (f"epsilon {LOW_EPSILON}",
+             [c.ratio(True) for c in cells.values()]),
+            ("first run (never-seen text: cold prepare and the choices)",
+             [c.first.total * 1000 / c.raw_ms for c in cells.values()])):
+        lines.append(f"| {label} | {what} | {statistics.median(ratios):.2f} | "
+                     f"{percentile(ratios, 0.9):.2f} | {max(ratios):.2f} |")
+    return lines
+
+
+def cause(cell: Cell) -> str:
+    """The largest part of the DP run's time beyond the raw query's."""
+    dp = cell.dp
+    parts = {
+        "histograms": median_ms([p.histograms for p in dp]),
+        "answer beyond raw": median_ms([p.answer for p in dp]) - cell.raw_ms,
+        "other statements": median_ms([p.other for p in dp]),
+        "ledger": median_ms([p.ledger for p in dp]),
+        "proxy": median_ms([p.proxy for p in dp]),
+    }
+    return max(parts, key=lambda k: parts[k])
+
+
+def worst(label: str, cells: dict[str, Cell], sql: dict[str, str], count: int = 5
+          ) -> list[str]:
+    rows = []
+    for name, cell in sorted(cells.items(), key=lambda kv: -kv[1].ratio())[:count]:
+        dp, low = cell.dp, cell.low
+        hist_n = statistics.median([p.histogram_count for p in dp])
+        low_n = statistics.median([p.histogram_count for p in low])
+        rows.append(
+            f"| {label} | {name}: `{sql[name]}` | {cell.raw_ms:.1f} | "
+            f"{cell.first.total * 1000:.1f} ({cell.first.histograms * 1000:.1f}) | "
+            f"{cell.dp_ms():.1f} | "
+            f"{cell.ratio():.2f} | {median_ms([p.histograms for p in dp]):.1f} ({hist_n:g}) | "
+            f"{median_ms([p.answer for p in dp]):.1f} | "
+            f"{median_ms([p.other for p in dp]):.1f} | {median_ms([p.ledger for p in dp]):.1f} | "
+            f"{median_ms([p.proxy for p in dp]):.1f} | {median_ms([p.cpu for p in dp]):.1f} | "
+            f"{median_ms([p.histograms for p in low]):.1f} ({low_n:g}) | {cause(cell)} |")
+    return rows
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, Cell]],
+           refused: list[str], setup: list[str], load: tuple[float, float], made: str) -> str:
+    labels = list(results)
+    head = "| # | query | " + " | ".join(
+        f"{b} raw ms | {b} DP ms | {b} DP / raw | {b} DP ms at {LOW_EPSILON} | "
+        f"{b} DP / raw at {LOW_EPSILON}" for b in labels) + " |"
+    table = [head, "|---|---|" + "---|" * (5 * len(labels))]
+    for i, query in enumerate(CORPUS, 1):
+        cells = [results[b][query.name] for b in labels]
+        texts = {query.text(b) for b in labels}
+        shown = " / ".join(f"`{t}`" for t in sorted(texts, key=lambda t: t != query.sql))
+        table.append(f"| {i} | {query.name}: {shown} | " + " | ".join(
+            f"{c.raw_ms:.1f} | {c.dp_ms():.1f} | {c.ratio():.2f} | {c.dp_ms(True):.1f} | "
+            f"{c.ratio(True):.2f}" for c in cells) + " |")
+    sums = ["| backend | DP / raw | median | p90 | max |", "|---|---|---|---|---|"]
+    for label in labels:
+        sums += summary(label, results[label])
+    where = ["| backend | query | raw ms | first run ms (histograms ms) | DP ms | DP / raw | "
+             "histograms ms (n) | answer ms | other statements ms | ledger ms | "
+             f"proxy rest ms | proxy CPU ms | histograms ms at {LOW_EPSILON} (n) | "
+             "largest part |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label in labels:
+        where += worst(label, results[label], {q.name: q.text(label) for q in CORPUS})
+    rounds = sorted({len(c.raw) for cells in results.values() for c in cells.values()})
+    return "\n".join([
+        "## A corpus of 36 analyst questions: DP / raw time with the default policy",
+        "",
+        f"Written by `python -m benchmarks.corpus --rows {args.rows} --repeat {args.repeat} "
+        f"--min-repeat {args.min_repeat} --query-seconds {args.query_seconds:g}` on {made} "
+        f"UTC; {platform.machine()}, {os.cpu_count()} cores shared with other engineers' jobs "
+        f"(load average {load[0]:.1f} at the start, {load[1]:.1f} at the end), Python "
+        f"{platform.python_version()}, {args.rows:,} demo trips. The demo's policy as "
+        "`chorus demo` writes it (automatic caps <= 200 and clipping bounds, per-query "
+        "bounding from the ranked copy, choices of an identical query reused for 10 minutes "
+        "unless dominated by noise, noise drawn in the database), the budget per block raised "
+        "so that no run exhausts it. Raw: the analyst's SQL sent straight to the database. "
+        "DP: `Engine.execute` at the policy's default epsilon (0.5; what a user gets), and at "
+        f"epsilon {LOW_EPSILON} (noisier histograms: choices dominated by noise are made "
+        "again by every run). Medians of "
+        f"{'/'.join(str(r) for r in rounds)} alternating rounds (raw, DP, DP at "
+        f"{LOW_EPSILON}) after a first run, which is shown apart in the summary. Read the "
+        "ratios.",
+        "",
+        *setup,
+        "",
+        "### Summary",
+        "",
+        *sums,
+        "",
+        "### Per query",
+        "",
+        *table,
+        "",
+        "### The worst five per backend: where the time goes",
+        "",
+        "First run: the query's first DP run (never-seen text: cold prepare, join "
+        "frequencies, the private choices). "
+        "Histograms: the selection histograms' statements (automatic cap and clipping bounds; "
+        "none when an identical query's choices are reused). Answer: the answer statement(s). "
+        "Other statements: plans checked once per shape, public keys, join frequencies. "
+        "Ledger: the claim until its decision plus the wait for its durable commit (which "
+        "overlaps the statements). Proxy rest: everything else (prepare from the caches, the "
+        "noise, the finish). Largest part: the largest of these beyond the raw query's time "
+        "(the answer counts only its excess over raw).",
+        "",
+        *where,
+        "",
+        "### Refused queries, and what replaced them",
+        "",
+        *refused,
+        "",
+    ])
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def open_engine(policy: Path) -> Engine:
+    """The demo's policy with a budget per block that no run exhausts, warmed up."""
+    text = policy.read_text()
+    if text.count("epsilon_per_block = 10.0") != 1:
+        raise SystemExit(f"{policy}: epsilon_per_block = 10.0 not found once")
+    variant = policy.with_name("policy-corpus.toml")
+    variant.write_text(text.replace("epsilon_per_block = 10.0", "epsilon_per_block = 1e9"))
+    engine = Engine.from_policy(variant)
+    engine.warm_up(wait=True)  # as `chorus serve` starts: the ranked copy is built
+    return engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds per query")
+    parser.add_argument("--min-repeat", type=int, default=3,
+                        help="rounds per query once its rounds took --query-seconds")
+    parser.add_argument("--query-seconds", type=float, default=12.0)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
+                        help="an admin URL; the database --database is created next to it "
+                             "and dropped at the end")
+    parser.add_argument("--database", default="corpus_bench")
+    parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument("--skip-duckdb", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    args = parser.parse_args()
+    if args.min_repeat < 1 or args.repeat < args.min_repeat:
+        parser.error("need 1 <= --min-repeat <= --repeat")
+
+    load_start = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="chorus-corpus-"))
+    recorder = Recorder()
+    results: dict[str, dict[str, Cell]] = {}
+    refused: list[str] = []
+    setup: list[str] = []
+    base = args.postgres.rsplit("/", 1)[0]
+    backends = [b for b, skip in (("Postgres", args.skip_postgres),
+                                  ("DuckDB", args.skip_duckdb)) if not skip]
+    try:
+        for label in backends:
+            started = time.perf_counter()
+            if label == "Postgres":
+                with psycopg.connect(args.postgres, autocommit=True) as con:
+                    con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+                    con.execute(f"CREATE DATABASE {args.database}")
+                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
+                                       rows=args.rows)
+            else:
+                policy = generate_demo(work / "duckdb", rows=args.rows)
+            made = time.perf_counter() - started
+            started = time.perf_counter()
+            engine = open_engine(policy)
+            warm = time.perf_counter() - started
+            recorder.attach(engine)
+            print(f"{label}: demo made in {made:.0f} s, engine opened and warmed up in "
+                  f"{warm:.1f} s", file=sys.stderr)
+            setup.append(f"- {label}: demo made in {made:.0f} s; engine opened and its ranked "
+                         f"copy built in {warm:.1f} s.")
+            try:
+                results[label] = bench(label, engine, recorder, args)
+                refused += refusals(label, engine)
+            finally:
+                engine.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not args.skip_postgres:
+            with psycopg.connect(args.postgres, autocommit=True) as con:
+                con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+    load = (load_start, os.getloadavg()[0])
+    text = report(args, results, refused, setup, load, f"{datetime.now(UTC):%Y-%m-%d %H:%M}")
+    write_section("corpus", text, args.out)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
