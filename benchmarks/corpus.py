@@ -23,13 +23,14 @@ MIN/MAX, joins with riders and cities, per-rider questions and the drivers table
    (raw), ``Engine.execute`` at the policy's default epsilon (what a user gets: an identical
    query reuses its choices when they were not dominated by noise) and at epsilon 0.01 (a
    noisier histogram: its choices are more often dominated by noise, then made again each run;
-   the count of histograms run is in the results).
+   how many runs made choices is in the results).
    ``--repeat`` rounds, or ``--min-repeat`` once a query's rounds took ``--query-seconds``
    (keeps the 1M run short).  Medians.  ``remaining=False``, as the wire protocol asks.
-4. Where the time of a DP query goes (the worst ratios): the selection histograms' statements,
-   the answer statement(s), other statements (plans checked once per shape, public keys, join
-   frequencies), the ledger (the claim's decision and the wait for its durable commit, which
-   overlaps the statements) and the proxy's own rest; the proxy's CPU time beside it.
+4. Where the time of a DP query goes (the worst ratios): the private choices (their histogram
+   statements and the rules), the answer statement(s), other statements (plans checked once
+   per shape, public keys, join frequencies), the ledger (the claim's decision and the wait
+   for its durable commit, which overlaps the statements) and the proxy's own rest; the
+   process's CPU time beside it.
 
 Queries refused on a backend are listed with the refusal (run again, so the list says what the
 proxy answers today) and replaced by the nearest form the proxy answers (``REFUSED``).
@@ -208,7 +209,9 @@ class Phases:
     """Where one DP query's time went (seconds; ``cpu``: the proxy process's CPU time)."""
 
     total: float = 0.0
-    histograms: float = 0.0
+    choices: float = 0.0  # making the private choices: their histograms and the rules
+    chose: int = 0  # 1 when the query made its choices (0: none, or an earlier query's reused)
+    histograms: float = 0.0  # the part of ``choices`` spent in statements on the database
     histogram_count: int = 0
     answer: float = 0.0
     other: float = 0.0  # EXPLAIN (once per shape), public keys, join frequencies, stores
@@ -217,8 +220,9 @@ class Phases:
 
     @property
     def proxy(self) -> float:
-        """The proxy's own time: everything not spent in a statement or the ledger."""
-        return self.total - self.histograms - self.answer - self.other - self.ledger
+        """The proxy's own time beside its choices: what no statement, choice or the
+        ledger took."""
+        return self.total - self.choices - self.answer - self.other - self.ledger
 
 
 class Recorder:
@@ -242,11 +246,16 @@ class Recorder:
 
         def marked(selection: Any, *args: Any) -> Any:
             # A depth, not a flag: a mixed query's choose calls its parts' choose.
-            self._local.selecting = getattr(self._local, "selecting", 0) + 1
+            depth = getattr(self._local, "selecting", 0)
+            self._local.selecting = depth + 1
+            started = time.perf_counter()
             try:
                 return choose(selection, *args)
             finally:
-                self._local.selecting -= 1
+                self._local.selecting = depth
+                if depth == 0 and self.current is not None:
+                    self.current.choices += time.perf_counter() - started
+                    self.current.chose = 1
 
         cls.choose = marked  # type: ignore[attr-defined]
 
@@ -434,7 +443,7 @@ def cause(cell: Cell) -> str:
     """The largest part of the DP run's time beyond the raw query's."""
     dp = cell.dp
     parts = {
-        "histograms": median_ms([p.histograms for p in dp]),
+        "choices": median_ms([p.choices for p in dp]),
         "answer beyond raw": median_ms([p.answer for p in dp]) - cell.raw_ms,
         "other statements": median_ms([p.other for p in dp]),
         "ledger": median_ms([p.ledger for p in dp]),
@@ -443,22 +452,28 @@ def cause(cell: Cell) -> str:
     return max(parts, key=lambda k: parts[k])
 
 
+def choices(runs: list[Phases]) -> str:
+    """The median time making choices (and in their statements on the database), and in how
+    many of the runs the query made its choices rather than reusing an earlier query's."""
+    return (f"{median_ms([p.choices for p in runs]):.1f} "
+            f"({median_ms([p.histograms for p in runs]):.1f}), "
+            f"{sum(p.chose for p in runs)}/{len(runs)}")
+
+
 def worst(label: str, cells: dict[str, Cell], sql: dict[str, str], count: int = 5
           ) -> list[str]:
     rows = []
     for name, cell in sorted(cells.items(), key=lambda kv: -kv[1].ratio())[:count]:
-        dp, low = cell.dp, cell.low
-        hist_n = statistics.median([p.histogram_count for p in dp])
-        low_n = statistics.median([p.histogram_count for p in low])
+        dp, low, first = cell.dp, cell.low, cell.first
         rows.append(
             f"| {label} | {name}: `{sql[name]}` | {cell.raw_ms:.1f} | "
-            f"{cell.first.total * 1000:.1f} ({cell.first.histograms * 1000:.1f}) | "
-            f"{cell.dp_ms():.1f} | "
-            f"{cell.ratio():.2f} | {median_ms([p.histograms for p in dp]):.1f} ({hist_n:g}) | "
+            f"{first.total * 1000:.1f} ({first.choices * 1000:.1f}; "
+            f"{first.histograms * 1000:.1f}, {first.histogram_count}) | "
+            f"{cell.dp_ms():.1f} | {cell.ratio():.2f} | {choices(dp)} | "
             f"{median_ms([p.answer for p in dp]):.1f} | "
             f"{median_ms([p.other for p in dp]):.1f} | {median_ms([p.ledger for p in dp]):.1f} | "
             f"{median_ms([p.proxy for p in dp]):.1f} | {median_ms([p.cpu for p in dp]):.1f} | "
-            f"{median_ms([p.histograms for p in low]):.1f} ({low_n:g}) | {cause(cell)} |")
+            f"{choices(low)} | {cause(cell)} |")
     return rows
 
 
@@ -479,10 +494,10 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Cell]],
     sums = ["| backend | DP / raw | median | p90 | max |", "|---|---|---|---|---|"]
     for label in labels:
         sums += summary(label, results[label])
-    where = ["| backend | query | raw ms | first run ms (histograms ms) | DP ms | DP / raw | "
-             "histograms ms (n) | answer ms | other statements ms | ledger ms | "
-             f"proxy rest ms | proxy CPU ms | histograms ms at {LOW_EPSILON} (n) | "
-             "largest part |",
+    where = ["| backend | query | raw ms | first run ms (choices ms; their statements ms, n) "
+             "| DP ms | DP / raw | choices ms (statements ms), runs that chose | answer ms | "
+             "other statements ms | ledger ms | proxy rest ms | process CPU ms | "
+             f"at {LOW_EPSILON}: choices ms (statements ms), runs that chose | largest part |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label in labels:
         where += worst(label, results[label], {q.name: q.text(label) for q in CORPUS})
@@ -520,13 +535,17 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Cell]],
         "",
         "First run: the query's first DP run (never-seen text: cold prepare, join "
         "frequencies, the private choices). "
-        "Histograms: the selection histograms' statements (automatic cap and clipping bounds; "
-        "none when an identical query's choices are reused). Answer: the answer statement(s). "
-        "Other statements: plans checked once per shape, public keys, join frequencies. "
-        "Ledger: the claim until its decision plus the wait for its durable commit (which "
-        "overlaps the statements). Proxy rest: everything else (prepare from the caches, the "
-        "noise, the finish). Largest part: the largest of these beyond the raw query's time "
-        "(the answer counts only its excess over raw).",
+        "Choices: making the private choices (automatic cap, clipping bounds, groups per "
+        "rider): their histogram statements on the database (in parentheses; a histogram of "
+        "the ranked copy's stored counts is run once and then read from memory, "
+        "`Statements.run_stored`) and the choice rules in the proxy; none in a run that reused "
+        "an identical earlier query's choices (not dominated by noise). Answer: the answer "
+        "statement(s). Other statements: plans checked once per shape, public keys, join "
+        "frequencies. Ledger: the claim until its decision plus the wait for its durable "
+        "commit (which overlaps the statements). Proxy rest: everything else (prepare from "
+        "the caches, the noise, the finish). Process CPU: the proxy process's CPU time, which "
+        "on DuckDB includes the database's (in-process) threads. Largest part: the largest of "
+        "these beyond the raw query's time (the answer counts only its excess over raw).",
         "",
         *where,
         "",
