@@ -597,6 +597,7 @@ def main() -> None:
     results: dict[str, dict[str, Cell]] = {}
     refused: list[str] = []
     setup: list[str] = []
+    text = ""
     base = args.postgres.rsplit("/", 1)[0]
     backends = [b for b, skip in (("Postgres", args.skip_postgres),
                                   ("DuckDB", args.skip_duckdb)) if not skip]
@@ -604,8 +605,8 @@ def main() -> None:
         for label in backends:
             started = time.perf_counter()
             if label == "Postgres":
+                drop_database(args)
                 with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
                     con.execute(f"CREATE DATABASE {args.database}")
                 policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
                                        rows=args.rows)
@@ -625,15 +626,24 @@ def main() -> None:
                 refused += refusals(label, engine)
             finally:
                 engine.close()
+                if label == "Postgres":
+                    drop_database(args)
+            # Written after each backend, so that a run cut short keeps what it measured.
+            load = (load_start, os.getloadavg()[0])
+            text = report(args, results, refused, setup, load,
+                          f"{datetime.now(UTC):%Y-%m-%d %H:%M}")
+            write_section("corpus", text, args.out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if not args.skip_postgres:
-            with psycopg.connect(args.postgres, autocommit=True) as con:
-                con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
-    load = (load_start, os.getloadavg()[0])
-    text = report(args, results, refused, setup, load, f"{datetime.now(UTC):%Y-%m-%d %H:%M}")
-    write_section("corpus", text, args.out)
+            drop_database(args)
     print(text)
+
+
+def drop_database(args: argparse.Namespace) -> None:
+    """Drop the run's Postgres database (if it exists)."""
+    with psycopg.connect(args.postgres, autocommit=True) as con:
+        con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
 
 
 if __name__ == "__main__":
