@@ -144,6 +144,28 @@ def _same(node: exp.Expr, key: exp.Expr) -> bool:
             and node.name == key.name)
 
 
+def plain_percentile(node: exp.Expr) -> exp.Expr:
+    """``PERCENTILE_CONT(p) WITHIN GROUP (ORDER BY x [DESC])`` as ``PERCENTILE_CONT(x, p')``
+    (p' = 1 - p for DESC, as ``analyses.quantiles`` reads it): sqlglot writes the WITHIN GROUP
+    form for DuckDB as ``QUANTILE_CONT(x, p ORDER BY x)``, which parses back with the ORDER BY
+    in the fraction's place, so the quantile part of a mixed query, handed on as text, was
+    refused on DuckDB (and answered on Postgres)."""
+    if not isinstance(node, exp.WithinGroup) \
+            or not isinstance(node.this, exp.PercentileCont | exp.PercentileDisc):
+        return node
+    order = node.expression
+    fraction = node.this.this
+    if not isinstance(order, exp.Order) or len(order.expressions) != 1 \
+            or not isinstance(fraction, exp.Literal) or fraction.is_string:
+        return node  # left as written: the quantile analysis refuses it with its reason
+    ordered = order.expressions[0]
+    p = float(fraction.this)
+    plain = type(node.this)(this=ordered.this.copy(),
+                            expression=exp.Literal.number(1.0 - p if ordered.args.get("desc")
+                                                          else fraction.this))
+    return plain
+
+
 def split_mixed(sql: str, dialect: str) -> MixedSplit:
     """Split a mixed query (see the module docstring); refusals raise and cost nothing."""
     try:
@@ -192,6 +214,8 @@ def split_mixed(sql: str, dialect: str) -> MixedSplit:
             sub.set("group", exp.Group(expressions=[k.copy() for k in keys]))
         for arg in ("having", "order", "limit", "offset"):
             sub.set(arg, None)
+        if dialect == "duckdb":
+            sub = sub.transform(plain_percentile, copy=False)
         return sub.sql(dialect)
 
     finish = exp.select(*[exp.alias_(o.copy(), n, quoted=True) for o, n in zip(outputs, names,

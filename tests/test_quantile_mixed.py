@@ -117,3 +117,22 @@ def test_one_release_per_aggregate_whatever_the_outputs(skew: Engine) -> None:
     for _, med, n, twice, n1 in result.rows:
         assert twice == pytest.approx(2 * med) and n1 == n + 1
     assert [r[0] for r in result.rows] == ["b", "a", "c"]  # sums 7838, 5662, 0
+
+
+@pytest.mark.parametrize("spelling, p", [
+    ("PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY v)", 0.5),
+    ("PERCENTILE_DISC(0.9) WITHIN GROUP (ORDER BY v)", 0.9),
+    ("PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY v DESC)", 0.1)])
+def test_the_within_group_spelling_next_to_a_count(skew: Engine, spelling: str,
+                                                   p: float) -> None:
+    """The SQL-standard spelling next to another aggregate: answered on both backends (on
+    DuckDB it was refused: sqlglot wrote its part as QUANTILE_CONT(v, p ORDER BY v), which
+    parses back with the ORDER BY in the fraction's place), near the true p-quantile."""
+    values = _values(skew, "SELECT v FROM skew")
+    result = skew.execute(f"SELECT {spelling} AS q, COUNT(*) AS n FROM skew", epsilon=20.0,
+                          **ALICE)
+    (q, n), = result.rows
+    rank = sum(1 for x in values if x < q)
+    assert abs(rank - p * len(values)) <= 0.1 * len(values)
+    assert abs(n - len(values)) <= 10
+    _parts_add_up(result, 20.0)
