@@ -46,43 +46,32 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import percentile  # noqa: E402
 from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 from chorus_py.errors import ChorusError  # noqa: E402
-from chorus_py.kinds.mixed import PartSelections  # noqa: E402
-from chorus_py.kinds.quantile_selection import QuantileSelection  # noqa: E402
-from chorus_py.kinds.selection import Selection  # noqa: E402
 
 LOW_EPSILON = 0.01
 
 
 @dataclass(frozen=True)
 class Query:
-    """One analyst question: ``sql`` on both backends, or ``duckdb`` there when the common text
-    is refused on DuckDB (see ``REFUSED``)."""
+    """One analyst question, the same text on both backends."""
 
     name: str
     sql: str
-    duckdb: str | None = None
-
-    def text(self, backend: str) -> str:
-        return self.duckdb if backend == "DuckDB" and self.duckdb else self.sql
 
 
 CORPUS: tuple[Query, ...] = (
@@ -157,9 +146,7 @@ CORPUS: tuple[Query, ...] = (
     Query("MIN and MAX, filtered", "SELECT MIN(fare), MAX(fare) FROM trips WHERE city = 'SF'"),
     Query("per city: median and count",
           "SELECT city, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY fare) AS median_fare, "
-          "COUNT(*) FROM trips GROUP BY city",
-          duckdb="SELECT city, QUANTILE_CONT(fare, 0.5) AS median_fare, COUNT(*) FROM trips "
-                 "GROUP BY city"),
+          "COUNT(*) FROM trips GROUP BY city"),
     # joins
     Query("join riders: per membership",
           "SELECT r.membership, COUNT(*), AVG(t.fare) FROM trips t "
@@ -191,156 +178,7 @@ REFUSED: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("Postgres", "DuckDB"), "SELECT COUNT(DISTINCT driver_id) FROM trips", "drivers: count",
      "a distinct count of a column other than the privacy unit has no bounded sensitivity; "
      "the drivers table has one row per driver of the trips"),
-    (("DuckDB",),
-     "SELECT city, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY fare) AS median_fare, "
-     "COUNT(*) FROM trips GROUP BY city", "per city: median and count",
-     "looks like a bug (the same text is answered on Postgres, and alone on DuckDB): "
-     "analyses.mixed.split_mixed renders the quantile part with sqlglot's DuckDB dialect as "
-     "QUANTILE_CONT(fare, 0.5 ORDER BY fare), which parses back with the fraction inside an "
-     "ORDER node; the DuckDB spelling QUANTILE_CONT(fare, 0.5) is answered"),
 )
-
-
-# -- where the time goes --------------------------------------------------------------------
-
-
-@dataclass
-class Phases:
-    """Where one DP query's time went (seconds; ``cpu``: the proxy process's CPU time)."""
-
-    total: float = 0.0
-    choices: float = 0.0  # making the private choices: their histograms and the rules
-    chose: int = 0  # 1 when the query made its choices (0: none, or an earlier query's reused)
-    histograms: float = 0.0  # the part of ``choices`` spent in statements on the database
-    histogram_count: int = 0
-    answer: float = 0.0
-    other: float = 0.0  # EXPLAIN (once per shape), public keys, join frequencies, stores
-    ledger: float = 0.0
-    cpu: float = 0.0
-
-    @property
-    def proxy(self) -> float:
-        """The proxy's own time beside its choices: what no statement, choice or the
-        ledger took."""
-        return self.total - self.choices - self.answer - self.other - self.ledger
-
-
-class Recorder:
-    """Times the statements engines send and their ledger calls, by phase.
-
-    A statement of a query (``Statements.run``) sent while a private-choice step runs
-    (``choose`` of the analytic, quantile or mixed selection) is a selection histogram, any
-    other statement of the query its answer; statements sent outside ``Statements.run``
-    (plans, freshness checks, join frequencies) are "other".  The ledger's share is the claim
-    until its decision plus the wait for its durable commit (``Ledger.claim_overlapped``: the
-    commit overlaps the statements, so only the wait is on the query's path)."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self.current: Phases | None = None
-        for cls in (Selection, QuantileSelection, PartSelections):
-            self._mark_choose(cls)
-
-    def _mark_choose(self, cls: type) -> None:
-        choose = cls.choose
-
-        def marked(selection: Any, *args: Any) -> Any:
-            # A depth, not a flag: a mixed query's choose calls its parts' choose.
-            depth = getattr(self._local, "selecting", 0)
-            self._local.selecting = depth + 1
-            started = time.perf_counter()
-            try:
-                return choose(selection, *args)
-            finally:
-                self._local.selecting = depth
-                if depth == 0 and self.current is not None:
-                    self.current.choices += time.perf_counter() - started
-                    self.current.chose = 1
-
-        cls.choose = marked  # type: ignore[attr-defined]
-
-    def attach(self, engine: Engine) -> None:
-        """Time ``engine``'s backend statements and ledger calls (instance attributes: the
-        engine's Statements, kinds and stores call them through the same objects)."""
-        backend, statements, ledger = engine.backend, engine.statements, engine.ledger
-        for name in ("run", "run_public"):
-            self._time_backend(backend, name)
-        query_run = statements.run
-
-        def marked_query_run(*args: Any, **kwargs: Any) -> Any:
-            self._local.in_query = True
-            try:
-                return query_run(*args, **kwargs)
-            finally:
-                self._local.in_query = False
-
-        statements.run = marked_query_run  # type: ignore[method-assign]
-        ensure = ledger.ensure_blocks
-        overlapped = ledger.claim_overlapped
-
-        def timed_ensure(*args: Any, **kwargs: Any) -> Any:
-            with self._ledger():
-                return ensure(*args, **kwargs)
-
-        def timed_claim(*args: Any, **kwargs: Any) -> Any:
-            with self._ledger():
-                claim, durable = overlapped(*args, **kwargs)
-
-            def timed_durable() -> None:
-                with self._ledger():
-                    durable()
-
-            return claim, timed_durable
-
-        ledger.ensure_blocks = timed_ensure  # type: ignore[method-assign]
-        ledger.claim_overlapped = timed_claim  # type: ignore[method-assign]
-
-    def _time_backend(self, backend: Any, name: str) -> None:
-        call = getattr(backend, name)
-
-        def timed(sql: str) -> Any:
-            started = time.perf_counter()
-            try:
-                return call(sql)
-            finally:
-                self._statement(sql, time.perf_counter() - started)
-
-        setattr(backend, name, timed)
-
-    @contextmanager
-    def _ledger(self) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.current is not None:
-                self.current.ledger += time.perf_counter() - started
-
-    def _statement(self, sql: str, seconds: float) -> None:
-        phases = self.current
-        if phases is None:
-            return
-        if not getattr(self._local, "in_query", False) or sql.startswith("EXPLAIN "):
-            phases.other += seconds
-        elif getattr(self._local, "selecting", 0):
-            phases.histograms += seconds
-            phases.histogram_count += 1
-        else:
-            phases.answer += seconds
-
-    @contextmanager
-    def measure(self) -> Iterator[Phases]:
-        """The phases of the calls made inside the block."""
-        phases = Phases()
-        self.current = phases
-        cpu = time.process_time()
-        started = time.perf_counter()
-        try:
-            yield phases
-        finally:
-            phases.total = time.perf_counter() - started
-            phases.cpu = time.process_time() - cpu
-            self.current = None
 
 
 # -- the runs -------------------------------------------------------------------------------
@@ -370,19 +208,12 @@ def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000
 
 
-def timed(call: Callable[..., Any], *args: Any) -> float:
-    """Seconds ``call(*args)`` took."""
-    started = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - started
-
-
 def bench(label: str, engine: Engine, recorder: Recorder, args: argparse.Namespace
           ) -> dict[str, Cell]:
     """Every corpus query on one backend: a first run, then alternating rounds."""
     cells: dict[str, Cell] = {}
     for query in CORPUS:
-        sql = query.text(label)
+        sql = query.sql
         engine.backend.run(sql)  # the raw query's buffers and plan, as the DP run's
         with recorder.measure() as first:
             engine.execute(sql, remaining=False)
@@ -487,9 +318,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Cell]],
     table = [head, "|---|---|" + "---|" * (6 * len(labels))]
     for i, query in enumerate(CORPUS, 1):
         cells = [results[b][query.name] for b in labels]
-        texts = {query.text(b) for b in labels}
-        shown = " / ".join(f"`{t}`" for t in sorted(texts, key=lambda t: t != query.sql))
-        table.append(f"| {i} | {query.name}: {shown} | " + " | ".join(
+        table.append(f"| {i} | {query.name}: `{query.sql}` | " + " | ".join(
             f"{c.raw_ms:.1f} | {c.first.total * 1000:.1f} | {c.dp_ms():.1f} | {c.ratio():.2f} | "
             f"{c.dp_ms(True):.1f} | {c.ratio(True):.2f}" for c in cells) + " |")
     sums = ["| backend | DP / raw | median | p90 | max |", "|---|---|---|---|---|"]
@@ -501,7 +330,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Cell]],
              f"at {LOW_EPSILON}: choices ms (statements ms), runs that chose | largest part |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label in labels:
-        where += worst(label, results[label], {q.name: q.text(label) for q in CORPUS})
+        where += worst(label, results[label], {q.name: q.sql for q in CORPUS})
     rounds = sorted({len(c.raw) for cells in results.values() for c in cells.values()})
     return "\n".join([
         "## A corpus of 36 analyst questions: DP / raw time with the default policy",

@@ -38,25 +38,21 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import E2E_QUERIES  # noqa: E402
 from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.demo.parquet import export_parquet  # noqa: E402
 from chorus_py.demo.people import JOIN_QUERIES  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
-from chorus_py.kinds.selection import Selection  # noqa: E402
 from chorus_py.stores.samples import ranked_copy_applies  # noqa: E402
 
 # The engine section's queries (benchmarks/run.py), and the demo's join of trips and riders
@@ -112,133 +108,6 @@ def policy_variant(directory: Path, index: int, edits: list[tuple[str, str]]) ->
     path = directory / f"bench-policy-{index}.toml"
     path.write_text(text)
     return path
-
-
-@dataclass
-class Phases:
-    """Where one DP query's time went (seconds; ``cpu``: the proxy process's CPU time)."""
-
-    total: float = 0.0
-    histograms: float = 0.0
-    answer: float = 0.0
-    other: float = 0.0  # EXPLAIN (once per shape), stores' freshness checks, join frequencies
-    ledger: float = 0.0
-    cpu: float = 0.0
-    statements: list[tuple[str, str, float]] = field(default_factory=list)
-
-    @property
-    def proxy(self) -> float:
-        return self.total - self.histograms - self.answer - self.other - self.ledger
-
-
-class Recorder:
-    """Times the calls engines make to Spark and to their ledger, by phase: a statement of the
-    query (``Statements.run``) run while :meth:`Selection.choose` runs is a selection
-    histogram, any other the answer; statements the stores and checks send are "other"."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self.current: Phases | None = None
-        choose = Selection.choose
-
-        def timed_choose(selection: Selection, *args: Any) -> Any:
-            self._local.selecting = True
-            try:
-                return choose(selection, *args)
-            finally:
-                self._local.selecting = False
-
-        Selection.choose = timed_choose  # type: ignore[method-assign]
-
-    def attach(self, engine: Engine) -> None:
-        """Time ``engine``'s backend statements and ledger calls (instance attributes: the
-        engine's Statements, kinds and stores call them through the same objects)."""
-        run = engine.backend.run
-        query_run = engine.statements.run
-
-        def timed_run(sql: str) -> Any:
-            started = time.perf_counter()
-            try:
-                return run(sql)
-            finally:
-                self._statement(sql, time.perf_counter() - started)
-
-        def marked_query_run(*args: Any, **kwargs: Any) -> Any:
-            self._local.in_query = True
-            try:
-                return query_run(*args, **kwargs)
-            finally:
-                self._local.in_query = False
-
-        engine.backend.run = timed_run  # type: ignore[method-assign]
-        engine.statements.run = marked_query_run  # type: ignore[method-assign]
-        for name in ("claim_overlapped", "ensure_blocks"):
-            self._wrap_ledger(engine, name)
-
-    def _wrap_ledger(self, engine: Engine, name: str) -> None:
-        call = getattr(engine.ledger, name)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                out = call(*args, **kwargs)
-            finally:
-                self._add_ledger(time.perf_counter() - started)
-            if name == "claim_overlapped":  # (claim, durable): the wait for the commit too
-                claim, durable = out
-                out = claim, self._timed_wait(durable)
-            return out
-
-        setattr(engine.ledger, name, timed)
-
-    def _add_ledger(self, seconds: float) -> None:
-        if self.current is not None:
-            self.current.ledger += seconds
-
-    def _timed_wait(self, durable: Callable[[], None]) -> Callable[[], None]:
-        """The part of a claim's commit the statements did not hide (Ledger.claim_overlapped)."""
-        def wait() -> None:
-            started = time.perf_counter()
-            try:
-                durable()
-            finally:
-                self._add_ledger(time.perf_counter() - started)
-        return wait
-
-    def _statement(self, sql: str, seconds: float) -> None:
-        phases = self.current
-        if phases is None:
-            return
-        if not getattr(self._local, "in_query", False) or sql.startswith("EXPLAIN "):
-            phase = "other"
-            phases.other += seconds
-        elif getattr(self._local, "selecting", False):
-            phase = "histogram"
-            phases.histograms += seconds
-        else:
-            phase = "answer"
-            phases.answer += seconds
-        phases.statements.append((phase, sql, seconds))
-
-    @contextmanager
-    def measure(self) -> Iterator[Phases]:
-        phases = Phases()
-        self.current = phases
-        cpu = time.process_time()
-        started = time.perf_counter()
-        try:
-            yield phases
-        finally:
-            phases.total = time.perf_counter() - started
-            phases.cpu = time.process_time() - cpu
-            self.current = None
-
-
-def timed(call: Callable[..., Any], *args: Any) -> float:
-    """Seconds ``call(*args)`` took."""
-    started = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - started
 
 
 @dataclass
@@ -321,7 +190,7 @@ def report(args: argparse.Namespace, names: list[str], raw: dict[str, list[float
                 f"{median_of([p.answer for p in dp]):.0f} | "
                 f"{median_of([p.other for p in dp]):.0f} | "
                 f"{median_of([p.ledger for p in dp]):.1f} | "
-                f"{median_of([p.proxy for p in dp]):.0f} | "
+                f"{median_of([p.beside_statements for p in dp]):.0f} | "
                 f"{median_of([p.cpu for p in dp]):.0f} |")
     legend = [f"- *{short(n)}*: {n}" for n in names]
     return "\n".join([
