@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,34 @@ def tolerance(column: Any) -> float:
     """
     scale = float(column.scale)
     return scale * (math.log(2e9) + 1.0) + 1.0
+
+
+@contextmanager
+def table_with_rows(request: pytest.FixtureRequest, tmp_path: Path, prefix: str, columns: str,
+                    rows: Sequence[tuple[Any, ...]]) -> Iterator[tuple[str, str]]:
+    """(backend URL, table name) of a fresh table ``prefix_<hex>`` (``columns`` in Postgres
+    types) holding ``rows``, on the backend ``request.param`` names ("duckdb": a file of its
+    own under ``tmp_path``; "postgres": the session's database, the table dropped after)."""
+    table = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    create = f"CREATE TABLE {table} ({columns})"
+    marks = ", ".join("?" * len(rows[0]))
+    if request.param == "duckdb":
+        import duckdb
+
+        path = tmp_path / f"{prefix}.duckdb"
+        con = duckdb.connect(str(path))
+        con.execute(create.replace("DOUBLE PRECISION", "DOUBLE"))
+        con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        con.close()
+        yield f"duckdb:///{path}", table
+        return
+    url = request.getfixturevalue("postgres_url")
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(create)
+        with con.cursor() as cur:
+            cur.executemany(f"INSERT INTO {table} VALUES ({marks.replace('?', '%s')})", rows)
+    try:
+        yield url, table
+    finally:
+        with psycopg.connect(url, autocommit=True) as con:
+            con.execute(f"DROP TABLE IF EXISTS {table}")

@@ -25,6 +25,7 @@ from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
 from rewriters.contribution import ranked_contribution, ranked_table
+from tests.conftest import table_with_rows
 
 #: Rows per unit: one light unit of each size up to the cap and heavier ones.
 SIZES = {1: 1, 2: 2, 3: 3, 4: 5, 5: 8, 6: 40}
@@ -67,24 +68,9 @@ def _rows() -> list[tuple[int, int, float]]:
 @pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(backend URL, table name) of the skewed table on each backend."""
-    table = f"skew_{uuid.uuid4().hex[:8]}"
-    create = f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION)"
-    if request.param == "duckdb":
-        path = tmp_path / "skew.duckdb"
-        con = duckdb.connect(str(path))
-        con.execute(create.replace("DOUBLE PRECISION", "DOUBLE"))
-        con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", _rows())
-        con.close()
-        yield f"duckdb:///{path}", table
-        return
-    url = request.getfixturevalue("postgres_url")
-    with psycopg.connect(url, autocommit=True) as con:
-        con.execute(create)
-        with con.cursor() as cur:
-            cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s)", _rows())
-    yield url, table
-    with psycopg.connect(url, autocommit=True) as con:
-        con.execute(f"DROP TABLE IF EXISTS {table}")
+    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
+    with table_with_rows(request, tmp_path, "skew", columns, _rows()) as made:
+        yield made
 
 
 @pytest.fixture

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import math
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import duckdb
-import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +21,7 @@ from hypothesis import strategies as st
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from rewriters import pipeline
+from tests.conftest import table_with_rows
 
 K = 3
 #: Rows per unit: light units of 1..K rows and heavier ones (> K).
@@ -69,24 +67,9 @@ def _rows() -> list[tuple[int, int, str, float | None]]:
 @pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(backend URL, table name) of the skewed table on each backend."""
-    table = f"split_{uuid.uuid4().hex[:8]}"
-    create = f"CREATE TABLE {table} (id BIGINT, person BIGINT, g TEXT, v DOUBLE PRECISION)"
-    if request.param == "duckdb":
-        path = tmp_path / "split.duckdb"
-        con = duckdb.connect(str(path))
-        con.execute(create.replace("DOUBLE PRECISION", "DOUBLE"))
-        con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?, ?)", _rows())
-        con.close()
-        yield f"duckdb:///{path}", table
-        return
-    url = request.getfixturevalue("postgres_url")
-    with psycopg.connect(url, autocommit=True) as con:
-        con.execute(create)
-        with con.cursor() as cur:
-            cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s)", _rows())
-    yield url, table
-    with psycopg.connect(url, autocommit=True) as con:
-        con.execute(f"DROP TABLE IF EXISTS {table}")
+    columns = "id BIGINT, person BIGINT, g TEXT, v DOUBLE PRECISION"
+    with table_with_rows(request, tmp_path, "split", columns, _rows()) as made:
+        yield made
 
 
 @pytest.fixture
