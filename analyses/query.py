@@ -656,10 +656,18 @@ class _Reader:
                 hint="COUNT(DISTINCT other_column) has no bounded sensitivity")
         if unit and len(cols) == 1 and isinstance(cols[0], exp.Column) and cols[0].name == unit:
             return self._measure("count_units", None)
+        if len(cols) == 1:
+            # The distinct values of another column (or row expression): bounding leaves each
+            # unit at most s rows (stability s; 1 row for a table without a unit), and each
+            # row carries one value, so adding or removing a unit moves the distinct count by
+            # at most s in all (per group: only in the groups of its rows, by at most its rows
+            # there): a COUNT with Delta = s, like COUNT(*).  Not 1, as for the unit itself:
+            # each of the unit's rows may bring a value no other row has.
+            self._check_row(cols[0], "COUNT")
+            return self._measure("count", distinct)
         raise NotSupportedError(
-            "COUNT(DISTINCT ...) is supported only for the privacy unit"
-            + (f" ('{unit}')" if unit else " (this table has none)"),
-            hint="COUNT(DISTINCT other_column) has no bounded sensitivity",
+            "COUNT(DISTINCT ...) takes one column or expression",
+            hint="count the distinct values of one column, e.g. COUNT(DISTINCT driver_id)",
         )
 
     def _count_distinct_units_of_join(self, cols: list[exp.Expr]) -> exp.Expr:

@@ -132,7 +132,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if ranked is not None and whole:
         assert rows is not None
         rows = stored_rank_contribution(rows, alias, query.stability)
-    elif ranked is not None and dialect in SPLIT_DIALECTS:
+    elif ranked is not None and dialect in SPLIT_DIALECTS and _adds_up(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability)
     elif ranked is not None:
@@ -243,6 +243,14 @@ def _combined(light: exp.Select, heavy: exp.Select, key_ids: Sequence[str],
         combined = combined.group_by(*[exp.column(k, table=PARTS) for k in key_ids],
                                      copy=False)
     return combined
+
+
+def _adds_up(query: AggregateQuery) -> bool:
+    """Whether each measurement of ``query`` over the ranked copy's two branches is the sum of
+    its values over each branch (``_combined``).  A COUNT(DISTINCT x) of a column other than
+    the unit is not: one value may occur in the rows of units of both branches."""
+    return not any(m.kind == "count" and isinstance(m.argument, exp.Distinct)
+                   for m in query.measurements)
 
 
 def released_measurements(query: AggregateQuery) -> tuple[str, ...]:

@@ -135,6 +135,26 @@ def test_hand_computed_groups_and_null_sums(pair: tuple[Engine, Engine, str],
     assert {r[0] for r in rows} == {"a", "b", "c"}
 
 
+def test_a_distinct_count_of_another_column_is_one_aggregate_over_both_branches(
+        pair: tuple[Engine, Engine, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """COUNT(DISTINCT g) does not add up over the branches: 'a' and 'b' occur in light and
+    heavy units alike, so the sum of the branches' counts would be 4.  With the split asked
+    for, the query is still one aggregate over light UNION ALL heavy, and its exact value is
+    the hand count, 2 (without 'c', every unit keeps all its rows but unit 6: 26 of its 40 rows
+    pass, it keeps K = 3 of them, whose g may be 'a' or 'b' only).  Its sensitivity is K, a
+    row count's: each kept row may bring a value of its own."""
+    engine, _, table = pair
+    sql = f"SELECT COUNT(DISTINCT g), COUNT(*) FROM {table} WHERE g <> 'c'"
+    text, rows = _measure(engine, sql, True, monkeypatch)
+    assert "chorus_parts" not in text and "UNION ALL" in text
+    distinct, count = rows[0]
+    assert distinct == 2
+    filtered = {p: sum(1 for _, q, g, _ in _rows() if q == p and g != "c") for p in SIZES}
+    assert count == sum(min(n, K) for n in filtered.values())
+    report = engine.explain(sql, "alice", epsilon=1.0)
+    assert [m.sensitivity for m in report.measurements] == [K, K]
+
+
 AGGREGATES = ["COUNT(*)", "COUNT(v)", "SUM(v)", "AVG(v)", "VARIANCE(v)",
               "COUNT(DISTINCT person)"]
 FILTERS = st.one_of(
