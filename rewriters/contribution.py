@@ -20,6 +20,7 @@ GROUP_RANK = "__chorus_grank"
 GROUP_KEY = "__chorus_gk"
 UNIT_ROWS = "__chorus_unit_rows"  # a ranked copy's count of its unit's rows (ranked_table)
 KEPT_RANK = "__chorus_krank"  # a row's rank among its unit's filtered rows (ranked_contribution)
+GROUP_KEPT = "gk"  # the alias of a ranked copy's group-bounded heavy rows (ranked_group_branches)
 
 
 def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
@@ -211,4 +212,79 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int
                                       copy=False)
     kept = (exp.select("*").from_(heavy.subquery("b", copy=False), copy=False)
             .where(exp.column(KEPT_RANK, table="b") <= cap.copy(), copy=False))
+    return light, kept
+
+
+def ranked_group_contribution(rows: exp.Select, alias: str, unit: str,
+                              keys: Sequence[exp.Expr], g: int, k: int) -> exp.Union:
+    """``group_bound`` to ``g`` groups then ``contribution`` to ``k`` rows per ``unit`` of
+    ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``), sorting only the
+    rows of the units with more than g rows in the copy: ``ranked_group_branches`` as one
+    relation.  The light branch carries the heavy one's extra columns as NULLs (their group
+    rank and kept rank as 1), so UNION ALL lines them up by position.
+
+    >>> from sqlglot import parse_one
+    >>> print(ranked_group_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t "
+    ...       "WHERE t.fare > 3"), "t", "rider_id", [parse_one("t.city")], 2, 5).sql("duckdb"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    SELECT t.*, NULL AS __chorus_gk0, NULL AS __chorus_grand, NULL AS __chorus_gscore,
+    1 AS __chorus_grank, 1 AS __chorus_krank FROM p.trips__ranked_x AS t WHERE t.fare > 3 AND
+    t.__chorus_unit_rows <= 2 UNION ALL SELECT * FROM (SELECT gk.*, ROW_NUMBER() OVER
+    (PARTITION BY gk.rider_id ORDER BY gk.__chorus_rank) AS __chorus_krank FROM (SELECT * FROM
+    (SELECT s.*, DENSE_RANK() OVER (PARTITION BY s.rider_id ORDER BY s.__chorus_gscore,
+    s.__chorus_gk0) AS __chorus_grank FROM (SELECT r.*, MIN(r.__chorus_grand) OVER (PARTITION
+    BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore FROM (SELECT t.*, t.city AS
+    __chorus_gk0, RANDOM() AS __chorus_grand FROM p.trips__ranked_x AS t WHERE t.fare > 3 AND
+    t.__chorus_unit_rows > 2) AS r) AS s) AS gb WHERE gb.__chorus_grank <= 2) AS gk) AS b
+    WHERE b.__chorus_krank <= 5
+    """
+    light, heavy = ranked_group_branches(rows, alias, unit, keys, g, k)
+    padding = [exp.alias_(exp.null(), f"{GROUP_KEY}{i}") for i in range(len(keys))]
+    padding += [exp.alias_(exp.null(), GROUP_RAND), exp.alias_(exp.null(), GROUP_SCORE),
+                exp.alias_(exp.Literal.number(1), GROUP_RANK),
+                exp.alias_(exp.Literal.number(1), KEPT_RANK)]
+    light = light.select(*padding, copy=False)
+    return exp.union(light, heavy, distinct=False, copy=False)
+
+
+def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequence[exp.Expr],
+                          g: int, k: int) -> tuple[exp.Select, exp.Select]:
+    """The rows ``group_bound`` (``g`` groups) then ``contribution`` (``k`` rows) keep of each
+    ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``), in
+    two branches: the light one, the rows of the units with n_u <= g rows in the copy, and the
+    heavy one, the kept rows of the others.  Each unit is in exactly one of them (n_u <= g,
+    n_u > g: one literal), so their aggregates can be combined group by group
+    (``rewriters.pipeline._combined``); the light branch has only the copy's columns.
+
+    Light: a unit with n_u <= g rows has at most g filtered rows, hence at most g groups and
+    g < k rows: ``group_bound`` and ``contribution`` would keep them all, and so does a plain
+    scan.  Heavy: ``group_bound`` as on the base table (each group scored by the smallest of
+    fresh RANDOM() draws of its filtered rows, its g best kept), then the first k kept rows in
+    the stored random order (``ROW_NUMBER() ... ORDER BY __chorus_rank <= k``).  The stored
+    ranks are drawn independently of the fresh draws, and restricted to any set of rows they
+    are a uniformly random order of it, so given the kept groups the first k of their rows are
+    k uniformly random ones: the same distribution as ``contribution``'s fresh order.  (The
+    stored rank must not also score the groups: the kept groups then depend on the same order,
+    and the first kept row would be the unit's first filtered row, uniform over all its rows
+    instead of over its kept groups' rows; a unit of rows a | b1 b2 b3 | c, g = 2, k = 1 keeps
+    a with probability 1/5 instead of 13/80.)  Either way a unit keeps rows in at most g
+    groups and at most k rows, and they depend on its own rows only: the same stability k and
+    g groups per unit as ``group_bound`` then ``contribution``.
+    """
+    if not 1 <= g < k:
+        raise ValueError("a ranked copy's group bound needs 1 <= g < k")
+    size = exp.column(UNIT_ROWS, table=alias)
+    light = rows.copy().where(exp.LTE(this=size, expression=exp.Literal.number(g)), copy=False)
+    heavy = rows.copy().where(exp.GT(this=size.copy(), expression=exp.Literal.number(g)),
+                              copy=False)
+    grouped = group_bound(heavy, unit, keys, g)
+    order = exp.Order(expressions=[exp.Ordered(this=exp.column(RANK, table=GROUP_KEPT))])
+    capped = exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier(GROUP_KEPT)),
+        exp.alias_(exp.Window(this=exp.RowNumber(),
+                              partition_by=[exp.column(unit, table=GROUP_KEPT)], order=order),
+                   KEPT_RANK, copy=False),
+    ).from_(grouped.subquery(GROUP_KEPT, copy=False), copy=False)
+    kept = (exp.select("*").from_(capped.subquery("b", copy=False), copy=False)
+            .where(exp.column(KEPT_RANK, table="b") <= exp.Literal.number(k), copy=False))
     return light, kept

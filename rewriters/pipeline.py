@@ -33,6 +33,8 @@ from rewriters.contribution import (
     group_bound,
     ranked_branches,
     ranked_contribution,
+    ranked_group_branches,
+    ranked_group_contribution,
     stored_rank_contribution,
 )
 from rewriters.dialect import dialect
@@ -100,7 +102,9 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     without sorting the light units' rows: ``rewriters.contribution.ranked_contribution``);
     ``whole``: every row of that copy passes the query's filter (it filters nothing but the
     claimed blocks, which cover the copy), so its stored ranks <= k are the kept rows
-    (``rewriters.contribution.stored_rank_contribution``: no window, no UNION ALL).  On the
+    (``rewriters.contribution.stored_rank_contribution``: no window, no UNION ALL).  With
+    groups per unit g < k (thresholded keys), whole or not, only the units of more than g rows
+    are bounded to g groups and k rows (``ranked_group_contribution``).  On the
     ``SPLIT_DIALECTS`` the light and heavy branches are aggregated apart and their per-group
     measurements added (``_combined``).
     """
@@ -110,8 +114,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     # 1. Rows: the analyst's filter, the declared public values, the claimed blocks.  (A join
     #    builds the rows of each of its tables in rewriters.joins instead: steps 1-2 skipped.)
     if ranked is not None and (sample is not None or query.join is not None
-                               or tp.privacy_unit is None or (query.max_groups is not None and
-                                                              query.max_groups < query.stability)):
+                               or tp.privacy_unit is None):
         raise ValueError("a ranked copy serves per-query bounding of one table's rows only")
     rows = filtered_rows(query, restriction, sample, ranked) if query.join is None else None
     branches: tuple[exp.Select, exp.Select] | None = None  # the ranked copy's, apart
@@ -120,16 +123,27 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     #    from a stored sample, which already keeps the rows of rank <= k.
     if tp.multi_attribution and sample is None:  # only the stored kept set S bounds them
         raise ValueError("a table whose rows belong to several units is read from its S")
-    if rows is not None and query.max_groups is not None \
-            and query.max_groups < query.stability:
-        # Thresholded keys: each unit's rows in at most g of its groups, so the key release
-        # needs D = min(g, k) groups per unit (``AggregateQuery.groups_per_unit``).  (g >= k
-        # would change nothing: k rows reach at most k groups.)  Before the row cap, so the k
-        # rows are drawn within the g groups; on a stored sample, among the k rows it keeps.
+    # Thresholded keys: each unit's rows in at most g of its groups, so the key release needs
+    # D = min(g, k) groups per unit (``AggregateQuery.groups_per_unit``).  (g >= k would change
+    # nothing: k rows reach at most k groups.)  Before the row cap, so the k rows are drawn
+    # within the g groups; on a stored sample, among the k rows it keeps; on a ranked copy,
+    # only for the units of more than g rows (``ranked_group_branches``).
+    g = query.max_groups if query.max_groups is not None \
+        and query.max_groups < query.stability else None
+    keys = [safety(k.expr) for k in query.keys]
+    if rows is not None and g is not None and ranked is None:
         assert tp.privacy_unit is not None
-        rows = group_bound(rows, tp.privacy_unit, [safety(k.expr) for k in query.keys],
-                           query.max_groups)
-    if ranked is not None and whole:
+        rows = group_bound(rows, tp.privacy_unit, keys, g)
+    if ranked is not None and g is not None and dialect in SPLIT_DIALECTS \
+            and _adds_up(query):
+        assert rows is not None and tp.privacy_unit is not None
+        branches = ranked_group_branches(rows, alias, tp.privacy_unit, keys, g,
+                                         query.stability)
+    elif ranked is not None and g is not None:  # whole or not: the heavy units need ranking
+        assert rows is not None and tp.privacy_unit is not None
+        rows = ranked_group_contribution(rows, alias, tp.privacy_unit, keys, g,
+                                         query.stability)
+    elif ranked is not None and whole:
         assert rows is not None
         rows = stored_rank_contribution(rows, alias, query.stability)
     elif ranked is not None and dialect in SPLIT_DIALECTS and _adds_up(query):

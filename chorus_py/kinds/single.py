@@ -214,15 +214,16 @@ class SingleTableKind:
               reads: BlocksRead | None, restriction: BlockRestriction | None,
               sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
               sighting: bool = True) -> AnalyticQuery:
-        """The noise plan and the rewritten statement (bounding from the ``ranked`` copy unless
-        the rows must first be bounded to g groups per unit)."""
+        """The noise plan and the rewritten statement (bounding from the ``ranked`` copy when
+        there is one)."""
         services = self.services
         plan = self._noise_plan(query, epsilon, delta)
-        if query.max_groups is not None and query.max_groups < query.stability:
-            ranked = None
         # Every row of the copy passes the query's filter: its stored ranks <= k are the kept
-        # rows (a plain scan instead of the light and heavy branches; the same rows).
-        whole = ranked is not None and self._stored_counts(query, ranked) is not None
+        # rows (a plain scan instead of the light and heavy branches; the same rows).  Not with
+        # g groups per unit: the heavy units' rows are then ranked after the group bound.
+        grouped = query.max_groups is not None and query.max_groups < query.stability
+        whole = ranked is not None and not grouped \
+            and self._stored_counts(query, ranked) is not None
         rewritten: RewrittenQuery | None = None
         sql_dialect = services.dialect
         if services.policy.privacy.noise == "sql":
