@@ -45,7 +45,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    each row weighted by ``1 / __chorus_unit_rows`` or marked by ``CASE WHEN __chorus_rank = 1
    THEN 1 ELSE 0 END`` in the reading SELECT, and only SUMs of such weights at the barrier (a
    unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
-   and value, must be the literal 1.
+   and value, must be the literal 1.  Within one aggregation, the reads of one copy make
+   occurrences of its table, each a read bounded by itself or the light and heavy branches
+   (``<= K``, ``> K``, one K) as the two sides of one UNION ALL; a light branch is never read
+   alone; several occurrences of one copy (a self-join) are distinct sources of one join.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -56,7 +59,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY
    keys``, B1 and B2 barriers that read the copy with ``__chorus_unit_rows <= K`` and ``> K``
    (each unit in one of them only; one barrier that reads the copy twice, its light UNION
-   ALL heavy, passes only with the same test).  The grid is made of literal VALUES and of SELECTs
+   ALL heavy, passes only with the same test, as does each such pair of a join's sources).
+   The grid is made of literal VALUES and of SELECTs
    that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
    that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
    outer WHERE.  A statement whose exact
@@ -266,8 +270,9 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
         reads.setdefault(id(barrier), []).append(table)
-    for barrier in barriers:  # one aggregation over a ranked copy's light UNION ALL heavy
-        _copy_read_once_per_branch(reads[id(barrier)], rules)
+    for barrier in barriers:  # each occurrence of a ranked copy bounded as a whole
+        # Two aggregations: each must be one branch of the copy, paired by _combination.
+        _copy_occurrences(barrier, reads[id(barrier)], rules, paired=len(barriers) > 1)
     # One aggregation of the private rows, or the sum of a ranked copy's two branches' (on
     # every release: the proxy's noise, too, is calibrated to one aggregation's stability).
     measured = barriers[0] if len(barriers) == 1 else _combination(barriers, reads, rules)
@@ -938,21 +943,68 @@ def _disjoint_branches(first: list[exp.Table], second: list[exp.Table],
                       "<= K in one, > K in the other)")
 
 
-def _copy_read_once_per_branch(tables: list[exp.Table], rules: OutgoingRules) -> None:
-    """Within one aggregation, a ranked copy read twice must be its light and heavy branches,
-    disjoint (``_disjoint_branches``): overlapping ones would give a unit k rows in each, 2k in
-    the one aggregation.  A copy read three times or more is refused."""
+def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: OutgoingRules,
+                      paired: bool) -> None:
+    """Refuse unless the reads of each ranked copy below ``barrier`` (one aggregation) make
+    occurrences of its table each bounded as a whole: one read bounded by itself (rule 4), or
+    the light and heavy branches, the two sides of one UNION ALL, disjoint
+    (``_disjoint_branches``: overlapping ones would give a unit k rows in each, 2k in the one
+    occurrence).  A light branch (``__chorus_unit_rows <= K``) is never read alone: the
+    rewriter reads it only with its heavy branch (``paired``: each of two aggregations reads
+    one branch, which ``_combination`` pairs).  Several occurrences of one copy must be
+    distinct sources of one join (a self-join, whose stability the analysis derives from the
+    elastic rules, as for the table itself read twice): two occurrences in one source (a
+    UNION ALL of two bounded reads, a subquery of the copy in a filter of its own read) would
+    give a unit 2k rows where the noise assumes k."""
     copies: dict[str, list[exp.Table]] = {}
     for t in tables:
         db = t.args.get("db")
         if db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name:
             copies.setdefault(t.name, []).append(t)
     for name, reads in copies.items():
-        if len(reads) > 2:
-            raise Refused(f"the ranked copy {name} is read {len(reads)} times by one "
-                          "aggregation")
-        if len(reads) == 2:
-            _disjoint_branches(reads[:1], reads[1:], rules)
+        groups: dict[int, list[exp.Table]] = {}  # by the set operation the read is a side of
+        for t in reads:
+            union = _set_operation_below(t, barrier)
+            groups.setdefault(id(union) if union is not None else id(t), []).append(t)
+        for group in groups.values():
+            if len(group) > 2:
+                raise Refused(f"the ranked copy {name} is read {len(group)} times by one set "
+                              "operation")
+            if len(group) == 2:
+                _disjoint_branches(group[:1], group[1:], rules)
+            elif not paired and _unit_rows_bounds(group[0])[0]:
+                raise Refused(f"a light branch of the ranked copy {name} (__chorus_unit_rows "
+                              "<= K) is read without its heavy branch")
+        if len(groups) > 1:
+            holders = [_join_source(group[0], barrier) for group in groups.values()]
+            if any(h is None for h in holders) \
+                    or len({id(h[0]) for h in holders if h is not None}) != 1 \
+                    or len({id(h[1]) for h in holders if h is not None}) != len(holders):
+                raise Refused(f"the ranked copy {name} is read {len(groups)} times by one "
+                              "aggregation, not as distinct sources of one join")
+
+
+def _set_operation_below(table: exp.Table, barrier: exp.Select) -> exp.SetOperation | None:
+    """The nearest UNION (INTERSECT, EXCEPT) between ``table`` and ``barrier``, if any."""
+    node = table.parent
+    while node is not None and node is not barrier:
+        if isinstance(node, exp.SetOperation):
+            return node
+        node = node.parent
+    return None
+
+
+def _join_source(node: exp.Expr, barrier: exp.Select
+                 ) -> tuple[exp.Select, exp.From | exp.Join] | None:
+    """The nearest SELECT with joins at or below ``barrier`` that reads ``node`` through one
+    of its sources, with that source's FROM or JOIN (None: no join above ``node``)."""
+    while node is not barrier and node.parent is not None:
+        holder = node.parent
+        if isinstance(holder, exp.From | exp.Join) and isinstance(holder.parent, exp.Select) \
+                and holder.parent.args.get("joins"):
+            return holder.parent, holder
+        node = holder
+    return None
 
 
 def _unit_rows_bounds(table: exp.Table) -> tuple[set[int], set[int]]:

@@ -16,17 +16,26 @@ and so that each table reads only the blocks it paid for.  A filter on a public 
 an equality reaches the private tables' subqueries too, as a semi-join (``x IN (SELECT y FROM
 <the public table's filtered rows>)``): the cap is spent on rows the join keeps.  Public tables
 are read as they are.
+
+A private table with a ranked copy (``chorus_py.stores.samples``, ``ranked_copy``) is read from
+the copy, as a one-table query reads it: the rows of stored rank ``<= c`` by a plain scan when
+the occurrence keeps every row of the copy (no filter of its own, no semi-join, claimed blocks
+that cover the copy: ``rewriters.contribution.stored_rank_contribution``), otherwise its light
+units whole and its heavier units' filtered rows ranked in stored order
+(``ranked_contribution``).  Either way each unit keeps min(c_u, c) of the occurrence's c_u
+filtered rows, chosen uniformly among them, as ``contribution`` keeps them: the same rows in
+distribution, the same stability, without sorting every row of the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from sqlglot import exp
 
 from analyses.query import AggregateQuery
 from rewriters.blocks import BlockRestriction, blocks
-from rewriters.contribution import contribution
+from rewriters.contribution import contribution, ranked_contribution, stored_rank_contribution
 from rewriters.safety import safety
 
 
@@ -51,13 +60,19 @@ def _column_pair(cond: exp.Expr) -> tuple[exp.Column, exp.Column] | None:
 
 
 def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction],
-              samples: Mapping[str, tuple[str, str]] | None = None) -> exp.Select:
+              samples: Mapping[str, tuple[str, str]] | None = None,
+              copies: Mapping[str, tuple[str, str]] | None = None,
+              covering: Collection[str] = ()) -> exp.Select:
     """The analyst's FROM/JOIN/WHERE with each table replaced by its bounded, restricted rows.
 
     ``samples`` maps the alias of a table with ``bounding = "materialized"`` to its stored
     bounded sample (schema, table), which already keeps at most c rows per unit, chosen at
     random before any filter (``chorus_py.stores.samples``): that occurrence reads the sample and
-    is not bounded again.  The select list is left empty for the caller to fill.
+    is not bounded again.  ``copies`` maps the alias of a table bounded per query to its ranked
+    copy (schema, table), which that occurrence reads and bounds (module docstring);
+    ``covering``: the aliases among them whose claimed blocks cover the whole copy (no block
+    column, or every block of the schedule), so that with no filter of their own every row of
+    the copy is theirs.  The select list is left empty for the caller to fill.
     """
     join = query.join
     assert join is not None
@@ -97,10 +112,11 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
                                       inner.subquery(o.alias, copy=False), copy=False))))
         return out
 
-    def rows_of(src_alias: str, with_semi_joins: bool = False) -> exp.Select:
+    def rows_of(src_alias: str, with_semi_joins: bool = False) -> exp.Query:
         """The rows of one occurrence: its own filters, its claimed blocks, its bounding."""
         src = sources[src_alias]
         sample = (samples or {}).get(src.alias)
+        copy = None if src.public or sample is not None else (copies or {}).get(src.alias)
         table = exp.Table(this=exp.to_identifier(src.table),
                           db=exp.to_identifier(query.schema, quoted=True)
                           if query.schema is not None else None,
@@ -108,6 +124,10 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
         if sample is not None:
             table = exp.Table(this=exp.to_identifier(sample[1], quoted=True),
                               db=exp.to_identifier(sample[0]),
+                              alias=exp.TableAlias(this=exp.to_identifier(src.alias)))
+        elif copy is not None:
+            table = exp.Table(this=exp.to_identifier(copy[1], quoted=True),
+                              db=exp.to_identifier(copy[0]),
                               alias=exp.TableAlias(this=exp.to_identifier(src.alias)))
         if src.public:
             rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(src.alias))) \
@@ -130,8 +150,15 @@ def join_rows(query: AggregateQuery, restrictions: Mapping[str, BlockRestriction
         if where is not None:
             rows = rows.where(where, copy=False)
         unit = src.policy.privacy_unit
+        if unit is not None and copy is not None and not conditions \
+                and src.alias in covering:
+            # Every row of the copy is one of this occurrence's rows (nothing filters them but
+            # blocks that cover the copy): its stored ranks <= c are the kept rows.
+            return stored_rank_contribution(rows, src.alias, src.cap)
+        if unit is not None and copy is not None:
+            return ranked_contribution(rows, src.alias, unit, src.cap)
         if unit is not None and sample is None:
-            rows = contribution(rows, unit, src.cap)
+            return contribution(rows, unit, src.cap)
         return rows
 
     def source(src_alias: str) -> exp.Expr:

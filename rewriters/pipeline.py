@@ -18,7 +18,7 @@ and runs *finish* on the noisy rows in an in-memory DuckDB.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -91,7 +91,9 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              dialect: str, sample: tuple[str, str] | None = None,
              restrictions: Mapping[str, BlockRestriction] | None = None,
              samples: Mapping[str, tuple[str, str]] | None = None,
-             ranked: tuple[str, str] | None = None, whole: bool = False) -> RewrittenQuery:
+             ranked: tuple[str, str] | None = None, whole: bool = False,
+             copies: Mapping[str, tuple[str, str]] | None = None,
+             covering: Collection[str] = ()) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -106,7 +108,9 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     groups per unit g < k (thresholded keys), whole or not, only the units of more than g rows
     are bounded to g groups and k rows (``ranked_group_contribution``).  On the
     ``SPLIT_DIALECTS`` the light and heavy branches are aggregated apart and their per-group
-    measurements added (``_combined``).
+    measurements added (``_combined``).  A join reads the ranked copies ``copies`` (by table
+    alias) instead, those in ``covering`` whole when nothing filters them
+    (``rewriters.joins.join_rows``).
     """
     tp = query.table_policy
     alias = query.alias
@@ -175,7 +179,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         columns.append(exp.alias_(gate, THRESHOLD_ID, copy=False))
         measure_ids.append(THRESHOLD_ID)
     if query.join is not None:
-        measure = join_rows(query, restrictions or {}, samples).select(*columns, copy=False)
+        measure = join_rows(query, restrictions or {}, samples, copies, covering).select(
+            *columns, copy=False)
         if query.thresholded:  # as filtered_rows does for one table
             for key in query.keys:
                 if key.public_values is not None:

@@ -39,6 +39,7 @@ from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.templates import TextTemplate
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
+from chorus_py.stores.samples import ranked_copy_applies
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
 from mechanisms.key_release import threshold_warning
@@ -237,15 +238,48 @@ class JoinKind:
         samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
                    for s in join.private_sources
                    if s.policy.privacy_unit and s.policy.bounding == "materialized"}
+        copies, covering = self._copies(join, restrictions)
         noise = services.policy.privacy.noise
+        # The copies' names change with their tables' versions: a key that names them never
+        # serves a statement reading a stale copy (as in kinds.single).
         key = (query.normalized_sql, epsilon, delta, tuple(sorted(restrictions.items())),
-               tuple(sorted(mf.items())), noise, tuple(sorted(samples.items())))
+               tuple(sorted(mf.items())), noise, tuple(sorted(samples.items())),
+               tuple(sorted(copies.items())), covering)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare_uncached(query, epsilon, delta, reads, restrictions, mf,
-                                              samples, key)
+                                              samples, copies, covering)
             self._prepared.put(key, prepared)
         return prepared
+
+    def _copies(self, join: JoinInfo, restrictions: dict[str, BlockRestriction]
+                ) -> tuple[dict[str, tuple[str, str]], frozenset[str]]:
+        """The ranked copy each private occurrence bounded per query reads (by alias; none
+        while its copy is being built: that occurrence ranks its rows itself, the same answers,
+        slower), and the aliases among them whose claimed blocks cover the whole copy: no
+        block column, or one window from the schedule's start to its end (the copy holds the
+        rows of the schedule when it was built, which only grows: every one of them is in
+        the window).  As ``kinds.single`` decides for one table (``_stored_counts``)."""
+        services = self.services
+        copies: dict[str, tuple[str, str]] = {}
+        covering: set[str] = set()
+        for src in join.private_sources:
+            if not ranked_copy_applies(src.policy):
+                continue
+            found = services.samples.ranked(src.table, src.policy)
+            if found is None:
+                continue
+            copies[src.alias] = (SCHEMA, found)
+            block = src.policy.block
+            restriction = restrictions.get(src.alias)
+            if block is None:
+                covering.add(src.alias)
+                continue
+            windows = services.blocks.windows(src.table, block)
+            if restriction is not None and not restriction.windows \
+                    and restriction.start == windows.start and restriction.end == windows.end:
+                covering.add(src.alias)
+        return copies, frozenset(covering)
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """The answer (``kinds.analytic.answer_prepared``)."""
@@ -256,7 +290,8 @@ class JoinKind:
     def _prepare_uncached(self, query: AggregateQuery, epsilon: float, delta: float,
                           reads: BlocksRead, restrictions: dict[str, BlockRestriction],
                           mf: dict[str, float], samples: dict[str, tuple[str, str]],
-                          key: tuple[object, ...]) -> Prepared:
+                          copies: dict[str, tuple[str, str]],
+                          covering: frozenset[str]) -> Prepared:
         services = self.services
         # Keys released by a noisy threshold: the gate takes its share of epsilon and half of
         # delta; the measurements share the rest (so the query costs (epsilon, delta)).
@@ -289,18 +324,20 @@ class JoinKind:
             # The gate's tau is in the rewrite itself, and the template's placeholder plan
             # has no gate: rendered in full (``JoinTemplate`` notes why the others need not).
             rewritten = pipeline(resolved_query, plan, None, services.dialect, None,
-                                 restrictions, samples)
+                                 restrictions, samples, copies=copies, covering=covering)
             template = JoinTemplate(rewritten, None, None)
         else:
             # The rewrite and its SQL text do not depend on epsilon, delta or the metrics,
             # only the noise scales in it do: kept apart, a new epsilon or refreshed metrics
             # cost a string substitution instead of a rewrite (``JoinTemplate``).
-            template_key = (query.normalized_sql, key[3], noise, services.dialect, key[6])
+            template_key = (query.normalized_sql, tuple(sorted(restrictions.items())), noise,
+                            services.dialect, tuple(sorted(samples.items())),
+                            tuple(sorted(copies.items())), covering)
             template = self._templates.get(template_key)
             if template is None:
                 template = JoinTemplate.build(
                     pipeline(resolved_query, plan, None, services.dialect, None, restrictions,
-                             samples),
+                             samples, copies=copies, covering=covering),
                     noise == "sql")
                 self._templates.put(template_key, template)
         sql = template.sql(plan) if noise == "sql" or not query.thresholded \

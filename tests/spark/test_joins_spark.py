@@ -1,6 +1,6 @@
 """Joins with elastic sensitivity on Spark (tests/test_joins_engine.py): the join keys' max
 frequencies read from the data by Spark (``stores.frequencies``), the smooth bound and the
-noise near the truth, blocks charged on every table read, refusals free."""
+noise near the truth, blocks charged on every table read, refusals free, ranked copies read."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from tests.test_joins_engine import (  # noqa: F401  (collected here with the Sp
     test_blocks_of_every_table_charged,
     test_count_and_sum_near_truth,
     test_delta_required_and_refusals_free,
+    # Rides (a unit, per-query bounding) read through their ranked copy: after a semi-join
+    # (light UNION ALL heavy) and whole (stored ranks), joined with riders.
+    test_sum_avg_grouped_join_to_public,
 )
 
 
