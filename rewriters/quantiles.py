@@ -8,6 +8,14 @@ groups-per-unit bound g) each unit's rows in at most g of its groups, then at mo
 unit (``rewriters.contribution``), NULL values left out as the
 percentile functions leave them.  Its exact counts stay in the proxy: only the bins the
 exponential mechanism draws from them leave it (``mechanisms.exponential``).
+
+With per-query bounding and a ranked copy of the table (``chorus_py.stores.samples``), the
+histogram reads the copy instead: units with n_u <= k rows in all are kept whole by a plain
+scan and only the heavier units' filtered rows are ranked, in their stored random order
+(``rewriters.contribution.ranked_contribution``), the same kept-row distribution as ranking
+every filtered row.  The stored ranks alone (``stored_rank_contribution``) never serve here:
+the histogram drops NULL values after the copy was ranked, so a unit with a NULL value among
+its k lowest ranks would keep fewer than min(c_u, k) of its counted rows.
 """
 
 from __future__ import annotations
@@ -19,18 +27,31 @@ from sqlglot import exp
 
 from analyses.query import AggregateQuery, OutputColumn
 from rewriters.blocks import BlockRestriction
-from rewriters.contribution import contribution, group_bound
+from rewriters.contribution import (
+    contribution,
+    group_bound,
+    ranked_branches,
+    ranked_contribution,
+)
 from rewriters.groups import public_filter
 from rewriters.joins import join_rows
-from rewriters.pipeline import NOISY, filtered_rows
+from rewriters.pipeline import NOISY, _combined, filtered_rows
 from rewriters.safety import safety
 
 
 def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upper: float,
                        bins: int, restriction: BlockRestriction | None,
-                       sample: tuple[str, str] | None) -> exp.Select:
+                       sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
+                       split: bool = False) -> exp.Select:
     """Rows (g0, ..., b, n): per group (index or value) and bin b in [0, bins) of the value clipped to
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
+
+    ``ranked`` names (schema, table) of the table's ranked copy (per-query bounding: read
+    instead of ranking every filtered row; not with a groups-per-unit bound, which needs the
+    rows ranked per query, nor with a stored ``sample``).  ``split``: its light and heavy
+    branches are counted apart and their counts added per (group, bin) (``rewriters.pipeline.
+    _combined``: no unit has rows in both, so each cell's sum is the count of one aggregation
+    over the union; Postgres then runs the light branch, most rows, with parallel workers).
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -49,15 +70,36 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     """
     if not (upper > lower and bins >= 1):
         raise ValueError("a quantile histogram needs upper > lower and at least one bin")
-    alias = query.alias
-    value = safety(argument)
-    rows = _bounded_rows(query, argument, restriction, sample)
-    # The value once per row (v, a double: not NULL, filtered above), then its bin: written
+    unit = query.table_policy.privacy_unit
+    if ranked is not None and (sample is not None or groups_bounded(query)
+                               or not isinstance(unit, str)):
+        raise ValueError("a ranked copy serves per-query bounding of one unit column by the "
+                         "row cap alone")
+    if ranked is not None:
+        assert isinstance(unit, str)
+        rows = _filtered(query, argument, restriction, None, ranked)
+        if split:
+            light, heavy = ranked_branches(rows, query.alias, unit, query.stability)
+            # Each (group, bin) count is integral: cast back to BIGINT after the sum.
+            return _combined(_histogram_of(query, argument, light, lower, upper, bins),
+                             _histogram_of(query, argument, heavy, lower, upper, bins),
+                             [*(f"g{i}" for i in range(len(query.keys))), "b"], [("n", True)])
+        return _histogram_of(query, argument,
+                             ranked_contribution(rows, query.alias, unit, query.stability),
+                             lower, upper, bins)
+    return _histogram_of(query, argument, _bounded_rows(query, argument, restriction, sample),
+                         lower, upper, bins)
+
+
+def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,
+                  upper: float, bins: int) -> exp.Select:
+    """(g0, ..., b, n) over ``rows``, the bounded rows of the query's table (alias kept)."""
+    # The value once per row (v, a double: not NULL, filtered before), then its bin: written
     # inside the bin's CASE it would be rendered once per branch.
     # A key without public values (released by a threshold in the proxy) comes as its value.
     per_row = exp.select(*_key_columns(query),
-                         exp.alias_(exp.cast(value, exp.DType.DOUBLE), "v")).from_(
-        rows.subquery(alias, copy=False), copy=False)
+                         exp.alias_(exp.cast(safety(argument), exp.DType.DOUBLE), "v")).from_(
+        rows.subquery(query.alias, copy=False), copy=False)
     return _binned(per_row, len(query.keys), lower, upper, bins)
 
 
@@ -124,19 +166,11 @@ def _bounded_rows(query: AggregateQuery, argument: exp.Expr,
     """The rows a quantile of ``argument`` reads: the query's filter, the declared public key
     values, the claimed blocks, non-NULL values; then (a chosen groups-per-unit bound g) each
     unit's rows in at most g of its groups; then at most k rows per unit."""
-    # filtered_rows makes the whole filter safe (rewriters.safety): the raw expressions here.
-    where = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
-    for key in query.keys:  # undeclared key values are dropped, as in every public-key query
-        if key.public_values is not None:
-            where = exp.and_(where, public_filter(key.expr, key.public_values))
-    if query.where is not None:
-        where = exp.and_(query.where.copy(), where)
-    rows = filtered_rows(dataclasses.replace(query, where=where), restriction, sample)
+    rows = _filtered(query, argument, restriction, sample, None)
     unit = query.table_policy.privacy_unit
     if query.table_policy.multi_attribution and sample is None:  # only its kept set S bounds it
         raise ValueError("a table whose rows belong to several units is read from its S")
-    if isinstance(unit, str) and query.max_groups is not None \
-            and query.max_groups < query.stability:
+    if isinstance(unit, str) and groups_bounded(query):
         # Keys released by a threshold, with the groups per unit chosen (contribution =
         # "auto"): each unit's rows in at most g of its groups, before the row cap (as in
         # rewriters.pipeline), so the key release needs D = min(g, k) groups per unit.
@@ -144,6 +178,27 @@ def _bounded_rows(query: AggregateQuery, argument: exp.Expr,
     if isinstance(unit, str) and sample is None:
         rows = contribution(rows, unit, query.stability)
     return rows
+
+
+def _filtered(query: AggregateQuery, argument: exp.Expr, restriction: BlockRestriction | None,
+              sample: tuple[str, str] | None, ranked: tuple[str, str] | None) -> exp.Select:
+    """The query's rows before bounding: its filter, the declared public key values, the
+    claimed blocks, non-NULL values of ``argument``; from the table, its ``sample`` or its
+    ``ranked`` copy (``rewriters.pipeline.filtered_rows``)."""
+    # filtered_rows makes the whole filter safe (rewriters.safety): the raw expressions here.
+    where = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
+    for key in query.keys:  # undeclared key values are dropped, as in every public-key query
+        if key.public_values is not None:
+            where = exp.and_(where, public_filter(key.expr, key.public_values))
+    if query.where is not None:
+        where = exp.and_(query.where.copy(), where)
+    return filtered_rows(dataclasses.replace(query, where=where), restriction, sample, ranked)
+
+
+def groups_bounded(query: AggregateQuery) -> bool:
+    """Whether each unit's rows are first bounded to g groups (keys released by a threshold,
+    g chosen below the cap k): per-query ranking, never a ranked copy."""
+    return query.max_groups is not None and query.max_groups < query.stability
 
 
 def quantile_group_units(query: AggregateQuery, argument: exp.Expr,

@@ -51,6 +51,7 @@ from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histo
 from chorus_py.kinds.selection import Choices, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
+from chorus_py.stores.samples import ranked_copy_applies
 from mechanisms.discrete_laplace import DiscreteLaplace
 from mechanisms.exponential import ExponentialMechanism, bin_value, rank_sensitivity, rank_utility
 from mechanisms.intervals import Interval, NoInterval
@@ -59,8 +60,9 @@ from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
 from rewriters.dialect import dialect
 from rewriters.keys import key_grid
-from rewriters.pipeline import NOISY
+from rewriters.pipeline import NOISY, SPLIT_DIALECTS
 from rewriters.quantiles import (
+    groups_bounded,
     quantile_finish,
     quantile_group_units,
     quantile_histogram,
@@ -224,17 +226,36 @@ class QuantileKind:
                 reads: BlocksRead | None, restriction: BlockRestriction | None,
                 sample: tuple[str, str] | None, chosen: Choices | None = None,
                 reused: bool = False) -> Prepared:
-        key = (analysis.shape, epsilon, delta, restriction, sample, chosen, reused)
+        # The ranked copy is looked up on every call (the selection's final plan too): its
+        # name changes with the table's version, and is part of the key, so a plan over a
+        # replaced copy is never taken from the cache.
+        ranked = self._ranked(analysis.query, sample)
+        key = (analysis.shape, epsilon, delta, restriction, sample, ranked, chosen, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
+            split = self.services.dialect in SPLIT_DIALECTS
             prepared = self._prepare(analysis, epsilon, delta, reads,
                                      lambda q, spec: quantile_histogram(
                                          q, spec.argument, spec.lower, spec.upper, BINS,
-                                         restriction, sample),
+                                         restriction, sample,
+                                         None if groups_bounded(q) else ranked, split),
                                      restriction=restriction, sample=sample, chosen=chosen,
                                      reused=reused)
             self._prepared.put(key, prepared)
         return prepared
+
+    def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
+                ) -> tuple[str, str] | None:
+        """The ranked copy the histograms may read (``rewriters.quantiles``): with per-query
+        bounding of one unit column, once it is built (None while it is being built: the
+        rows are ranked per query, the same kept-row distribution).  A histogram whose rows
+        are first bounded to g groups per unit ranks them per query all the same
+        (``group_bound``: its caller passes no copy then)."""
+        if sample is not None or not ranked_copy_applies(query.table_policy) \
+                or not isinstance(query.table_policy.privacy_unit, str):
+            return None
+        found = self.services.samples.ranked(query.table, query.table_policy)
+        return None if found is None else (SCHEMA, found)
 
     def _prepare_join(self, analysis: QuantileQuery, epsilon: float,
                       delta: float) -> Prepared:
@@ -430,13 +451,9 @@ class QuantileKind:
         n_groups = len(detail.groups) if n_keys else 1
         counts: dict[str, np.ndarray] = {}
         for argument, sql in detail.histograms:
-            cells = np.zeros((n_groups, BINS))
-            for row in self.services.statements.run(sql, run).rows:
-                group = detail.lookup.get(_histogram_key(row[:n_keys], analysis.query)) \
-                    if n_keys else 0
-                if group is not None:  # a value the policy does not declare: filtered already
-                    cells[group, int(row[n_keys])] += float(row[n_keys + 1])
-            counts[argument] = cells  # exact: never leaves this function
+            # exact: never leaves this function
+            counts[argument] = _cells(self.services.statements.run(sql, run).rows,
+                                      analysis.query, detail.lookup, n_groups)
         rows = []
         for g in range(n_groups):
             values = _draw(detail, {a: c[g] for a, c in counts.items()})
@@ -612,6 +629,32 @@ def _public_groups(query: AggregateQuery, table: TableGroups | None
         lookup[tuple(hist)] = len(groups)
         groups.append(tuple(out))
     return tuple(groups), lookup
+
+
+def _cells(rows: list[tuple[Any, ...]], query: AggregateQuery,
+           lookup: dict[tuple[object, ...], int], n_groups: int) -> np.ndarray:
+    """The dense (group, bin) counts of a histogram's rows (g0, ..., b, n), the groups looked
+    up as ``_public_groups`` lists them (a row of no listed group is dropped: a value the
+    policy does not declare, filtered already).  Column-wise (the rows transposed once, each
+    distinct key tuple looked up once, the counts added by NumPy): a grouped histogram has
+    tens of thousands of rows, which a loop over the rows took 40 ms per 10,000 to add up."""
+    cells = np.zeros((n_groups, BINS))
+    if not rows:
+        return cells
+    n_keys = len(query.keys)
+    columns = list(zip(*rows, strict=True))
+    bins = np.asarray(columns[n_keys], dtype=np.int64)
+    counts = np.asarray(columns[n_keys + 1], dtype=float)
+    if not n_keys:
+        np.add.at(cells[0], bins, counts)
+        return cells
+    keys = list(zip(*columns[:n_keys], strict=True))
+    found = {k: lookup.get(_histogram_key(k, query)) for k in set(keys)}
+    group = np.fromiter((-1 if found[k] is None else found[k] for k in keys), dtype=np.int64,
+                        count=len(keys))
+    listed = group >= 0
+    np.add.at(cells, (group[listed], bins[listed]), counts[listed])
+    return cells
 
 
 def _histogram_key(values: tuple[Any, ...], query: AggregateQuery) -> tuple[object, ...]:
