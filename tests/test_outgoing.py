@@ -18,6 +18,7 @@ from analyses.outgoing import Refused, check_outgoing, literal_shape, tokens, ve
 from chorus_py import statements
 from chorus_py.engine import Engine
 from chorus_py.errors import InternalError
+from chorus_py.kinds import quantile as quantile_kind
 from chorus_py.kinds.selection import Choices
 from rewriters import pipeline
 
@@ -541,3 +542,68 @@ def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
 def test_same_but_literals(verified: str, other: str, same: bool) -> None:
     assert same_but_literals(verified, other, "duckdb") is same
     assert same_but_literals(verified, other, "postgres") is same
+
+
+# -- DP quantile histograms over the ranked copy (rewriters.quantiles, issue 23) ---------------
+QUANTILE_QUERIES = [
+    "SELECT MEDIAN(fare) FROM trips",
+    "SELECT city, PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY distance_km) FROM trips "
+    "GROUP BY city",
+    "SELECT MIN(fare), MAX(fare) FROM trips WHERE city = 'SF'",
+]
+
+
+@pytest.fixture(params=["union", "split"])
+def quantiles(engine: Engine, request: pytest.FixtureRequest,
+              monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """The engine with the quantile histograms' ranked-copy branches counted in one
+    aggregation (DuckDB's default) or apart and added (Postgres's): both shapes must pass and
+    their near misses fail on both backends."""
+    monkeypatch.setattr(quantile_kind, "SPLIT_DIALECTS",
+                        frozenset({engine.dialect} if request.param == "split" else ()))
+    return engine
+
+
+def _bins_filtered(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    union.parent_select.where("chorus_parts.n > 1", copy=False)
+
+
+def _raw_bin_count(tree: exp.Select, union: exp.Union, branches: list[exp.Select]) -> None:
+    union.parent_select.select(exp.column("n", table="chorus_parts"), copy=False)
+
+
+QUANTILE_MUTATIONS = [
+    _drop_bounding, _drop_light_cap, _drop_blocks, _heavy_without_its_test, _light_cap_above_k,
+    _raw_column_out, _raw_column_in_measure, _extra_private_table, _max_instead_of_count,
+    _limit_in_measure]
+QUANTILE_SPLIT_MUTATIONS = [_split_mutation(m) for m in (
+    _light_twice, _third_branch, _union_distinct, _max_of_parts, _bins_filtered,
+    _raw_bin_count)]
+
+
+@pytest.mark.parametrize("query", QUANTILE_QUERIES)
+def test_quantile_histograms_over_the_ranked_copy_pass(quantiles: Engine, query: str) -> None:
+    sql = _sql(quantiles, query)
+    assert "__ranked_" in sql and "__chorus_unit_rows" in sql and "UNION ALL" in sql
+    _check(quantiles, sql, "noised_by_proxy")
+
+
+@pytest.mark.parametrize("mutation", QUANTILE_MUTATIONS + QUANTILE_SPLIT_MUTATIONS,
+                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize("query", QUANTILE_QUERIES)
+def test_near_misses_of_quantile_histograms_are_refused(quantiles: Engine, mutation: Mutation,
+                                                       query: str) -> None:
+    sql = _sql(quantiles, query)
+    if mutation in QUANTILE_SPLIT_MUTATIONS and "chorus_parts" not in sql:
+        return  # one aggregation over the union: no sum of parts to tamper with
+    with pytest.raises(Refused):
+        _check(quantiles, mutation(quantiles, sql), "noised_by_proxy")
+
+
+def test_quantile_branches_must_be_disjoint(quantiles: Engine) -> None:
+    """Each branch alone is bounded: the refusal is the missing disjointness (a unit of
+    k + 1 rows counted in both, 2k rows in the histogram)."""
+    sql = _sql(quantiles, QUANTILE_QUERIES[1])
+    for mutation in (_heavy_without_its_test, _light_cap_above_k):
+        with pytest.raises(Refused, match="not disjoint"):
+            _check(quantiles, mutation(quantiles, sql), "noised_by_proxy")
