@@ -102,6 +102,15 @@ def test_the_report_shows_quantiles_as_the_analyst_wrote_them(skew: Engine) -> N
     assert sources == {"m1": "MEDIAN(v) + 1", "hi": "MAX(v)"}
 
 
+def test_the_histogram_reads_the_ranked_copy(skew: Engine) -> None:
+    """Per-query bounding with a ranked copy (the default): the histogram keeps the light
+    units by a plain scan of the copy and ranks the heavy ones in stored order
+    (tests/test_quantiles_ranked.py checks the rows it keeps), on every backend."""
+    report = skew.explain("SELECT MEDIAN(v) FROM skew WHERE v > 1", epsilon=1.0, **ALICE)
+    assert "__ranked_" in report.rewritten_sql and "RANDOM()" not in report.rewritten_sql.upper()
+    assert "__chorus_unit_rows <= 3" in report.rewritten_sql
+
+
 def test_percentiles_share_epsilon_and_one_scan(skew: Engine) -> None:
     values = _values(skew, "SELECT v FROM skew")
     n = len(values)

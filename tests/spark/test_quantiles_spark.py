@@ -20,4 +20,5 @@ from tests.test_quantiles import (  # noqa: F401
     test_min_max_avg_split_epsilon_by_measurements,
     test_percentiles_share_epsilon_and_one_scan,
     test_quantiles_grouped_by_a_thresholded_key,
+    test_the_histogram_reads_the_ranked_copy,
 )
