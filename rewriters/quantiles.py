@@ -12,8 +12,9 @@ exponential mechanism draws from them leave it (``mechanisms.exponential``).
 With per-query bounding and a ranked copy of the table (``chorus_py.stores.samples``), the
 histogram reads the copy instead: units with n_u <= k rows in all are kept whole by a plain
 scan and only the heavier units' filtered rows are ranked, in their stored random order
-(``rewriters.contribution.ranked_contribution``), the same kept-row distribution as ranking
-every filtered row.  The stored ranks alone (``stored_rank_contribution``) never serve here:
+(``rewriters.contribution.ranked_contribution``; with a groups-per-unit bound g < k, the
+units with n_u <= g kept whole and the others' groups drawn afresh: ``ranked_group_branches``),
+the same kept-row distribution as ranking every filtered row.  The stored ranks alone (``stored_rank_contribution``) never serve here:
 the histogram drops NULL values after the copy was ranked, so a unit with a NULL value among
 its k lowest ranks would keep fewer than min(c_u, k) of its counted rows.
 """
@@ -32,6 +33,8 @@ from rewriters.contribution import (
     group_bound,
     ranked_branches,
     ranked_contribution,
+    ranked_group_branches,
+    ranked_group_contribution,
 )
 from rewriters.groups import public_filter
 from rewriters.joins import join_rows
@@ -47,8 +50,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
 
     ``ranked`` names (schema, table) of the table's ranked copy (per-query bounding: read
-    instead of ranking every filtered row; not with a groups-per-unit bound, which needs the
-    rows ranked per query, nor with a stored ``sample``).  ``split``: its light and heavy
+    instead of ranking every filtered row; never with a stored ``sample``).  ``split``: its light and heavy
     branches are counted apart and their counts added per (group, bin) (``rewriters.pipeline.
     _combined``: no unit has rows in both, so each cell's sum is the count of one aggregation
     over the union; Postgres then runs the light branch, most rows, with parallel workers).
@@ -71,24 +73,45 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     if not (upper > lower and bins >= 1):
         raise ValueError("a quantile histogram needs upper > lower and at least one bin")
     unit = query.table_policy.privacy_unit
-    if ranked is not None and (sample is not None or groups_bounded(query)
-                               or not isinstance(unit, str)):
-        raise ValueError("a ranked copy serves per-query bounding of one unit column by the "
-                         "row cap alone")
+    if ranked is not None and (sample is not None or not isinstance(unit, str)):
+        raise ValueError("a ranked copy serves per-query bounding of one unit column")
     if ranked is not None:
         assert isinstance(unit, str)
         rows = _filtered(query, argument, restriction, None, ranked)
         if split:
-            light, heavy = ranked_branches(rows, query.alias, unit, query.stability)
+            light, heavy = _copy_branches(query, rows, unit)
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
             return _combined(_histogram_of(query, argument, light, lower, upper, bins),
                              _histogram_of(query, argument, heavy, lower, upper, bins),
                              [*(f"g{i}" for i in range(len(query.keys))), "b"], [("n", True)])
-        return _histogram_of(query, argument,
-                             ranked_contribution(rows, query.alias, unit, query.stability),
-                             lower, upper, bins)
+        return _histogram_of(query, argument, _copy_bounded(query, rows, unit), lower, upper,
+                             bins)
     return _histogram_of(query, argument, _bounded_rows(query, argument, restriction, sample),
                          lower, upper, bins)
+
+
+def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str
+                   ) -> tuple[exp.Select, exp.Select]:
+    """The light and heavy branches of the ranked copy's ``rows`` (filtered): by the row cap
+    k (``ranked_branches``), or, keys released by a threshold with g < k groups per unit, by g
+    groups then k rows (``ranked_group_branches``: the groups drawn afresh, as
+    ``group_bound`` draws them)."""
+    if groups_bounded(query):
+        assert query.max_groups is not None
+        return ranked_group_branches(rows, query.alias, unit,
+                                     [safety(k.expr) for k in query.keys], query.max_groups,
+                                     query.stability)
+    return ranked_branches(rows, query.alias, unit, query.stability)
+
+
+def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str) -> exp.Union:
+    """The branches of ``_copy_branches`` as one relation (light UNION ALL heavy)."""
+    if groups_bounded(query):
+        assert query.max_groups is not None
+        return ranked_group_contribution(rows, query.alias, unit,
+                                         [safety(k.expr) for k in query.keys],
+                                         query.max_groups, query.stability)
+    return ranked_contribution(rows, query.alias, unit, query.stability)
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,
@@ -197,7 +220,7 @@ def _filtered(query: AggregateQuery, argument: exp.Expr, restriction: BlockRestr
 
 def groups_bounded(query: AggregateQuery) -> bool:
     """Whether each unit's rows are first bounded to g groups (keys released by a threshold,
-    g chosen below the cap k): per-query ranking, never a ranked copy."""
+    g chosen below the cap k)."""
     return query.max_groups is not None and query.max_groups < query.stability
 
 

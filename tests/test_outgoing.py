@@ -607,3 +607,24 @@ def test_quantile_branches_must_be_disjoint(quantiles: Engine) -> None:
     for mutation in (_heavy_without_its_test, _light_cap_above_k):
         with pytest.raises(Refused, match="not disjoint"):
             _check(quantiles, mutation(quantiles, sql), "noised_by_proxy")
+
+
+@pytest.mark.parametrize("mutation", [_drop_bounding, _drop_light_cap, _drop_blocks,
+                                      _heavy_without_its_test, _light_cap_above_k],
+                         ids=lambda m: m.__name__)
+def test_group_bounded_quantile_histograms_over_the_copy(
+        quantiles: Engine, make_engine: Callable[..., Engine], backend_url: str,
+        mutation: Mutation) -> None:
+    """Keys released by a threshold with g < k groups per unit chosen: the histogram reads the
+    copy's light units (n_u <= g) and the heavy ones' g groups then k rows; it passes, and its
+    near misses are refused."""
+    engine = make_engine(backend_url, contribution="auto")
+    _, prepared = engine.prepare("SELECT driver_id, MEDIAN(fare) FROM trips GROUP BY driver_id",
+                                 "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    final = prepared.selection.apply(Choices(cap=5, bounds=(), groups=2))
+    (sql,) = [s for _, s in final.detail.histograms]
+    assert "__ranked_" in sql and "__chorus_grank <= 2" in sql
+    _check(engine, sql, "noised_by_proxy")
+    with pytest.raises(Refused):
+        _check(engine, mutation(engine, sql), "noised_by_proxy")

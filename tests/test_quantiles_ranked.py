@@ -22,6 +22,7 @@ import pytest
 from chorus_py.engine import Engine
 from chorus_py.kinds import quantile as quantile_kind
 from chorus_py.kinds.quantile import BINS, QuantileDetail
+from chorus_py.kinds.selection import Choices
 from chorus_py.policy import load_policy
 from rewriters.contribution import ranked_table
 from tests.conftest import table_with_rows
@@ -38,12 +39,14 @@ url = "{url}"
 [privacy]
 epsilon_per_block = 1000.0
 max_epsilon_per_query = 500.0
+delta_per_block = 1e-3
+max_delta_per_query = 1e-4
 noise = "proxy"
 
 [tables.{table}]
 privacy_unit = "person"
 max_rows_per_unit = {k}
-contribution = "fixed"
+contribution = "{contribution}"
 ranked_copy = {ranked}
 
 [tables.{table}.columns]
@@ -52,23 +55,25 @@ person = {{ type = "int" }}
 i = {{ type = "int" }}
 g = {{ type = "text", public_values = ["a", "b"] }}
 v = {{ type = "float", lower = 0, upper = {upper} }}
+h = {{ type = "int" }}
 
 [analysts.alice]
 """
 
-Row = tuple[int, int, int, str, float | None]
+Row = tuple[int, int, int, str, float | None, int]
 
 
 def _rows() -> list[Row]:
-    """(id, person, i, g, v): i the row's index in its unit, g alternating a/b with every
+    """(id, person, i, g, v, h): i the row's index in its unit, g alternating a/b with every
     fifth row 'z' (not declared), v = person + i / 100 but NULL on every fourth row (unit 2's
-    second row: a light unit with a NULL; the heavy unit 6 has ten)."""
+    second row: a light unit with a NULL; the heavy unit 6 has ten), h = i % 2 (a key
+    without public values: at most 2 groups per unit)."""
     out, next_id = [], 1
     for person, n in SIZES.items():
         for i in range(n):
             g = "z" if i % 5 == 4 else "ab"[i % 2]
             v = None if i % 4 == 1 and person in (2, 6) else person + i / 100
-            out.append((next_id, person, i, g, v))
+            out.append((next_id, person, i, g, v, i % 2))
             next_id += 1
     return out
 
@@ -88,7 +93,7 @@ def _unit(b: int) -> int:
 
 @pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    columns = "id BIGINT, person BIGINT, i BIGINT, g TEXT, v DOUBLE PRECISION"
+    columns = "id BIGINT, person BIGINT, i BIGINT, g TEXT, v DOUBLE PRECISION, h BIGINT"
     with table_with_rows(request, tmp_path, "qskew", columns, _rows()) as made:
         yield made
 
@@ -98,10 +103,11 @@ def engines(skewed: tuple[str, str], tmp_path: Path
             ) -> Iterator[Callable[..., Engine]]:
     made: list[Engine] = []
 
-    def make(ranked: bool, k: int = K) -> Engine:
+    def make(ranked: bool, k: int = K, contribution: str = "fixed") -> Engine:
         url, table = skewed
         path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
         path.write_text(POLICY.format(url=url, table=table, k=k, upper=UPPER,
+                                      contribution=contribution,
                                       ranked="true" if ranked else "false"))
         engine = Engine(load_policy(path), block_ttl_seconds=0)
         engine.warm_up(wait=True)
@@ -137,7 +143,7 @@ def _expected(passing: Callable[[Row], bool], grouped: bool
     """By hand, every filtered row with a value (nothing binds): (g index?, bin) -> rows."""
     out: dict[tuple[object, ...], int] = collections.Counter()
     for row in _rows():
-        _, _, _, g, v = row
+        _, _, _, g, v, _ = row
         if v is None or not passing(row) or (grouped and g == "z"):
             continue
         out[(("a", "b").index(g), _bin(v)) if grouped else (_bin(v),)] += 1
@@ -201,6 +207,55 @@ def test_each_unit_keeps_min_of_its_counted_rows_and_k(
         assert max(kept.values()) <= K
 
 
+def _grouped_statement(engine: Engine, sql: str, cap: int, groups: int) -> str:
+    """The histogram statement at a chosen cap and groups per unit (keys released by a
+    threshold, contribution = "auto"): the selection's final plan."""
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0, delta=1e-6)
+    assert prepared.selection is not None
+    final = prepared.selection.apply(Choices(cap=cap, bounds=(), groups=groups))
+    (statement,) = [s for _, s in final.detail.histograms]
+    return statement
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["union", "split"])
+def test_groups_per_unit_are_bounded_over_the_copy(
+        skewed: tuple[str, str], engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch,
+        split: bool) -> None:
+    """Keys released by a threshold (i % 2: at most 2 groups per unit), g < k chosen: the
+    copy's light units (n_u <= g) by a plain scan, the others by g groups drawn afresh then
+    k rows in stored order (``ranked_group_branches``).  With g = 2, k = 40 nothing binds:
+    the hand count, as per-query bounding's; with g = 1, k = 3 each unit keeps
+    min(c_ug, 3) rows of one of its groups."""
+    monkeypatch.setattr(quantile_kind, "SPLIT_DIALECTS", frozenset({"duckdb", "postgres"}
+                                                                   if split else ()))
+    sql = f"SELECT h, MEDIAN(v) FROM {skewed[1]} WHERE i < 30 GROUP BY h"
+    counted: dict[tuple[object, ...], int] = collections.Counter()
+    per_group: dict[tuple[int, int], int] = collections.Counter()
+    for _, person, i, _, v, _ in _rows():
+        if v is not None and i < 30:
+            counted[(i % 2, _bin(v))] += 1
+            per_group[(person, i % 2)] += 1
+    ranked, per_query = engines(True, 40, "auto"), engines(False, 40, "auto")
+    statement = _grouped_statement(ranked, sql, 40, 2)
+    assert "__ranked_" in statement and "__chorus_unit_rows <= 2" in statement
+    assert "__chorus_grank" in statement and ("chorus_parts" in statement) == split
+    for engine, text in ((ranked, statement), (per_query, _grouped_statement(per_query, sql,
+                                                                              40, 2))):
+        rows = engine.backend.run(text).rows
+        assert {(int(g), int(b)): int(n) for g, b, n in rows} == counted
+    bound = _grouped_statement(ranked, sql, K, 1)
+    for _ in range(5):  # fresh group draws each run
+        kept: dict[tuple[int, int], int] = collections.Counter()
+        for g, b, n in ranked.backend.run(bound).rows:
+            assert counted[(int(g), int(b))] >= int(n)
+            kept[(_unit(int(b)), int(g))] += int(n)
+        units = collections.Counter(u for u, _ in kept)
+        assert all(c == 1 for c in units.values())  # one group per unit
+        assert set(units) == {u for u, _ in per_group}  # every unit keeps rows
+        for (u, g), n in kept.items():
+            assert n == min(per_group[(u, g)], K)
+
+
 def test_the_answer_and_report_are_those_of_per_query_bounding(
         skewed: tuple[str, str], engines: Callable[..., Engine]) -> None:
     sql = f"SELECT g, MEDIAN(v), COUNT(*) FROM {skewed[1]} GROUP BY g"
@@ -223,12 +278,12 @@ def test_a_replaced_copy_is_never_read(skewed: tuple[str, str],
     sql = f"SELECT MEDIAN(v) FROM {table}"
     (first,) = _statements(engine, sql)
     if url.startswith("duckdb"):
-        engine.backend.run_owned([f"INSERT INTO {table} VALUES (1000, 7, 0, 'a', 7.0)"])
+        engine.backend.run_owned([f"INSERT INTO {table} VALUES (1000, 7, 0, 'a', 7.0, 0)"])
     else:
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as con:
-            con.execute(f"INSERT INTO {table} VALUES (1000, 7, 0, 'a', 7.0)")
+            con.execute(f"INSERT INTO {table} VALUES (1000, 7, 0, 'a', 7.0, 0)")
             con.execute("SELECT pg_stat_force_next_flush()")
     for _ in range(50):  # the statistics collector may lag a little on Postgres
         (second,) = _statements(engine, sql)

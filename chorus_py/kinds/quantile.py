@@ -62,7 +62,6 @@ from rewriters.dialect import dialect
 from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY, SPLIT_DIALECTS
 from rewriters.quantiles import (
-    groups_bounded,
     quantile_finish,
     quantile_group_units,
     quantile_histogram,
@@ -237,8 +236,7 @@ class QuantileKind:
             prepared = self._prepare(analysis, epsilon, delta, reads,
                                      lambda q, spec: quantile_histogram(
                                          q, spec.argument, spec.lower, spec.upper, BINS,
-                                         restriction, sample,
-                                         None if groups_bounded(q) else ranked, split),
+                                         restriction, sample, ranked, split),
                                      restriction=restriction, sample=sample, chosen=chosen,
                                      reused=reused)
             self._prepared.put(key, prepared)
@@ -246,11 +244,10 @@ class QuantileKind:
 
     def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
                 ) -> tuple[str, str] | None:
-        """The ranked copy the histograms may read (``rewriters.quantiles``): with per-query
+        """The ranked copy the histograms read (``rewriters.quantiles``): with per-query
         bounding of one unit column, once it is built (None while it is being built: the
-        rows are ranked per query, the same kept-row distribution).  A histogram whose rows
-        are first bounded to g groups per unit ranks them per query all the same
-        (``group_bound``: its caller passes no copy then)."""
+        rows are ranked per query, the same kept-row distribution).  The units gate's
+        distinct-units statement (``quantile_group_units``) still ranks per query."""
         if sample is not None or not ranked_copy_applies(query.table_policy) \
                 or not isinstance(query.table_policy.privacy_unit, str):
             return None
