@@ -10,6 +10,7 @@ the kept rows of every unit can be read off the histogram.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import uuid
@@ -22,8 +23,9 @@ import pytest
 from chorus_py.engine import Engine
 from chorus_py.kinds import quantile as quantile_kind
 from chorus_py.kinds.quantile import BINS, QuantileDetail
-from chorus_py.kinds.selection import Choices
+from chorus_py.kinds.selection import CELLS, Choices
 from chorus_py.policy import load_policy
+from mechanisms.caps import cap_bins
 from rewriters.contribution import ranked_table
 from tests.conftest import table_with_rows
 
@@ -322,3 +324,36 @@ def test_kept_rows_are_uniform_among_the_counted_rows() -> None:
     for b in range(2, 6):  # Binomial(600, 1/2): sd 12.2; 5 sd either side
         assert abs(counts[b] - runs / 2) < 62, counts
     assert counts[0] == counts[1] == 0
+
+
+def test_the_cap_selection_reads_the_stored_row_counts(
+        skewed: tuple[str, str], engines: Callable[..., Engine]) -> None:
+    """contribution = "auto" with no filter: the cap histogram reads the copy's stored row
+    counts n_u on each unit's rank-1 row (one plain scan, ``kinds.selection.stored_counts``),
+    the same exact counts as counting each unit's rows on the table (hand count; NULL values
+    count as rows there too); with a filter it counts the filtered rows per unit as before."""
+    table = skewed[1]
+    ranked, per_query = engines(True, 40, "auto"), engines(False, 40, "auto")
+    starts = cap_bins(40)
+    by_hand = collections.Counter(bisect.bisect_right(starts, min(n, 40)) - 1
+                                  for n in SIZES.values())
+    sql = f"SELECT MEDIAN(v) FROM {table}"
+    _, prepared = ranked.prepare(sql, "alice", epsilon=1.0)
+    assert prepared.selection is not None
+    ((what, _, stored),) = prepared.selection.histograms
+    assert what == CELLS and "__ranked_" in stored and "__chorus_rank = 1" in stored
+    marks = collections.Counter()
+    for k, wc in ranked.backend.run(stored).rows:  # (min(n_u, limit), units marked)
+        marks[bisect.bisect_right(starts, int(k)) - 1] += int(wc)
+    assert +marks == by_hand
+    _, prepared = per_query.prepare(sql, "alice", epsilon=1.0)
+    ((what, _, counted),) = prepared.selection.histograms
+    assert what == ("cap",) and "__ranked_" not in counted
+    assert {int(b): int(n) for b, n in per_query.backend.run(counted).rows} == by_hand
+    _, prepared = ranked.prepare(f"SELECT MEDIAN(v) FROM {table} WHERE i >= 2", "alice",
+                                 epsilon=1.0)
+    ((what, _, counted),) = prepared.selection.histograms
+    assert what == ("cap",) and "__ranked_" not in counted
+    # The answer runs: the selection reads the stored cells, then the quantile is drawn.
+    result = ranked.execute(sql, "alice", epsilon=1.0)
+    assert result.report.epsilon == 1.0 and len(result.rows) == 1

@@ -48,7 +48,7 @@ from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
-from chorus_py.kinds.selection import Choices, with_contribution
+from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from chorus_py.stores.samples import ranked_copy_applies
@@ -237,8 +237,8 @@ class QuantileKind:
                                      lambda q, spec: quantile_histogram(
                                          q, spec.argument, spec.lower, spec.upper, BINS,
                                          restriction, sample, ranked, split),
-                                     restriction=restriction, sample=sample, chosen=chosen,
-                                     reused=reused)
+                                     restriction=restriction, sample=sample, ranked=ranked,
+                                     chosen=chosen, reused=reused)
             self._prepared.put(key, prepared)
         return prepared
 
@@ -318,7 +318,8 @@ class QuantileKind:
                  histogram: Callable[[AggregateQuery, QuantileSpec], exp.Select], *,
                  table: TableGroups | None = None,
                  restriction: BlockRestriction | None = None,
-                 sample: tuple[str, str] | None = None, chosen: Choices | None = None,
+                 sample: tuple[str, str] | None = None,
+                 ranked: tuple[str, str] | None = None, chosen: Choices | None = None,
                  reused: bool = False) -> Prepared:
         """Plan and rewrite.  ``histogram`` builds a quantile's histogram statement over the
         query (of its one table, or of a join: ``table`` then holds the key combinations read
@@ -400,7 +401,7 @@ class QuantileKind:
             # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanisms
             # of that cost (as kinds.single does); the selection's share is in it.
             events = (Event.epsilon_delta(report.epsilon, report.delta),)
-            selection = self._selection(asked, epsilon, delta, eps_q, restriction,
+            selection = self._selection(asked, epsilon, delta, eps_q, restriction, ranked,
                                         lambda c: self._cached(asked, epsilon, delta, reads,
                                                                restriction, sample, c),
                                         cap_epsilon, max(len(groups), 1))
@@ -411,7 +412,7 @@ class QuantileKind:
                         selection=selection)
 
     def _selection(self, analysis: QuantileQuery, epsilon: float, delta: float, eps_q: float,
-                   restriction: BlockRestriction | None,
+                   restriction: BlockRestriction | None, ranked: tuple[str, str] | None,
                    apply: Callable[[Choices], Prepared], cap_epsilon: float, groups: int
                    ) -> QuantileSelection:
         """The cap choice of ``analysis`` (asked at the limit, one table): its histograms'
@@ -419,8 +420,12 @@ class QuantileKind:
         cap, from the mechanisms the quantiles would be drawn with at ``eps_q``; ``groups``:
         the public groups (1 without keys or with keys released by a threshold)."""
         query = analysis.query
+        block = query.table_policy.block
+        windows = None if block is None or ranked is None \
+            else self.services.blocks.windows(query.table, block)
         histograms = []
-        for what, size, build in quantile_histograms(query, restriction):
+        for what, size, build in quantile_histograms(
+                query, restriction, stored_counts(query, restriction, windows, ranked)):
             sql = dialect(build(), self.services.dialect, copy=False).sql(
                 self.services.dialect, copy=False)
             # The selection noises it in the proxy.

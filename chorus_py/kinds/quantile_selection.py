@@ -3,7 +3,9 @@
 The same machinery as the analytic kinds' :class:`~chorus_py.kinds.selection.Selection`: the
 cap histogram of ``rewriters.pipeline.cap_histogram`` (units per bin of their rows in the
 query's filtered rows, ``mechanisms.caps.cap_bins``; L1 sensitivity 1, discrete Laplace noise
-of scale 1 / epsilon_h), and for keys released by a threshold first the histogram of distinct
+of scale 1 / epsilon_h; when the query filters nothing but all its table's blocks, the same
+counts read from the ranked copy's stored row counts: ``kinds.selection.cells``), and for keys
+released by a threshold first the histogram of distinct
 groups per unit (``rewriters.selection.group_histogram``, sensitivity 1), read as
 ``mechanisms.caps.RowModel``.  What differs is the rule: the cap minimises rows dropped plus the
 exponential mechanism's rank error (``mechanisms.quantile_cap``), and the groups per unit are
@@ -25,9 +27,12 @@ from typing import Any
 
 from analyses.query import AggregateQuery
 from chorus_py.kinds.selection import (
+    CELLS,
+    STORED,
     Choices,
     Histogram,
     bounds_groups,
+    cells,
     histogram,
     noisy_units,
 )
@@ -36,7 +41,7 @@ from mechanisms.caps import cap_bins, choose_groups_checked
 from mechanisms.quantile_cap import choose_quantile_cap
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
-from rewriters.selection import group_histogram
+from rewriters.selection import choice_histogram, group_histogram
 
 
 @dataclass(frozen=True)
@@ -74,20 +79,33 @@ class QuantileSelection:
                 histogram(statements, run, *sized[("groups",)]), limit, eps_h))
             per_unit, fell_back = group_choice.groups, group_choice.noise_dominated
         # Only the noisy histogram leaves: the exact one goes no further than noisy_units.
-        rows = noisy_units(histogram(statements, run, *sized[("cap",)]), limit, eps_h)
+        if ("cap",) in sized:
+            exact = histogram(statements, run, *sized[("cap",)])
+        else:  # the ranked copy's stored row counts: the cap marginal of its cells
+            exact = cells(statements, run, sized[CELLS][1], limit, (), stored=True)[("cap",)]
+        rows = noisy_units(exact, limit, eps_h)
         cap = choose_quantile_cap(rows, self.ps, self.rank_error, self.groups).cap
         return Choices(cap, (), per_unit, reusable=not fell_back)
 
 
-def quantile_histograms(query: AggregateQuery, restriction: BlockRestriction | None
+def quantile_histograms(query: AggregateQuery, restriction: BlockRestriction | None,
+                        stored: tuple[str, str] | None = None
                         ) -> Sequence[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of a quantile query, in the order :meth:`QuantileSelection.
-    choose` reads them: (what, bins, a function building its tree) each."""
+    choose` reads them: (what, bins, a function building its tree) each.  ``stored``: the
+    ranked copy whose stored row counts are the query's rows per unit (``kinds.selection.
+    stored_counts``): the cap histogram is then its cells statement (``CELLS``, a plain scan
+    of the rank-1 rows' counts, ``rewriters.selection.choice_histogram``, whose exact result
+    the proxy keeps for the copy's lifetime), not a GROUP BY unit over the table."""
     starts = cap_bins(query.table_policy.contribution_bound)
     builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
     if bounds_groups(query):
         builds.append((("groups",), len(starts),
                        lambda: group_histogram(query, restriction, None, starts)))
-    builds.append((("cap",), len(starts),
-                   lambda: cap_histogram(query, restriction, None, starts)))
+    if stored is not None:
+        builds.append((CELLS, STORED,
+                       lambda: choice_histogram(query, (), starts, restriction, None, stored)))
+    else:
+        builds.append((("cap",), len(starts),
+                       lambda: cap_histogram(query, restriction, None, starts)))
     return builds

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from analyses.blocks import BlockWindows
 from analyses.query import AggregateQuery, display_sql
 from chorus_py.backends import ResultSet
 from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
@@ -169,6 +170,26 @@ def _exact_histograms(statements: Statements, run: QueryRun,
                                clipped, stored=size == STORED))
         return split[what]
     return exact_of
+
+
+def stored_counts(query: AggregateQuery, restriction: BlockRestriction | None,
+                  windows: BlockWindows | None, ranked: tuple[str, str] | None
+                  ) -> tuple[str, str] | None:
+    """The ranked copy ``ranked`` when its stored row counts are the query's rows per unit:
+    the query filters nothing but its claimed blocks (``restriction``), and claims every
+    block of the table's schedule (``windows``: the copy holds the rows of the schedule when
+    it was built, which only grows: every one of them passes).  Then the selection
+    histograms read the counts instead of counting (``rewriters.selection.
+    choice_histogram``)."""
+    if ranked is None or query.where is not None or (
+            query.thresholded and any(k.public_values is not None for k in query.keys)):
+        return None
+    if query.table_policy.block is None:
+        return ranked
+    if restriction is None or windows is None or restriction.windows \
+            or restriction.start != windows.start or restriction.end != windows.end:
+        return None
+    return ranked
 
 
 # The name of the one statement holding the cap and clipping histograms (its "bins": STORED

@@ -37,6 +37,7 @@ from chorus_py.kinds.selection import (
     cap_matters,
     cap_stays_at_limit,
     histogram_builders,
+    stored_counts,
     with_contribution,
 )
 from chorus_py.kinds.templates import one_table_sql
@@ -284,23 +285,14 @@ class SingleTableKind:
 
     def _stored_counts(self, query: AggregateQuery, ranked: tuple[str, str] | None
                        ) -> tuple[str, str] | None:
-        """The ranked copy when its stored row counts are the query's rows per unit: the query
-        filters nothing but its claimed blocks, and claims every block of the schedule (the
-        copy holds the rows of the schedule when it was built, which only grows: every one
-        of them passes).  Then the selection histograms read the counts instead of counting
-        (``rewriters.selection.choice_histogram``)."""
-        if ranked is None or query.where is not None or (
-                query.thresholded and any(k.public_values is not None for k in query.keys)):
-            return None
+        """The ranked copy when its stored row counts are the query's rows per unit
+        (``kinds.selection.stored_counts``)."""
         block = query.table_policy.block
-        if block is None:
-            return ranked
+        if ranked is None or block is None:
+            return stored_counts(query, None, None, ranked)
         _, restriction = self._blocks(query)
-        windows = self.services.blocks.windows(query.table, block)
-        if restriction is None or restriction.windows or restriction.start != windows.start \
-                or restriction.end != windows.end:
-            return None
-        return ranked
+        return stored_counts(query, restriction,
+                             self.services.blocks.windows(query.table, block), ranked)
 
     def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None
                               ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
