@@ -111,6 +111,8 @@ class Statements:
         self._stored: LRU[str, ResultSet] = LRU(256)
         # What run_stored_as derived from them: (the result it came from, the value).
         self._derived: LRU[tuple[str, Hashable], tuple[ResultSet, Any]] = LRU(256)
+        # What run_remembered derived, without the result it came from: (the value,).
+        self._remembered: LRU[tuple[str, Hashable], tuple[Any]] = LRU(256)
         self._scratch: duckdb.DuckDBPyConnection | None = None  # opened on first proxy noise
         self._scratch_lock = threading.Lock()
 
@@ -277,6 +279,23 @@ class Statements:
         elif run is not None:
             run.read()
         return hit
+
+    def run_remembered(self, sql: str, run: QueryRun | None, what: Hashable,
+                       derive: Callable[[ResultSet], T]) -> T:
+        """:meth:`run_stored_as` that keeps only the derived value, not the result: for a
+        statement over stored relations whose text the analyst shapes (a filter), so that
+        many texts hold many small derived values (a selection's marginals) and never many
+        results.  ``derive`` must be a pure function of the result; its value is shared by
+        every later call (the caller must not change it).  A value read from memory counts
+        as rows read, as in :meth:`run_stored`."""
+        hit = self._remembered.get((sql, what))
+        if hit is None:
+            value = derive(self.run(sql, run))
+            self._remembered.put((sql, what), (value,))
+            return value
+        if run is not None:
+            run.read()
+        return hit[0]
 
     def run_stored_as(self, sql: str, run: QueryRun | None, what: Hashable,
                       derive: Callable[[ResultSet], T]) -> T:

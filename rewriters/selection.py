@@ -154,7 +154,8 @@ def choice_histogram(query: AggregateQuery,
                      arguments: Sequence[tuple[ClippedArgument, Sequence[float]]],
                      starts: Sequence[int], restriction: BlockRestriction | None,
                      sample: tuple[str, str] | None,
-                     stored: tuple[str, str] | None = None) -> exp.Select:
+                     stored: tuple[str, str] | None = None,
+                     copy: tuple[str, str] | None = None) -> exp.Select:
     """The cap histogram and the clipping histograms of ``arguments`` (each with its bin edges,
     largest first) in ONE statement: one pass over the query's filtered rows instead of one
     per histogram (issue 23).
@@ -178,6 +179,9 @@ def choice_histogram(query: AggregateQuery,
     exactly one row of every unit that has a filtered row, whichever order the engine numbers
     them in (the mark says nothing about the row; only the unit's count reaches the key).  The
     windows share one partition (the unit): one sort or hash partition of the filtered rows.
+    Equivalent aggregations (GROUP BY unit joined back to the rows, GROUP BY (unit, bin) then
+    windows over the pairs) measured no cheaper on both engines taken together
+    (benchmarks/RESULTS.md, "aggregation shapes against the window passes").
 
     ``stored`` names (schema, table) of the ranked copy (``rewriters.contribution.
     ranked_table``) when the query has no filter but its claimed blocks, which hold every row
@@ -190,6 +194,15 @@ def choice_histogram(query: AggregateQuery,
     path only: the weight is 1 / n_u, not 1 / (non-NULL values), so a unit with NULL values of
     i weighs (non-NULL values) / n_u < 1 there instead of 1: less weight, never more, the same
     sensitivity bound 1 and the same noise; identical when i has no NULLs.
+
+    ``copy`` names the ranked copy when the query filters its rows (``stored`` is None): the
+    windows then read the filtered rows from the copy instead of the table.  The copy holds
+    every scheduled row of the table (``rewriters.contribution.ranked_table``: the table's rows
+    with two more columns), and the claimed blocks are scheduled, so the filter and the blocks
+    keep exactly the rows they keep in the table: the same cells, the same sensitivity.  What
+    it buys is a result that is a function of the copy alone, which never changes under its
+    name, so the proxy runs it once per text and copy and reads it from memory after
+    (``kinds.selection.cells``; the windowed pass is the choices' whole cost, issue 23).
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -232,7 +245,9 @@ def choice_histogram(query: AggregateQuery,
                     exp.alias_(_mark(numbered), CAP_WEIGHT)]
         weights = [exp.Div(this=one.copy(), expression=by_unit(exp.Count(this=v.copy())))
                    for v in values]
-        rows = filtered_rows(query, restriction, sample)
+        if copy is not None and sample is not None:
+            raise ValueError("the cells read a stored sample or the ranked copy, not both")
+        rows = filtered_rows(query, restriction, sample, copy)
         reader = exp.select(*per_unit, *magnitudes).from_(rows.subquery(alias, copy=False),
                                                           copy=False)
     for i, (value, weight) in enumerate(zip(values, weights, strict=True)):

@@ -21,8 +21,17 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from analyses.outgoing import Refused, verify
+from chorus_py.backends.base import SCHEMA
 from chorus_py.engine import Engine
-from chorus_py.kinds.selection import CELLS, STORED, WINDOWED, cells, histogram_builders, parts
+from chorus_py.kinds.selection import (
+    CELLS,
+    COPIED,
+    STORED,
+    WINDOWED,
+    cells,
+    histogram_builders,
+    parts,
+)
 from mechanisms.caps import cap_bins
 from mechanisms.clip_bounds import STEPS, magnitude_edges
 from rewriters.dialect import dialect
@@ -131,9 +140,9 @@ def _clip(exact: dict[tuple[str, ...], np.ndarray], column: str) -> np.ndarray:
 
 @pytest.mark.parametrize("where, passing, shape", [
     ("", lambda r: True, STORED),
-    ("WHERE v >= 2", lambda r: r[2] is not None and r[2] >= 2, WINDOWED),
+    ("WHERE v >= 2", lambda r: r[2] is not None and r[2] >= 2, COPIED),
     # By row id: cuts units unevenly, NULLs included.
-    ("WHERE id % 3 <> 0", lambda r: r[0] % 3 != 0, WINDOWED),
+    ("WHERE id % 3 <> 0", lambda r: r[0] % 3 != 0, COPIED),
 ])
 def test_one_statement_gives_the_hand_computed_histograms(
         scratch: Callable[..., Engine], where: str, passing: Callable[[Row], bool],
@@ -181,7 +190,7 @@ def test_same_histograms_as_the_separate_statements(scratch: Callable[..., Engin
         assert sum(_clip(exact, '"v"')) == pytest.approx(sum(_clip(separate, '"v"')) - 0.5)
     else:
         np.testing.assert_allclose(_clip(exact, '"v"'), _clip(separate, '"v"'), rtol=1e-12)
-    assert shape == (STORED if not where else WINDOWED)
+    assert shape == (STORED if not where else COPIED)
 
 
 @pytest.mark.parametrize("where", ["", "WHERE v >= 2"])
@@ -252,7 +261,9 @@ def test_a_cap_histogram_alone(scratch: Callable[..., Engine], where: str,
         assert exact[("cap",)].tolist() == _reference(SIZES, lambda r: True)[0].tolist()
 
 
-@pytest.mark.parametrize("where, shape", [("", STORED), ("WHERE v > 1", WINDOWED)])
+@pytest.mark.parametrize("where, shape", [
+    ("", STORED), ("WHERE v > 1", COPIED),
+    ("WHERE v > 1 AND CURRENT_DATE > DATE '2000-01-01'", WINDOWED)])
 def test_the_cap_histogram_is_counted_in_whole_units(scratch: Callable[..., Engine], where: str,
                                                      shape: int) -> None:
     """The cap weights are marks (1 on one row per unit, 0 on the others): the database sums
@@ -264,6 +275,89 @@ def test_the_cap_histogram_is_counted_in_whole_units(scratch: Callable[..., Engi
     assert rows
     for row in rows:
         assert not isinstance(row[1], float) and int(row[1]) == row[1], row
+
+
+# -- a filtered query's cells over the ranked copy (COPIED) ----------------------------------
+def _both_sources(engine: Engine, sql: str
+                  ) -> list[dict[tuple[str, ...], np.ndarray]]:
+    """The exact histograms of ``sql``'s cells statement over the copy's filtered rows, then
+    over the table's."""
+    _, prepared = engine.prepare(sql, "alice", epsilon=10.0)
+    assert prepared.selection is not None
+    detail, clipped = prepared.detail, parts(prepared.selection.query)[1]
+    copy, = [t for t in engine.backend.owned_tables() if t.startswith("choice_t__ranked_")]
+    out = []
+    for source in ((SCHEMA, copy), None):
+        (what, shape, build), = histogram_builders(detail.query, detail.restriction, None,
+                                                   one_statement=True, copy=source)
+        assert what == CELLS and shape == (COPIED if source else WINDOWED)
+        statement = dialect(build(), engine.dialect).sql(engine.dialect)
+        assert ("__ranked_" in statement) == (source is not None)
+        out.append(cells(engine.statements, None, statement, LIMIT, clipped, stored=False))
+    return out
+
+
+@pytest.mark.parametrize("where", ["WHERE v >= 2 OR v IS NULL", "WHERE person <> 3",
+                                   "WHERE id % 3 <> 0 AND w > -20"])
+def test_the_copy_gives_the_histograms_of_the_table(scratch: Callable[..., Engine],
+                                                    where: str) -> None:
+    """The same histograms: the copy's filtered rows are the table's (every scheduled row,
+    two more columns), so the marks add up to the same integers and the weights to the same
+    sums.  (A single cell may differ: which row of a unit bears its mark is arbitrary, and
+    the mark lands in that row's bins; only its count of rows reaches the cap marginal.)"""
+    engine = _engine(scratch)
+    over_copy, over_table = _both_sources(engine,
+                                          f"SELECT SUM(v), AVG(w) FROM choice_t {where}")
+    assert set(over_copy) == set(over_table)
+    assert over_copy[("cap",)].tolist() == over_table[("cap",)].tolist()
+    for what in over_copy:
+        np.testing.assert_allclose(over_copy[what], over_table[what], rtol=1e-12, atol=1e-12)
+
+
+def _spied(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ran: list[str] = []
+    run = engine.backend.run
+
+    def spy(sql: str, *args: object, **kwargs: object) -> object:
+        ran.append(sql)
+        return run(sql, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.backend, "run", spy)
+    return ran
+
+
+def test_a_filtered_querys_cells_run_once(scratch: Callable[..., Engine],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Choices never reused (choice_reuse_seconds = 0, the default): every run chooses again
+    from freshly noised histograms, but the copy's cells run on the database once, for this
+    text and for another with the same filter and summed column; each run pays its choice."""
+    engine = _engine(scratch)
+    ran = _spied(engine, monkeypatch)
+    charged = []
+    for sql in ["SELECT SUM(v) FROM choice_t WHERE v > 1"] * 3 \
+            + ["SELECT AVG(v) FROM choice_t WHERE v > 1"]:
+        report = engine.execute(sql, analyst="alice", epsilon=10.0).report
+        assert report.contribution.steps[0].mechanism == "discrete_laplace"  # chosen again
+        charged.append(report.contribution.epsilon)
+    cells_run = [s for s in ran if "__ranked_" in s and "chorus_noisy" not in s
+                 and not s.startswith("EXPLAIN")]
+    assert len(cells_run) == 1, cells_run
+    assert charged == [pytest.approx(1.0)] * 4
+
+
+def test_a_filter_on_the_current_date_reads_the_table_every_time(
+        scratch: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
+    """CURRENT_DATE keeps other rows another day: the cells are not remembered (WINDOWED,
+    over the table), so they run again for every choice."""
+    engine = _engine(scratch)
+    sql = "SELECT SUM(v) FROM choice_t WHERE v > 1 AND CURRENT_DATE > DATE '2000-01-01'"
+    assert _statement(engine, sql)[0] == WINDOWED
+    ran = _spied(engine, monkeypatch)
+    for _ in range(2):
+        engine.execute(sql, analyst="alice", epsilon=10.0)
+    windowed = [s for s in ran if "OVER (PARTITION BY" in s and "__ranked_" not in s
+                and "chorus_noisy" not in s and not s.startswith("EXPLAIN")]
+    assert len(windowed) == 2, windowed
 
 
 # -- brute force: small skewed tables, both shapes, both backends -----------------------------
@@ -338,7 +432,7 @@ def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine]
                                  epsilon=10.0)
     assert prepared.selection is not None
     (_, shape, statement), = prepared.selection.histograms
-    assert shape == (STORED if not where else WINDOWED)
+    assert shape == (STORED if not where else COPIED)
     exact = cells(engine.statements, None, statement, LIMIT,
                   parts(prepared.selection.query)[1], stored=shape == STORED)
     cap, vectors = _brute_force(rows, passing, stored=shape == STORED)
@@ -351,6 +445,9 @@ def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine]
 # -- the outgoing verifier (wall 4) over the new shapes -------------------------------------------
 SUM_ALL = "SELECT SUM(fare) FROM trips"
 SUM_FILTERED = "SELECT city, SUM(fare) FROM trips WHERE fare > 30 GROUP BY city"
+#: A filter that keeps other rows another day: its cells read the table (``copy_cells``).
+SUM_TODAY = ("SELECT city, SUM(fare) FROM trips WHERE fare > 30 "
+             "AND pickup_time < CURRENT_TIMESTAMP GROUP BY city")
 
 
 @pytest.fixture
@@ -369,7 +466,8 @@ def _refused(engine: Engine, sql: str, match: str) -> None:
                frozenset({"trips"}))
 
 
-@pytest.mark.parametrize("query, shape", [(SUM_ALL, STORED), (SUM_FILTERED, WINDOWED)])
+@pytest.mark.parametrize("query, shape", [(SUM_ALL, STORED), (SUM_FILTERED, COPIED),
+                                          (SUM_TODAY, WINDOWED)])
 def test_real_selection_statements_pass(trips: Engine, query: str, shape: int) -> None:
     got, sql = _selection_sql(trips, query)
     assert got == shape

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from sqlglot import exp
 
 from analyses.blocks import BlockWindows
 from analyses.query import AggregateQuery, display_sql
@@ -167,7 +168,7 @@ def _exact_histograms(statements: Statements, run: QueryRun,
         if not split:
             size, sql = sized[CELLS]
             split.update(cells(statements, run, sql, query.table_policy.contribution_bound,
-                               clipped, stored=size == STORED))
+                               clipped, stored=size == STORED, copied=size == COPIED))
         return split[what]
     return exact_of
 
@@ -193,17 +194,18 @@ def stored_counts(query: AggregateQuery, restriction: BlockRestriction | None,
 
 
 # The name of the one statement holding the cap and clipping histograms (its "bins": STORED
-# when it reads the ranked copy's stored row counts, WINDOWED otherwise).
+# when it reads the ranked copy's stored row counts, COPIED when its windows read the ranked
+# copy's filtered rows, WINDOWED when they read the table's).
 CELLS = ("cells",)
-STORED, WINDOWED = 1, 0
+STORED, WINDOWED, COPIED = 1, 0, 2
 # At most this many clipped arguments share the cells statement with the cap histogram: its
 # rows are the cells of the joint histogram, up to (cap bins) x (STEPS + 2)^n of them.
 CELLS_ARGUMENTS = 2
 
 
-def cells(statements: Statements, run: QueryRun, sql: str, limit: int,
-          clipped: tuple[ClippedArgument, ...], stored: bool) -> dict[tuple[str, ...],
-                                                                     np.ndarray]:
+def cells(statements: Statements, run: QueryRun | None, sql: str, limit: int,
+          clipped: tuple[ClippedArgument, ...], stored: bool, copied: bool = False
+          ) -> dict[tuple[str, ...], np.ndarray]:
     """Run ``rewriters.selection.choice_histogram``'s statement and sum its cells into the
     exact cap histogram and the exact clipping histogram of every argument.
 
@@ -215,15 +217,25 @@ def cells(statements: Statements, run: QueryRun, sql: str, limit: int,
     a row of the copy filtered out, the unit would add at most 1 there: still <= 1).  The
     clipping marginals sum the per-row weights of ``choice_histogram`` (L1 sensitivity 1
     each, derived there), noised by the snapping mechanism.
+
+    ``stored`` (the copy's stored counts) and ``copied`` (the windows over the copy's
+    filtered rows): the statement reads only the ranked copy, which never changes under its
+    name, so its exact marginals are remembered by its text (which names the copy) and every
+    later query noises them afresh: the same exact histograms, each use its own noise and its
+    own charge, as when the statement runs again.  Over filtered rows only the marginals are
+    kept (``Statements.run_remembered``): analysts write the filters, so there may be many.
     """
     def marginals(result: ResultSet) -> dict[tuple[str, ...], np.ndarray]:
         return _marginals(result.rows, limit, clipped)
 
+    if copied:
+        return statements.run_remembered(sql, run, (limit, tuple(a.key for a in clipped)),
+                                         lambda result: _read_only(marginals(result)))
     if not stored:
         return marginals(statements.run(sql, run))
-    # Over stored row counts the statement reads only the ranked copy, which never changes
-    # under its name: its exact cells, and so their marginals, are kept in memory (read-only)
-    # and noised afresh by every query.
+    # The statement reads only the ranked copy, which never changes under its name: its exact
+    # cells, and so their marginals, are kept in memory (read-only) and noised afresh by every
+    # query.
     return statements.run_stored_as(sql, run, (limit, tuple(a.key for a in clipped)),
                                     lambda result: _read_only(marginals(result)))
 
@@ -273,15 +285,18 @@ def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.
 
 def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, one_statement: bool = False,
-                       stored: tuple[str, str] | None = None
+                       stored: tuple[str, str] | None = None,
+                       copy: tuple[str, str] | None = None
                        ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
     them: (what, bins, a function building its tree) each.
 
     ``one_statement``: the cap histogram and up to ``CELLS_ARGUMENTS`` clipping histograms
     come from one statement (``CELLS``, ``rewriters.selection.choice_histogram``), over the
-    ranked copy ``stored`` (its row counts, no window) when it is given.  The groups histogram
-    keeps its own statement, and so does a cap histogram alone over filtered rows."""
+    ranked copy ``stored`` (its row counts, no window) when it is given, else over the filtered
+    rows of the ranked copy ``copy`` (windows, a result remembered: ``cells``) when it is
+    given.  The groups histogram keeps its own statement, and so does a cap histogram alone
+    over filtered rows."""
     limit = query.table_policy.contribution_bound
     with_rows, clipped = parts(query)
     builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
@@ -296,9 +311,11 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
         starts = cap_bins(limit)
         arguments = [(arg, magnitude_edges(max(abs(arg.lower), abs(arg.upper))))
                      for arg in clipped]
-        builds.append((CELLS, STORED if stored is not None else WINDOWED,
+        over_copy = stored is None and copy is not None
+        builds.append((CELLS, STORED if stored is not None else COPIED if over_copy
+                       else WINDOWED,
                        lambda: choice_histogram(query, arguments, starts, restriction, sample,
-                                                stored)))
+                                                stored, copy if over_copy else None)))
         return builds
     for arg in clipped:
         edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))
@@ -309,6 +326,22 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
         builds.append((("cap",), len(starts),
                        lambda: cap_histogram(query, restriction, sample, starts)))
     return builds
+
+
+# Row functions whose value depends on when a statement runs, not on the rows alone.
+_OF_THE_MOMENT: tuple[type[exp.Expr], ...] = (
+    exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.CurrentDatetime, exp.Rand)
+
+
+def copy_cells(query: AggregateQuery) -> bool:
+    """Whether the choices' cells of a filtered ``query`` may read the ranked copy and be
+    remembered (``COPIED``): only when what the statement computes is a function of the rows
+    alone.  A filter on ``CURRENT_DATE`` keeps other rows tomorrow: a result remembered by its
+    text would then describe yesterday's rows (no privacy loss, every use is noised afresh,
+    but stale choices), so such a query reads the table every time."""
+    read = [query.where, *(k.expr for k in query.keys),
+            *(a.argument for a in clipped_arguments(query))]
+    return not any(e is not None and e.find(*_OF_THE_MOMENT) is not None for e in read)
 
 
 def parts(query: AggregateQuery) -> tuple[bool, tuple[ClippedArgument, ...]]:

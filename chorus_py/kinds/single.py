@@ -36,6 +36,7 @@ from chorus_py.kinds.selection import (
     bounds_groups,
     cap_matters,
     cap_stays_at_limit,
+    copy_cells,
     histogram_builders,
     stored_counts,
     with_contribution,
@@ -199,7 +200,11 @@ class SingleTableKind:
             # anything that follows the data (a stored sample's name changes with a
             # fingerprint of the rows): whether the choices are reused shows in the report,
             # and must not tell an analyst that rows changed (as budget.answers explains).
-            histograms = self._selection_statements(detail, self._stored_counts(query, ranked))
+            stored = self._stored_counts(query, ranked)
+            # A filtered query's cells read the copy's filtered rows instead of the table's
+            # (the same rows), so that their exact result is remembered by the copy's name.
+            copy = ranked if stored is None and copy_cells(query) else None
+            histograms = self._selection_statements(detail, stored, copy)
             selection = Selection(
                 detail.query, detail.plan, open_epsilon, histograms,
                 (asked.normalized_sql, epsilon, delta, restriction),
@@ -294,17 +299,19 @@ class SingleTableKind:
         return stored_counts(query, restriction,
                              self.services.blocks.windows(query.table, block), ranked)
 
-    def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None
+    def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None,
+                              copy: tuple[str, str] | None = None
                               ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
         """The selection histograms: (what, bins, SQL) each, in the order the selection reads
         them; the cap and clipping histograms in one statement (over the ranked copy's stored
-        row counts when ``stored`` names it).  Each SQL depends only on the query: built and
-        verified once per query shape."""
+        row counts when ``stored`` names it, over its filtered rows when ``copy`` does).  Each
+        SQL depends only on the query and the copy: built and verified once per query shape."""
         query = detail.query
         out = []
         for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
-                                                    one_statement=True, stored=stored):
-            key = (query.normalized_sql, detail.restriction, detail.sample, stored, *what)
+                                                    one_statement=True, stored=stored,
+                                                    copy=copy):
+            key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy, *what)
             sql = self._histograms.get(key)
             if sql is None:
                 sql = dialect(build(), self.services.dialect, copy=False).sql(
