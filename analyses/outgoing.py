@@ -884,7 +884,7 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
                  rules: OutgoingRules) -> exp.Select:
     """The SELECT ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY keys`` over
     exactly the two ``barriers``, the per-group aggregates of a ranked copy's light and heavy
-    branches (``rewriters.pipeline._combined``): each output a GROUP BY column passed through
+    branches (``rewriters.pipeline.combine_branches``): each output a GROUP BY column passed through
     or a SUM of a column (cast or not), nothing else.  A unit's rows feed one branch only
     (``_disjoint_branches``), so each sum is that of one aggregation over the union of the
     branches' rows and the stability of each branch, k, holds for the sum: were the branches

@@ -254,7 +254,7 @@ def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequenc
     two branches: the light one, the rows of the units with n_u <= g rows in the copy, and the
     heavy one, the kept rows of the others.  Each unit is in exactly one of them (n_u <= g,
     n_u > g: one literal), so their aggregates can be combined group by group
-    (``rewriters.pipeline._combined``); the light branch has only the copy's columns.
+    (``rewriters.pipeline.combine_branches``); the light branch has only the copy's columns.
 
     Light: a unit with n_u <= g rows has at most g filtered rows, hence at most g groups and
     g < k rows: ``group_bound`` and ``contribution`` would keep them all, and so does a plain

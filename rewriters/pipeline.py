@@ -45,9 +45,9 @@ from rewriters.noise import noise
 from rewriters.safety import safety
 
 NOISY = "chorus_noisy"
-PARTS = "chorus_parts"  # the light and heavy branches' per-group aggregates (_combined)
+PARTS = "chorus_parts"  # the light and heavy branches' per-group aggregates (combine_branches)
 # Where the ranked copy's light and heavy branches are aggregated apart and combined
-# (``_combined``).  Postgres runs ``light UNION ALL heavy`` under one aggregate serially (the
+# (``combine_branches``).  Postgres runs ``light UNION ALL heavy`` under one aggregate serially (the
 # heavy branch's window blocks a parallel plan); apart, the light branch, most of the rows,
 # runs with parallel workers (EXPLAIN ANALYZE, 1M demo trips, medians of 5: the answer of
 # issue 23's filtered SUM by city 280 -> 165 ms; notes/pgsplit.md).  DuckDB already runs the
@@ -108,7 +108,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     groups per unit g < k (thresholded keys), whole or not, only the units of more than g rows
     are bounded to g groups and k rows (``ranked_group_contribution``).  On the
     ``SPLIT_DIALECTS`` the light and heavy branches are aggregated apart and their per-group
-    measurements added (``_combined``).  A join reads the ranked copies ``copies`` (by table
+    measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
     alias) instead, those in ``covering`` whole when nothing filters them
     (``rewriters.joins.join_rows``).
     """
@@ -196,7 +196,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
             if query.keys:
                 part = part.group_by(*[safety(k.expr) for k in query.keys], copy=False)
             parts.append(part)
-        measure = _combined(parts[0], parts[1], [k.id for k in query.keys],
+        measure = combine_branches(parts[0], parts[1], [k.id for k in query.keys],
                             [(mid, integral[mid]) for mid in measure_ids])
     else:
         assert rows is not None
@@ -234,7 +234,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
 
 
-def _combined(light: exp.Select, heavy: exp.Select, key_ids: Sequence[str],
+def combine_branches(light: exp.Select, heavy: exp.Select, key_ids: Sequence[str],
               measures: Sequence[tuple[str, bool]]) -> exp.Select:
     """``SELECT keys, SUM(m) ... FROM (light UNION ALL heavy) GROUP BY keys``: the per-group
     measurements of the rows of both branches, from each branch's own aggregates.
@@ -266,7 +266,7 @@ def _combined(light: exp.Select, heavy: exp.Select, key_ids: Sequence[str],
 
 def _adds_up(query: AggregateQuery) -> bool:
     """Whether each measurement of ``query`` over the ranked copy's two branches is the sum of
-    its values over each branch (``_combined``).  A COUNT(DISTINCT x) of a column other than
+    its values over each branch (``combine_branches``).  A COUNT(DISTINCT x) of a column other than
     the unit is not: one value may occur in the rows of units of both branches."""
     return not any(m.kind == "count" and isinstance(m.argument, exp.Distinct)
                    for m in query.measurements)

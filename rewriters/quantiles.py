@@ -38,7 +38,7 @@ from rewriters.contribution import (
 )
 from rewriters.groups import public_filter
 from rewriters.joins import join_rows
-from rewriters.pipeline import NOISY, _combined, filtered_rows
+from rewriters.pipeline import NOISY, combine_branches, filtered_rows
 from rewriters.safety import safety
 
 
@@ -52,7 +52,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     ``ranked`` names (schema, table) of the table's ranked copy (per-query bounding: read
     instead of ranking every filtered row; never with a stored ``sample``).  ``split``: its light and heavy
     branches are counted apart and their counts added per (group, bin) (``rewriters.pipeline.
-    _combined``: no unit has rows in both, so each cell's sum is the count of one aggregation
+    combine_branches``: no unit has rows in both, so each cell's sum is the count of one aggregation
     over the union; Postgres then runs the light branch, most rows, with parallel workers).
 
     >>> from sqlglot import parse_one
@@ -81,7 +81,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         if split:
             light, heavy = _copy_branches(query, rows, unit)
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
-            return _combined(_histogram_of(query, argument, light, lower, upper, bins),
+            return combine_branches(_histogram_of(query, argument, light, lower, upper, bins),
                              _histogram_of(query, argument, heavy, lower, upper, bins),
                              [*(f"g{i}" for i in range(len(query.keys))), "b"], [("n", True)])
         return _histogram_of(query, argument, _copy_bounded(query, rows, unit), lower, upper,

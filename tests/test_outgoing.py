@@ -276,7 +276,7 @@ def test_the_attack_text_would_be_stopped_even_without_binding(engine: Engine) -
         _check(engine, bare, "exact", frozenset({"cities"}))
 
 
-# -- the ranked copy's branches aggregated apart and added (rewriters.pipeline._combined) --------
+# -- the ranked copy's branches aggregated apart and added (rewriters.pipeline.combine_branches)
 def _parts(engine: Engine, sql: str) -> tuple[exp.Select, exp.Union, list[exp.Select]]:
     """The combining SELECT, its UNION ALL and the two branch aggregations (light first)."""
     tree = _tree(engine, sql)

@@ -1,5 +1,5 @@
 """The ranked copy's light and heavy branches aggregated apart and added (Postgres's shape,
-``rewriters.pipeline._combined``) against one aggregate over ``light UNION ALL heavy``.
+``rewriters.pipeline.combine_branches``) against one aggregate over ``light UNION ALL heavy``.
 
 Both shapes read the same copy, so they keep the same rows: every exact measurement must be
 the same, group by group (counts exactly, sums up to the order of floating-point additions),
