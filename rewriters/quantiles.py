@@ -22,7 +22,7 @@ its k lowest ranks would keep fewer than min(c_u, k) of its counted rows.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from sqlglot import exp
 
@@ -129,12 +129,22 @@ def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lo
 def quantile_join_histogram(query: AggregateQuery, argument: exp.Expr, lower: float,
                             upper: float, bins: int,
                             restrictions: Mapping[str, BlockRestriction],
-                            samples: Mapping[str, tuple[str, str]] | None) -> exp.Select:
+                            samples: Mapping[str, tuple[str, str]] | None,
+                            copies: Mapping[str, tuple[str, str]] | None = None,
+                            covering: Collection[str] = ()) -> exp.Select:
     """The histogram of :func:`quantile_histogram` over the rows of a join: each table's
     bounded, block-restricted rows (``rewriters.joins.join_rows``), joined as the analyst
     wrote it.  The conditions the histogram adds (the value is not NULL, the keys are
     declared values) join the analyst's filter, so those that read one table are applied
     before its rows are bounded, as in a one-table query.
+
+    ``copies`` and ``covering``: the ranked copies the occurrences read, and those whose
+    blocks cover their copy (``join_rows``).  An occurrence reads its copy whole (stored
+    ranks ``<= c`` by a plain scan) only when no condition of its own filters it, and the
+    NOT NULL test on a value of one occurrence is such a condition: that side's light units
+    are kept whole and its heavy units' non-NULL rows ranked in stored order, so a unit with
+    NULL values among its lowest stored ranks still keeps min(c_u, c) counted rows.  A side
+    the NULL test does not read keeps min(c_u, c) of all its rows either way.
     """
     if not (upper > lower and bins >= 1):
         raise ValueError("a quantile histogram needs upper > lower and at least one bin")
@@ -148,7 +158,7 @@ def quantile_join_histogram(query: AggregateQuery, argument: exp.Expr, lower: fl
     old = tree.args.get("where")
     tree.set("where", exp.Where(this=exp.and_(*([old.this.copy()] if old else []), *extra)))
     bound = dataclasses.replace(query, join=dataclasses.replace(join, tree=tree))
-    rows = join_rows(bound, restrictions, samples)
+    rows = join_rows(bound, restrictions, samples, copies, covering)
     columns: list[exp.Expr] = [exp.alias_(
         safety(k.expr) if k.public_values is None else _key_index(safety(k.expr),
                                                                   k.public_values),

@@ -307,3 +307,19 @@ def test_a_join_keeps_s_with_automatic_caps(auto_rides: Engine) -> None:
         mixed.report.epsilon) == pytest.approx(20.0)
     assert [c.epsilon for c in auto_rides.ledger.claims()] == [
         pytest.approx(10.0), pytest.approx(10.0), pytest.approx(20.0)]
+
+
+def test_the_join_histogram_reads_the_ranked_copies(rides: Engine) -> None:
+    """Both private tables are bounded per query: the histogram reads their ranked copies
+    (``rewriters.joins.join_rows``), qj_rides ranked after the NULL test on r.v (light units
+    whole, heavy ones in stored order), qj_members (the test reads none of its columns) by its
+    stored ranks <= 1.  Each rider weighs min(c_u, 3) join rows: 40 rides of rider 1 keep 3."""
+    sql = "SELECT MEDIAN(r.v) " + MEMBERS
+    _, prepared = rides.prepare(sql, "alice", epsilon=1.0)
+    ((_, statement),) = prepared.detail.histograms
+    assert "qj_rides__ranked_" in statement and "qj_members__ranked_" in statement
+    assert "r.__chorus_unit_rows <=" in statement and "m.__chorus_rank <= 1" in statement
+    assert "RANDOM()" not in statement.upper()
+    per_rider = rides.backend.run("SELECT rider_id, COUNT(*) FROM qj_rides GROUP BY rider_id")
+    kept = sum(min(int(n), 3) for _, n in per_rider.rows)
+    assert sum(int(row[-1]) for row in rides.backend.run(statement).rows) == kept

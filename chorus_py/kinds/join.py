@@ -146,6 +146,38 @@ def discrete_laplace_of_scale(scale: float) -> DiscreteLaplace:
     return DiscreteLaplace(sensitivity=1.0, epsilon=epsilon, scale=scale)
 
 
+def join_copies(services: Services, join: JoinInfo,
+                restrictions: dict[str, BlockRestriction]
+                ) -> tuple[dict[str, tuple[str, str]], frozenset[str]]:
+    """The ranked copy each private occurrence bounded per query reads (by alias; none
+    while its copy is being built: that occurrence ranks its rows itself, the same answers,
+    slower), and the aliases among them whose claimed blocks cover the whole copy: no
+    block column, or one window from the schedule's start to its end (the copy holds the
+    rows of the schedule when it was built, which only grows: every one of them is in
+    the window).  As ``kinds.single`` decides for one table (``_stored_counts``).  Read by
+    this kind and by quantiles over joins (``kinds.quantile``), whose cache keys name the
+    copies: a copy's name changes with its table's version, so no stale copy is read."""
+    copies: dict[str, tuple[str, str]] = {}
+    covering: set[str] = set()
+    for src in join.private_sources:
+        if not ranked_copy_applies(src.policy):
+            continue
+        found = services.samples.ranked(src.table, src.policy)
+        if found is None:
+            continue
+        copies[src.alias] = (SCHEMA, found)
+        block = src.policy.block
+        restriction = restrictions.get(src.alias)
+        if block is None:
+            covering.add(src.alias)
+            continue
+        windows = services.blocks.windows(src.table, block)
+        if restriction is not None and not restriction.windows \
+                and restriction.start == windows.start and restriction.end == windows.end:
+            covering.add(src.alias)
+    return copies, frozenset(covering)
+
+
 class JoinTemplate:
     """The rewrite of a join query and its SQL text with the noise scales left as holes.
 
@@ -238,7 +270,7 @@ class JoinKind:
         samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
                    for s in join.private_sources
                    if s.policy.privacy_unit and s.policy.bounding == "materialized"}
-        copies, covering = self._copies(join, restrictions)
+        copies, covering = join_copies(services, join, restrictions)
         noise = services.policy.privacy.noise
         # The copies' names change with their tables' versions: a key that names them never
         # serves a statement reading a stale copy (as in kinds.single).
@@ -251,35 +283,6 @@ class JoinKind:
                                               samples, copies, covering)
             self._prepared.put(key, prepared)
         return prepared
-
-    def _copies(self, join: JoinInfo, restrictions: dict[str, BlockRestriction]
-                ) -> tuple[dict[str, tuple[str, str]], frozenset[str]]:
-        """The ranked copy each private occurrence bounded per query reads (by alias; none
-        while its copy is being built: that occurrence ranks its rows itself, the same answers,
-        slower), and the aliases among them whose claimed blocks cover the whole copy: no
-        block column, or one window from the schedule's start to its end (the copy holds the
-        rows of the schedule when it was built, which only grows: every one of them is in
-        the window).  As ``kinds.single`` decides for one table (``_stored_counts``)."""
-        services = self.services
-        copies: dict[str, tuple[str, str]] = {}
-        covering: set[str] = set()
-        for src in join.private_sources:
-            if not ranked_copy_applies(src.policy):
-                continue
-            found = services.samples.ranked(src.table, src.policy)
-            if found is None:
-                continue
-            copies[src.alias] = (SCHEMA, found)
-            block = src.policy.block
-            restriction = restrictions.get(src.alias)
-            if block is None:
-                covering.add(src.alias)
-                continue
-            windows = services.blocks.windows(src.table, block)
-            if restriction is not None and not restriction.windows \
-                    and restriction.start == windows.start and restriction.end == windows.end:
-                covering.add(src.alias)
-        return copies, frozenset(covering)
 
     def run(self, prepared: Prepared, run: QueryRun) -> Answer:
         """The answer (``kinds.analytic.answer_prepared``)."""

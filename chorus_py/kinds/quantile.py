@@ -46,7 +46,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
 from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
-from chorus_py.kinds.join import join_blocks
+from chorus_py.kinds.join import join_blocks, join_copies
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
 from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
@@ -276,15 +276,20 @@ class QuantileKind:
         samples = {s.alias: (SCHEMA, services.samples.relation(s.table, s.policy))
                    for s in join.private_sources
                    if s.policy.privacy_unit and s.policy.bounding == "materialized"}
+        # The ranked copies each occurrence reads, as the join kind reads them; their names
+        # change with their tables' versions and are in the key: no stale copy is read.
+        copies, covering = join_copies(services, join, restrictions)
         key = (analysis.shape, epsilon, delta, tuple(sorted(restrictions.items())),
                tuple(sorted(mf.items())), tuple(sorted(samples.items())),
+               tuple(sorted(copies.items())), covering,
                table.rows if table is not None else None)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare(analysis, epsilon, delta, reads,
                                      lambda q, spec: quantile_join_histogram(
                                          q, spec.argument, spec.lower, spec.upper, BINS,
-                                         restrictions, samples), table=table)
+                                         restrictions, samples, copies, covering),
+                                     table=table)
             self._prepared.put(key, prepared)
         return prepared
 

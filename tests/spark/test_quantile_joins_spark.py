@@ -15,6 +15,7 @@ from tests.test_quantile_joins import (  # noqa: F401  (collected here with the 
     test_join_with_a_public_table_on_a_key,
     test_median_over_a_join_on_the_unit,
     test_next_to_other_aggregates_with_having,
+    test_the_join_histogram_reads_the_ranked_copies,
 )
 
 
