@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import duckdb
+import numpy as np
 
 from analyses.outgoing import (
     OutgoingRules,
@@ -227,10 +228,22 @@ class Statements:
         e.g. a public query; ``public``: a public-only query, on the restricted connection).
         A failure refunds the claim only when no statement of the query read a row (Wall 6);
         the message never quotes the database's, which may hold data."""
+        return self._guarded(
+            lambda: self.backend.run_public(sql) if public else self.backend.run(sql), run)
+
+    def run_integers(self, sql: str, run: QueryRun | None) -> tuple[np.ndarray, ...]:
+        """:meth:`run` for a statement whose columns all hold integers (a histogram's keys
+        by index, bins and counts): its columns as int64 arrays, NULL as -1
+        (``Backend.run_integers``).  Failures are handled as :meth:`run` handles them."""
+        return self._guarded(lambda: self.backend.run_integers(sql), run)
+
+    def _guarded(self, call: Callable[[], T], run: QueryRun | None) -> T:
+        """``call`` (one statement sent to the backend) under the query's charge ``run``: a
+        failure refunds it only when no statement of the query read a row (:meth:`run`)."""
         if run is None:
             run = QueryRun(None)
         try:
-            result = self.backend.run_public(sql) if public else self.backend.run(sql)
+            result = call()
         except StatementFailed as err:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)

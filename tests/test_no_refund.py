@@ -71,16 +71,30 @@ class _Statements:
         # are read first, so the spy sees only the statements of queries.
         engine.explain("SELECT COUNT(*) FROM trips", epsilon=1.0, **ALICE)
         self.sent: list[str] = []
-        real = engine.backend.run
+        real, real_integers = engine.backend.run, engine.backend.run_integers
         real_constant = engine.statements.run_constant
         constant = False  # inside the totality analysis' constant checks: they read no table
+        # Inside run_integers, whose default reads the rows through run: one statement, once.
+        integers = False
 
-        def run(sql: str) -> Any:
-            if not constant:
+        def sent(sql: str) -> None:
+            if not constant and not integers:
                 self.sent.append(sql)
                 if before is not None:
                     before(sql)
+
+        def run(sql: str) -> Any:
+            sent(sql)
             return real(sql)
+
+        def run_integers(sql: str) -> Any:  # histograms, column by column
+            nonlocal integers
+            sent(sql)
+            integers = True
+            try:
+                return real_integers(sql)
+            finally:
+                integers = False
 
         def run_constant(sql: str) -> bool:
             nonlocal constant
@@ -91,6 +105,7 @@ class _Statements:
                 constant = False
 
         monkeypatch.setattr(engine.backend, "run", run)
+        monkeypatch.setattr(engine.backend, "run_integers", run_integers)
         monkeypatch.setattr(engine.statements, "run_constant", run_constant)
 
     def reading(self) -> list[str]:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from chorus_py.backends.cancel import interrupt
 
 log = logging.getLogger("chorus.backends")
@@ -26,6 +28,14 @@ class ResultSet:
     columns: tuple[str, ...]
     types: tuple[str, ...]
     rows: list[tuple[Any, ...]]
+
+
+def integer_column(values: Sequence[Any]) -> np.ndarray:
+    """``values`` (integers or None) as an int64 array, None as -1 (``Backend.run_integers``)."""
+    if None not in values:
+        return np.asarray(values, dtype=np.int64)
+    return np.fromiter((-1 if v is None else v for v in values), dtype=np.int64,
+                       count=len(values))
 
 
 class StatementFailed(Exception):
@@ -54,6 +64,17 @@ class Backend(ABC):
     @abstractmethod
     def run(self, sql: str) -> ResultSet:
         """Run one statement; raise :class:`StatementFailed` on any database error."""
+
+    def run_integers(self, sql: str) -> tuple[np.ndarray, ...]:
+        """Run one statement whose columns all hold integers: each column as an int64 NumPy
+        array, NULL as -1 (the callers' columns are indexes, bins and counts, never negative).
+        Raise :class:`StatementFailed` as :meth:`run` does.  This default reads the rows and
+        transposes them; a backend that hands columns over without a Python object per value
+        overrides it (DuckDB: a histogram's tens of thousands of rows)."""
+        result = self.run(sql)
+        columns = list(zip(*result.rows, strict=True)) if result.rows \
+            else [()] * len(result.columns)
+        return tuple(integer_column(c) for c in columns)
 
     @abstractmethod
     def run_owned(self, statements: Sequence[str]) -> None:

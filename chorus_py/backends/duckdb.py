@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
+import numpy as np
 
 from chorus_py.backends.base import (
     Backend,
@@ -37,6 +39,28 @@ _PUBLIC_DUCKDB_CONFIG = {"enable_external_access": False, "python_enable_replace
 # Column types NumPy carries exactly from one DuckDB to another.
 _NUMPY_EXACT = frozenset({"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT",
                           "USMALLINT", "UINTEGER", "UBIGINT", "FLOAT", "DOUBLE", "VARCHAR"})
+
+
+T = TypeVar("T")
+
+
+def _rows(cur: duckdb.DuckDBPyConnection) -> ResultSet:
+    rows = cur.fetchall()
+    desc = cur.description or []
+    return ResultSet(tuple(d[0] for d in desc), tuple(portable_type(str(d[1])) for d in desc),
+                     rows)
+
+
+def _integers(cur: duckdb.DuckDBPyConnection) -> tuple[np.ndarray, ...]:
+    """``Backend.run_integers``' columns: int64 arrays, NULL as -1."""
+    found = cur.fetchnumpy()  # every column, in order (a repeated name gets a suffix)
+    columns = []
+    for name, values in found.items():
+        if values.dtype.kind not in "iu":
+            raise StatementFailed(True, f"column {name} of an integer result is not integral")
+        columns.append(np.ma.filled(values.astype(np.int64), -1)
+                       if isinstance(values, np.ma.MaskedArray) else values.astype(np.int64))
+    return tuple(columns)
 
 
 class DuckDBBackend(Backend):
@@ -73,10 +97,20 @@ class DuckDBBackend(Backend):
     def run(self, sql: str) -> ResultSet:
         with self._lock:
             cur = self._con.cursor()  # a cursor is DuckDB's per-thread handle on the database
-        return self._run_on(cur, sql)
+        return self._run_on(cur, sql, _rows)
 
-    def _run_on(self, cur: duckdb.DuckDBPyConnection, sql: str) -> ResultSet:
-        """Run ``sql`` on a fresh cursor (closed here), read-only, cancellable, timed."""
+    def run_integers(self, sql: str) -> tuple[np.ndarray, ...]:
+        """The columns by ``fetchnumpy``: no Python object per value (a grouped quantile
+        histogram has about 20,000 rows, which took 30-60 ms to fetch and transpose as
+        tuples)."""
+        with self._lock:
+            cur = self._con.cursor()
+        return self._run_on(cur, sql, _integers)
+
+    def _run_on(self, cur: duckdb.DuckDBPyConnection, sql: str,
+                fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """Run ``sql`` on a fresh cursor (closed here), read-only, cancellable, timed, its
+        result read by ``fetch``."""
         stop: Stop | None = None
         try:
             # A read-only transaction: DuckDB has no read-only connection to a file the proxy
@@ -86,8 +120,7 @@ class DuckDBBackend(Backend):
             try:
                 with cancellable(cur.interrupt, self._timeout_s) as stop:
                     cur.execute(sql)
-                    rows = cur.fetchall()
-                    desc = cur.description or []
+                    result = fetch(cur)
             finally:
                 cur.execute("ROLLBACK")  # nothing to keep: it read only
         except self._BEFORE_EXECUTION as err:
@@ -99,8 +132,7 @@ class DuckDBBackend(Backend):
             raise StatementFailed(True, str(err)) from None
         finally:
             cur.close()
-        return ResultSet(tuple(d[0] for d in desc), tuple(portable_type(str(d[1])) for d in desc),
-                         rows)
+        return result
 
     def restrict_public(self, public: Sequence[str], private: Sequence[str],
                         public_url: str | None = None,
@@ -178,7 +210,7 @@ class DuckDBBackend(Backend):
                 self._refresh_lock.release()
         with self._public_lock:
             cur = self._public.cursor()
-        return self._run_on(cur, sql)
+        return self._run_on(cur, sql, _rows)
 
     def run_owned(self, statements: Sequence[str]) -> None:
         with self._lock:
