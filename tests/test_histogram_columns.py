@@ -17,7 +17,7 @@ from sqlglot import parse_one
 
 from analyses.query import AggregateQuery, GroupKey
 from chorus_py.backends import Backend, StatementFailed, open_backend
-from chorus_py.kinds.quantile import BINS, _cells, _index_cells, _public_groups
+from chorus_py.kinds.quantile import BINS, _cells, _index_cells, _public_groups, finish_rows
 from chorus_py.policy import TablePolicy
 
 _POLICY = TablePolicy(privacy_unit="u", max_rows_per_unit=2,
@@ -136,3 +136,32 @@ def test_every_cell_of_a_small_grid_is_where_the_rows_put_it() -> None:
         g = groups.index((f"v{i}", f"v{j}"))
         assert cells[g, i * 3 + j] == 1
     assert cells.sum() == len(pairs)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 500, 1201])
+def test_finish_rows_inserts_what_one_insert_per_row_would(n: int) -> None:
+    """The finish's table filled by multi-row INSERTs (500 rows each) holds what one INSERT
+    per row gave: each value cast to its column's type (an int into VARCHAR, a date, NULLs,
+    non-finite doubles)."""
+    import datetime
+
+    import duckdb
+
+    create = ("CREATE TEMP TABLE chorus_noisy (k0 VARCHAR, k1 DATE, q0 DOUBLE, q1 BIGINT, "
+              "i BIGINT)")
+    specials = [float("inf"), -1e308, 0.5]
+    rows = [(i if i % 3 else f"s{i}", None if i % 7 == 0 else datetime.date(2026, 1, 1 + i % 28),
+             specials[i % 3], None if i % 5 == 0 else i * 2, i) for i in range(n)]
+    finish = "SELECT * FROM chorus_noisy ORDER BY i"
+    base = duckdb.connect(":memory:")
+    try:
+        found = finish_rows(base.cursor(), create, finish, rows)
+        reference = base.cursor()
+        reference.execute(create)
+        if rows:
+            reference.executemany("INSERT INTO chorus_noisy VALUES (?, ?, ?, ?, ?)", rows)
+        assert found.rows == reference.execute(finish).fetchall()
+        assert len(found.rows) == n
+        reference.close()
+    finally:
+        base.close()

@@ -18,6 +18,7 @@ LIMIT are then computed over those values in the scratch DuckDB (post-processing
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -437,6 +438,9 @@ class QuantileKind:
             self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
             histograms.append((what, size, sql))
 
+        # A pure function of k (public inputs): kept, since the selection runs again with
+        # the prepared query it belongs to (a mixed query chooses on every run).
+        @functools.cache
         def rank_error(k: int) -> float:
             try:  # a cap the mechanisms cannot be calibrated at is never chosen
                 capped = dataclasses.replace(analysis, query=query.with_cap(k))
@@ -547,14 +551,22 @@ def _counts_units(query: AggregateQuery) -> bool:
             and query.groups_per_unit < query.stability)
 
 
+#: Rows per INSERT of ``finish_rows``.
+_INSERT_ROWS = 500
+
+
 def finish_rows(con: Any, create: str, finish: str, rows: list[tuple[Any, ...]]) -> ResultSet:
     """``finish`` (DuckDB SQL) over ``rows`` of released values in the table ``create`` makes,
     on the scratch connection ``con`` (closed here): post-processing in the proxy."""
     try:
         con.execute(create)
-        if rows:
-            con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(rows[0]))})",
-                            rows)
+        # A few multi-row INSERTs: DuckDB's executemany runs one statement per row (about
+        # 1 ms each); each value is cast to its column's type either way.
+        for at in range(0, len(rows), _INSERT_ROWS):
+            chunk = rows[at:at + _INSERT_ROWS]
+            row = f"({', '.join('?' * len(chunk[0]))})"
+            con.execute(f"INSERT INTO {NOISY} VALUES {', '.join([row] * len(chunk))}",
+                        [v for r in chunk for v in r])
         try:
             cur = con.execute(finish)
         except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
