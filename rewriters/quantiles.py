@@ -16,7 +16,10 @@ scan and only the heavier units' filtered rows are ranked, in their stored rando
 units with n_u <= g kept whole and the others' groups drawn afresh: ``ranked_group_branches``),
 the same kept-row distribution as ranking every filtered row.  The stored ranks alone (``stored_rank_contribution``) never serve here:
 the histogram drops NULL values after the copy was ranked, so a unit with a NULL value among
-its k lowest ranks would keep fewer than min(c_u, k) of its counted rows.
+its k lowest ranks would keep fewer than min(c_u, k) of its counted rows.  Over a join
+(``quantile_join_histogram``) each occurrence reads its copy as ``rewriters.joins`` reads it:
+the NOT NULL test is a condition of the occurrence whose value it tests (light and heavy
+units), and only an occurrence no condition reads may keep its stored ranks.
 """
 
 from __future__ import annotations
