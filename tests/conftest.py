@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -237,26 +237,42 @@ def table_with_rows(request: pytest.FixtureRequest, tmp_path: Path, prefix: str,
     """(backend URL, table name) of a fresh table ``prefix_<hex>`` (``columns`` in Postgres
     types) holding ``rows``, on the backend ``request.param`` names ("duckdb": a file of its
     own under ``tmp_path``; "postgres": the session's database, the table dropped after)."""
-    table = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    create = f"CREATE TABLE {table} ({columns})"
-    marks = ", ".join("?" * len(rows[0]))
+    with tables_with_rows(request, tmp_path, prefix, {prefix: (columns, rows)}) as (url, names):
+        yield url, names[prefix]
+
+
+@contextmanager
+def tables_with_rows(request: pytest.FixtureRequest, tmp_path: Path, file: str,
+                     tables: Mapping[str, tuple[str, Sequence[tuple[Any, ...]]]]
+                     ) -> Iterator[tuple[str, dict[str, str]]]:
+    """(backend URL, {prefix: table name}) of fresh tables ``prefix_<hex>``, one per entry of
+    ``tables`` (prefix: (columns in Postgres types, rows)), in one database of the backend
+    ``request.param`` names ("duckdb": the file ``file.duckdb`` under ``tmp_path``;
+    "postgres": the session's database, the tables dropped after)."""
+    names = {prefix: f"{prefix}_{uuid.uuid4().hex[:8]}" for prefix in tables}
     if request.param == "duckdb":
         import duckdb
 
-        path = tmp_path / f"{prefix}.duckdb"
+        path = tmp_path / f"{file}.duckdb"
         con = duckdb.connect(str(path))
-        con.execute(create.replace("DOUBLE PRECISION", "DOUBLE"))
-        con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        for prefix, (columns, rows) in tables.items():
+            con.execute(f"CREATE TABLE {names[prefix]} ({columns})".replace(
+                "DOUBLE PRECISION", "DOUBLE"))
+            con.executemany(f"INSERT INTO {names[prefix]} VALUES "
+                            f"({', '.join('?' * len(rows[0]))})", rows)
         con.close()
-        yield f"duckdb:///{path}", table
+        yield f"duckdb:///{path}", names
         return
     url = request.getfixturevalue("postgres_url")
     with psycopg.connect(url, autocommit=True) as con:
-        con.execute(create)
-        with con.cursor() as cur:
-            cur.executemany(f"INSERT INTO {table} VALUES ({marks.replace('?', '%s')})", rows)
+        for prefix, (columns, rows) in tables.items():
+            con.execute(f"CREATE TABLE {names[prefix]} ({columns})")
+            with con.cursor() as cur:
+                cur.executemany(f"INSERT INTO {names[prefix]} VALUES "
+                                f"({', '.join(['%s'] * len(rows[0]))})", rows)
     try:
-        yield url, table
+        yield url, names
     finally:
         with psycopg.connect(url, autocommit=True) as con:
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+            for name in names.values():
+                con.execute(f"DROP TABLE IF EXISTS {name}")

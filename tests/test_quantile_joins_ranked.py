@@ -29,6 +29,7 @@ from chorus_py.engine import Engine
 from chorus_py.kinds.quantile import QuantileDetail
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
+from tests.conftest import tables_with_rows
 from tests.test_ranked_joins import _heavy_threshold_moved, _light_alone, _no_bound
 
 #: Events per person: light units up to the cap and heavier ones.
@@ -109,35 +110,9 @@ Tables = tuple[str, str, str]  # URL, events, people
 
 @pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tables]:
-    names = {prefix: f"q{prefix}_{uuid.uuid4().hex[:8]}" for prefix in _TABLES}
-    if request.param == "duckdb":
-        import duckdb
-
-        path = tmp_path / "qjoins.duckdb"
-        con = duckdb.connect(str(path))
-        for prefix, (columns, rows) in _TABLES.items():
-            made = rows()
-            con.execute(f"CREATE TABLE {names[prefix]} ({columns})".replace(
-                "DOUBLE PRECISION", "DOUBLE"))
-            con.executemany(f"INSERT INTO {names[prefix]} VALUES "
-                            f"({', '.join('?' * len(made[0]))})", made)
-        con.close()
-        yield f"duckdb:///{path}", names["ev"], names["pp"]
-        return
-    url = request.getfixturevalue("postgres_url")
-    with psycopg.connect(url, autocommit=True) as con:
-        for prefix, (columns, rows) in _TABLES.items():
-            made = rows()
-            con.execute(f"CREATE TABLE {names[prefix]} ({columns})")
-            with con.cursor() as cur:
-                cur.executemany(f"INSERT INTO {names[prefix]} VALUES "
-                                f"({', '.join(['%s'] * len(made[0]))})", made)
-    try:
+    made = {prefix: (columns, rows()) for prefix, (columns, rows) in _TABLES.items()}
+    with tables_with_rows(request, tmp_path, "qjoins", made) as (url, names):
         yield url, names["ev"], names["pp"]
-    finally:
-        with psycopg.connect(url, autocommit=True) as con:
-            for name in names.values():
-                con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 @pytest.fixture

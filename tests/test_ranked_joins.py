@@ -24,6 +24,7 @@ from analyses.outgoing import Refused, verify
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
+from tests.conftest import tables_with_rows
 
 #: Rows per unit of the event table: light units of each size up to the cap and heavier ones.
 SIZES = {1: 1, 2: 2, 3: 3, 4: 5, 5: 8, 6: 40}
@@ -101,37 +102,10 @@ _TABLES = {  # prefix: (columns in Postgres types, rows)
 
 @pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tables]:
-    """(URL, events, people, kinds) in one database of each backend (as
-    ``tests.conftest.table_with_rows`` makes one table)."""
-    names = {prefix: f"{prefix}_{uuid.uuid4().hex[:8]}" for prefix in _TABLES}
-    if request.param == "duckdb":
-        import duckdb
-
-        path = tmp_path / "joins.duckdb"
-        con = duckdb.connect(str(path))
-        for prefix, (columns, rows) in _TABLES.items():
-            made = rows()
-            con.execute(f"CREATE TABLE {names[prefix]} ({columns})".replace(
-                "DOUBLE PRECISION", "DOUBLE"))
-            con.executemany(f"INSERT INTO {names[prefix]} VALUES "
-                            f"({', '.join('?' * len(made[0]))})", made)
-        con.close()
-        yield f"duckdb:///{path}", names["ev"], names["pp"], names["kinds"]
-        return
-    url = request.getfixturevalue("postgres_url")
-    with psycopg.connect(url, autocommit=True) as con:
-        for prefix, (columns, rows) in _TABLES.items():
-            made = rows()
-            con.execute(f"CREATE TABLE {names[prefix]} ({columns})")
-            with con.cursor() as cur:
-                cur.executemany(f"INSERT INTO {names[prefix]} VALUES "
-                                f"({', '.join(['%s'] * len(made[0]))})", made)
-    try:
+    """(URL, events, people, kinds) in one database of each backend."""
+    made = {prefix: (columns, rows()) for prefix, (columns, rows) in _TABLES.items()}
+    with tables_with_rows(request, tmp_path, "joins", made) as (url, names):
         yield url, names["ev"], names["pp"], names["kinds"]
-    finally:
-        with psycopg.connect(url, autocommit=True) as con:
-            for name in names.values():
-                con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 @pytest.fixture
