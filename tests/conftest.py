@@ -231,6 +231,24 @@ def tolerance(column: Any) -> float:
     return scale * (math.log(2e9) + 1.0) + 1.0
 
 
+@pytest.fixture
+def policy_engine(tmp_path: Path) -> Iterator[Callable[[str], Engine]]:
+    """``make(policy_text)``: an engine on that policy (written under ``tmp_path``) that
+    re-reads block windows on every query; every engine made is closed afterwards."""
+    made: list[Engine] = []
+
+    def make(text: str) -> Engine:
+        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(text)
+        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
 @contextmanager
 def table_with_rows(request: pytest.FixtureRequest, tmp_path: Path, prefix: str, columns: str,
                     rows: Sequence[tuple[Any, ...]]) -> Iterator[tuple[str, str]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,7 +26,6 @@ import pytest
 from analyses.outgoing import Refused, verify
 from chorus_py.engine import Engine
 from chorus_py.kinds.quantile import QuantileDetail
-from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
 from tests.conftest import tables_with_rows
 from tests.test_ranked_joins import _heavy_threshold_moved, _light_alone, _no_bound
@@ -116,21 +114,13 @@ def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tables]:
 
 
 @pytest.fixture
-def engines(tables: Tables, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
+def engines(tables: Tables, policy_engine: Callable[[str], Engine]) -> Callable[..., Engine]:
     def make(ranked: bool = True, k: int = K) -> Engine:
         url, ev, pp = tables
-        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
-        path.write_text(POLICY.format(url=url, ev=ev, pp=pp, k=k,
-                                      ranked="true" if ranked else "false"))
-        engine = Engine(load_policy(path), block_ttl_seconds=0)
-        made.append(engine)
-        return engine
+        return policy_engine(POLICY.format(url=url, ev=ev, pp=pp, k=k,
+                                           ranked="true" if ranked else "false"))
 
-    yield make
-    for engine in made:
-        engine.close()
+    return make
 
 
 def _statement(engine: Engine, sql: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from chorus_py.engine import Engine
 from chorus_py.kinds import quantile as quantile_kind
 from chorus_py.kinds.quantile import BINS, QuantileDetail
 from chorus_py.kinds.selection import CELLS, Choices
-from chorus_py.policy import load_policy
 from mechanisms.caps import cap_bins
 from rewriters.contribution import ranked_table
 from tests.conftest import table_with_rows
@@ -101,24 +99,17 @@ def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
 
 
 @pytest.fixture
-def engines(skewed: tuple[str, str], tmp_path: Path
-            ) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
+def engines(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]
+            ) -> Callable[..., Engine]:
     def make(ranked: bool, k: int = K, contribution: str = "fixed") -> Engine:
         url, table = skewed
-        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
-        path.write_text(POLICY.format(url=url, table=table, k=k, upper=UPPER,
-                                      contribution=contribution,
-                                      ranked="true" if ranked else "false"))
-        engine = Engine(load_policy(path), block_ttl_seconds=0)
+        engine = policy_engine(POLICY.format(url=url, table=table, k=k, upper=UPPER,
+                                             contribution=contribution,
+                                             ranked="true" if ranked else "false"))
         engine.warm_up(wait=True)
-        made.append(engine)
         return engine
 
-    yield make
-    for engine in made:
-        engine.close()
+    return make
 
 
 def _statements(engine: Engine, sql: str) -> list[str]:

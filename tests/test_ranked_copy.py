@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -74,22 +73,14 @@ def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
 
 
 @pytest.fixture
-def engines(skewed: tuple[str, str], tmp_path: Path
-            ) -> Iterator[Callable[[bool], Engine]]:
-    made: list[Engine] = []
-
+def engines(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]
+            ) -> Callable[[bool], Engine]:
     def make(ranked: bool) -> Engine:
         url, table = skewed
-        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
-        path.write_text(POLICY.format(url=url, table=table, k=K,
-                                      ranked="true" if ranked else "false"))
-        engine = Engine(load_policy(path), block_ttl_seconds=0)
-        made.append(engine)
-        return engine
+        return policy_engine(POLICY.format(url=url, table=table, k=K,
+                                           ranked="true" if ranked else "false"))
 
-    yield make
-    for engine in made:
-        engine.close()
+    return make
 
 
 def _exact(engine: Engine, sql: str) -> list[tuple[object, ...]]:

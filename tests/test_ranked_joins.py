@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import pytest
 
 from analyses.outgoing import Refused, verify
 from chorus_py.engine import Engine
-from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
 from tests.conftest import tables_with_rows
 
@@ -109,22 +107,14 @@ def tables(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tables]:
 
 
 @pytest.fixture
-def engines(tables: Tables, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
-    made: list[Engine] = []
-
+def engines(tables: Tables, policy_engine: Callable[[str], Engine]) -> Callable[..., Engine]:
     def make(ranked: bool = True, bounding: str = "per-query", noise: str = "proxy") -> Engine:
         url, ev, pp, kinds = tables
-        path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
-        path.write_text(POLICY.format(url=url, ev=ev, pp=pp, kinds=kinds, k=K, noise=noise,
-                                      ranked="true" if ranked else "false",
-                                      bounding=bounding))
-        engine = Engine(load_policy(path), block_ttl_seconds=0)
-        made.append(engine)
-        return engine
+        return policy_engine(POLICY.format(url=url, ev=ev, pp=pp, kinds=kinds, k=K, noise=noise,
+                                           ranked="true" if ranked else "false",
+                                           bounding=bounding))
 
-    yield make
-    for engine in made:
-        engine.close()
+    return make
 
 
 def _prepared_sql(engine: Engine, sql: str, delta: float | None = None) -> str:
