@@ -39,7 +39,7 @@ from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.templates import TextTemplate
 from chorus_py.report import ElasticReport, FrequencyReport, PrivacyReport
 from chorus_py.statements import QueryRun
-from chorus_py.stores.samples import ranked_copy_applies
+from chorus_py.stores.samples import covers_whole_copy
 from chorus_py.stores.schedules import BlockCatalog
 from mechanisms import DiscreteLaplace, Mechanism
 from mechanisms.key_release import threshold_warning
@@ -160,20 +160,13 @@ def join_copies(services: Services, join: JoinInfo,
     copies: dict[str, tuple[str, str]] = {}
     covering: set[str] = set()
     for src in join.private_sources:
-        if not ranked_copy_applies(src.policy):
-            continue
-        found = services.samples.ranked(src.table, src.policy)
+        found = services.samples.ranked_relation(src.table, src.policy)
         if found is None:
             continue
-        copies[src.alias] = (SCHEMA, found)
+        copies[src.alias] = found
         block = src.policy.block
-        restriction = restrictions.get(src.alias)
-        if block is None:
-            covering.add(src.alias)
-            continue
-        windows = services.blocks.windows(src.table, block)
-        if restriction is not None and not restriction.windows \
-                and restriction.start == windows.start and restriction.end == windows.end:
+        if block is None or covers_whole_copy(restrictions.get(src.alias),
+                                              services.blocks.windows(src.table, block)):
             covering.add(src.alias)
     return copies, frozenset(covering)
 

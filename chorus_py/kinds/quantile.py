@@ -52,7 +52,6 @@ from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histo
 from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
-from chorus_py.stores.samples import ranked_copy_applies
 from mechanisms.discrete_laplace import DiscreteLaplace
 from mechanisms.exponential import ExponentialMechanism, bin_value, rank_sensitivity, rank_utility
 from mechanisms.intervals import Interval, NoInterval
@@ -249,11 +248,9 @@ class QuantileKind:
         bounding of one unit column, once it is built (None while it is being built: the
         rows are ranked per query, the same kept-row distribution).  The units gate's
         distinct-units statement (``quantile_group_units``) still ranks per query."""
-        if sample is not None or not ranked_copy_applies(query.table_policy) \
-                or not isinstance(query.table_policy.privacy_unit, str):
+        if sample is not None or not isinstance(query.table_policy.privacy_unit, str):
             return None
-        found = self.services.samples.ranked(query.table, query.table_policy)
-        return None if found is None else (SCHEMA, found)
+        return self.services.samples.ranked_relation(query.table, query.table_policy)
 
     def _prepare_join(self, analysis: QuantileQuery, epsilon: float,
                       delta: float) -> Prepared:

@@ -26,6 +26,7 @@ from analyses.query import AggregateQuery, display_sql
 from chorus_py.backends import ResultSet
 from chorus_py.report import ContributionReport, PrivacyReport, SelectionStep
 from chorus_py.statements import QueryRun, Statements
+from chorus_py.stores.samples import covers_whole_copy
 from mechanisms import DiscreteLaplace, Snapping
 from mechanisms.caps import (
     CapTerm,
@@ -187,10 +188,7 @@ def stored_counts(query: AggregateQuery, restriction: BlockRestriction | None,
         return None
     if query.table_policy.block is None:
         return ranked
-    if restriction is None or windows is None or restriction.windows \
-            or restriction.start != windows.start or restriction.end != windows.end:
-        return None
-    return ranked
+    return ranked if windows is not None and covers_whole_copy(restriction, windows) else None
 
 
 # The name of the one statement holding the cap and clipping histograms (its "bins": STORED

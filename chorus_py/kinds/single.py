@@ -43,7 +43,6 @@ from chorus_py.kinds.selection import (
 )
 from chorus_py.kinds.templates import one_table_sql
 from chorus_py.statements import QueryRun
-from chorus_py.stores.samples import ranked_copy_applies
 from mechanisms.key_release import threshold_warning
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
@@ -101,10 +100,8 @@ class SingleTableKind:
             sample = (SCHEMA, services.attribution.relation(query.table, query.table_policy))
         elif query.table_policy.bounding == "materialized":
             sample = (SCHEMA, services.samples.relation(query.table, query.table_policy))
-        ranked = None
-        if sample is None and ranked_copy_applies(query.table_policy):
-            found = services.samples.ranked(query.table, query.table_policy)
-            ranked = None if found is None else (SCHEMA, found)
+        ranked = None if sample is not None else \
+            services.samples.ranked_relation(query.table, query.table_policy)
         # The query's own (stability, normalised SQL) and the choices determine everything
         # below: look the plan up before copying the query's trees for the choices.
         key = (query.normalized_sql, query.stability, chosen, epsilon, delta, restriction,

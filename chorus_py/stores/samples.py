@@ -52,6 +52,7 @@ from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
 from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
+from rewriters.blocks import BlockRestriction
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import UNIT_ROWS, ranked_table, sample_table
 from rewriters.dialect import dialect as for_dialect
@@ -68,6 +69,15 @@ def ranked_copy_applies(policy: TablePolicy) -> bool:
     """Whether per-query bounding of the table reads a ranked copy."""
     return (not policy.public and policy.ranked_copy and policy.privacy_unit is not None
             and not policy.multi_attribution and policy.bounding == "per-query")
+
+
+def covers_whole_copy(restriction: BlockRestriction | None, windows: BlockWindows) -> bool:
+    """Whether a read of a ranked copy restricted to the claimed blocks ``restriction`` keeps
+    every row of the copy, for a table whose schedule spans ``windows``: one window from the
+    schedule's start to its end (the copy holds the rows of the schedule when it was built,
+    which only grows: every one of them is in that window)."""
+    return restriction is not None and not restriction.windows \
+        and restriction.start == windows.start and restriction.end == windows.end
 
 
 class BoundedSamples:
@@ -93,6 +103,15 @@ class BoundedSamples:
     def relation(self, table: str, policy: TablePolicy) -> str:
         """The name (``chorus_private.x``) of the current sample of ``table``."""
         return self._current_name(table, policy, SAMPLE)
+
+    def ranked_relation(self, table: str, policy: TablePolicy) -> tuple[str, str] | None:
+        """(schema, name) of the ranked copy that per-query bounding of ``table`` reads: None
+        when the policy gives it none (``ranked_copy_applies``) or while it is being built
+        (:meth:`ranked`: the query then ranks its rows itself, the same answers, slower)."""
+        if not ranked_copy_applies(policy):
+            return None
+        found = self.ranked(table, policy)
+        return None if found is None else (SCHEMA, found)
 
     def ranked(self, table: str, policy: TablePolicy) -> str | None:
         """The name of the current ranked copy of ``table``: all its scheduled rows, each with
