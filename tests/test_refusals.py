@@ -600,3 +600,18 @@ def test_errors_do_not_depend_on_the_data(request: pytest.FixtureRequest,
         outcomes.append(tuple(type(e).__name__ for e in
                               _refused_or_answered(engine, template.format(value))))
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize(("sql", "sensitivity"), [
+    # A unit's <= k = 7 kept rows may each bring a driver no other row has: Delta = k = 7.
+    ("SELECT COUNT(DISTINCT driver_id) FROM trips", 7),
+    ("SELECT city, COUNT(DISTINCT driver_id) FROM trips GROUP BY city", 7),
+    # Event level: a neighbour is one row, one value: Delta = 1.
+    ("SELECT COUNT(DISTINCT page) FROM visits", 1),
+])
+def test_a_distinct_count_of_another_column_has_the_sensitivity_of_a_count(
+        backend_url: str, make_engine: Callable[..., Engine], sql: str,
+        sensitivity: int) -> None:
+    engine = make_engine(backend_url, k=7)
+    report = engine.explain(sql, **ALICE)
+    assert [m.sensitivity for m in report.measurements] == [sensitivity]
