@@ -28,6 +28,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from analyses.aggregate_filters import filters_as_case
 from analyses.quantiles import is_quantile
 from analyses.query import display_sql, output_names
 from analyses.validate import AGGREGATES, check_node
@@ -169,7 +170,7 @@ def plain_percentile(node: exp.Expr) -> exp.Expr:
 def split_mixed(sql: str, dialect: str) -> MixedSplit:
     """Split a mixed query (see the module docstring); refusals raise and cost nothing."""
     try:
-        tree = sqlglot.parse_one(sql, read=dialect)
+        tree = filters_as_case(sqlglot.parse_one(sql, read=dialect))
     except (ParseError, TokenError) as err:  # asks_mixed parsed it: not expected
         raise NotSupportedError(f"syntax error: {err}") from None
     if not isinstance(tree, exp.Select):

@@ -25,6 +25,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from analyses.aggregate_filters import filters_as_case
 from analyses.join_groups import check_join_keys
 from analyses.keys import TableKeys
 from analyses.quantile_joins import check_quantile_join
@@ -187,7 +188,7 @@ def analyze_quantiles(sql: str, dialect: str,
     """Analyse a quantile query: ``analyse`` is the ordinary analysis (parse, validate, bind,
     ``analyses.query.analyze_query``) applied to the query with its quantiles substituted."""
     try:
-        tree = sqlglot.parse_one(sql, read=dialect)
+        tree = filters_as_case(sqlglot.parse_one(sql, read=dialect))
     except (ParseError, TokenError) as err:  # asks_quantiles parsed it: not expected
         raise QueryRefused(f"syntax error: {err}") from None
     replaced, found = substitute(tree)

@@ -17,6 +17,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from analyses.aggregate_filters import filters_as_case
 from analyses.binding import bind_tables
 from analyses.keys import as_extract
 from chorus_py.errors import NotSupportedError, QueryRefused, QuerySyntaxError
@@ -104,6 +105,7 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
             hint="the proxy answers aggregate SELECT queries; writes, DDL and COPY are refused",
         )
     tree = as_extract(tree)  # HOUR(ts), DATE_PART('hour', ts): EXTRACT(HOUR FROM ts)
+    tree = filters_as_case(tree)  # AGG(x) FILTER (WHERE c): AGG(CASE WHEN c THEN x END)
     for node in tree.walk():
         check_node(node)
         meta = node._meta
@@ -143,7 +145,8 @@ def check_node(node: exp.Expr) -> None:
             raise QueryRefused("locking clauses (FOR UPDATE/SHARE) are refused")
         if isinstance(node, exp.Subquery) and isinstance(node.parent, exp.Where | exp.In | exp.EQ):
             raise NotSupportedError(
-                "subqueries inside WHERE act as joins, and joins are not supported yet",
+                "a subquery inside WHERE (IN, =, EXISTS) is not supported",
+                hint="write it as a join: FROM a JOIN b ON a.key = b.key WHERE <b's condition>",
             )
         return
     name = type(node).__name__
