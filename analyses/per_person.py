@@ -142,16 +142,28 @@ def _distinct_units(tree: exp.Select, policy: Policy) -> exp.Select:
     """``SELECT COUNT(DISTINCT a.unit) FROM a JOIN b ON ... WHERE ...`` (a join, the unit of
     its first table) as the per-person question it is: the number of people with at least one
     joined row, ``SELECT COUNT(*) FROM (SELECT COUNT(*) FROM a JOIN b ... WHERE ... AND a.unit
-    IS NOT NULL GROUP BY a.unit)``.  Any other query is returned as it is."""
+    IS NOT NULL GROUP BY a.unit)``.  Any other query is returned as it is.
+
+    The same holds for one table with a filter and per-query bounding (``SELECT COUNT(DISTINCT
+    unit) FROM a WHERE ...``): the people with a row that passes the filter.  Its ordinary
+    reading bounds each unit to one filtered row (Delta = 1 either way: a unit adds at most 1
+    to the count, however many rows it has), which ranks every filtered row of the units with
+    several; grouping by the unit reads the same rows once, and counts the same people.
+    Without a filter the ordinary reading is cheaper (the ranked copy's first row of each
+    unit); with materialized bounding it counts the stored sample, as every query there does.
+    """
     items = tree.expressions
     source = tree.args["from_"].this if tree.args.get("from_") else None
-    if not tree.args.get("joins") or len(items) != 1 or not isinstance(source, exp.Table) \
+    if len(items) != 1 or not isinstance(source, exp.Table) \
             or any(tree.args.get(a) for a in ("group", "having", "with_", "distinct")):
         return tree
     count = items[0].this if isinstance(items[0], exp.Alias) else items[0]
     tp = policy.tables.get(source.name)
     if not isinstance(count, exp.Count) or not isinstance(count.this, exp.Distinct) \
             or tp is None or not isinstance(tp.privacy_unit, str):
+        return tree
+    if not tree.args.get("joins") and (tree.args.get("where") is None
+                                       or tp.bounding != "per-query"):
         return tree
     cols = count.this.expressions
     alias = source.alias_or_name
@@ -164,7 +176,8 @@ def _distinct_units(tree: exp.Select, policy: Policy) -> exp.Select:
         where = exp.and_(tree.args["where"].this.copy(), where)
     inner = exp.select(exp.alias_(exp.Count(this=exp.Star()), "chorus_rows")).from_(
         source.copy(), copy=False)
-    inner.set("joins", [j.copy() for j in tree.args["joins"]])
+    if tree.args.get("joins"):
+        inner.set("joins", [j.copy() for j in tree.args["joins"]])
     inner = inner.where(where, copy=False).group_by(unit, copy=False)
     name = items[0].alias if isinstance(items[0], exp.Alias) else "count"
     outer = exp.select(exp.alias_(exp.Count(this=exp.Star()), name)).from_(

@@ -340,7 +340,9 @@ SPLIT_MUTATIONS = [_heavy_without_its_test, _light_cap_above_k, *[_split_mutatio
     _light_twice, _third_branch, _union_distinct, _max_of_parts, _raw_column_of_parts,
     _parts_filtered)]]
 SPLIT_QUERIES = [FILTERED, "SELECT COUNT(*), SUM(fare) FROM trips WHERE fare > 1",
-                 "SELECT COUNT(DISTINCT rider_id) FROM trips WHERE fare > 1"]
+                 # (COUNT(DISTINCT rider_id) alone with a filter is a per-person question:
+                 # analyses.per_person._distinct_units)
+                 "SELECT COUNT(DISTINCT rider_id), COUNT(*) FROM trips WHERE fare > 1"]
 
 
 @pytest.fixture

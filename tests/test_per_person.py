@@ -134,6 +134,71 @@ def test_distinct_units_over_a_self_join(engine: Engine) -> None:
     assert result.report.columns[0].name == "riders"
 
 
+@pytest.mark.parametrize("where", ["fare > 30", "city = 'SF' AND distance_km < 5",
+                                   "pickup_time >= '2026-03-15'"])
+def test_filtered_distinct_units_of_one_table_are_a_per_person_count(engine: Engine,
+                                                                    where: str) -> None:
+    """``COUNT(DISTINCT rider_id) FROM trips WHERE ...``: the riders with a filtered row, one
+    row per rider by GROUP BY (no window ranking every filtered row), Delta = 1, the whole
+    epsilon on the count (no choice of a cap), near the true distinct count."""
+    sql = f"SELECT COUNT(DISTINCT rider_id) AS riders FROM trips WHERE {where}"
+    assert [m.sensitivity for m in _analysed(engine, sql).outer.measurements] == [1]
+    result = engine.execute(sql, epsilon=200, **ALICE)
+    rewritten = result.report.rewritten_sql
+    assert "GROUP BY" in rewritten and "ROW_NUMBER" not in rewritten
+    assert result.report.epsilon == 200
+    assert [m.mechanism["epsilon"] for m in result.report.measurements] == [200]
+    (true,), = _truth(engine, sql)
+    assert abs(result.rows[0][0] - true) <= tolerance(result.report.columns[0])
+    assert result.report.columns[0].name == "riders"
+
+
+def test_unfiltered_or_grouped_distinct_units_keep_their_reading(engine: Engine) -> None:
+    """Without a filter the ranked copy's first row per rider is cheaper (``rank <= 1``);
+    grouped, a rider counts in each group it reaches (bounded by the ordinary reading)."""
+    for sql in ("SELECT COUNT(DISTINCT rider_id) FROM trips",
+                "SELECT city, COUNT(DISTINCT rider_id) FROM trips WHERE fare > 30 GROUP BY city",
+                "SELECT COUNT(DISTINCT rider_id), COUNT(*) FROM trips WHERE fare > 30"):
+        assert not isinstance(engine._analyse(sql), PerPersonQuery), sql
+
+
+def test_filtered_distinct_units_skip_rows_without_a_unit(
+        scratch: Callable[..., Engine]) -> None:
+    """Rows whose unit is NULL belong to nobody: the per-person count leaves them out (as
+    COUNT(DISTINCT) does), though GROUP BY would make them one group."""
+    engine = scratch("nulls", [
+        "CREATE TABLE nulls (unit_id BIGINT, v INTEGER)",
+        "INSERT INTO nulls VALUES (1, 5), (1, 6), (2, 7), (NULL, 8), (NULL, 9), (3, 1)"],
+        NULL_UNITS_POLICY)
+    sql = "SELECT COUNT(DISTINCT unit_id) FROM nulls WHERE v > 4"
+    assert isinstance(engine._analyse(sql), PerPersonQuery)
+    result = engine.execute(sql, epsilon=10_000, **ALICE)
+    assert "IS NULL" in result.report.rewritten_sql
+    # Discrete Laplace noise of scale 1e-4: 0 but with probability ~2 exp(-10^4).
+    assert result.rows[0][0] == 2
+
+
+NULL_UNITS_POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1e6
+max_epsilon_per_query = 1e4
+
+[tables.nulls]
+privacy_unit = "unit_id"
+max_rows_per_unit = 5
+contribution = "auto"
+
+[tables.nulls.columns]
+unit_id = {{ type = "int" }}
+v       = {{ type = "int", lower = 0, upper = 10 }}
+
+[analysts.alice]
+"""
+
+
 def test_per_person_over_a_join_with_a_public_table(engine: Engine) -> None:
     sql = ("WITH per AS (SELECT t.rider_id, LEAST(SUM(t.fare), 500) AS spend FROM trips t "
            "JOIN cities c ON t.city = c.city WHERE c.city <> 'LA' GROUP BY t.rider_id) "

@@ -20,6 +20,10 @@ from tests.test_group_bounds import (  # noqa: F401
     spread,
     test_engine_chooses_g_and_releases_the_groups,
 )
+from tests.test_per_person import (  # noqa: F401
+    test_filtered_distinct_units_of_one_table_are_a_per_person_count,
+    test_filtered_distinct_units_skip_rows_without_a_unit,
+)
 from tests.test_sampling import (  # noqa: F401
     sampled_engine,
     test_grouped_ratio_and_count,
