@@ -22,6 +22,7 @@ from analyses.outgoing import Refused, verify
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
 from chorus_py.kinds.single import twin_pays
+from chorus_py.policy import load_policy
 from rewriters.contribution import ranked_contribution, unit_ordered
 from tests.conftest import table_with_rows
 from tests.test_ranked_copy import POLICY, K, _exact, _rows
@@ -135,6 +136,27 @@ def test_the_verifier_pairs_a_twin_only_with_its_own_copy(skewed: tuple[str, str
     assert uncapped != statement
     with pytest.raises(Refused, match="contribution bounding"):
         check(uncapped)
+
+
+def test_a_copy_without_its_twin_gets_one_and_one_shot_engines_read_it(
+        skewed: tuple[str, str], engine: Engine, tmp_path: Path) -> None:
+    """A copy an older proxy built (no twin) gets its twin when a server starts; a one-shot
+    engine, which never builds, reads the twin it finds (and the copy alone without one)."""
+    url, table = skewed
+    copy = _copy(engine, table)
+    engine.backend.run_owned([f'DROP TABLE {SCHEMA}."{unit_ordered(copy)}"'])
+    path = tmp_path / "twin.toml"
+    path.write_text(POLICY.format(url=url, table=table, k=K, ranked="true"))
+    sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 2"
+    with Engine(load_policy(path), build_ranked_copies=False) as once:
+        _, prepared = once.prepare(sql, "alice", epsilon=1.0)
+        assert copy in prepared.detail.sql and unit_ordered(copy) not in prepared.detail.sql
+    with Engine(load_policy(path)) as server:
+        server.warm_up(wait=True)
+    assert unit_ordered(copy) in engine.backend.owned_tables()
+    with Engine(load_policy(path), build_ranked_copies=False) as once:
+        _, prepared = once.prepare(sql, "alice", epsilon=1.0)
+        assert unit_ordered(copy) in prepared.detail.sql
 
 
 @pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
