@@ -183,17 +183,18 @@ def test_no_twin_when_postgres_would_truncate_its_name(
     assert _exact(engine, sql)[0][0] == sum(min(c, K) for c in filtered.values())
 
 
-@pytest.mark.parametrize("read, blocks, cap, limit, expected", [
-    (90, 90, 200, 200, True),   # the whole schedule, even at the limit
-    (45, 90, 200, 200, True),   # half of it
-    (44, 90, 2, 200, True),     # under half, over a quarter, cap <= limit / 8
-    (44, 90, 25, 200, True),    # cap = limit / 8 exactly
-    (44, 90, 26, 200, False),   # cap above limit / 8
-    (23, 90, 2, 200, True),     # a quarter and more (4 * 23 >= 90)
-    (22, 90, 2, 200, False),    # under a quarter: the copy's skipped blocks win
-    (1, 1, 1, 1, True),         # no block column: the whole table
-    (0, 0, 1, 1, False),        # no block at all
+@pytest.mark.parametrize("read, blocks, cap, limit, duckdb, postgres", [
+    (90, 90, 200, 200, True, True),    # the whole schedule, even at the limit
+    (45, 90, 200, 200, True, True),    # half of it
+    (44, 90, 2, 200, True, False),     # under half, over a quarter, cap <= limit / 8
+    (44, 90, 25, 200, True, False),    # cap = limit / 8 exactly
+    (44, 90, 26, 200, False, False),   # cap above limit / 8
+    (23, 90, 2, 200, True, False),     # a quarter and more (4 * 23 >= 90)
+    (22, 90, 2, 200, False, False),    # under a quarter: the copy's skipped blocks win
+    (1, 1, 1, 1, True, True),          # no block column: the whole table
+    (0, 0, 1, 1, False, False),        # no block at all
 ])
 def test_the_twin_is_read_when_the_query_reads_much_of_the_schedule(
-        read: int, blocks: int, cap: int, limit: int, expected: bool) -> None:
-    assert twin_pays(read, blocks, cap, limit) is expected
+        read: int, blocks: int, cap: int, limit: int, duckdb: bool, postgres: bool) -> None:
+    assert twin_pays(read, blocks, cap, limit, "duckdb") is duckdb
+    assert twin_pays(read, blocks, cap, limit, "postgres") is postgres
