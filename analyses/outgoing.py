@@ -49,6 +49,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    occurrences of its table, each a read bounded by itself or the light and heavy branches
    (``<= K``, ``> K``, one K) as the two sides of one UNION ALL; a light branch is never read
    alone; several occurrences of one copy (a self-join) are distinct sources of one join.
+   The copy's twin ``chorus_private.T__ranked_*_u`` (the same rows in unit order) counts as
+   the copy itself: its reads and the copy's make the occurrences of one relation.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -109,6 +111,8 @@ NOISY = "chorus_noisy"       # the rewriter's noise CTE (rewriters.pipeline.NOIS
 EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
+# A ranked copy's twin, ``<copy>_u``: the copy's rows in unit order, one occurrence with it.
+_TWIN_SUFFIX = "_u"
 _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
@@ -924,7 +928,7 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
 
 def _disjoint_branches(first: list[exp.Table], second: list[exp.Table],
                        rules: OutgoingRules) -> None:
-    """Refuse unless each branch reads one table, the same ranked copy, one where
+    """Refuse unless each branch reads one table, the same ranked copy (or its twin), one where
     ``__chorus_unit_rows <= K`` and the other where ``__chorus_unit_rows > K`` (the same
     literal K, ANDed into each reading SELECT's WHERE): a unit's stored row count is the same
     on all its rows, so its rows pass one of the two filters only."""
@@ -934,7 +938,7 @@ def _disjoint_branches(first: list[exp.Table], second: list[exp.Table],
     db_a, db_b = a.args.get("db"), b.args.get("db")
     if not (db_a is not None and db_a.name == rules.private_schema and _RANKED_MARKER in a.name
             and db_b is not None and db_b.name == rules.private_schema
-            and a.name == b.name):
+            and a.name.removesuffix(_TWIN_SUFFIX) == b.name.removesuffix(_TWIN_SUFFIX)):
         raise Refused("the two aggregations do not read one ranked copy")
     low_a, high_a = _unit_rows_bounds(a)
     low_b, high_b = _unit_rows_bounds(b)
@@ -960,7 +964,9 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
     for t in tables:
         db = t.args.get("db")
         if db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name:
-            copies.setdefault(t.name, []).append(t)
+            # A twin holds its copy's very rows: a heavy branch read from it pairs with the
+            # copy's light branch, and two bounded reads of copy and twin are two occurrences.
+            copies.setdefault(t.name.removesuffix(_TWIN_SUFFIX), []).append(t)
     for name, reads in copies.items():
         groups: dict[int, list[exp.Table]] = {}  # by the set operation the read is a side of
         for t in reads:
