@@ -127,11 +127,16 @@ class Recorder:
         call = getattr(backend, name)
 
         def timed(sql: str) -> Any:
+            # Only the outermost call is timed: a backend's run_integers may call its run.
+            depth = getattr(self._local, "sending", 0)
+            self._local.sending = depth + 1
             started = time.perf_counter()
             try:
                 return call(sql)
             finally:
-                self._statement(sql, time.perf_counter() - started)
+                self._local.sending = depth
+                if depth == 0:
+                    self._statement(sql, time.perf_counter() - started)
 
         setattr(backend, name, timed)
 
