@@ -82,12 +82,16 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         assert isinstance(unit, str)
         rows = _filtered(query, argument, restriction, None, ranked)
         if split:
-            light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins)
+            # Keys indexed per row here: on Postgres the per-row index costs little beside the
+            # scan, and indexing per cell would add a third aggregation (measured ~20 ms
+            # slower on 1M trips); combine_branches adds up cells by their columns only.
+            light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins,
+                                          by_value=False)
                             for branch in _copy_branches(query, rows, unit))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
-            return _indexed(query, combine_branches(
-                light, heavy, [*(f"g{i}" for i in range(len(query.keys))), "b"],
-                [("n", True)]))
+            return combine_branches(light, heavy,
+                                    [*(f"g{i}" for i in range(len(query.keys))), "b"],
+                                    [("n", True)])
         return _indexed(query, _histogram_of(query, argument, _copy_bounded(query, rows, unit),
                                              lower, upper, bins))
     return _indexed(query, _histogram_of(query, argument,
@@ -120,12 +124,15 @@ def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str) -> exp.Uni
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,
-                  upper: float, bins: int) -> exp.Select:
+                  upper: float, bins: int, by_value: bool = True) -> exp.Select:
     """(g0, ..., b, n) over ``rows``, the bounded rows of the query's table (alias kept), every
-    key by its value (``_indexed`` maps declared values to their indexes, per cell)."""
+    key by its value (``by_value``: ``_indexed`` maps declared values to their indexes, per
+    cell), or a key with public values by the index of its value, per row."""
     # The value once per row (v, a double: not NULL, filtered before), then its bin: written
     # inside the bin's CASE it would be rendered once per branch.
-    per_row = exp.select(*[exp.alias_(safety(k.expr), f"g{i}") for i, k in enumerate(query.keys)],
+    keys = [exp.alias_(safety(k.expr), f"g{i}") for i, k in enumerate(query.keys)] \
+        if by_value else _key_columns(query)
+    per_row = exp.select(*keys,
                          exp.alias_(exp.cast(safety(argument), exp.DType.DOUBLE), "v")).from_(
         rows.subquery(query.alias, copy=False), copy=False)
     return _binned(per_row, len(query.keys), lower, upper, bins)
