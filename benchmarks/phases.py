@@ -49,10 +49,10 @@ class Phases:
 class Recorder:
     """Times the statements engines send and their ledger calls, by phase.
 
-    A statement of a query (``Statements.run``) sent while a private-choice step runs
-    (``choose`` of the analytic, quantile or mixed selection) is a selection histogram, any
-    other statement of the query its answer; statements sent outside ``Statements.run``
-    (plans, freshness checks, join frequencies) are "other".  The ledger's share is the claim
+    A statement of a query (``Statements.run`` or ``run_integers``) sent while a
+    private-choice step runs (``choose`` of the analytic, quantile or mixed selection) is a
+    selection histogram, any other statement of the query its answer; statements sent outside
+    those (plans, freshness checks, join frequencies) are "other".  The ledger's share is the claim
     until its decision plus the wait for its durable commit (``Ledger.claim_overlapped``: the
     commit overlaps the statements, so only the wait is on the query's path)."""
 
@@ -84,18 +84,12 @@ class Recorder:
         """Time ``engine``'s backend statements and ledger calls (instance attributes: the
         engine's Statements, kinds and stores call them through the same objects)."""
         backend, statements, ledger = engine.backend, engine.statements, engine.ledger
-        for name in ("run", "run_public"):
+        # run_integers: a histogram read column-wise (quantiles, MIN/MAX); untimed, its
+        # statement was counted as the proxy's own time.
+        for name in ("run", "run_public", "run_integers"):
             self._time_backend(backend, name)
-        query_run = statements.run
-
-        def marked_query_run(*args: Any, **kwargs: Any) -> Any:
-            self._local.in_query = True
-            try:
-                return query_run(*args, **kwargs)
-            finally:
-                self._local.in_query = False
-
-        statements.run = marked_query_run  # type: ignore[method-assign]
+        for name in ("run", "run_integers"):
+            self._mark_query(statements, name)
         ensure = ledger.ensure_blocks
         overlapped = ledger.claim_overlapped
 
@@ -116,15 +110,33 @@ class Recorder:
         ledger.ensure_blocks = timed_ensure  # type: ignore[method-assign]
         ledger.claim_overlapped = timed_claim  # type: ignore[method-assign]
 
+    def _mark_query(self, statements: Any, name: str) -> None:
+        """Statements sent through ``statements.<name>`` are a query's (choices or answer)."""
+        call = getattr(statements, name)
+
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            self._local.in_query = True
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self._local.in_query = False
+
+        setattr(statements, name, marked)
+
     def _time_backend(self, backend: Any, name: str) -> None:
         call = getattr(backend, name)
 
         def timed(sql: str) -> Any:
+            # Only the outermost call is timed: a backend's run_integers may call its run.
+            depth = getattr(self._local, "sending", 0)
+            self._local.sending = depth + 1
             started = time.perf_counter()
             try:
                 return call(sql)
             finally:
-                self._statement(sql, time.perf_counter() - started)
+                self._local.sending = depth
+                if depth == 0:
+                    self._statement(sql, time.perf_counter() - started)
 
         setattr(backend, name, timed)
 

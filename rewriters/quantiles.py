@@ -82,15 +82,21 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         assert isinstance(unit, str)
         rows = _filtered(query, argument, restriction, None, ranked)
         if split:
-            light, heavy = _copy_branches(query, rows, unit)
+            # Keys indexed per row here: on Postgres the per-row index costs little beside the
+            # scan, and indexing per cell would add a third aggregation (measured ~20 ms
+            # slower on 1M trips); combine_branches adds up cells by their columns only.
+            light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins,
+                                          by_value=False)
+                            for branch in _copy_branches(query, rows, unit))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
-            return combine_branches(_histogram_of(query, argument, light, lower, upper, bins),
-                             _histogram_of(query, argument, heavy, lower, upper, bins),
-                             [*(f"g{i}" for i in range(len(query.keys))), "b"], [("n", True)])
-        return _histogram_of(query, argument, _copy_bounded(query, rows, unit), lower, upper,
-                             bins)
-    return _histogram_of(query, argument, _bounded_rows(query, argument, restriction, sample),
-                         lower, upper, bins)
+            return combine_branches(light, heavy,
+                                    [*(f"g{i}" for i in range(len(query.keys))), "b"],
+                                    [("n", True)])
+        return _indexed(query, _histogram_of(query, argument, _copy_bounded(query, rows, unit),
+                                             lower, upper, bins))
+    return _indexed(query, _histogram_of(query, argument,
+                                         _bounded_rows(query, argument, restriction, sample),
+                                         lower, upper, bins))
 
 
 def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str
@@ -118,15 +124,50 @@ def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str) -> exp.Uni
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,
-                  upper: float, bins: int) -> exp.Select:
-    """(g0, ..., b, n) over ``rows``, the bounded rows of the query's table (alias kept)."""
+                  upper: float, bins: int, by_value: bool = True) -> exp.Select:
+    """(g0, ..., b, n) over ``rows``, the bounded rows of the query's table (alias kept), every
+    key by its value (``by_value``: ``_indexed`` maps declared values to their indexes, per
+    cell), or a key with public values by the index of its value, per row."""
     # The value once per row (v, a double: not NULL, filtered before), then its bin: written
     # inside the bin's CASE it would be rendered once per branch.
-    # A key without public values (released by a threshold in the proxy) comes as its value.
-    per_row = exp.select(*_key_columns(query),
+    keys = [exp.alias_(safety(k.expr), f"g{i}") for i, k in enumerate(query.keys)] \
+        if by_value else _key_columns(query)
+    per_row = exp.select(*keys,
                          exp.alias_(exp.cast(safety(argument), exp.DType.DOUBLE), "v")).from_(
         rows.subquery(query.alias, copy=False), copy=False)
     return _binned(per_row, len(query.keys), lower, upper, bins)
+
+
+def _indexes_keys(query: AggregateQuery) -> bool:
+    """Whether a key of ``query`` has public values (counted by the index of its value)."""
+    return any(k.public_values is not None for k in query.keys)
+
+
+def _indexed(query: AggregateQuery, cells: exp.Query) -> exp.Query:
+    """``cells`` (g0, ..., b, n; every key by its value) with each key that has public values
+    by the index of its value (``_key_index``), the counts of cells that land on one
+    (group, bin) added up; ``cells`` itself when no key has public values.
+
+    The histogram groups its rows by the keys' values and the index is computed once per
+    cell, not once per row (a CASE of one comparison per declared value: a third of the
+    grouped histogram's time on DuckDB, issue 23).  The same rows as indexing every row
+    first: every counted row's key is a declared value (``public_filter`` in the filter, so
+    never NULL), each value has one index, and the sum of a (group, bin)'s cells is the
+    number of its rows whichever values they came from.  Integral: cast back to BIGINT
+    after the sum (Postgres sums a bigint into a numeric, DuckDB into a HUGEINT)."""
+    if not _indexes_keys(query):
+        return cells
+    keys: list[exp.Expr] = [
+        exp.column(f"g{i}", table="x") if k.public_values is None
+        else _key_index(exp.column(f"g{i}", table="x"), k.public_values)
+        for i, k in enumerate(query.keys)]
+    group = [*keys, exp.column("b", table="x")]
+    return (exp.select(*[exp.alias_(e.copy(), f"g{i}") for i, e in enumerate(keys)],
+                       exp.alias_(exp.column("b", table="x"), "b"),
+                       exp.alias_(exp.cast(exp.Sum(this=exp.column("n", table="x")),
+                                           exp.DType.BIGINT), "n"))
+            .from_(cells.subquery("x", copy=False), copy=False)
+            .group_by(*group, copy=False))
 
 
 def quantile_join_histogram(query: AggregateQuery, argument: exp.Expr, lower: float,
@@ -179,8 +220,10 @@ def _binned(per_row: exp.Select, n_keys: int, lower: float, upper: float,
     position = exp.Mul(this=exp.Paren(this=exp.Sub(this=v.copy(), expression=_number(lower))),
                        expression=exp.Literal.number(repr(float(scale))))
     # Clipping is the outer branches; inside, FLOOR may round up to `bins` at the very top.
+    # ignore_nulls: LEAST as Postgres has it, without the NULL test sqlglot writes around
+    # DuckDB's LEAST per row (the position is never NULL: v is not).
     inside = exp.Least(this=exp.cast(exp.Floor(this=position), exp.DType.BIGINT),
-                       expressions=[exp.Literal.number(bins - 1)])
+                       expressions=[exp.Literal.number(bins - 1)], ignore_nulls=True)
     bin_expr = exp.Case(ifs=[
         exp.If(this=v.copy() <= _number(lower), true=exp.Literal.number(0)),
         exp.If(this=v.copy() >= _number(upper), true=exp.Literal.number(bins - 1))],

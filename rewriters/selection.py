@@ -260,8 +260,10 @@ def choice_histogram(query: AggregateQuery,
     # cell_base), so the database groups by one column (Postgres then hashes a few thousand
     # groups instead of sorting every row on several keys) and no CASE bins c_u per row: the
     # proxy splits the key (``kinds.selection.cells``).
+    # ignore_nulls: LEAST as Postgres has it, without the NULL test sqlglot writes around
+    # DuckDB's LEAST per row (n, a count or the copy's stored row count, is never NULL).
     key: exp.Expr = exp.Least(this=exp.column("n", table="r"),
-                              expressions=[exp.Literal.number(starts[-1])])
+                              expressions=[exp.Literal.number(starts[-1])], ignore_nulls=True)
     for i, (_, edges) in enumerate(arguments):
         magnitude = exp.column(f"m{i}", table="r")
         digit = exp.Case(
