@@ -84,9 +84,10 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
         if split:
             light, heavy = _copy_branches(query, rows, unit)
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
-            return combine_branches(_histogram_of(query, argument, light, lower, upper, bins),
-                             _histogram_of(query, argument, heavy, lower, upper, bins),
-                             [*(f"g{i}" for i in range(len(query.keys))), "b"], [("n", True)])
+            return combine_branches([_histogram_of(query, argument, light, lower, upper, bins),
+                                     _histogram_of(query, argument, heavy, lower, upper, bins)],
+                                    [*(f"g{i}" for i in range(len(query.keys))), "b"],
+                                    [("n", True)])
         return _histogram_of(query, argument, _copy_bounded(query, rows, unit), lower, upper,
                              bins)
     return _histogram_of(query, argument, _bounded_rows(query, argument, restriction, sample),
@@ -234,7 +235,7 @@ def _filtered(query: AggregateQuery, argument: exp.Expr, restriction: BlockRestr
 def groups_bounded(query: AggregateQuery) -> bool:
     """Whether each unit's rows are first bounded to g groups (keys released by a threshold,
     g chosen below the cap k)."""
-    return query.max_groups is not None and query.max_groups < query.stability
+    return query.bounded_groups is not None
 
 
 def quantile_group_units(query: AggregateQuery, argument: exp.Expr,

@@ -183,7 +183,8 @@ class SingleTableKind:
         # With choices to make, the statement at the limit and the one at the choices differ
         # in numbers only (the verifier proves it from their tokens).
         services.statements.verify_outgoing(detail.sql, services.release, query.tables,
-                                            variants=bool(selects))
+                                            variants=bool(selects),
+                                            groups=detail.query.bounded_groups)
         # While the row cap is still to be chosen the final mechanisms are not known yet: the
         # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanism of
         # that cost.
