@@ -234,14 +234,16 @@ def literal_shape(cut: list[Token], groups: int | None = None) -> bytes:
 
 def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
                    tables: frozenset[str], cut: list[Token] | None = None,
-                   groups: int | None = None) -> None:
+                   groups: int | None = None, group_keys: int | None = None) -> None:
     """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
     tables only inside the bounding-and-noise structure (module docstring) and reads no
     private table outside ``tables``, those the analysis said the query reads.  ``cut``: the
     text's :func:`tokens`, when the caller has them.  ``groups``: the groups per unit g the
-    noise and the key-release threshold assume (rule 4''; None: the row cap alone)."""
+    noise and the key-release threshold assume (rule 4''; None: the row cap alone), in the
+    groups of the first ``group_keys`` GROUP BY expressions of the aggregation (None: all of
+    them; a quantile histogram's last one is its bins)."""
     try:
-        verify(sql, dialect, rules, release, tables, cut, groups)
+        verify(sql, dialect, rules, release, tables, cut, groups, group_keys)
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
@@ -251,7 +253,7 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
 
 def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
            tables: frozenset[str], cut: list[Token] | None = None,
-           groups: int | None = None) -> None:
+           groups: int | None = None, group_keys: int | None = None) -> None:
     """``check_outgoing`` without logging: raises Refused naming the broken rule."""
     try:
         # What sqlglot.parse does, from the tokens when given (cut from this very text).
@@ -278,7 +280,7 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     for table, name in private:
         barrier = _check_private_read(table, name, rules, allowed)
         if groups is not None:
-            _check_groups(table, name, barrier, rules, groups)
+            _check_groups(table, name, barrier, rules, groups, group_keys)
         # Several reads may share one barrier (a ranked copy's light and heavy branches).
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
@@ -393,9 +395,10 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
 
 # -- 4''. groups per unit ------------------------------------------------------------------
 def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: OutgoingRules,
-                  groups: int) -> None:
+                  groups: int, group_keys: int | None) -> None:
     """Refuse unless the rows of each unit that reach ``barrier`` from ``table`` fall in at
-    most ``groups`` of its groups (rule 4'', module docstring).
+    most ``groups`` of its groups, those of its first ``group_keys`` GROUP BY expressions
+    (None: all) (rule 4'', module docstring).
 
     Either the reading SELECT keeps only units of at most ``groups`` rows in the copy
     (``__chorus_unit_rows <= K``, K <= groups: K rows reach at most K groups), or a SELECT
@@ -417,7 +420,7 @@ def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: Outgo
     below, _ = _unit_rows_bounds(table)
     if below and min(below) <= groups:
         return
-    keys = [_at_source(k, chain, index) for k in group.expressions]
+    keys = [_at_source(k, chain, index) for k in group.expressions[:group_keys]]
     if not any(s.args.get("joins") for s in chain[: index + 1]) \
             and all(k is not None and k.find(exp.Rand) is None for k in keys):
         for i in range(index):
@@ -1122,9 +1125,9 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
 
 
 def _disjoint_parts(parts: list[list[exp.Table]], rules: OutgoingRules) -> None:
-    """Refuse unless each part reads one table, the same ranked copy, with pairwise disjoint
-    ranges of ``__chorus_unit_rows``: ``<= K`` and ``> K`` ANDed into each reading SELECT's
-    WHERE give the range (max of the ``> K``, min of the ``<= K``]; a unit's stored row count
+    """Refuse unless each part reads one table, the same ranked copy, with disjoint ranges of
+    ``__chorus_unit_rows``: ``<= K`` and ``> K`` ANDed into each reading SELECT's WHERE give
+    the range (max of the ``> K``, min of the ``<= K``]; a unit's stored row count
     is the same on all its rows, so its rows pass one part's range only (light ``<= g``,
     middle ``> g AND <= k``, heavy ``> k``; or light ``<= K``, heavy ``> K``).  A part with
     no bound has the whole range and overlaps every other."""
@@ -1140,10 +1143,13 @@ def _disjoint_parts(parts: list[list[exp.Table]], rules: OutgoingRules) -> None:
     for t in tables:
         below, above = _unit_rows_bounds(t)
         ranges.append((max(above, default=-math.inf), min(below, default=math.inf)))
-    for (lo_a, hi_a), (lo_b, hi_b) in itertools.combinations(ranges, 2):
-        if not (hi_a <= lo_b or hi_b <= lo_a):
-            raise Refused("the parts of a ranked copy are not disjoint (__chorus_unit_rows "
-                          "<= K in one, > K in the next)")
+    ranges.sort()
+    # Disjoint, and (as the rewriter writes them) the whole range cut at the parts' Ks: each
+    # part's bound below is the previous part's bound above.
+    if ranges[0][0] != -math.inf or ranges[-1][1] != math.inf \
+            or any(hi != lo for (_, hi), (lo, _) in itertools.pairwise(ranges)):
+        raise Refused("the parts of a ranked copy are not disjoint (__chorus_unit_rows "
+                      "<= K in one, > K in the next)")
 
 
 def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: OutgoingRules,

@@ -375,8 +375,10 @@ class QuantileKind:
             spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
             tree = histogram(query, spec)
             sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+            # Grouped by the keys, then the bins: the groups bound is the keys'.
             services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables,
-                                                groups=query.bounded_groups)
+                                                groups=query.bounded_groups,
+                                                group_keys=len(query.keys))
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
