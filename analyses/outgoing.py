@@ -47,8 +47,19 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
    and value, must be the literal 1.  Within one aggregation, the reads of one copy make
    occurrences of its table, each a read bounded by itself or the light and heavy branches
-   (``<= K``, ``> K``, one K) as the two sides of one UNION ALL; a light branch is never read
-   alone; several occurrences of one copy (a self-join) are distinct sources of one join.
+   (``<= K``, ``> K``, one K) as the two sides of one UNION ALL, or the three parts of
+   thresholded keys (``<= g``; ``> g AND <= k``; ``> k``) as the sides of one UNION ALL: the
+   parts' ranges of ``__chorus_unit_rows`` cut the whole range at their Ks; a light branch is
+   never read alone; several occurrences of one copy (a self-join) are distinct sources of
+   one join.
+4''. *Groups per unit* (keys released by a threshold with g < k groups per unit: the noise
+   and the threshold assume each unit in at most g groups; the caller passes g): every read
+   keeps only units of at most g rows in the copy (``__chorus_unit_rows <= K``, K <= g), or,
+   between it and the barrier, ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY o...) AS gr``
+   with ``gr <= G`` (G <= g) above it, each GROUP BY key of the barrier (or the first n, a
+   quantile histogram's keys before its bins) being one of the o's, traced down to the
+   table's columns by name through FROM subqueries and through UNIONs whose sides list the
+   same names in order (``_check_groups``).
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -56,10 +67,11 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    the public-values grid LEFT JOIN the barrier, or ``SELECT ... FROM (barrier) AS e WHERE
    FALSE`` (no declared key left: no row).  Where the barrier is named, the sum of a ranked
    copy's two branches may stand, on every release (the proxy's noise, too, is calibrated
-   to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY
-   keys``, B1 and B2 barriers that read the copy with ``__chorus_unit_rows <= K`` and ``> K``
-   (each unit in one of them only; one barrier that reads the copy twice, its light UNION
-   ALL heavy, passes only with the same test, as does each such pair of a join's sources).
+   to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2 [UNION ALL B3]) AS
+   p GROUP BY keys``, barriers that read the copy with ``__chorus_unit_rows <= K`` and ``>
+   K`` (or the three parts' ranges; each unit in one of them only; one barrier that reads
+   the copy in two or three parts, their UNION ALL, passes only with the same test, as does
+   each such pair of a join's sources).
    The grid is made of literal VALUES and of SELECTs
    that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
    that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
@@ -74,8 +86,9 @@ no rule reads (:func:`literal_shape`): the statement at a query's limit cap and 
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
 number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
 else 0, a per-person bound is finite), ``Literal.is_int`` of a literal compared to a column
-(rule 4's ``r <= k`` and ``r = 1``) and the equality of the Ks of ``__chorus_unit_rows <= K``
-and ``> K`` (the light and heavy branches' one K); no rule reads a string's value.  A rule
+(rule 4's ``r <= k`` and ``r = 1``), whether such a literal is at most g (rule 4'', g given)
+and the order of the Ks of ``__chorus_unit_rows <= K`` and ``> K`` (the parts' ranges); no
+rule reads a string's value.  A rule
 that reads more of a literal must add it to ``_number_class``.
 """
 

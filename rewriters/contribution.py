@@ -312,7 +312,8 @@ def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequenc
                           g: int, k: int) -> tuple[exp.Select, exp.Select]:
     """The rows ``group_bound`` (``g`` groups) then ``contribution`` (``k`` rows) keep of each
     ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``), in
-    two branches: the light one, the rows of the units with n_u <= g rows in the copy, and the
+    two branches (a quantile's histograms, ``rewriters.quantiles``; the answers read the three
+    parts of ``ranked_group_parts``): the light one, the rows of the units with n_u <= g rows in the copy, and the
     heavy one, the kept rows of the others.  Each unit is in exactly one of them (n_u <= g,
     n_u > g: one literal), so their aggregates can be combined group by group
     (``rewriters.pipeline.combine_branches``); the light branch has only the copy's columns.
