@@ -308,7 +308,7 @@ class SingleTableKind:
         out = []
         for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
                                                     one_statement=True, stored=stored,
-                                                    copy=copy):
+                                                    copy=copy, dialect=self.services.dialect):
             key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy, *what)
             sql = self._histograms.get(key)
             if sql is None:
