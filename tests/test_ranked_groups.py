@@ -232,6 +232,33 @@ def test_kept_rows_have_the_base_tables_distribution() -> None:
     assert abs(counts["a"] - n * 12 / 35) > 10 * (n * 4 / 15 * 11 / 15) ** 0.5
 
 
+def test_middle_units_have_the_base_tables_distribution() -> None:
+    """20000 units of rows a | b1 b2 | c (groups A, B, C), g = 2, k = 4: n_u = 4 <= k, the
+    middle part (groups scored by the stored ranks, no row cap).  The base table's
+    group_bound keeps the groups of the two first appearances in a uniformly random order of
+    the 4 rows: A is last (dropped) in 10 of the 24 orders (a 4th: 6; a 3rd with a b 4th: 4),
+    B in 4 (both b's last), so a and c are kept with probability 7/12 and b1 with 5/6; a
+    choice uniform over the groups would keep a with 2/3."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (person BIGINT, grp TEXT, name TEXT)")
+    con.execute("INSERT INTO t SELECT u, x.grp, x.name FROM range(20000) AS r(u), (VALUES "
+                "('A', 'a'), ('B', 'b1'), ('B', 'b2'), ('C', 'c')) AS x(grp, name)")
+    con.execute("CREATE TABLE copy AS " + ranked_table("t", "person").sql("duckdb"))
+    kept = ranked_group_contribution(parse_one("SELECT c.* FROM copy AS c"), "c", "person",
+                                     [parse_one("c.grp")], 2, 4)
+    text = kept.sql("duckdb")
+    assert "RANDOM()" in text and "c.__chorus_rank AS __chorus_grand" in text
+    counts = dict(con.execute(f"SELECT name, COUNT(*) FROM ({text}) GROUP BY name").fetchall())
+    per_unit = con.execute(f"SELECT MAX(n), MAX(g) FROM (SELECT person, COUNT(*) AS n, "
+                           f"COUNT(DISTINCT grp) AS g FROM ({text}) GROUP BY person)").fetchone()
+    assert per_unit == (3, 2)  # at most k rows (here 3: two groups), exactly g groups
+    n = 20000
+    for name, p in (("a", 7 / 12), ("c", 7 / 12), ("b1", 5 / 6), ("b2", 5 / 6)):
+        sd = (n * p * (1 - p)) ** 0.5
+        assert abs(counts[name] - n * p) < 5 * sd, counts
+    assert abs(counts["a"] - n * 2 / 3) > 10 * (n * 7 / 12 * 5 / 12) ** 0.5
+
+
 @st.composite
 def _tables(draw: st.DrawFn) -> list[tuple[int, int, int]]:
     """(person, grp, v) rows: up to 8 units of up to 12 rows in up to 5 groups."""
