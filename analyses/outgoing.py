@@ -60,6 +60,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    quantile histogram's keys before its bins) being one of the o's, traced down to the
    table's columns by name through FROM subqueries and through UNIONs whose sides list the
    same names in order (``_check_groups``).
+   The copy's twin ``chorus_private.T__ranked_*_u`` (the same rows in unit order) counts as
+   the copy itself: its reads and the copy's make the occurrences of one relation.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -122,6 +124,8 @@ NOISY = "chorus_noisy"       # the rewriter's noise CTE (rewriters.pipeline.NOIS
 EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
+# A ranked copy's twin, ``<copy>_u``: the copy's rows in unit order, one occurrence with it.
+_TWIN_SUFFIX = "_u"
 _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
@@ -1138,7 +1142,8 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
 
 
 def _disjoint_parts(parts: list[list[exp.Table]], rules: OutgoingRules) -> None:
-    """Refuse unless each part reads one table, the same ranked copy, with disjoint ranges of
+    """Refuse unless each part reads one table, the same ranked copy (or its twin), with
+    disjoint ranges of
     ``__chorus_unit_rows``: ``<= K`` and ``> K`` ANDed into each reading SELECT's WHERE give
     the range (max of the ``> K``, min of the ``<= K``]; a unit's stored row count
     is the same on all its rows, so its rows pass one part's range only (light ``<= g``,
@@ -1150,7 +1155,8 @@ def _disjoint_parts(parts: list[list[exp.Table]], rules: OutgoingRules) -> None:
     for t in tables:
         db = t.args.get("db")
         if not (db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name
-                and t.name == tables[0].name):
+                and t.name.removesuffix(_TWIN_SUFFIX)
+                == tables[0].name.removesuffix(_TWIN_SUFFIX)):
             raise Refused("the aggregations do not read one ranked copy")
     ranges = []
     for t in tables:
@@ -1169,8 +1175,8 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
                       paired: bool) -> None:
     """Refuse unless the reads of each ranked copy below ``barrier`` (one aggregation) make
     occurrences of its table each bounded as a whole: one read bounded by itself (rule 4), or
-    the light and heavy branches, the two sides of one UNION ALL, disjoint
-    (``_disjoint_branches``: overlapping ones would give a unit k rows in each, 2k in the one
+    the light and heavy branches (or three parts), the sides of one UNION ALL, disjoint
+    (``_disjoint_parts``: overlapping ones would give a unit k rows in each, 2k in the one
     occurrence).  A light branch (``__chorus_unit_rows <= K``) is never read alone: the
     rewriter reads it only with its heavy branch (``paired``: each of two aggregations reads
     one branch, which ``_combination`` pairs).  Several occurrences of one copy must be
@@ -1182,7 +1188,9 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
     for t in tables:
         db = t.args.get("db")
         if db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name:
-            copies.setdefault(t.name, []).append(t)
+            # A twin holds its copy's very rows: a heavy branch read from it pairs with the
+            # copy's light branch, and two bounded reads of copy and twin are two occurrences.
+            copies.setdefault(t.name.removesuffix(_TWIN_SUFFIX), []).append(t)
     for name, reads in copies.items():
         groups: dict[int, list[exp.Table]] = {}  # by the set operation the read is a side of
         for t in reads:

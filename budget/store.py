@@ -777,14 +777,18 @@ class _SQLTx(Tx):
         self._write_marker()
 
 
-_PROCESS_LOCKS: dict[str, threading.RLock] = {}
+_PROCESS_LOCKS: dict[str, threading.Lock] = {}
 _PROCESS_LOCKS_GUARD = threading.Lock()
 
 
-def _process_lock(where: str) -> threading.RLock:
-    """One lock per ledger database in this process (several stores may open the same one)."""
+def _process_lock(where: str) -> threading.Lock:
+    """One lock per ledger database in this process (several stores may open the same one).
+
+    A plain lock, not re-entrant (no transaction opens another): a claim decided in its
+    caller's thread is committed, and its transaction's lock released, by the ledger's commit
+    thread (``Ledger.claim_overlapped``)."""
     with _PROCESS_LOCKS_GUARD:
-        return _PROCESS_LOCKS.setdefault(where, threading.RLock())
+        return _PROCESS_LOCKS.setdefault(where, threading.Lock())
 
 
 class SQLStore(Store):

@@ -21,6 +21,21 @@ GROUP_KEY = "__chorus_gk"
 UNIT_ROWS = "__chorus_unit_rows"  # a ranked copy's count of its unit's rows (ranked_table)
 KEPT_RANK = "__chorus_krank"  # a row's rank among its unit's filtered rows (ranked_contribution)
 GROUP_KEPT = "gk"  # the alias of a ranked copy's group-bounded rows (ranked_group_parts)
+#: A ranked copy's twin: the same rows and columns stored in unit order, ``<copy name>_u``.
+UNIT_ORDER = "_u"
+
+
+def unit_ordered(copy: str) -> str:
+    """The name of the twin of the ranked copy ``copy``: the copy's rows (every column, the
+    stored ranks and unit counts included) sorted by unit then stored rank
+    (``chorus_py.stores.samples``).  The heavy branch ranks its filtered rows in that very
+    order, so the engine meets each unit's rows one after the other instead of scattered over
+    the blocks (DuckDB's per-unit top-k state stays hot; Postgres sorts rows nearly sorted).
+
+    >>> unit_ordered("trips__ranked_0123456789abcdef")
+    'trips__ranked_0123456789abcdef_u'
+    """
+    return f"{copy}{UNIT_ORDER}"
 
 
 def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
@@ -172,7 +187,8 @@ def stored_rank_contribution(rows: exp.Select, alias: str, k: int) -> exp.Select
     return rows.where(exp.column(RANK, table=alias) <= exp.Literal.number(k), copy=False)
 
 
-def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.Union:
+def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
+                        twin: bool = False) -> exp.Union:
     """Keep at most ``k`` rows per ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
     alias WHERE <filter>``, a copy made by ``ranked_table``) without sorting the light units.
 
@@ -184,6 +200,7 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.
     unit's filtered rows, or all of them when there are at most k): the same function of the
     data, the same stability k.  The branches are disjoint (n_u <= k, n_u > k) and both output
     the copy's columns and a rank (1 in the light branch), so UNION ALL lines them up.
+    ``twin``: the heavy branch reads the copy's unit-ordered twin (``ranked_branches``).
 
     >>> from sqlglot import parse_one
     >>> print(ranked_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t WHERE t.fare > 3"),
@@ -193,16 +210,32 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int) -> exp.
     (PARTITION BY t.rider_id ORDER BY t.__chorus_rank) AS __chorus_krank FROM p.trips__ranked_x
     AS t WHERE t.fare > 3 AND t.__chorus_unit_rows > 5) AS b WHERE b.__chorus_krank <= 5
     """
-    light, heavy = ranked_branches(rows, alias, unit, k)
+    light, heavy = ranked_branches(rows, alias, unit, k, twin)
     return exp.union(light, heavy, distinct=False, copy=False)
 
 
-def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int
+def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool = False
                     ) -> tuple[exp.Select, exp.Select]:
     """The light and the heavy branch of ``ranked_contribution``, apart: the rows of the units
     with n_u <= k in the copy, and the first k filtered rows of each heavier unit.  Each unit
     is in exactly one of them, so aggregates of the two can be combined group by group
-    (``rewriters.pipeline``, Postgres: each branch aggregated on its own)."""
+    (``rewriters.pipeline``, Postgres: each branch aggregated on its own).
+
+    ``twin``: the heavy branch reads the copy's twin in unit order (``unit_ordered``) with the
+    same filter.  It holds the copy's very rows, ranks and unit counts, so the heavy branch
+    keeps the same rows (the first k filtered rows of each unit in the stored order, the same
+    stability k); only the order in which the engine reads them changes.  The light branch
+    still reads the copy, stored in block order, so a query over a few blocks skips the
+    others.
+
+    >>> from sqlglot import parse_one
+    >>> light, heavy = ranked_branches(parse_one("SELECT t.* FROM p.trips__ranked_x AS t "
+    ...                                          "WHERE t.fare > 3"), "t", "rider_id", 2, True)
+    >>> print(heavy.sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT * FROM (SELECT t.*, ROW_NUMBER() OVER (PARTITION BY t.rider_id ORDER BY
+    t.__chorus_rank) AS __chorus_krank FROM p.trips__ranked_x_u AS t WHERE t.fare > 3 AND
+    t.__chorus_unit_rows > 2) AS b WHERE b.__chorus_krank <= 2
+    """
     if k < 1:
         raise ValueError("k must be >= 1")
     size = exp.column(UNIT_ROWS, table=alias)
@@ -210,7 +243,12 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int
     light = rows.copy().select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
         exp.LTE(this=size, expression=cap), copy=False)
     order = exp.Order(expressions=[exp.Ordered(this=exp.column(RANK, table=alias))])
-    heavy = rows.copy().select(exp.alias_(exp.Window(
+    heavy = rows.copy()
+    if twin:
+        source = heavy.args["from_"].this
+        source.set("this", exp.to_identifier(unit_ordered(source.name),
+                                             quoted=source.this.quoted))
+    heavy = heavy.select(exp.alias_(exp.Window(
         this=exp.RowNumber(), partition_by=[exp.column(unit, table=alias)], order=order),
         KEPT_RANK), copy=False).where(exp.GT(this=size.copy(), expression=cap.copy()),
                                       copy=False)

@@ -93,7 +93,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              samples: Mapping[str, tuple[str, str]] | None = None,
              ranked: tuple[str, str] | None = None, whole: bool = False,
              copies: Mapping[str, tuple[str, str]] | None = None,
-             covering: Collection[str] = ()) -> RewrittenQuery:
+             covering: Collection[str] = (), twin: bool = False) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -107,8 +107,11 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     (``rewriters.contribution.stored_rank_contribution``: no window, no UNION ALL).  With
     groups per unit g < k (thresholded keys), whole or not, only the units of more than g rows
     are bounded to g groups and k rows (``ranked_group_contribution``: light, middle and heavy
-    parts).  On the ``SPLIT_DIALECTS`` the light and heavy branches (or the three parts) are
-    aggregated apart and their per-group measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
+    parts).  ``twin``: the heavy branch (without groups per unit) reads the copy's twin in unit
+    order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
+    the window ranks them; ``kinds.single`` says when).  On the ``SPLIT_DIALECTS`` the light
+    and heavy branches (or the three parts) are aggregated apart and their per-group
+    measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
     alias) instead, those in ``covering`` whole when nothing filters them
     (``rewriters.joins.join_rows``).
     """
@@ -150,10 +153,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         rows = stored_rank_contribution(rows, alias, query.stability)
     elif ranked is not None and dialect in SPLIT_DIALECTS and _adds_up(query):
         assert rows is not None and tp.privacy_unit is not None
-        branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability)
+        branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin)
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
-        rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability)
+        rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin)
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

@@ -34,6 +34,7 @@ from chorus_py.kinds.selection import (
 )
 from mechanisms.caps import cap_bins
 from mechanisms.clip_bounds import STEPS, magnitude_edges
+from rewriters.contribution import UNIT_ORDER
 from rewriters.dialect import dialect
 
 LIMIT = 10
@@ -285,7 +286,8 @@ def _both_sources(engine: Engine, sql: str
     _, prepared = engine.prepare(sql, "alice", epsilon=10.0)
     assert prepared.selection is not None
     detail, clipped = prepared.detail, parts(prepared.selection.query)[1]
-    copy, = [t for t in engine.backend.owned_tables() if t.startswith("choice_t__ranked_")]
+    copy, = [t for t in engine.backend.owned_tables()  # the copy, not its twin in unit order
+             if t.startswith("choice_t__ranked_") and not t.endswith(UNIT_ORDER)]
     out = []
     for source in ((SCHEMA, copy), None):
         (what, shape, build), = histogram_builders(detail.query, detail.restriction, None,

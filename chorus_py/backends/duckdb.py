@@ -21,6 +21,7 @@ from chorus_py.backends.base import (
     portable_type,
 )
 from chorus_py.backends.cancel import Stop, cancellable
+from chorus_py.backends.duckdb_cursors import ThreadCursors
 from chorus_py.errors import OperationalError
 
 log = logging.getLogger("chorus.backends")
@@ -93,45 +94,55 @@ class DuckDBBackend(Backend):
         self._public_at = 0.0  # time.monotonic() of the last copy
         self._public_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
+        self._cursors = ThreadCursors(self._open_cursor)
+        self._public_cursors: ThreadCursors | None = None
 
     def run(self, sql: str) -> ResultSet:
-        with self._lock:
-            cur = self._con.cursor()  # a cursor is DuckDB's per-thread handle on the database
-        return self._run_on(cur, sql, _rows)
+        return self._run_on(self._cursors, sql, _rows)
 
     def run_integers(self, sql: str) -> tuple[np.ndarray, ...]:
         """The columns by ``fetchnumpy``: no Python object per value (a grouped quantile
         histogram has about 20,000 rows, which took 30-60 ms to fetch and transpose as
         tuples)."""
-        with self._lock:
-            cur = self._con.cursor()
-        return self._run_on(cur, sql, _integers)
+        return self._run_on(self._cursors, sql, _integers)
 
-    def _run_on(self, cur: duckdb.DuckDBPyConnection, sql: str,
+    def _open_cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            return self._con.cursor()  # a cursor is DuckDB's per-thread handle on the database
+
+    def _run_on(self, cursors: ThreadCursors, sql: str,
                 fetch: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-        """Run ``sql`` on a fresh cursor (closed here), read-only, cancellable, timed, its
-        result read by ``fetch``."""
+        """Run ``sql`` on the calling thread's cursor of ``cursors`` (prepared when the thread
+        ran the same text before, ``chorus_py.backends.duckdb_cursors``), read-only,
+        cancellable, timed, its result read by ``fetch``.  After an error the thread's cursor
+        is dropped, with what was prepared on it."""
+        mine = cursors.get()
+        cur = mine.cursor
         stop: Stop | None = None
         try:
             # A read-only transaction: DuckDB has no read-only connection to a file the proxy
             # also writes its stored samples to, so each statement gets one (defence in depth
-            # behind the validator, as default_transaction_read_only on Postgres).
+            # behind the validator, as default_transaction_read_only on Postgres).  A prepared
+            # statement runs in it as any other.
             cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
                 with cancellable(cur.interrupt, self._timeout_s) as stop:
-                    cur.execute(sql)
-                    result = fetch(cur)
+                    result = fetch(mine.execute(sql))
             finally:
                 cur.execute("ROLLBACK")  # nothing to keep: it read only
         except self._BEFORE_EXECUTION as err:
+            cursors.drop()
             raise StatementFailed(False, str(err)) from None
         except duckdb.InterruptException as err:
+            cursors.drop()
             reason = (stop.reason if stop is not None else None) or "user request"
             raise StatementFailed(True, str(err), cancelled=reason) from None
         except duckdb.Error as err:
+            cursors.drop()
             raise StatementFailed(True, str(err)) from None
-        finally:
-            cur.close()
+        except BaseException:
+            cursors.drop()
+            raise
         return result
 
     def restrict_public(self, public: Sequence[str], private: Sequence[str],
@@ -151,6 +162,7 @@ class DuckDBBackend(Backend):
         self._public_tables = tuple(public)
         self._public_ttl = refresh_seconds
         self._public = duckdb.connect(":memory:", config=dict(_PUBLIC_DUCKDB_CONFIG))
+        self._public_cursors = ThreadCursors(self._open_public_cursor)
         self._copy_public()
         return ()
 
@@ -208,9 +220,13 @@ class DuckDBBackend(Backend):
                 raise StatementFailed(False, f"copying the public tables: {err}") from None
             finally:
                 self._refresh_lock.release()
+        assert self._public_cursors is not None
+        return self._run_on(self._public_cursors, sql, _rows)
+
+    def _open_public_cursor(self) -> duckdb.DuckDBPyConnection:
+        assert self._public is not None
         with self._public_lock:
-            cur = self._public.cursor()
-        return self._run_on(cur, sql, _rows)
+            return self._public.cursor()
 
     def run_owned(self, statements: Sequence[str]) -> None:
         with self._lock:
@@ -234,7 +250,10 @@ class DuckDBBackend(Backend):
         return group_columns(result.rows)
 
     def close(self) -> None:
+        self._cursors.close()
         self._con.close()
+        if self._public_cursors is not None:
+            self._public_cursors.close()
         if self._public is not None:
             self._public.close()
 

@@ -151,6 +151,90 @@ def test_under_load_the_claim_commits_in_the_callers_thread(tmp_path: Path) -> N
     assert fields(led, "a")[3] == pytest.approx(0.2)
 
 
+def test_an_idle_ledger_decides_in_the_callers_thread_and_commits_in_its_own(
+        tmp_path: Path) -> None:
+    """No hand-over before the decision (the caller's thread decides), none after it (the
+    commit thread finishes the transaction and releases its locks)."""
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a"])
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+    deciders: list[int] = []
+    committers: list[int] = []
+    arrive = led._arrive
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        deciders.append(threading.get_ident())
+        return arrive(*args, **kwargs)  # type: ignore[arg-type]
+
+    led._arrive = recorded  # type: ignore[method-assign]
+    store.before_commit = lambda: committers.append(threading.get_ident())
+    _, durable = led.claim_overlapped("alice", ["a"], 0.25, 0.0)
+    durable()
+    store.before_commit = None
+    assert deciders == [threading.get_ident()]
+    assert len(committers) == 1 and committers[0] != threading.get_ident()
+    # The locks were released by the commit thread: the next transaction goes on at once.
+    assert led.claim("bob", ["a"], 0.25, 0.0, consume_on_grant=True).state == "consumed"
+    assert fields(led, "a") == (0.0, 0.5, 0.0, 0.5)
+    check_all(led)
+
+
+def test_a_claim_waits_for_the_decided_ones_commit_and_never_overspends(
+        tmp_path: Path) -> None:
+    """Two claims for the last budget, the second arriving while the first's commit is held:
+    the second is decided on the committed state (refused), never on the state before it."""
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a"])
+    store = led.store
+    assert isinstance(store, SQLiteStore)
+    gate = threading.Event()
+    store.before_commit = lambda: gate.wait(10) and None
+    claim, durable = led.claim_overlapped("alice", ["a"], 0.75, 0.0, wait_seconds=0)
+    assert claim.state == "consumed"
+    outcome: list[object] = []
+
+    def second() -> None:
+        try:
+            led.claim_overlapped("bob", ["a"], 0.75, 0.0, wait_seconds=0)
+            outcome.append("granted")
+        except BudgetExhausted as err:
+            outcome.append(err)
+
+    other = threading.Thread(target=second)
+    other.start()
+    time.sleep(0.2)
+    assert not outcome  # queued behind the held commit
+    gate.set()
+    other.join(10)
+    durable()
+    store.before_commit = None
+    assert len(outcome) == 1 and isinstance(outcome[0], BudgetExhausted)
+    assert fields(led, "a") == (0.0, 0.25, 0.0, 0.75)
+    check_all(led)
+
+
+def test_a_decision_that_fails_releases_the_ledger(tmp_path: Path) -> None:
+    """An error while deciding (in the caller's thread) rolls the transaction back there: the
+    claim raises, nothing is spent, and the next claim is not blocked."""
+    led = sqlite_ledger(tmp_path)
+    led.ensure_blocks(["a"])
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise DiskFull("read failed")
+
+    arrive = led._arrive
+    led._arrive = broken  # type: ignore[method-assign]
+    with pytest.raises(DiskFull):
+        led.claim_overlapped("alice", ["a"], 0.25, 0.0)
+    led._arrive = arrive  # type: ignore[method-assign]
+    assert not led._arrivals and fields(led, "a") == (0.0, 1.0, 0.0, 0.0)
+    _, durable = led.claim_overlapped("alice", ["a"], 0.25, 0.0)
+    durable()
+    assert fields(led, "a") == (0.0, 0.75, 0.0, 0.25)
+    check_all(led)
+
+
 # -- the engine: statements overlap the commit, the release waits for it ----------------------
 
 @pytest.fixture

@@ -1,0 +1,200 @@
+"""The ranked copy's twin in unit order (``rewriters.contribution.unit_ordered``,
+``chorus_py.stores.samples``): the copy's rows sorted by unit then stored rank, which the heavy
+branch of a filtered query over much of the schedule reads (``kinds.single.twin_pays``).
+
+It must change nothing but speed: for the same copy (the same stored ranks) the twin's heavy
+branch keeps the very rows the copy's keeps, each unit min(c_u, k) of its c_u filtered rows,
+and the outgoing verifier counts the twin as its copy (a light branch of one copy never pairs
+with the heavy branch of another's twin).  Both backends, on the skewed table of
+``tests.test_ranked_copy`` (units of 1 to 40 rows).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlglot import parse_one
+
+from analyses.outgoing import Refused, verify
+from chorus_py.backends import SCHEMA
+from chorus_py.engine import Engine
+from chorus_py.kinds.single import twin_pays
+from chorus_py.policy import load_policy
+from rewriters.contribution import ranked_contribution, unit_ordered
+from tests.conftest import table_with_rows
+from tests.test_ranked_copy import POLICY, K, _exact, _rows
+
+FILTERS = [("v >= 2", lambda v: v >= 2), ("v < 1 OR v > 6", lambda v: v < 1 or v > 6),
+           ("v >= 0", lambda v: v >= 0)]
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(backend URL, table name) of the skewed table on each backend."""
+    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
+    with table_with_rows(request, tmp_path, "twin", columns, _rows()) as made:
+        yield made
+
+
+@pytest.fixture
+def engine(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]) -> Engine:
+    """An engine over the skewed table with its ranked copy and twin built."""
+    url, table = skewed
+    made = policy_engine(POLICY.format(url=url, table=table, k=K, ranked="true"))
+    made.warm_up(wait=True)
+    return made
+
+
+def _copy(engine: Engine, table: str) -> str:
+    (copy,) = [t for t in engine.backend.owned_tables()
+               if t.startswith(f"{table}__ranked_") and not t.endswith("_u")]
+    return copy
+
+
+def _kept(engine: Engine, copy: str, where: str, twin: bool) -> list[tuple[int, int]]:
+    """(id, person) of the rows ``ranked_contribution`` keeps of the copy's filtered rows."""
+    rows = parse_one(f'SELECT c.* FROM {SCHEMA}."{copy}" AS c WHERE {where}')
+    kept = ranked_contribution(rows, "c", "person", K, twin).sql(engine.dialect)
+    return sorted(engine.backend.run(f"SELECT b.id, b.person FROM ({kept}) AS b").rows)
+
+
+def test_the_twin_holds_the_copys_rows_in_unit_order(skewed: tuple[str, str],
+                                                     engine: Engine) -> None:
+    _, table = skewed
+    copy = _copy(engine, table)
+    assert unit_ordered(copy) in engine.backend.owned_tables()
+    columns = "id, person, v, __chorus_rank, __chorus_unit_rows"
+
+    def read(name: str, order: str) -> list[tuple[object, ...]]:
+        return engine.backend.run(f'SELECT {columns} FROM {SCHEMA}."{name}" {order}').rows
+
+    assert read(unit_ordered(copy), "ORDER BY id") == read(copy, "ORDER BY id")
+    assert len(read(copy, "")) == len(_rows())
+    if engine.dialect == "duckdb":  # stored (and scanned) by unit, then stored rank
+        stored = [(r[1], r[3]) for r in read(unit_ordered(copy), "")]
+        assert stored == sorted(stored)
+
+
+@pytest.mark.parametrize("where, passing", FILTERS)
+def test_the_twin_keeps_the_rows_the_copy_keeps(
+        skewed: tuple[str, str], engine: Engine, where: str,
+        passing: Callable[[float], bool]) -> None:
+    """The same stored ranks: the same kept rows, min(c_u, k) of each unit's c_u filtered
+    rows (by hand from the table's rows), with the twin as without."""
+    _, table = skewed
+    copy = _copy(engine, table)
+    from_copy, from_twin = (_kept(engine, copy, where, twin) for twin in (False, True))
+    assert from_twin == from_copy
+    filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
+    kept = collections.Counter(p for _, p in from_twin)
+    assert kept == {p: min(c, K) for p, c in filtered.items()}
+    assert max(kept.values()) <= K
+
+
+@pytest.mark.parametrize("where, passing", FILTERS)
+def test_a_query_reads_the_twin_and_measures_what_the_copy_does(
+        skewed: tuple[str, str], engine: Engine, where: str,
+        passing: Callable[[float], bool]) -> None:
+    _, table = skewed
+    twin = unit_ordered(_copy(engine, table))
+    sql = f"SELECT COUNT(*), SUM(v) FROM {table} WHERE {where}"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    assert twin in prepared.detail.sql and "__chorus_unit_rows <= " in prepared.detail.sql
+    with_twin = _exact(engine, sql)
+    engine.samples.read_twins = False  # the copy's own heavy branch, as before the twin
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    assert "__ranked_" in prepared.detail.sql and twin not in prepared.detail.sql
+    assert _exact(engine, sql) == with_twin
+    filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
+    assert with_twin[0][0] == sum(min(c, K) for c in filtered.values())  # sum_u min(c_u, k)
+
+
+def test_the_verifier_pairs_a_twin_only_with_its_own_copy(skewed: tuple[str, str],
+                                                         engine: Engine) -> None:
+    """The engine's statement passes; its heavy branch read from another copy's twin (a
+    light unit of one copy could be a heavy one of the other: 2k rows), or with its row cap
+    dropped, is refused."""
+    _, table = skewed
+    twin = unit_ordered(_copy(engine, table))
+    sql = f"SELECT COUNT(*), SUM(v) FROM {table} WHERE v >= 2"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    statement = prepared.detail.sql
+    assert statement.count(twin) == 1
+
+    def check(text: str) -> None:
+        verify(text, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+               frozenset({table}))
+
+    check(statement)
+    other = twin.replace("__ranked_", "__ranked_0").replace("_u", "0_u")
+    with pytest.raises(Refused, match="ranked copy"):
+        check(statement.replace(twin, other))
+    uncapped = statement.replace(f"__chorus_krank <= {K}", "__chorus_krank >= 1")
+    assert uncapped != statement
+    with pytest.raises(Refused, match="contribution bounding"):
+        check(uncapped)
+
+
+def test_a_copy_without_its_twin_gets_one_and_one_shot_engines_read_it(
+        skewed: tuple[str, str], engine: Engine, tmp_path: Path) -> None:
+    """A copy an older proxy built (no twin) gets its twin when a server starts; a one-shot
+    engine, which never builds, reads the twin it finds (and the copy alone without one)."""
+    url, table = skewed
+    copy = _copy(engine, table)
+    engine.backend.run_owned([f'DROP TABLE {SCHEMA}."{unit_ordered(copy)}"'])
+    path = tmp_path / "twin.toml"
+    path.write_text(POLICY.format(url=url, table=table, k=K, ranked="true"))
+    sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 2"
+    with Engine(load_policy(path), build_ranked_copies=False) as once:
+        _, prepared = once.prepare(sql, "alice", epsilon=1.0)
+        assert copy in prepared.detail.sql and unit_ordered(copy) not in prepared.detail.sql
+    with Engine(load_policy(path)) as server:
+        server.warm_up(wait=True)
+    assert unit_ordered(copy) in engine.backend.owned_tables()
+    with Engine(load_policy(path), build_ranked_copies=False) as once:
+        _, prepared = once.prepare(sql, "alice", epsilon=1.0)
+        assert unit_ordered(copy) in prepared.detail.sql
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
+def long_named(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A Postgres table of a 37-byte name: its copy's name has 62 bytes, its twin's would
+    have 64 (Postgres truncates names to 63 bytes: the twin would overwrite the copy)."""
+    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
+    with table_with_rows(request, tmp_path, "t" * 28, columns, _rows()) as made:
+        yield made
+
+
+def test_no_twin_when_postgres_would_truncate_its_name(
+        long_named: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    url, table = long_named
+    engine = policy_engine(POLICY.format(url=url, table=table, k=K, ranked="true"))
+    engine.warm_up(wait=True)
+    copy = _copy(engine, table)
+    assert len(copy) == 62 and len(unit_ordered(copy)) == 64
+    assert unit_ordered(copy)[:63] not in engine.backend.owned_tables()
+    sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 2"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    assert copy in prepared.detail.sql and "_u\"" not in prepared.detail.sql
+    filtered = collections.Counter(p for _, p, v in _rows() if v >= 2)
+    assert _exact(engine, sql)[0][0] == sum(min(c, K) for c in filtered.values())
+
+
+@pytest.mark.parametrize("read, blocks, cap, limit, duckdb, postgres", [
+    (90, 90, 200, 200, True, True),    # the whole schedule, even at the limit
+    (45, 90, 200, 200, True, True),    # half of it
+    (44, 90, 2, 200, True, False),     # under half, over a quarter, cap <= limit / 8
+    (44, 90, 25, 200, True, False),    # cap = limit / 8 exactly
+    (44, 90, 26, 200, False, False),   # cap above limit / 8
+    (23, 90, 2, 200, True, False),     # a quarter and more (4 * 23 >= 90)
+    (22, 90, 2, 200, False, False),    # under a quarter: the copy's skipped blocks win
+    (1, 1, 1, 1, True, True),          # no block column: the whole table
+    (0, 0, 1, 1, False, False),        # no block at all
+])
+def test_the_twin_is_read_when_the_query_reads_much_of_the_schedule(
+        read: int, blocks: int, cap: int, limit: int, duckdb: bool, postgres: bool) -> None:
+    assert twin_pays(read, blocks, cap, limit, "duckdb") is duckdb
+    assert twin_pays(read, blocks, cap, limit, "postgres") is postgres
