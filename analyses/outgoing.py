@@ -47,8 +47,19 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
    and value, must be the literal 1.  Within one aggregation, the reads of one copy make
    occurrences of its table, each a read bounded by itself or the light and heavy branches
-   (``<= K``, ``> K``, one K) as the two sides of one UNION ALL; a light branch is never read
-   alone; several occurrences of one copy (a self-join) are distinct sources of one join.
+   (``<= K``, ``> K``, one K) as the two sides of one UNION ALL, or the three parts of
+   thresholded keys (``<= g``; ``> g AND <= k``; ``> k``) as the sides of one UNION ALL: the
+   parts' ranges of ``__chorus_unit_rows`` cut the whole range at their Ks; a light branch is
+   never read alone; several occurrences of one copy (a self-join) are distinct sources of
+   one join.
+4''. *Groups per unit* (keys released by a threshold with g < k groups per unit: the noise
+   and the threshold assume each unit in at most g groups; the caller passes g): every read
+   keeps only units of at most g rows in the copy (``__chorus_unit_rows <= K``, K <= g), or,
+   between it and the barrier, ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY o...) AS gr``
+   with ``gr <= G`` (G <= g) above it, each GROUP BY key of the barrier (or the first n, a
+   quantile histogram's keys before its bins) being one of the o's, traced down to the
+   table's columns by name through FROM subqueries and through UNIONs whose sides list the
+   same names in order (``_check_groups``).
    The copy's twin ``chorus_private.T__ranked_*_u`` (the same rows in unit order) counts as
    the copy itself: its reads and the copy's make the occurrences of one relation.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
@@ -58,10 +69,11 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    the public-values grid LEFT JOIN the barrier, or ``SELECT ... FROM (barrier) AS e WHERE
    FALSE`` (no declared key left: no row).  Where the barrier is named, the sum of a ranked
    copy's two branches may stand, on every release (the proxy's noise, too, is calibrated
-   to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY
-   keys``, B1 and B2 barriers that read the copy with ``__chorus_unit_rows <= K`` and ``> K``
-   (each unit in one of them only; one barrier that reads the copy twice, its light UNION
-   ALL heavy, passes only with the same test, as does each such pair of a join's sources).
+   to one aggregation): ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2 [UNION ALL B3]) AS
+   p GROUP BY keys``, barriers that read the copy with ``__chorus_unit_rows <= K`` and ``>
+   K`` (or the three parts' ranges; each unit in one of them only; one barrier that reads
+   the copy in two or three parts, their UNION ALL, passes only with the same test, as does
+   each such pair of a join's sources).
    The grid is made of literal VALUES and of SELECTs
    that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
    that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
@@ -76,8 +88,9 @@ no rule reads (:func:`literal_shape`): the statement at a query's limit cap and 
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
 number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
 else 0, a per-person bound is finite), ``Literal.is_int`` of a literal compared to a column
-(rule 4's ``r <= k`` and ``r = 1``) and the equality of the Ks of ``__chorus_unit_rows <= K``
-and ``> K`` (the light and heavy branches' one K); no rule reads a string's value.  A rule
+(rule 4's ``r <= k`` and ``r = 1``), whether such a literal is at most g (rule 4'', g given)
+and the order of the Ks of ``__chorus_unit_rows <= K`` and ``> K`` (the parts' ranges); no
+rule reads a string's value.  A rule
 that reads more of a literal must add it to ``_number_class``.
 """
 
@@ -159,19 +172,24 @@ _COMPARISONS = frozenset({TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.G
                           TokenType.NEQ})
 
 
-def _number_class(text: str, compared: bool, counts: dict[Fraction, int] | None) -> str:
+def _number_class(text: str, compared: bool, order: dict[Fraction, int] | None,
+                  groups: int | None) -> str:
     """Everything the rules read of a numeric literal: through ``_constant`` whether it is 0,
     1 (rule 4's mark and weight) or finite (rule 3'), as 0/1 digits; for a literal right after
     a comparison (``compared``: the literal that is a comparison's right side is the token
-    right after its operator), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``); and for the K
-    of ``__chorus_unit_rows <= K`` or ``> K`` (``counts``, which numbers those Ks' exact
-    values in order of appearance), which of them it equals (the branches' one K)."""
+    right after its operator), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``) and, with a
+    groups bound, whether it is at most ``groups`` (rule 4'' reads ``<= G`` and ``<= K`` so);
+    and for the K of ``__chorus_unit_rows <= K`` or ``> K`` (``order``, the rank of every such
+    K's exact value among them all), its rank (the parts' ranges are disjoint or not by the
+    order of their Ks)."""
     value = float(text)
     out = f"{value == 0:d}{value == 1:d}{math.isfinite(value):d}"
     if compared:
         out += f"{'.' not in text:d}"
-    if counts is not None:
-        out += f":{counts.setdefault(Fraction(text), len(counts))}"
+        if groups is not None:
+            out += f"{value <= groups:d}"
+    if order is not None:
+        out += f":{order[Fraction(text)]}"
     return out
 
 
@@ -189,9 +207,10 @@ def tokens(sql: str, dialect: str) -> list[Token] | None:
         return None
 
 
-def literal_shape(cut: list[Token]) -> bytes:
+def literal_shape(cut: list[Token], groups: int | None = None) -> bytes:
     """A digest of a statement's tokens in which only literal values no rule reads are blanked:
-    two statements with the same digest pass the rules alike (module docstring).
+    two statements with the same digest pass the rules alike (module docstring), at the same
+    ``groups`` bound (``verify``'s; None: none).
 
     Every token keeps its type, comments and text, except a number written as digits with an
     optional fraction (no sign: a minus is a token of its own), which keeps only its
@@ -202,16 +221,18 @@ def literal_shape(cut: list[Token]) -> bytes:
     kinds = [token.token_type for token in cut]
     texts = [token.text for token in cut]
     blanked: list[int] = []
-    counts: dict[Fraction, int] = {}
     number, string = _NUMBER, _STRING  # locals: an enum member is slow to look up
+    # ``a.__chorus_unit_rows <= K``: the column's name is the token before the operator (a
+    # parenthesised column is no Column to the rule, and reads no K).
+    unit_rows = {i for i, kind in enumerate(kinds)
+                 if kind is number and i > 1 and kinds[i - 1] in _ROW_COUNT_TESTS
+                 and texts[i - 2] == _UNIT_ROWS and _PLAIN_NUMBER.fullmatch(texts[i])}
+    order = {v: r for r, v in enumerate(sorted({Fraction(texts[i]) for i in unit_rows}))}
     for i, kind in enumerate(kinds):
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
             compared = i > 0 and kinds[i - 1] in _COMPARISONS
-            # ``a.__chorus_unit_rows <= K``: the column's name is the token before the operator
-            # (a parenthesised column is no Column to the rule, and reads no K).
-            unit_rows = compared and i > 1 and kinds[i - 1] in _ROW_COUNT_TESTS \
-                and texts[i - 2] == _UNIT_ROWS
-            texts[i] = _number_class(texts[i], compared, counts if unit_rows else None)
+            texts[i] = _number_class(texts[i], compared, order if i in unit_rows else None,
+                                     groups)
             blanked.append(i)
         elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
             texts[i] = ""
@@ -229,13 +250,17 @@ def literal_shape(cut: list[Token]) -> bytes:
 
 
 def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
-                   tables: frozenset[str], cut: list[Token] | None = None) -> None:
+                   tables: frozenset[str], cut: list[Token] | None = None,
+                   groups: int | None = None, group_keys: int | None = None) -> None:
     """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
     tables only inside the bounding-and-noise structure (module docstring) and reads no
     private table outside ``tables``, those the analysis said the query reads.  ``cut``: the
-    text's :func:`tokens`, when the caller has them."""
+    text's :func:`tokens`, when the caller has them.  ``groups``: the groups per unit g the
+    noise and the key-release threshold assume (rule 4''; None: the row cap alone), in the
+    groups of the first ``group_keys`` GROUP BY expressions of the aggregation (None: all of
+    them; a quantile histogram's last one is its bins)."""
     try:
-        verify(sql, dialect, rules, release, tables, cut)
+        verify(sql, dialect, rules, release, tables, cut, groups, group_keys)
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
@@ -244,7 +269,8 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
 
 
 def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
-           tables: frozenset[str], cut: list[Token] | None = None) -> None:
+           tables: frozenset[str], cut: list[Token] | None = None,
+           groups: int | None = None, group_keys: int | None = None) -> None:
     """``check_outgoing`` without logging: raises Refused naming the broken rule."""
     try:
         # What sqlglot.parse does, from the tokens when given (cut from this very text).
@@ -270,6 +296,8 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     reads: dict[int, list[exp.Table]] = {}  # id(barrier) -> the private reads below it
     for table, name in private:
         barrier = _check_private_read(table, name, rules, allowed)
+        if groups is not None:
+            _check_groups(table, name, barrier, rules, groups, group_keys)
         # Several reads may share one barrier (a ranked copy's light and heavy branches).
         if not any(barrier is b for b in barriers):
             barriers.append(barrier)
@@ -380,6 +408,180 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit}")
     return barrier
+
+
+# -- 4''. groups per unit ------------------------------------------------------------------
+def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: OutgoingRules,
+                  groups: int, group_keys: int | None) -> None:
+    """Refuse unless the rows of each unit that reach ``barrier`` from ``table`` fall in at
+    most ``groups`` of its groups, those of its first ``group_keys`` GROUP BY expressions
+    (None: all) (rule 4'', module docstring).
+
+    Either the reading SELECT keeps only units of at most ``groups`` rows in the copy
+    (``__chorus_unit_rows <= K``, K <= groups: K rows reach at most K groups), or a SELECT
+    between the read and the barrier computes ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY
+    o1, o2, ...) AS gr`` and one above it, at or below the barrier, keeps ``gr <= G`` (an int
+    G <= groups), where every GROUP BY key of the barrier is, traced down to the table's
+    columns, one of the o_i (no RANDOM() in it).  DENSE_RANK gives equal ranks exactly to
+    rows with equal (o1, o2, ...), so a unit's rows that pass have at most G distinct tuples,
+    and its keys, each a function of the tuple, at most G distinct values.  The tracing
+    follows FROM subqueries by column name (no join on the way); through a UNION, whose
+    columns are matched by position, only when every side lists the same names in the same
+    order (``_names``)."""
+    spec = rules.private[name]
+    group = barrier.args.get("group")
+    if spec.unit is None or group is None:  # no unit to bound, or one group in all
+        return
+    chain = _select_ancestors(table)
+    index = next(i for i, s in enumerate(chain) if s is barrier)
+    below, _ = _unit_rows_bounds(table)
+    if below and min(below) <= groups:
+        return
+    keys = [_at_source(k, chain, index) for k in group.expressions[:group_keys]]
+    if not any(s.args.get("joins") for s in chain[: index + 1]) \
+            and all(k is not None and k.find(exp.Rand) is None for k in keys):
+        for i in range(index):
+            for item in chain[i].expressions:
+                window = item.this if isinstance(item, exp.Alias) else None
+                if not (isinstance(window, exp.Window) and isinstance(window.this, exp.DenseRank)
+                        and _partitioned_by(window, spec.unit)):
+                    continue
+                if not any(_rank_at_most(chain, j, i, window, groups)
+                           for j in range(i + 1, index + 1)):
+                    continue
+                order = window.args.get("order")
+                traced = [_at_source(o.this, chain, i) for o in
+                          (order.expressions if order is not None else [])]
+                ordered = {o.sql() for o in traced if o is not None}
+                if all(k is not None and k.sql() in ordered for k in keys):
+                    return
+    raise Refused(f"the rows of '{name}' are not bounded to {groups} groups per {spec.unit} "
+                  "(DENSE_RANK() OVER (PARTITION BY unit ORDER BY ..., keys) <= g)")
+
+
+def _rank_at_most(chain: list[exp.Select], level: int, window_level: int, window: exp.Window,
+                  groups: int) -> bool:
+    """Whether the WHERE of ``chain[level]`` ANDs ``c <= G`` (an int G <= ``groups``) where
+    the column c is, traced down, ``window`` of ``chain[window_level]`` itself."""
+    for c in _conjuncts(chain[level].args.get("where")):
+        if isinstance(c, exp.LTE) and isinstance(c.this, exp.Column) \
+                and isinstance(c.expression, exp.Literal) and c.expression.is_int \
+                and int(c.expression.this) <= groups:
+            origin = _origin(c.this.name, chain, level)
+            if origin is not None and origin[0] == window_level and origin[1] is window:
+                return True
+    return False
+
+
+def _is_star(item: exp.Expr) -> bool:
+    return isinstance(item, exp.Star) or (isinstance(item, exp.Column)
+                                         and isinstance(item.this, exp.Star))
+
+
+def _feeds(below: exp.Select, above: exp.Select) -> bool:
+    """Whether ``above`` reads ``below`` as its only source, directly or as a side of a UNION
+    whose every side lists the same column names (``_names``): a name of ``above``'s source
+    is then the column of that name in ``below``."""
+    node: exp.Expr = below
+    while isinstance(node.parent, exp.SetOperation):
+        node = node.parent
+    holder = node.parent
+    if not (isinstance(holder, exp.Subquery) and isinstance(holder.parent, exp.From)
+            and holder.parent.parent is above and not above.args.get("joins")):
+        return False
+    if node is below:
+        return True
+    sides: list[exp.Expr] = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, exp.SetOperation):
+            pending += [current.this, current.expression]
+        else:
+            sides.append(current)
+    names = [_names(side) if isinstance(side, exp.Select) else None for side in sides]
+    first = names[0]
+    return first is not None and len(set(first)) == len(first) \
+        and all(n == first for n in names)
+
+
+def _names(select: exp.Select) -> list[str] | None:
+    """The output column names of ``select`` in order, a star of a subquery expanded, a star
+    of a base table as one ``*name`` entry (None: a star over anything else)."""
+    out: list[str] = []
+    for item in select.expressions:
+        if not _is_star(item):
+            out.append(item.alias_or_name)
+            continue
+        source = select.args.get("from_")
+        inner = source.this if source is not None else None
+        if select.args.get("joins") or inner is None:
+            return None
+        if isinstance(inner, exp.Table):
+            out.append(f"*{inner.name}")
+        elif isinstance(inner, exp.Subquery) and isinstance(inner.this, exp.Select):
+            expanded = _names(inner.this)
+            if expanded is None:
+                return None
+            out += expanded
+        else:
+            return None
+    return out
+
+
+# The columns a ranked copy adds to its table (``rewriters.contribution.ranked_table``); any
+# other ``__chorus_`` name is the rewriter's own, never a column of a declared table.
+_COPY_COLUMNS = frozenset({_UNIT_ROWS, _STORED_RANK, "__chorus_rand"})
+
+
+def _origin(name: str, chain: list[exp.Select], level: int) -> tuple[int, exp.Expr] | None:
+    """Where the column ``name`` of ``chain[level]``'s source is defined: (the level of the
+    SELECT that defines it, its value there), (-1, the column) for a column of the table
+    itself; None when unknown or ambiguous (a star that may carry the name beside an
+    explicit one)."""
+    while level > 0:
+        below = chain[level - 1]
+        if not _feeds(below, chain[level]):
+            return None
+        explicit = [e for e in below.expressions
+                    if not _is_star(e) and e.alias_or_name == name]
+        stars = any(_is_star(e) for e in below.expressions)
+        if len(explicit) > 1 or (explicit and stars and _provides(name, chain, level - 1)):
+            return None
+        if explicit:
+            item = explicit[0]
+            return level - 1, item.this if isinstance(item, exp.Alias) else item
+        if not stars:
+            return None
+        level -= 1
+    return -1, exp.column(name)
+
+
+def _provides(name: str, chain: list[exp.Select], level: int) -> bool:
+    """Whether the source of ``chain[level]`` may carry a column ``name`` (a table: any name
+    but the rewriter's own ``__chorus_`` ones)."""
+    if level == 0:
+        return not name.startswith("__chorus_") or name in _COPY_COLUMNS
+    below = chain[level - 1]
+    return any(not _is_star(e) and e.alias_or_name == name for e in below.expressions) or (
+        any(_is_star(e) for e in below.expressions) and _provides(name, chain, level - 1))
+
+
+def _at_source(node: exp.Expr, chain: list[exp.Select], level: int) -> exp.Expr | None:
+    """``node``, an expression over the source of ``chain[level]``, with every column replaced
+    by its definition over the table's own columns (unqualified); None when one is unknown."""
+    out = node.copy()
+    for column in list(out.find_all(exp.Column)):
+        origin = _origin(column.name, chain, level)
+        if origin is None:
+            return None
+        found = origin[1].copy() if origin[0] < 0 else _at_source(origin[1], chain, origin[0])
+        if found is None:
+            return None
+        if column is out:
+            return found
+        column.replace(found)
+    return out
 
 
 # -- 3'. the per-person barrier ------------------------------------------------------------------
@@ -886,23 +1088,36 @@ def _check_noise(tree: exp.Select, measured: exp.Select, rules: OutgoingRules) -
 
 def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]],
                  rules: OutgoingRules) -> exp.Select:
-    """The SELECT ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2) AS p GROUP BY keys`` over
-    exactly the two ``barriers``, the per-group aggregates of a ranked copy's light and heavy
-    branches (``rewriters.pipeline.combine_branches``): each output a GROUP BY column passed through
-    or a SUM of a column (cast or not), nothing else.  A unit's rows feed one branch only
-    (``_disjoint_branches``), so each sum is that of one aggregation over the union of the
-    branches' rows and the stability of each branch, k, holds for the sum: were the branches
-    not disjoint, a unit could give k rows to each, 2k in all."""
-    if len(barriers) != 2:
-        raise Refused("more than one aggregation of private rows and not a ranked copy's two "
-                      "branches")
-    first, second = barriers
-    union = first.parent
-    if not isinstance(union, exp.Union) or isinstance(union, exp.Intersect | exp.Except) \
-            or union.args.get("distinct") or second.parent is not union \
-            or {id(union.this), id(union.expression)} != {id(first), id(second)}:
+    """The SELECT ``SELECT keys, SUM(m) ... FROM (B1 UNION ALL B2 [UNION ALL B3]) AS p GROUP
+    BY keys`` over exactly the ``barriers``, the per-group aggregates of a ranked copy's parts
+    (light and heavy branches, or light, middle and heavy parts:
+    ``rewriters.pipeline.combine_branches``): each output a GROUP BY column passed through or
+    a SUM of a column (cast or not), nothing else.  A unit's rows feed one part only
+    (``_disjoint_parts``), so each sum is that of one aggregation over the union of the
+    parts' rows and the stability of each part, k, holds for the sum: were the parts not
+    disjoint, a unit could give k rows to each, 2k or 3k in all."""
+    if not 2 <= len(barriers) <= 3:
+        raise Refused("more than one aggregation of private rows and not a ranked copy's "
+                      "parts")
+    top = barriers[0].parent
+    if not isinstance(top, exp.Union):
         raise Refused("two aggregations of private rows that are not one UNION ALL")
-    holder = union.parent
+    while isinstance(top.parent, exp.SetOperation):
+        top = top.parent
+    leaves: list[exp.Expr] = []
+    pending: list[exp.Expr] = [top]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, exp.SetOperation):
+            if not isinstance(node, exp.Union) or isinstance(node, exp.Intersect | exp.Except) \
+                    or node.args.get("distinct"):
+                raise Refused("aggregations of private rows that are not one UNION ALL")
+            pending += [node.this, node.expression]
+        else:
+            leaves.append(node)
+    if sorted(map(id, leaves)) != sorted(map(id, barriers)):
+        raise Refused("aggregations of private rows that are not one UNION ALL")
+    holder = top.parent
     if not isinstance(holder, exp.Subquery) or not isinstance(holder.parent, exp.From) \
             or not isinstance(holder.parent.parent, exp.Select):
         raise Refused("the UNION ALL of two aggregations is not read as a FROM")
@@ -922,37 +1137,46 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
         if not isinstance(total, exp.Sum) or not isinstance(total.this, exp.Column):
             raise Refused(f"the sum of two aggregations outputs {item.alias_or_name}, neither "
                           "a group key nor a SUM of one of their columns")
-    _disjoint_branches(reads[id(first)], reads[id(second)], rules)
+    _disjoint_parts([reads[id(b)] for b in barriers], rules)
     return combiner
 
 
-def _disjoint_branches(first: list[exp.Table], second: list[exp.Table],
-                       rules: OutgoingRules) -> None:
-    """Refuse unless each branch reads one table, the same ranked copy (or its twin), one where
-    ``__chorus_unit_rows <= K`` and the other where ``__chorus_unit_rows > K`` (the same
-    literal K, ANDed into each reading SELECT's WHERE): a unit's stored row count is the same
-    on all its rows, so its rows pass one of the two filters only."""
-    if len(first) != 1 or len(second) != 1:
-        raise Refused("a branch of the sum of two aggregations reads private rows twice")
-    (a,), (b,) = first, second
-    db_a, db_b = a.args.get("db"), b.args.get("db")
-    if not (db_a is not None and db_a.name == rules.private_schema and _RANKED_MARKER in a.name
-            and db_b is not None and db_b.name == rules.private_schema
-            and a.name.removesuffix(_TWIN_SUFFIX) == b.name.removesuffix(_TWIN_SUFFIX)):
-        raise Refused("the two aggregations do not read one ranked copy")
-    low_a, high_a = _unit_rows_bounds(a)
-    low_b, high_b = _unit_rows_bounds(b)
-    if not (low_a & high_b or low_b & high_a):
-        raise Refused("the two branches of a ranked copy are not disjoint (__chorus_unit_rows "
-                      "<= K in one, > K in the other)")
+def _disjoint_parts(parts: list[list[exp.Table]], rules: OutgoingRules) -> None:
+    """Refuse unless each part reads one table, the same ranked copy (or its twin), with
+    disjoint ranges of
+    ``__chorus_unit_rows``: ``<= K`` and ``> K`` ANDed into each reading SELECT's WHERE give
+    the range (max of the ``> K``, min of the ``<= K``]; a unit's stored row count
+    is the same on all its rows, so its rows pass one part's range only (light ``<= g``,
+    middle ``> g AND <= k``, heavy ``> k``; or light ``<= K``, heavy ``> K``).  A part with
+    no bound has the whole range and overlaps every other."""
+    if any(len(part) != 1 for part in parts):
+        raise Refused("a part of the sum of aggregations reads private rows twice")
+    tables = [part[0] for part in parts]
+    for t in tables:
+        db = t.args.get("db")
+        if not (db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name
+                and t.name.removesuffix(_TWIN_SUFFIX)
+                == tables[0].name.removesuffix(_TWIN_SUFFIX)):
+            raise Refused("the aggregations do not read one ranked copy")
+    ranges = []
+    for t in tables:
+        below, above = _unit_rows_bounds(t)
+        ranges.append((max(above, default=-math.inf), min(below, default=math.inf)))
+    ranges.sort()
+    # Disjoint, and (as the rewriter writes them) the whole range cut at the parts' Ks: each
+    # part's bound below is the previous part's bound above.
+    if ranges[0][0] != -math.inf or ranges[-1][1] != math.inf \
+            or any(hi != lo for (_, hi), (lo, _) in itertools.pairwise(ranges)):
+        raise Refused("the parts of a ranked copy are not disjoint (__chorus_unit_rows "
+                      "<= K in one, > K in the next)")
 
 
 def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: OutgoingRules,
                       paired: bool) -> None:
     """Refuse unless the reads of each ranked copy below ``barrier`` (one aggregation) make
     occurrences of its table each bounded as a whole: one read bounded by itself (rule 4), or
-    the light and heavy branches, the two sides of one UNION ALL, disjoint
-    (``_disjoint_branches``: overlapping ones would give a unit k rows in each, 2k in the one
+    the light and heavy branches (or three parts), the sides of one UNION ALL, disjoint
+    (``_disjoint_parts``: overlapping ones would give a unit k rows in each, 2k in the one
     occurrence).  A light branch (``__chorus_unit_rows <= K``) is never read alone: the
     rewriter reads it only with its heavy branch (``paired``: each of two aggregations reads
     one branch, which ``_combination`` pairs).  Several occurrences of one copy must be
@@ -973,11 +1197,11 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
             union = _set_operation_below(t, barrier)
             groups.setdefault(id(union) if union is not None else id(t), []).append(t)
         for group in groups.values():
-            if len(group) > 2:
+            if len(group) > 3:
                 raise Refused(f"the ranked copy {name} is read {len(group)} times by one set "
                               "operation")
-            if len(group) == 2:
-                _disjoint_branches(group[:1], group[1:], rules)
+            if len(group) > 1:
+                _disjoint_parts([[t] for t in group], rules)
             elif not paired and _unit_rows_bounds(group[0])[0]:
                 raise Refused(f"a light branch of the ranked copy {name} (__chorus_unit_rows "
                               "<= K) is read without its heavy branch")
@@ -991,10 +1215,14 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
 
 
 def _set_operation_below(table: exp.Table, barrier: exp.Select) -> exp.SetOperation | None:
-    """The nearest UNION (INTERSECT, EXCEPT) between ``table`` and ``barrier``, if any."""
+    """The nearest UNION (INTERSECT, EXCEPT) between ``table`` and ``barrier``, if any, or the
+    one it is directly nested in (``P1 UNION ALL P2 UNION ALL P3``: one set operation of
+    three sides)."""
     node = table.parent
     while node is not None and node is not barrier:
         if isinstance(node, exp.SetOperation):
+            while isinstance(node.parent, exp.SetOperation):
+                node = node.parent
             return node
         node = node.parent
     return None

@@ -158,6 +158,16 @@ class AggregateQuery:
         return min(self.stability, self.max_groups or self.stability)
 
     @property
+    def bounded_groups(self) -> int | None:
+        """g when each unit's rows are bounded to g < k groups (``rewriters.contribution
+        .group_bound``; the outgoing verifier then requires it), None when only the row cap
+        bounds them (g >= k would change nothing: k rows reach at most k groups)."""
+        if self.join is None and self.max_groups is not None \
+                and self.max_groups < self.stability:
+            return self.max_groups
+        return None
+
+    @property
     def privacy_unit(self) -> str | None:
         """The privacy unit column (or the several units of a row), None for event-level DP."""
         return self.table_policy.unit_label

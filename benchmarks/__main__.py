@@ -37,6 +37,7 @@ BENCHMARKS = {
     "cold": "issue 23: proxy CPU of never-seen queries, by phase",
     "corpus": "issue 23: 36 analyst questions, DP / raw with the default policy",
     "fixed_costs": "issue 23: a warm query's fixed costs on DuckDB, against main",
+    "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",
 }
 
 

@@ -125,7 +125,8 @@ class Statements:
                 self._scratch = None
 
     def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = (),
-                        variants: bool = False) -> None:
+                        variants: bool = False, groups: int | None = None,
+                        group_keys: int | None = None) -> None:
         """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
         InternalError if it reads a private table outside the bounding-and-noise structure,
         or one not among ``tables`` (those its analysis reads).  Every statement derived from
@@ -133,21 +134,28 @@ class Statements:
 
         ``variants``: the statement is one of a family that differ in numbers only (a query
         at its limit cap, then at the chosen cap and bounds): its verdict is kept by its
-        literal shape (``analyses.outgoing.literal_shape``) and carried over to the others."""
+        literal shape (``analyses.outgoing.literal_shape``) and carried over to the others.
+        ``groups``: the groups per unit g the query's noise and key-release threshold assume
+        (its rows must be bounded to g groups per unit; None: no such bound), the groups of
+        the first ``group_keys`` GROUP BY expressions (None: all of them)."""
         # A digest of the text, not the text (several kB per statement), as the cache key.
-        key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, *sorted(tables))
+        key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, groups,
+               group_keys, *sorted(tables))
         if key in self._verified:
             return
         if not variants:
-            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables))
+            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables),
+                           groups=groups, group_keys=group_keys)
             self._verified.put(key, True)
             return
         # The later variants pass by their tokens (the parse and the rules are most of the
         # check); the first is parsed from the same tokens.
         cut = tokens(sql, self.dialect)
-        shape = None if cut is None else (literal_shape(cut), release, *sorted(tables))
+        shape = None if cut is None else (literal_shape(cut, groups), release, groups,
+                                          group_keys, *sorted(tables))
         if shape is None or shape not in self._shapes:
-            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables), cut)
+            check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables), cut,
+                           groups, group_keys)
             if shape is not None:
                 self._shapes.put(shape, True)
         self._verified.put(key, True)

@@ -20,7 +20,7 @@ GROUP_RANK = "__chorus_grank"
 GROUP_KEY = "__chorus_gk"
 UNIT_ROWS = "__chorus_unit_rows"  # a ranked copy's count of its unit's rows (ranked_table)
 KEPT_RANK = "__chorus_krank"  # a row's rank among its unit's filtered rows (ranked_contribution)
-GROUP_KEPT = "gk"  # the alias of a ranked copy's group-bounded heavy rows (ranked_group_branches)
+GROUP_KEPT = "gk"  # the alias of a ranked copy's group-bounded rows (ranked_group_parts)
 #: A ranked copy's twin: the same rows and columns stored in unit order, ``<copy name>_u``.
 UNIT_ORDER = "_u"
 
@@ -68,7 +68,8 @@ def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
     )
 
 
-def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -> exp.Select:
+def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int,
+                draw: exp.Expr | None = None) -> exp.Select:
     """Wrap ``rows`` so each ``unit`` keeps its rows in at most ``g`` of its groups.
 
     The groups are the distinct values of ``keys`` (expressions over the rows' table alias).
@@ -78,7 +79,10 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -
     equal draws).  Rows of a group ranked above g are dropped: the unit's g groups are a random
     choice among its own, independent of every other unit and of the row contents.  After it,
     adding or removing a unit changes rows in at most g groups; applied before the row cap
-    (``contribution``), the unit keeps at most k rows within those g groups.
+    (``contribution``), the unit keeps at most k rows within those g groups.  ``draw``: the
+    rows' draw instead of a fresh RANDOM() (a ranked copy's stored rank, ``ranked_group_parts``);
+    whatever the draw, the DENSE_RANK on (score, keys) gives distinct groups distinct ranks, so
+    at most g groups pass.
 
     >>> from sqlglot import parse_one
     >>> print(group_bound(parse_one("SELECT t.* FROM trips AS t"), "rider_id",
@@ -97,7 +101,7 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int) -
     randomised = rows.copy().select(
         *[exp.alias_(key.copy(), name, copy=False)
           for key, name in zip(keys, names, strict=True)],
-        exp.alias_(exp.Rand(), GROUP_RAND), copy=False)
+        exp.alias_(exp.Rand() if draw is None else draw, GROUP_RAND), copy=False)
     scored = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
         exp.alias_(exp.Window(
@@ -256,10 +260,11 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
 def ranked_group_contribution(rows: exp.Select, alias: str, unit: str,
                               keys: Sequence[exp.Expr], g: int, k: int) -> exp.Union:
     """``group_bound`` to ``g`` groups then ``contribution`` to ``k`` rows per ``unit`` of
-    ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``), sorting only the
-    rows of the units with more than g rows in the copy: ``ranked_group_branches`` as one
-    relation.  The light branch carries the heavy one's extra columns as NULLs (their group
-    rank and kept rank as 1), so UNION ALL lines them up by position.
+    ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``): the three parts
+    of ``ranked_group_parts`` as one relation, light UNION ALL middle UNION ALL heavy.  Every
+    part outputs the copy's columns, then the group keys, the draw, the group score, the group
+    rank and the kept rank, in that order: the light part carries NULLs and ranks of 1, the
+    middle part a kept rank of 1, so UNION ALL lines them up by position (and by name).
 
     >>> from sqlglot import parse_one
     >>> print(ranked_group_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t "
@@ -267,29 +272,86 @@ def ranked_group_contribution(rows: exp.Select, alias: str, unit: str,
     ... # doctest: +NORMALIZE_WHITESPACE
     SELECT t.*, NULL AS __chorus_gk0, NULL AS __chorus_grand, NULL AS __chorus_gscore,
     1 AS __chorus_grank, 1 AS __chorus_krank FROM p.trips__ranked_x AS t WHERE t.fare > 3 AND
-    t.__chorus_unit_rows <= 2 UNION ALL SELECT * FROM (SELECT gk.*, ROW_NUMBER() OVER
+    t.__chorus_unit_rows <= 2 UNION ALL SELECT gk.*, 1 AS __chorus_krank FROM (SELECT * FROM
+    (SELECT s.*, DENSE_RANK() OVER (PARTITION BY s.rider_id ORDER BY s.__chorus_gscore,
+    s.__chorus_gk0) AS __chorus_grank FROM (SELECT r.*, MIN(r.__chorus_grand) OVER (PARTITION
+    BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore FROM (SELECT t.*, t.city AS
+    __chorus_gk0, t.__chorus_rank AS __chorus_grand FROM p.trips__ranked_x AS t WHERE (t.fare >
+    3 AND t.__chorus_unit_rows > 2) AND t.__chorus_unit_rows <= 5) AS r) AS s) AS gb WHERE
+    gb.__chorus_grank <= 2) AS gk UNION ALL SELECT * FROM (SELECT gk.*, ROW_NUMBER() OVER
     (PARTITION BY gk.rider_id ORDER BY gk.__chorus_rank) AS __chorus_krank FROM (SELECT * FROM
     (SELECT s.*, DENSE_RANK() OVER (PARTITION BY s.rider_id ORDER BY s.__chorus_gscore,
     s.__chorus_gk0) AS __chorus_grank FROM (SELECT r.*, MIN(r.__chorus_grand) OVER (PARTITION
     BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore FROM (SELECT t.*, t.city AS
     __chorus_gk0, RANDOM() AS __chorus_grand FROM p.trips__ranked_x AS t WHERE t.fare > 3 AND
-    t.__chorus_unit_rows > 2) AS r) AS s) AS gb WHERE gb.__chorus_grank <= 2) AS gk) AS b
+    t.__chorus_unit_rows > 5) AS r) AS s) AS gb WHERE gb.__chorus_grank <= 2) AS gk) AS b
     WHERE b.__chorus_krank <= 5
     """
-    light, heavy = ranked_group_branches(rows, alias, unit, keys, g, k)
+    light, middle, heavy = ranked_group_parts(rows, alias, unit, keys, g, k)
     padding = [exp.alias_(exp.null(), f"{GROUP_KEY}{i}") for i in range(len(keys))]
     padding += [exp.alias_(exp.null(), GROUP_RAND), exp.alias_(exp.null(), GROUP_SCORE),
                 exp.alias_(exp.Literal.number(1), GROUP_RANK),
                 exp.alias_(exp.Literal.number(1), KEPT_RANK)]
     light = light.select(*padding, copy=False)
-    return exp.union(light, heavy, distinct=False, copy=False)
+    middle = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier(GROUP_KEPT)),
+                        exp.alias_(exp.Literal.number(1), KEPT_RANK)).from_(
+        middle.subquery(GROUP_KEPT, copy=False), copy=False)
+    return exp.union(exp.union(light, middle, distinct=False, copy=False), heavy,
+                     distinct=False, copy=False)
+
+
+def ranked_group_parts(rows: exp.Select, alias: str, unit: str, keys: Sequence[exp.Expr],
+                       g: int, k: int) -> tuple[exp.Select, exp.Select, exp.Select]:
+    """The rows ``group_bound`` (``g`` groups) then ``contribution`` (``k`` rows) keep of each
+    ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``), in
+    three parts by the unit's row count n_u in the copy (``__chorus_unit_rows``, the same on
+    all its rows): light (n_u <= g), middle (g < n_u <= k) and heavy (n_u > k).  Each unit is
+    in exactly one part, so their aggregates add up group by group
+    (``rewriters.pipeline.combine_branches``).
+
+    Light: ``ranked_group_branches``'s light branch (n_u <= g rows: at most g groups, g < k
+    rows, all kept by a plain scan).  Heavy: its heavy branch restricted to n_u > k (groups
+    scored by fresh draws, then the first k kept rows in stored order).
+
+    Middle: a unit of n_u <= k rows keeps at most k rows after any filter, so the row cap
+    keeps them all and only the groups need choosing: ``group_bound`` with the stored rank as
+    each row's draw, no fresh RANDOM() and no ROW_NUMBER.  The stored ranks of a unit are a
+    uniformly random order of its rows, drawn once independently of the row contents
+    (``ranked_table``), and restricted to the filtered rows a uniformly random order of them.
+    A group's score is its first row in that order (MIN of its ranks), so the groups are
+    ranked by their first appearance in a uniformly random order of the unit's rows; fresh
+    draws rank them by the smallest of i.i.d. continuous uniforms, which orders the rows
+    uniformly at random too: the kept g groups have the same distribution as
+    ``group_bound``'s.  (Drawn once per copy, not per query: the same groups come back for
+    the same rows, as the stored ranks' k rows already do.)  The ranks of a unit are distinct,
+    so two of its groups never tie; the keys in the ORDER BY break ties anyway, so at most g
+    groups pass whatever the draws.  (The heavy part may not score its groups by the stored
+    ranks: its row cap reads the same order, ``ranked_group_branches``.)
+
+    Every part keeps rows of a unit in at most g groups and at most k rows (light: n_u <= g;
+    middle: DENSE_RANK <= g and n_u <= k; heavy: DENSE_RANK <= g and ROW_NUMBER <= k), chosen
+    from its own rows and randomness independent of the data: the same stability k and g
+    groups per unit as ``group_bound`` then ``contribution``.
+    """
+    if not 1 <= g < k:
+        raise ValueError("a ranked copy's group bound needs 1 <= g < k")
+    size = exp.column(UNIT_ROWS, table=alias)
+    light = rows.copy().where(exp.LTE(this=size, expression=exp.Literal.number(g)), copy=False)
+    middle_rows = rows.copy().where(
+        exp.GT(this=size.copy(), expression=exp.Literal.number(g)), copy=False).where(
+        exp.LTE(this=size.copy(), expression=exp.Literal.number(k)), copy=False)
+    middle = group_bound(middle_rows, unit, keys, g, draw=exp.column(RANK, table=alias))
+    heavy = rows.copy().where(exp.GT(this=size.copy(), expression=exp.Literal.number(k)),
+                              copy=False)
+    return light, middle, _row_capped(group_bound(heavy, unit, keys, g), unit, k)
 
 
 def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequence[exp.Expr],
                           g: int, k: int) -> tuple[exp.Select, exp.Select]:
     """The rows ``group_bound`` (``g`` groups) then ``contribution`` (``k`` rows) keep of each
     ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS alias WHERE <filter>``), in
-    two branches: the light one, the rows of the units with n_u <= g rows in the copy, and the
+    two branches (a quantile's histograms, ``rewriters.quantiles``; the answers read the three
+    parts of ``ranked_group_parts``): the light one, the rows of the units with n_u <= g rows in the copy, and the
     heavy one, the kept rows of the others.  Each unit is in exactly one of them (n_u <= g,
     n_u > g: one literal), so their aggregates can be combined group by group
     (``rewriters.pipeline.combine_branches``); the light branch has only the copy's columns.
@@ -315,7 +377,12 @@ def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequenc
     light = rows.copy().where(exp.LTE(this=size, expression=exp.Literal.number(g)), copy=False)
     heavy = rows.copy().where(exp.GT(this=size.copy(), expression=exp.Literal.number(g)),
                               copy=False)
-    grouped = group_bound(heavy, unit, keys, g)
+    return light, _row_capped(group_bound(heavy, unit, keys, g), unit, k)
+
+
+def _row_capped(grouped: exp.Select, unit: str, k: int) -> exp.Select:
+    """The first ``k`` rows of each ``unit`` of ``grouped`` (``group_bound``'s kept rows) in
+    the copy's stored order."""
     order = exp.Order(expressions=[exp.Ordered(this=exp.column(RANK, table=GROUP_KEPT))])
     capped = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier(GROUP_KEPT)),
@@ -323,6 +390,5 @@ def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequenc
                               partition_by=[exp.column(unit, table=GROUP_KEPT)], order=order),
                    KEPT_RANK, copy=False),
     ).from_(grouped.subquery(GROUP_KEPT, copy=False), copy=False)
-    kept = (exp.select("*").from_(capped.subquery("b", copy=False), copy=False)
+    return (exp.select("*").from_(capped.subquery("b", copy=False), copy=False)
             .where(exp.column(KEPT_RANK, table="b") <= exp.Literal.number(k), copy=False))
-    return light, kept

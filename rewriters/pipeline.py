@@ -33,8 +33,8 @@ from rewriters.contribution import (
     group_bound,
     ranked_branches,
     ranked_contribution,
-    ranked_group_branches,
     ranked_group_contribution,
+    ranked_group_parts,
     stored_rank_contribution,
 )
 from rewriters.dialect import dialect
@@ -45,7 +45,7 @@ from rewriters.noise import noise
 from rewriters.safety import safety
 
 NOISY = "chorus_noisy"
-PARTS = "chorus_parts"  # the light and heavy branches' per-group aggregates (combine_branches)
+PARTS = "chorus_parts"  # the ranked copy's parts' per-group aggregates (combine_branches)
 # Where the ranked copy's light and heavy branches are aggregated apart and combined
 # (``combine_branches``).  Postgres runs ``light UNION ALL heavy`` under one aggregate serially (the
 # heavy branch's window blocks a parallel plan); apart, the light branch, most of the rows,
@@ -106,11 +106,11 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     claimed blocks, which cover the copy), so its stored ranks <= k are the kept rows
     (``rewriters.contribution.stored_rank_contribution``: no window, no UNION ALL).  With
     groups per unit g < k (thresholded keys), whole or not, only the units of more than g rows
-    are bounded to g groups and k rows (``ranked_group_contribution``).  ``twin``: the heavy
-    branch (without groups per unit) reads the copy's twin in unit order instead
-    (``rewriters.contribution.ranked_branches``: the same rows, read in the order the
-    window ranks them; ``kinds.single`` says when).  On the
-    ``SPLIT_DIALECTS`` the light and heavy branches are aggregated apart and their per-group
+    are bounded to g groups and k rows (``ranked_group_contribution``: light, middle and heavy
+    parts).  ``twin``: the heavy branch (without groups per unit) reads the copy's twin in unit
+    order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
+    the window ranks them; ``kinds.single`` says when).  On the ``SPLIT_DIALECTS`` the light
+    and heavy branches (or the three parts) are aggregated apart and their per-group
     measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
     alias) instead, those in ``covering`` whole when nothing filters them
     (``rewriters.joins.join_rows``).
@@ -124,7 +124,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
                                or tp.privacy_unit is None):
         raise ValueError("a ranked copy serves per-query bounding of one table's rows only")
     rows = filtered_rows(query, restriction, sample, ranked) if query.join is None else None
-    branches: tuple[exp.Select, exp.Select] | None = None  # the ranked copy's, apart
+    branches: tuple[exp.Select, ...] | None = None  # the ranked copy's parts, apart
 
     # 2. Contribution bounding: at most k rows per unit (user-level DP), unless the rows come
     #    from a stored sample, which already keeps the rows of rank <= k.
@@ -134,9 +134,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     # D = min(g, k) groups per unit (``AggregateQuery.groups_per_unit``).  (g >= k would change
     # nothing: k rows reach at most k groups.)  Before the row cap, so the k rows are drawn
     # within the g groups; on a stored sample, among the k rows it keeps; on a ranked copy,
-    # only for the units of more than g rows (``ranked_group_branches``).
-    g = query.max_groups if query.max_groups is not None \
-        and query.max_groups < query.stability else None
+    # only for the units of more than g rows (``ranked_group_parts``).
+    g = query.bounded_groups
     keys = [safety(k.expr) for k in query.keys]
     if rows is not None and g is not None and ranked is None:
         assert tp.privacy_unit is not None
@@ -144,8 +143,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if ranked is not None and g is not None and dialect in SPLIT_DIALECTS \
             and _adds_up(query):
         assert rows is not None and tp.privacy_unit is not None
-        branches = ranked_group_branches(rows, alias, tp.privacy_unit, keys, g,
-                                         query.stability)
+        branches = ranked_group_parts(rows, alias, tp.privacy_unit, keys, g, query.stability)
     elif ranked is not None and g is not None:  # whole or not: the heavy units need ranking
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_group_contribution(rows, alias, tp.privacy_unit, keys, g,
@@ -199,8 +197,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
             if query.keys:
                 part = part.group_by(*[safety(k.expr) for k in query.keys], copy=False)
             parts.append(part)
-        measure = combine_branches(parts[0], parts[1], [k.id for k in query.keys],
-                            [(mid, integral[mid]) for mid in measure_ids])
+        measure = combine_branches(parts, [k.id for k in query.keys],
+                                   [(mid, integral[mid]) for mid in measure_ids])
     else:
         assert rows is not None
         measure = exp.select(*columns).from_(rows.subquery(alias, copy=False), copy=False)
@@ -237,23 +235,29 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     return RewrittenQuery(measure, finish, tuple(key_ids), tuple(measure_ids), dialect)
 
 
-def combine_branches(light: exp.Select, heavy: exp.Select, key_ids: Sequence[str],
-              measures: Sequence[tuple[str, bool]]) -> exp.Select:
-    """``SELECT keys, SUM(m) ... FROM (light UNION ALL heavy) GROUP BY keys``: the per-group
-    measurements of the rows of both branches, from each branch's own aggregates.
+def combine_branches(parts: Sequence[exp.Select], key_ids: Sequence[str],
+                     measures: Sequence[tuple[str, bool]]) -> exp.Select:
+    """``SELECT keys, SUM(m) ... FROM (P1 UNION ALL P2 [UNION ALL P3]) GROUP BY keys``: the
+    per-group measurements of the rows of all the ranked copy's parts (light and heavy
+    branches, or ``ranked_group_parts``' three), from each part's own aggregates.
 
-    No unit has rows in both branches (n_u <= k, n_u > k), so every measurement adds up: a
-    group's COUNT(*), COUNT(x) and SUM are those of its rows in either branch, and its
-    COUNT(DISTINCT unit) the sum of the two (disjoint sets of units); AVG and VARIANCE are
-    computed from such sums and counts after the noise (``analyses.query``).  A group present
-    in one branch only is that branch's row alone.  SUM skips NULLs: a branch whose sum is
-    NULL (no non-NULL value there) adds nothing, and both NULL stay NULL, as one SUM over the
-    union would.  With no keys each branch gives one row (COUNT 0, SUM NULL when empty), and
+    No unit has rows in two parts (n_u <= k, n_u > k; or n_u <= g, g < n_u <= k, n_u > k), so
+    every measurement adds up: a group's COUNT(*), COUNT(x) and SUM are those of its rows in
+    any part, and its COUNT(DISTINCT unit) the sum over the parts (disjoint sets of units);
+    AVG and VARIANCE are computed from such sums and counts after the noise
+    (``analyses.query``).  A group present in one part only is that part's row alone.  SUM
+    skips NULLs: a part whose sum is NULL (no non-NULL value there) adds nothing, and all NULL
+    stay NULL, as one SUM over the union would.  With no keys each part gives one row (COUNT
+    0, SUM NULL when empty), and
     so does the combination.  ``measures``: (id, integral); integral measurements (counts)
     are cast back to BIGINT (Postgres sums a bigint into a numeric), the others to DOUBLE as
     ``_measure_sql`` casts them.
     """
-    union = exp.union(light, heavy, distinct=False, copy=False)
+    if len(parts) < 2:
+        raise ValueError("combine_branches adds the aggregates of two or more parts")
+    union: exp.Query = parts[0]
+    for part in parts[1:]:
+        union = exp.union(union, part, distinct=False, copy=False)
     columns: list[exp.Expr] = [exp.column(k, table=PARTS) for k in key_ids]
     for mid, integral in measures:
         total = exp.Sum(this=exp.column(mid, table=PARTS))

@@ -89,7 +89,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
                                           by_value=False)
                             for branch in _copy_branches(query, rows, unit))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
-            return combine_branches(light, heavy,
+            return combine_branches([light, heavy],
                                     [*(f"g{i}" for i in range(len(query.keys))), "b"],
                                     [("n", True)])
         return _indexed(query, _histogram_of(query, argument, _copy_bounded(query, rows, unit),
@@ -277,7 +277,7 @@ def _filtered(query: AggregateQuery, argument: exp.Expr, restriction: BlockRestr
 def groups_bounded(query: AggregateQuery) -> bool:
     """Whether each unit's rows are first bounded to g groups (keys released by a threshold,
     g chosen below the cap k)."""
-    return query.max_groups is not None and query.max_groups < query.stability
+    return query.bounded_groups is not None
 
 
 def quantile_group_units(query: AggregateQuery, argument: exp.Expr,

@@ -99,11 +99,25 @@ def value_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upp
             .group_by(exp.column("b", table="v"), copy=False))
 
 
+# Where a one-key groups histogram counts each unit's groups in one aggregation per unit
+# (``group_histogram``'s ``distinct``): Postgres sorts each unit's few rows for COUNT(DISTINCT)
+# faster than it hashes every (unit, key) pair then groups them again (1M demo trips, driver_id,
+# medians of 5 on a loaded machine: 3180 -> 1265 ms); DuckDB does not gain (352 -> 413 ms).
+DISTINCT_GROUPS_DIALECTS = frozenset({"postgres"})
+
+
 def group_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
-                    sample: tuple[str, str] | None, starts: Sequence[int]) -> exp.Select:
+                    sample: tuple[str, str] | None, starts: Sequence[int],
+                    distinct: bool = False) -> exp.Select:
     """Rows (bin index, units): units per bin of their distinct groups G_u (bins start at
     ``starts``; a unit with G_u >= starts[i] and < starts[i + 1] is in bin i).  Bins without
     units are absent.  A NULL key is a group of its own, as in GROUP BY.
+
+    ``distinct`` (one key only; several keep the pairs): G_u counted in one aggregation per
+    unit, ``COUNT(DISTINCT key) + (1 when COUNT(key) < COUNT(*), a NULL key, else 0)``
+    instead of grouping the (unit, key) pairs then counting them per unit: the same G_u (the
+    distinct non-NULL keys, plus the NULL group when the unit has a NULL key), so the same
+    histogram, each unit still in one bin (sensitivity 1).
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -122,11 +136,22 @@ def group_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
     if unit is None or not query.keys:
         raise ValueError("a groups histogram needs a privacy unit and group keys")
     rows = filtered_rows(query, restriction, sample)
-    pairs = (exp.select(exp.alias_(exp.column(unit, table=query.alias), "u"))
-             .from_(rows.subquery(query.alias))
-             .group_by(exp.column(unit, table=query.alias), *[safety(k.expr) for k in query.keys]))
-    per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c"))
-                .from_(pairs.subquery("p")).group_by(exp.column("u", table="p")))
+    if distinct and len(query.keys) == 1:
+        key = safety(query.keys[0].expr)
+        has_null = exp.Case(ifs=[exp.If(
+            this=exp.LT(this=exp.Count(this=key.copy()), expression=exp.Count(this=exp.Star())),
+            true=exp.Literal.number(1))], default=exp.Literal.number(0))
+        groups = exp.Add(this=exp.Count(this=exp.Distinct(expressions=[key])),
+                         expression=has_null)
+        per_unit = (exp.select(exp.alias_(groups, "c")).from_(rows.subquery(query.alias))
+                    .group_by(exp.column(unit, table=query.alias)))
+    else:
+        pairs = (exp.select(exp.alias_(exp.column(unit, table=query.alias), "u"))
+                 .from_(rows.subquery(query.alias))
+                 .group_by(exp.column(unit, table=query.alias),
+                           *[safety(k.expr) for k in query.keys]))
+        per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c"))
+                    .from_(pairs.subquery("p")).group_by(exp.column("u", table="p")))
     ifs = [exp.If(this=exp.column("c", table="u") >= exp.Literal.number(start),
                   true=exp.Literal.number(i))
            for i, start in reversed(list(enumerate(starts))) if i > 0]

@@ -24,6 +24,7 @@ from mechanisms.thresholding import key_release_threshold
 from rewriters.contribution import contribution, group_bound
 from rewriters.dialect import dialect
 from rewriters.pipeline import filtered_rows
+from rewriters.selection import group_histogram
 from tests.conftest import nothing_spent
 
 ALICE = {"analyst": "alice"}
@@ -274,6 +275,30 @@ def test_rows_kept_in_at_most_g_groups(spread: Callable[..., Engine], backend_ur
     assert len(per_unit) == 300
     assert {(g, n) for _, g, n, _ in per_unit} == {(2, 3)}
     assert len({pair for *_, pair in per_unit}) >= 8
+
+
+@pytest.mark.parametrize("null_group", [False, True])
+def test_groups_histogram_counted_per_unit_or_by_pairs(spread: Callable[..., Engine],
+                                                       backend_url: str,
+                                                       null_group: bool) -> None:
+    """The groups histogram in one aggregation per unit (COUNT(DISTINCT key), plus 1 for a
+    NULL key, Postgres's form) and by (unit, key) pairs give the same rows: 300 units of 5
+    groups each (one NULL: a group of its own), plus, with ``WHERE``, units cut to fewer
+    groups; by hand: bins start at (1, 2, 4), so G_u = 5 is bin 2, G_u = 3 bin 1."""
+    engine = spread(5, 2, null_group)
+    flavour = "duckdb" if backend_url.startswith("duckdb") else "postgres"
+    starts = (1, 2, 4)
+    for where, expected in (("", {(2, 300)}),
+                            (" WHERE unit_id > 100 OR grp <= 3 OR grp IS NULL",
+                             {(2, 200), (1, 100)})):
+        query = engine._analyse(SQL.replace(" GROUP BY", where + " GROUP BY"))
+        rows = {}
+        for distinct in (False, True):
+            tree = group_histogram(query, None, None, starts, distinct)
+            text = dialect(tree, flavour).sql(flavour)
+            assert ("DISTINCT" in text) == distinct
+            rows[distinct] = set(engine.backend.run(text).rows)
+        assert rows[True] == rows[False] == expected
 
 
 @pytest.mark.parametrize("bounding", ["per-query", "materialized"])

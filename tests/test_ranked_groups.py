@@ -108,7 +108,8 @@ def _measure(engine: Engine, sql: str, ranked: bool, g: int = G, k: int = K) -> 
     text = pipeline(query, plan, None, engine.dialect,
                     ranked=(SCHEMA, copy) if ranked else None).measure_sql()
     assert ("__ranked_" in text) == ranked
-    engine.single.services.statements.verify_outgoing(text, "noised_by_proxy", [query.table])
+    engine.single.services.statements.verify_outgoing(text, "noised_by_proxy", [query.table],
+                                                      groups=g if g < k else None)
     return text
 
 
@@ -120,13 +121,17 @@ def _filtered(passing: object = lambda person, grp, v: True) -> list[tuple[int, 
     return [(p, g, v) for _, p, g, v in _rows() if passing(p, g, v)]  # type: ignore[operator]
 
 
-def test_light_and_heavy_branches_by_backend(engine: tuple[Engine, str]) -> None:
+def test_light_middle_and_heavy_parts_by_backend(engine: tuple[Engine, str]) -> None:
     made, table = engine
     text = _measure(made, f"SELECT grp, COUNT(*) FROM {table} GROUP BY grp", True)
-    # The light units by a plain scan, the heavy ones bounded: g groups, then k rows in the
-    # stored order.  Postgres aggregates the two branches apart (chorus_parts).
+    # The light units by a plain scan; the middle ones (g < n_u <= k) bounded to g groups
+    # scored by their stored ranks, no row cap; the heavy ones to g groups scored by fresh
+    # draws, then k rows in the stored order.  Postgres aggregates the parts apart
+    # (chorus_parts).
     assert f"__chorus_unit_rows <= {G}" in text and f"__chorus_unit_rows > {G}" in text
-    assert f"__chorus_grank <= {G}" in text and f"__chorus_krank <= {K}" in text
+    assert f"__chorus_unit_rows <= {K}" in text and f"__chorus_unit_rows > {K}" in text
+    assert text.count(f"__chorus_grank <= {G}") == 2 and text.count(f"__chorus_krank <= {K}") == 1
+    assert text.count("RANDOM()") == 1 and text.count("__chorus_rank AS __chorus_grand") == 1
     assert re.search(r"ORDER BY \w+\.__chorus_rank\)", text)
     assert ("chorus_parts" in text) == (made.dialect == "postgres")
 
@@ -227,6 +232,33 @@ def test_kept_rows_have_the_base_tables_distribution() -> None:
     assert abs(counts["a"] - n * 12 / 35) > 10 * (n * 4 / 15 * 11 / 15) ** 0.5
 
 
+def test_middle_units_have_the_base_tables_distribution() -> None:
+    """20000 units of rows a | b1 b2 | c (groups A, B, C), g = 2, k = 4: n_u = 4 <= k, the
+    middle part (groups scored by the stored ranks, no row cap).  The base table's
+    group_bound keeps the groups of the two first appearances in a uniformly random order of
+    the 4 rows: A is last (dropped) in 10 of the 24 orders (a 4th: 6; a 3rd with a b 4th: 4),
+    B in 4 (both b's last), so a and c are kept with probability 7/12 and b1 with 5/6; a
+    choice uniform over the groups would keep a with 2/3."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (person BIGINT, grp TEXT, name TEXT)")
+    con.execute("INSERT INTO t SELECT u, x.grp, x.name FROM range(20000) AS r(u), (VALUES "
+                "('A', 'a'), ('B', 'b1'), ('B', 'b2'), ('C', 'c')) AS x(grp, name)")
+    con.execute("CREATE TABLE copy AS " + ranked_table("t", "person").sql("duckdb"))
+    kept = ranked_group_contribution(parse_one("SELECT c.* FROM copy AS c"), "c", "person",
+                                     [parse_one("c.grp")], 2, 4)
+    text = kept.sql("duckdb")
+    assert "RANDOM()" in text and "c.__chorus_rank AS __chorus_grand" in text
+    counts = dict(con.execute(f"SELECT name, COUNT(*) FROM ({text}) GROUP BY name").fetchall())
+    per_unit = con.execute(f"SELECT MAX(n), MAX(g) FROM (SELECT person, COUNT(*) AS n, "
+                           f"COUNT(DISTINCT grp) AS g FROM ({text}) GROUP BY person)").fetchone()
+    assert per_unit == (3, 2)  # at most k rows (here 3: two groups), exactly g groups
+    n = 20000
+    for name, p in (("a", 7 / 12), ("c", 7 / 12), ("b1", 5 / 6), ("b2", 5 / 6)):
+        sd = (n * p * (1 - p)) ** 0.5
+        assert abs(counts[name] - n * p) < 5 * sd, counts
+    assert abs(counts["a"] - n * 2 / 3) > 10 * (n * 7 / 12 * 5 / 12) ** 0.5
+
+
 @st.composite
 def _tables(draw: st.DrawFn) -> list[tuple[int, int, int]]:
     """(person, grp, v) rows: up to 8 units of up to 12 rows in up to 5 groups."""
@@ -286,17 +318,20 @@ def test_verifier_refuses_near_misses(engine: tuple[Engine, str], release: str) 
     statements = made.single.services.statements
     text = (_noised(made, table) if release == "noised_in_sql" else
             _measure(made, f"SELECT grp, COUNT(*) FROM {table} GROUP BY grp", True))
-    statements.verify_outgoing(text, release, [table])  # the real shape passes
-    light, heavy = f"__chorus_unit_rows <= {G}", f"__chorus_unit_rows > {G}"
+    statements.verify_outgoing(text, release, [table], groups=G)  # the real shape passes
+    light, middle = f"__chorus_unit_rows <= {G}", f"__chorus_unit_rows > {G}"
+    upper, heavy = f"__chorus_unit_rows <= {K}", f"__chorus_unit_rows > {K}"
     cap = f"__chorus_krank <= {K}"
-    assert text.count(light) == text.count(heavy) == text.count(cap) == 1
+    assert text.count(light) == text.count(middle) == text.count(upper) == 1
+    assert text.count(heavy) == text.count(cap) == 1
     misses = {
-        # the light branch's bound is not the heavy one's: units of G+1 rows in both
-        "light bound above the heavy one's": text.replace(light, f"__chorus_unit_rows <= {G + 1}"),
-        # different Ks: the light branch bounded by k, the heavy one by g
-        "light bound at k": text.replace(light, f"__chorus_unit_rows <= {K}"),
-        "heavy bound at k": text.replace(heavy, f"__chorus_unit_rows > {K}"),
-        # the heavy branch without its row cap (only the group bound: DENSE_RANK <= g)
+        # the light part's bound is not the middle one's: units of G+1 rows in both
+        "light bound above the middle one's": text.replace(light, f"__chorus_unit_rows <= {G + 1}"),
+        # the middle part's upper bound above the heavy one's: units of K+1 rows in both
+        "middle bound above the heavy one's": text.replace(upper, f"__chorus_unit_rows <= {K + 1}"),
+        # no lower bound on the middle part: every unit in it and in another part
+        "middle without its lower bound": text.replace(middle, "1 = 1"),
+        # the heavy part without its row cap (only the group bound: DENSE_RANK <= g)
         "heavy without ROW_NUMBER <= k": re.sub(r" WHERE b\.__chorus_krank <= \d+", "", text),
         # a row cap that is no ROW_NUMBER
         "heavy capped by RANK": text.replace("ROW_NUMBER() OVER (PARTITION BY gk.",
@@ -305,4 +340,61 @@ def test_verifier_refuses_near_misses(engine: tuple[Engine, str], release: str) 
     for why, miss in misses.items():
         assert miss != text, why
         with pytest.raises(InternalError):
-            statements.verify_outgoing(miss, release, [table])
+            statements.verify_outgoing(miss, release, [table], groups=G)
+
+
+def _group_misses(text: str) -> dict[str, str]:
+    """A statement's near misses of the g-groups bound (rule 4'' of analyses.outgoing)."""
+    bound = re.compile(rf"(\w+)\.__chorus_grank <= {G}\b")
+    assert bound.search(text)
+    return {
+        # the group bound dropped (every part that has one): the gap this rule closes
+        "without DENSE_RANK <= g": bound.sub("1 = 1", text),
+        # a larger g than the noise and the threshold assume
+        "a larger g": bound.sub(rf"\1.__chorus_grank <= {G + 1}", text),
+        # DENSE_RANK by the score alone: two groups of one score share a rank
+        "ranked without the keys": text.replace(", s.__chorus_gk0)", ")"),
+        # partitioned by something other than the unit
+        "ranked per group, not per unit": re.sub(
+            r"DENSE_RANK\(\) OVER \(PARTITION BY s\.person\b",
+            "DENSE_RANK() OVER (PARTITION BY s.grp", text),
+        # a ROW_NUMBER is no group rank
+        "ROW_NUMBER as the group rank": text.replace("DENSE_RANK()", "ROW_NUMBER()"),
+        # the rank ordered by another column than the key (v, one value per row)
+        "ranked by another column": re.sub(r'"?grp"? AS __chorus_gk0', "v AS __chorus_gk0",
+                                           text),
+    }
+
+
+@pytest.mark.parametrize("ranked", [True, False], ids=["ranked copy", "base table"])
+@pytest.mark.parametrize("release", ["noised_in_sql", "noised_by_proxy"])
+def test_verifier_requires_the_groups_bound(engine: tuple[Engine, str], release: str,
+                                            ranked: bool) -> None:
+    """With g < k groups per unit, every read must keep each unit's rows in at most g groups
+    (``__chorus_unit_rows <= K`` with K <= g, or ``DENSE_RANK() OVER (PARTITION BY unit ORDER
+    BY ..., keys) <= G`` with G <= g): the statement passes at g and above, and is refused at
+    any smaller g, and with the bound removed, loosened or made per group instead of per unit,
+    on both paths (the ranked copy's parts and the base table's group_bound)."""
+    made, table = engine
+    statements = made.single.services.statements
+    sql = f"SELECT grp, COUNT(*) FROM {table} GROUP BY grp"
+    query = _query(made, sql)
+    plan = made.single._noise_plan(query, 1.0, 1e-6)
+    copy = made.single.services.samples.ranked(query.table, query.table_policy)
+    rewritten = pipeline(query, plan, None, made.dialect,
+                         ranked=(SCHEMA, copy) if ranked else None)
+    text = rewritten.sql_with_noise(plan) if release == "noised_in_sql" \
+        else rewritten.measure_sql()
+    for groups in (G, G + 1, None):
+        statements.verify_outgoing(text, release, [table], groups=groups)
+    # Its verdict kept by its literal shape: a statement that differs only in numbers the rule
+    # reads (G above g) is checked again, not passed by its tokens.
+    statements.verify_outgoing(text, release, [table], variants=True, groups=G)
+    with pytest.raises(InternalError, match="groups per person"):
+        statements.verify_outgoing(text, release, [table], groups=G - 1)
+    for why, miss in _group_misses(text).items():
+        assert miss != text, why
+        with pytest.raises(InternalError):
+            statements.verify_outgoing(miss, release, [table], groups=G)
+        with pytest.raises(InternalError):  # by its literal shape too (variants)
+            statements.verify_outgoing(miss, release, [table], variants=True, groups=G)

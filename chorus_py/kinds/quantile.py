@@ -375,7 +375,10 @@ class QuantileKind:
             spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
             tree = histogram(query, spec)
             sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
-            services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
+            # Grouped by the keys, then the bins: the groups bound is the keys'.
+            services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables,
+                                                groups=query.bounded_groups,
+                                                group_keys=len(query.keys))
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
@@ -386,7 +389,8 @@ class QuantileKind:
             first = analysis.quantiles[0].argument
             gate_sql = dialect(quantile_group_units(query, first, restriction),
                                services.dialect, copy=False).sql(services.dialect, copy=False)
-            services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables)
+            services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables,
+                                                groups=query.bounded_groups)
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
                                 gate_sql if _counts_units(query) else None, lookup,
                                 table.types if table is not None else {})

@@ -43,6 +43,7 @@ from mechanisms.selection_bias import cap_bias, clip_bias
 from rewriters.blocks import BlockRestriction
 from rewriters.pipeline import cap_histogram
 from rewriters.selection import (
+    DISTINCT_GROUPS_DIALECTS,
     ClippedArgument,
     cell_base,
     choice_histogram,
@@ -284,7 +285,7 @@ def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.
 def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, one_statement: bool = False,
                        stored: tuple[str, str] | None = None,
-                       copy: tuple[str, str] | None = None
+                       copy: tuple[str, str] | None = None, dialect: str | None = None
                        ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
     them: (what, bins, a function building its tree) each.
@@ -293,15 +294,17 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
     come from one statement (``CELLS``, ``rewriters.selection.choice_histogram``), over the
     ranked copy ``stored`` (its row counts, no window) when it is given, else over the filtered
     rows of the ranked copy ``copy`` (windows, a result remembered: ``cells``) when it is
-    given.  The groups histogram keeps its own statement, and so does a cap histogram alone
-    over filtered rows."""
+    given.  The groups histogram keeps its own statement (one aggregation per unit on the
+    ``dialect``s of ``DISTINCT_GROUPS_DIALECTS``), and so does a cap histogram alone over
+    filtered rows."""
     limit = query.table_policy.contribution_bound
     with_rows, clipped = parts(query)
     builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
     if bounds_groups(query):  # g first: the histogram of distinct groups per unit
         starts = cap_bins(limit)
         builds.append((("groups",), len(starts),
-                       lambda: group_histogram(query, restriction, sample, starts)))
+                       lambda: group_histogram(query, restriction, sample, starts,
+                                               dialect in DISTINCT_GROUPS_DIALECTS)))
     # A cap histogram alone over filtered rows stays a GROUP BY unit (a hash aggregate, no
     # window to weigh the rows: cheaper); over stored counts it is a plain scan.
     if one_statement and with_rows and len(clipped) <= CELLS_ARGUMENTS \

@@ -185,7 +185,8 @@ class SingleTableKind:
         # With choices to make, the statement at the limit and the one at the choices differ
         # in numbers only (the verifier proves it from their tokens).
         services.statements.verify_outgoing(detail.sql, services.release, query.tables,
-                                            variants=bool(selects))
+                                            variants=bool(selects),
+                                            groups=detail.query.bounded_groups)
         # While the row cap is still to be chosen the final mechanisms are not known yet: the
         # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanism of
         # that cost.
@@ -322,7 +323,7 @@ class SingleTableKind:
         out = []
         for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
                                                     one_statement=True, stored=stored,
-                                                    copy=copy):
+                                                    copy=copy, dialect=self.services.dialect):
             key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy, *what)
             sql = self._histograms.get(key)
             if sql is None:
