@@ -18,9 +18,11 @@ import pytest
 
 from budget.ledger import open_ledger, replay
 from chorus_py.backends import open_backend
+from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
 from chorus_py.lint import check_all
 from chorus_py.policy import load_policy
+from tests.conftest import TEST_ROWS
 from tests.test_least_privilege import _as, roles  # noqa: F401  (the role fixture)
 
 CHORUS = Path(sys.executable).parent / "chorus"
@@ -135,19 +137,19 @@ def test_check_passes_with_a_read_only_role_and_fails_when_it_can_write(
 
 
 def test_init_on_duckdb_writes_the_file_relative_to_the_policy(
-        duckdb_data: str, tmp_path: Path) -> None:
-    import shutil
-
+        tmp_path: Path) -> None:
+    # A demo of its own, not a copy of the session's file: other tests' engines write ranked
+    # copies into that one (in the background) and add scratch tables to it, and a copy taken
+    # mid-write drafted another policy (seen twice under load).
     data = tmp_path / "data" / "demo.duckdb"
-    data.parent.mkdir()
-    shutil.copy(duckdb_data.removeprefix("duckdb:///"), data)
+    generate_demo(data.parent, rows=TEST_ROWS)
     out = tmp_path / "conf" / "policy.toml"
     out.parent.mkdir()
     drafted = chorus("init", "--from", f"duckdb:///{data}", "--out", str(out))
     assert drafted.returncode == 0, drafted.stderr
     assert 'url = "duckdb:///../data/demo.duckdb"' in out.read_text()
     policy = load_policy(out)
-    assert policy.tables["trips"].privacy_unit == "rider_id"
+    assert policy.tables["trips"].privacy_unit == "rider_id", out.read_text()
     assert policy.tables["cities"].public
     again = chorus("init", "--from", f"duckdb:///{data}", "--out", str(out))
     assert again.returncode == 1 and "--force" in again.stderr  # never overwrites silently
