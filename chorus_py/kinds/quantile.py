@@ -58,6 +58,7 @@ from mechanisms.intervals import Interval, NoInterval
 from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
+from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
 from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY, SPLIT_DIALECTS
@@ -236,7 +237,9 @@ class QuantileKind:
             prepared = self._prepare(analysis, epsilon, delta, reads,
                                      lambda q, spec: quantile_histogram(
                                          q, spec.argument, spec.lower, spec.upper, BINS,
-                                         restriction, sample, ranked, split),
+                                         restriction, sample, ranked, split,
+                                         counted_pays(self.services.dialect, q.stability,
+                                                      False)),
                                      restriction=restriction, sample=sample, ranked=ranked,
                                      chosen=chosen, reused=reused)
             self._prepared.put(key, prepared)
