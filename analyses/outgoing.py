@@ -35,8 +35,8 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` (or the
    running count ``COUNT(*) OVER (PARTITION BY unit ORDER BY __chorus_rank ROWS BETWEEN
    UNBOUNDED PRECEDING AND CURRENT ROW) AS r``, the same numbers: ``_numbers_rows``) and,
-   above it, a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
-   rows grouped by the unit then only counted, or each row weighted by
+   above it, a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection
+   histograms, rows grouped by the unit then only counted, or each row weighted by
    ``1 / COUNT(*) OVER (PARTITION BY unit)`` or marked by ``CASE WHEN ROW_NUMBER() OVER
    (PARTITION BY unit) = 1 THEN 1 ELSE 0 END`` (one row of each unit).  A ranked copy
    (``chorus_private.T__ranked_*``, every row of T with its unit's row count,
