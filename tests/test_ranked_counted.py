@@ -25,7 +25,7 @@ from rewriters.contribution import counted_pays, ranked_contribution, unit_order
 from tests.conftest import table_with_rows
 from tests.test_ranked_copy import POLICY
 
-K = 3
+K = 4
 #: Units of 1 to 60 rows; v ties across and within units (three values) and is NULL on every
 #: fourth row.
 SIZES = {1: 1, 2: 2, 3: 3, 4: 4, 5: 7, 6: 12, 7: 25, 8: 60, 9: 5, 10: 33}
@@ -33,7 +33,7 @@ FILTERS = [("v >= 1", lambda v: v is not None and v >= 1),
            ("v IS NULL", lambda v: v is None),
            ("v IS NULL OR v = 0", lambda v: v is None or v == 0),
            ("id > 0", lambda v: True)]
-CAPS = [1, 2, K, 5, 40]
+CAPS = [1, 2, 3, K, 5, 40]
 
 
 def _rows() -> list[tuple[int, int, float | None]]:
@@ -104,11 +104,12 @@ def test_the_count_keeps_the_rows_row_number_keeps(
         assert sorted(i for i, p, *_ in reference if p == person) == sorted(i for _, i in first)
 
 
-def test_the_rule_picks_the_count_on_duckdb_only_over_the_copy_above_cap_1() -> None:
-    assert [k for k in (1, 2, 9, 200) if counted_pays("duckdb", k, False)] == [2, 9, 200]
-    assert not any(counted_pays("duckdb", k, True) for k in (1, 2, 9, 200))
+def test_the_rule_picks_the_count_on_duckdb_only_over_the_copy_from_cap_4() -> None:
+    caps = (1, 2, 3, 4, 9, 200)
+    assert [k for k in caps if counted_pays("duckdb", k, False)] == [4, 9, 200]
+    assert not any(counted_pays("duckdb", k, True) for k in caps)
     assert not any(counted_pays(d, k, t) for d in ("postgres", "spark")
-                   for k in (1, 2, 9, 200) for t in (False, True))
+                   for k in caps for t in (False, True))
 
 
 @pytest.mark.parametrize("where, passing", FILTERS)
