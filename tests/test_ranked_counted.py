@@ -181,3 +181,27 @@ def test_the_verifier_takes_the_count_only_as_the_exact_bound(
     assert uncapped != statement
     with pytest.raises(Refused, match="contribution bounding"):
         check(uncapped)
+
+
+def test_a_quantile_reads_the_twin_or_counts_over_the_copy_and_keeps_the_same_rows(
+        tied: tuple[str, str], engine: Engine) -> None:
+    """A quantile's histogram in one count (DuckDB): its heavy rows from the twin by
+    ROW_NUMBER, or, the twins not read, from the copy by the running count (k = 4); the same
+    cells either way, sum_u min(c_u, k) rows in all over the non-NULL values (by hand)."""
+    _, table = tied
+    twin = unit_ordered(_copy(engine, table))
+    sql = f"SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY v) FROM {table} WHERE v >= 0"
+    cells = {}
+    for read in (True, False):
+        engine.samples.read_twins = read
+        _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+        ((_, statement),) = prepared.detail.histograms
+        if engine.dialect == "duckdb":
+            assert (twin in statement) == read
+            assert ("COUNT(*) OVER (PARTITION BY" in statement) == (not read)
+        else:  # Postgres counts its branches apart, from the copy, by ROW_NUMBER
+            assert twin not in statement and "COUNT(*) OVER (PARTITION BY" not in statement
+        cells[read] = sorted(engine.backend.run(statement).rows)
+    assert cells[True] == cells[False]
+    filtered = collections.Counter(p for _, p, v in _rows() if v is not None)
+    assert sum(r[-1] for r in cells[True]) == sum(min(c, K) for c in filtered.values())

@@ -232,7 +232,10 @@ class QuantileKind:
         # name changes with the table's version, and is part of the key, so a plan over a
         # replaced copy is never taken from the cache.
         ranked = self._ranked(analysis.query, sample)
-        key = (analysis.shape, epsilon, delta, restriction, sample, ranked, chosen, reused)
+        # Whether its twin may be read (``_histogram``) is part of the key too.
+        twin = ranked is not None and self.services.samples.twin(ranked[1])
+        key = (analysis.shape, epsilon, delta, restriction, sample, ranked, twin, chosen,
+               reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             split = self.services.dialect in SPLIT_DIALECTS
