@@ -15,9 +15,10 @@ a window.  ``counted_pays`` picks the count on DuckDB at caps >= 4 over the copy
    bounded by ``ranked_contribution`` over the copy and over its twin, with ROW_NUMBER and
    with the count; ``--repeat`` rounds alternating the shapes, medians.
 2. End to end: the corpus's #7, #13, #20, #27 and #29 (``benchmarks.corpus``) through
-   ``Engine.execute`` at the default epsilon and at 0.01, with ``counted_pays`` as shipped
-   and with it forced off (ROW_NUMBER everywhere, as before), each in a fresh engine (no plan
-   or template of the other shape cached), the two alternated twice; raw = the analyst's SQL
+   ``Engine.execute`` at the default epsilon and at 0.01, as shipped and as before
+   (``counted_pays`` forced off: ROW_NUMBER everywhere; the quantile kind's ``twin_pays``
+   forced off: its histograms read the copy alone), each in a fresh engine (no plan or
+   template of the other shape cached), the two alternated twice; raw = the analyst's SQL
    straight to DuckDB.  Medians of each query's rounds; DP / raw.
 Shared, noisy machine: the load average is in the results.
 """
@@ -74,22 +75,27 @@ STATEMENTS = {
         "SELECT b.city, FLOOR(b.distance_km * 100) AS bin, COUNT(*) FROM ({rows}) AS b "
         "GROUP BY 1, 2", "NOT t.distance_km IS NULL"),
 }
-#: The modules that call counted_pays (imported by name): forced off for "ROW_NUMBER".
+#: The modules that call counted_pays (imported by name): forced off for "before".
 _CALLERS = (rewriters.pipeline, chorus_py.kinds.single, chorus_py.kinds.quantile)
 
 
 @contextlib.contextmanager
-def row_number_only(on: bool) -> Iterator[None]:
-    """``counted_pays`` forced to False in its callers while ``on`` (the shape before)."""
+def as_before(on: bool) -> Iterator[None]:
+    """While ``on``, the shapes before: ``counted_pays`` forced to False in its callers
+    (ROW_NUMBER everywhere) and the quantile kind's ``twin_pays`` too (its histograms read
+    the copy alone)."""
     saved = [m.counted_pays for m in _CALLERS]
+    twin = chorus_py.kinds.quantile.twin_pays
     try:
         if on:
             for m in _CALLERS:
                 m.counted_pays = lambda dialect, k, twin: False
+            chorus_py.kinds.quantile.twin_pays = lambda read, blocks, cap, limit, dialect: False
         yield
     finally:
         for m, f in zip(_CALLERS, saved, strict=True):
             m.counted_pays = f
+        chorus_py.kinds.quantile.twin_pays = twin
 
 
 def statements(engine: Engine, repeat: int) -> list[tuple[str, int, str, list[float]]]:
@@ -125,12 +131,12 @@ def _rounded(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
 
 
 def end_to_end(policy: Path, repeat: int) -> dict[tuple[int, str], tuple[float, float, float]]:
-    """Part 2: per (query, epsilon label): median ms raw, ROW_NUMBER, as shipped."""
+    """Part 2: per (query, epsilon label): median ms raw, before, as shipped."""
     times: dict[tuple[int, str, str], list[float]] = {}
     epsilons: dict[str, float | None] = {"default": None, str(LOW_EPSILON): LOW_EPSILON}
     for _ in range(2):
-        for mode in ("row_number", "shipped"):
-            with row_number_only(mode == "row_number"):
+        for mode in ("before", "shipped"):
+            with as_before(mode == "before"):
                 engine = open_engine(policy)
                 try:
                     for number, sql in QUERIES.items():
@@ -150,9 +156,9 @@ def end_to_end(policy: Path, repeat: int) -> dict[tuple[int, str], tuple[float, 
     for number in QUERIES:
         for label in epsilons:
             raw, before, after = (statistics.median(times[number, label, m]) * 1000
-                                  for m in ("raw", "row_number", "shipped"))
+                                  for m in ("raw", "before", "shipped"))
             out[number, label] = (raw, before, after)
-            print(f"#{number} eps {label}: raw {raw:.1f}, ROW_NUMBER {before:.1f}, "
+            print(f"#{number} eps {label}: raw {raw:.1f}, before {before:.1f}, "
                   f"shipped {after:.1f}", file=sys.stderr)
     return out
 
@@ -181,10 +187,11 @@ def report(parts: list[tuple[str, int, str, list[float]]],
                      f"{shipped} |")
     lines += [
         "",
-        "End to end (`Engine.execute`, default policy; ROW_NUMBER = `counted_pays` forced off, "
-        "as before; each in fresh engines, alternated twice):",
+        "End to end (`Engine.execute`, default policy; before = `counted_pays` and the "
+        "quantile kind's `twin_pays` forced off: ROW_NUMBER everywhere, quantile histograms "
+        "from the copy alone; each in fresh engines, alternated twice):",
         "",
-        "| # | epsilon | raw ms | DP ms, ROW_NUMBER | DP / raw, ROW_NUMBER | DP ms, shipped | "
+        "| # | epsilon | raw ms | DP ms, before | DP / raw, before | DP ms, shipped | "
         "DP / raw, shipped |",
         "|---|---|---|---|---|---|---|",
     ]
