@@ -7,7 +7,7 @@ section of benchmarks/RESULTS.md.
 
 DuckDB 2.0.1's optimizer ``top_n_window_elimination`` plans ``ROW_NUMBER() ... <= k`` as a
 per-unit top-k hash aggregate; the running count (the same numbers, so the same rows) is left
-a window.  ``counted_pays`` picks the count on DuckDB at caps >= 4 over the copy.
+a window.  ``counted_pays`` picks the count on DuckDB at caps 4..20 over the copy.
 
 1. Statements straight to DuckDB, the demo at ``--rows`` trips, its ranked copy and twin: per
    cap k in 1, 2, 4, 9, 20, 81, 200, #7's filtered rows (``distance_km BETWEEN 5 AND 10``,

@@ -111,7 +111,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     parts).  ``twin``: the heavy branch (without groups per unit) reads the copy's twin in unit
     order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
     the window ranks them; ``kinds.single`` says when).  The heavy branch numbers its rows by
-    a running count where that pays (``counted_pays``: DuckDB, k >= 4, the copy; the same
+    a running count where that pays (``counted_pays``: DuckDB, 4 <= k <= 20, the copy; the same
     numbers as ROW_NUMBER, so the same rows).  On the ``SPLIT_DIALECTS`` the light
     and heavy branches (or the three parts) are aggregated apart and their per-group
     measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table

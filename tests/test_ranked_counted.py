@@ -104,9 +104,9 @@ def test_the_count_keeps_the_rows_row_number_keeps(
         assert sorted(i for i, p, *_ in reference if p == person) == sorted(i for _, i in first)
 
 
-def test_the_rule_picks_the_count_on_duckdb_only_over_the_copy_from_cap_4() -> None:
-    caps = (1, 2, 3, 4, 9, 200)
-    assert [k for k in caps if counted_pays("duckdb", k, False)] == [4, 9, 200]
+def test_the_rule_picks_the_count_on_duckdb_only_over_the_copy_at_caps_4_to_20() -> None:
+    caps = (1, 2, 3, 4, 9, 20, 21, 81, 200)
+    assert [k for k in caps if counted_pays("duckdb", k, False)] == [4, 9, 20]
     assert not any(counted_pays("duckdb", k, True) for k in caps)
     assert not any(counted_pays(d, k, t) for d in ("postgres", "spark")
                    for k in caps for t in (False, True))
