@@ -247,7 +247,7 @@ class QuantileKind:
             self._prepared.put(key, prepared)
         return prepared
 
-    def _histogram(self, query: AggregateQuery, spec: Any,
+    def _histogram(self, query: AggregateQuery, spec: QuantileSpec,
                    restriction: BlockRestriction | None, sample: tuple[str, str] | None,
                    ranked: tuple[str, str] | None, split: bool, reads: BlocksRead | None
                    ) -> exp.Select:
