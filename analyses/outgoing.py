@@ -32,9 +32,11 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    joins, subqueries, LIMIT, OFFSET, DISTINCT or windows, up to the first aggregating SELECT,
    which must pass rule 3 and is the barrier rule 5 checks.
 4. *Contribution bounding* (T has a privacy unit and is read directly, not through its sample):
-   between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` and, above it,
-   a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection histograms,
-   rows grouped by the unit then only counted, or each row weighted by
+   between T and the barrier, ``ROW_NUMBER() OVER (PARTITION BY unit ...) AS r`` (or the
+   running count ``COUNT(*) OVER (PARTITION BY unit ORDER BY __chorus_rank ROWS BETWEEN
+   UNBOUNDED PRECEDING AND CURRENT ROW) AS r``, the same numbers: ``_numbers_rows``) and,
+   above it, a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection
+   histograms, rows grouped by the unit then only counted, or each row weighted by
    ``1 / COUNT(*) OVER (PARTITION BY unit)`` or marked by ``CASE WHEN ROW_NUMBER() OVER
    (PARTITION BY unit) = 1 THEN 1 ELSE 0 END`` (one row of each unit).  A ranked copy
    (``chorus_private.T__ranked_*``, every row of T with its unit's row count,
@@ -824,7 +826,7 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
         for item in select.expressions:
             if not isinstance(item, exp.Alias):
                 continue
-            if isinstance(item.this, exp.Window) and isinstance(item.this.this, exp.RowNumber) \
+            if isinstance(item.this, exp.Window) and _numbers_rows(item.this) \
                     and _partitioned_by(item.this, unit) and any(
                         _rank_filter(s.args.get("where"), item.alias) for s in below[i + 1:]):
                 return True
@@ -844,6 +846,33 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                     and any(_aggregates(s) for s in above):
                 return True
     return False
+
+
+def _numbers_rows(window: exp.Window) -> bool:
+    """Whether ``window`` numbers the rows of each partition 1, 2, .., n once each, so that
+    ``<= k`` keeps k of them at most: ``ROW_NUMBER()`` in any order, or the running count
+    ``COUNT(*) OVER (... ORDER BY __chorus_rank ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT
+    ROW)`` (``rewriters.contribution.kept_rank``), the frame exactly that and nothing
+    excluded: a count of the rows from the partition's first to the current one is its
+    position.  Not COUNT(x) (NULLs are not counted: rows after one would share its count),
+    not COUNT(DISTINCT) or a FILTER (the same), not a RANGE or GROUPS frame (peers counted
+    together: ties share a number), not another start or end (a frame of the last rows alone
+    counts up to a constant), not EXCLUDE (the current row left out: the first k + 1 rows
+    count <= k).  Ordered by one column named as the stored rank: the rows a unit keeps are
+    its first k in the copy's random order."""
+    function = window.this
+    if isinstance(function, exp.RowNumber):
+        return True
+    spec = window.args.get("spec")
+    order = window.args.get("order")
+    keys = order.expressions if order is not None else []
+    return isinstance(function, exp.Count) and isinstance(function.this, exp.Star) \
+        and not function.args.get("expressions") and spec is not None \
+        and spec.args.get("kind") == "ROWS" and spec.args.get("start") == "UNBOUNDED" \
+        and spec.args.get("start_side") == "PRECEDING" \
+        and spec.args.get("end") == "CURRENT ROW" and not spec.args.get("end_side") \
+        and not spec.args.get("exclude") and len(keys) == 1 \
+        and isinstance(keys[0].this, exp.Column) and keys[0].this.name == _STORED_RANK
 
 
 def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str,

@@ -30,6 +30,7 @@ from rewriters.clipping import clipping
 from rewriters.contribution import (
     RANK,
     contribution,
+    counted_pays,
     group_bound,
     ranked_branches,
     ranked_contribution,
@@ -109,7 +110,9 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     are bounded to g groups and k rows (``ranked_group_contribution``: light, middle and heavy
     parts).  ``twin``: the heavy branch (without groups per unit) reads the copy's twin in unit
     order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
-    the window ranks them; ``kinds.single`` says when).  On the ``SPLIT_DIALECTS`` the light
+    the window ranks them; ``kinds.single`` says when).  The heavy branch numbers its rows by
+    a running count where that pays (``counted_pays``: DuckDB, 4 <= k <= 20, the copy; the same
+    numbers as ROW_NUMBER, so the same rows).  On the ``SPLIT_DIALECTS`` the light
     and heavy branches (or the three parts) are aggregated apart and their per-group
     measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
     alias) instead, those in ``covering`` whole when nothing filters them
@@ -153,10 +156,12 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         rows = stored_rank_contribution(rows, alias, query.stability)
     elif ranked is not None and dialect in SPLIT_DIALECTS and _adds_up(query):
         assert rows is not None and tp.privacy_unit is not None
-        branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin)
+        branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
+                                   counted_pays(dialect, query.stability, twin))
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
-        rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin)
+        rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin,
+                                   counted_pays(dialect, query.stability, twin))
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

@@ -48,7 +48,8 @@ from rewriters.safety import safety
 def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upper: float,
                        bins: int, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
-                       split: bool = False) -> exp.Select:
+                       split: bool = False, counted: bool = False, twin: bool = False
+                       ) -> exp.Select:
     """Rows (g0, ..., b, n): per group (index or value) and bin b in [0, bins) of the value clipped to
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
 
@@ -57,6 +58,10 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     branches are counted apart and their counts added per (group, bin) (``rewriters.pipeline.
     combine_branches``: no unit has rows in both, so each cell's sum is the count of one aggregation
     over the union; Postgres then runs the light branch, most rows, with parallel workers).
+    ``counted``: the heavy branch numbers its rows by a running count instead of ROW_NUMBER
+    (``rewriters.contribution.kept_rank``: the same rows; not with groups per unit).
+    ``twin``: the heavy branch reads the copy's twin in unit order (``rewriters.contribution.
+    ranked_branches``: the same rows; not with groups per unit).
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -87,20 +92,21 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
             # slower on 1M trips); combine_branches adds up cells by their columns only.
             light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins,
                                           by_value=False)
-                            for branch in _copy_branches(query, rows, unit))
+                            for branch in _copy_branches(query, rows, unit, counted, twin))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
             return combine_branches([light, heavy],
                                     [*(f"g{i}" for i in range(len(query.keys))), "b"],
                                     [("n", True)])
-        return _indexed(query, _histogram_of(query, argument, _copy_bounded(query, rows, unit),
+        return _indexed(query, _histogram_of(query, argument,
+                                             _copy_bounded(query, rows, unit, counted, twin),
                                              lower, upper, bins))
     return _indexed(query, _histogram_of(query, argument,
                                          _bounded_rows(query, argument, restriction, sample),
                                          lower, upper, bins))
 
 
-def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str
-                   ) -> tuple[exp.Select, exp.Select]:
+def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str, counted: bool,
+                   twin: bool) -> tuple[exp.Select, exp.Select]:
     """The light and heavy branches of the ranked copy's ``rows`` (filtered): by the row cap
     k (``ranked_branches``), or, keys released by a threshold with g < k groups per unit, by g
     groups then k rows (``ranked_group_branches``: the groups drawn afresh, as
@@ -110,17 +116,18 @@ def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str
         return ranked_group_branches(rows, query.alias, unit,
                                      [safety(k.expr) for k in query.keys], query.max_groups,
                                      query.stability)
-    return ranked_branches(rows, query.alias, unit, query.stability)
+    return ranked_branches(rows, query.alias, unit, query.stability, twin, counted)
 
 
-def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str) -> exp.Union:
+def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str, counted: bool,
+                  twin: bool) -> exp.Union:
     """The branches of ``_copy_branches`` as one relation (light UNION ALL heavy)."""
     if groups_bounded(query):
         assert query.max_groups is not None
         return ranked_group_contribution(rows, query.alias, unit,
                                          [safety(k.expr) for k in query.keys],
                                          query.max_groups, query.stability)
-    return ranked_contribution(rows, query.alias, unit, query.stability)
+    return ranked_contribution(rows, query.alias, unit, query.stability, twin, counted)
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,

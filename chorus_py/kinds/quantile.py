@@ -50,6 +50,7 @@ from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks, join_copies
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
 from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
+from chorus_py.kinds.single import twin_pays
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.discrete_laplace import DiscreteLaplace
@@ -58,10 +59,12 @@ from mechanisms.intervals import Interval, NoInterval
 from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from mechanisms.thresholding import key_release_threshold
 from rewriters.blocks import BlockRestriction
+from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
 from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY, SPLIT_DIALECTS
 from rewriters.quantiles import (
+    groups_bounded,
     quantile_finish,
     quantile_group_units,
     quantile_histogram,
@@ -229,18 +232,47 @@ class QuantileKind:
         # name changes with the table's version, and is part of the key, so a plan over a
         # replaced copy is never taken from the cache.
         ranked = self._ranked(analysis.query, sample)
-        key = (analysis.shape, epsilon, delta, restriction, sample, ranked, chosen, reused)
+        # Whether its twin may be read (``_histogram``) is part of the key too.
+        twin = ranked is not None and self.services.samples.twin(ranked[1])
+        key = (analysis.shape, epsilon, delta, restriction, sample, ranked, twin, chosen,
+               reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             split = self.services.dialect in SPLIT_DIALECTS
             prepared = self._prepare(analysis, epsilon, delta, reads,
-                                     lambda q, spec: quantile_histogram(
-                                         q, spec.argument, spec.lower, spec.upper, BINS,
-                                         restriction, sample, ranked, split),
+                                     lambda q, spec: self._histogram(
+                                         q, spec, restriction, sample, ranked, split, reads),
                                      restriction=restriction, sample=sample, ranked=ranked,
                                      chosen=chosen, reused=reused)
             self._prepared.put(key, prepared)
         return prepared
+
+    def _histogram(self, query: AggregateQuery, spec: QuantileSpec,
+                   restriction: BlockRestriction | None, sample: tuple[str, str] | None,
+                   ranked: tuple[str, str] | None, split: bool, reads: BlocksRead | None
+                   ) -> exp.Select:
+        """The histogram statement of ``spec`` at ``query``'s cap.  Counted in one statement
+        over the ranked copy (not ``split``), the heavy branch reads the copy's twin in unit
+        order where ``twin_pays`` says so, as a single-table answer's does (DuckDB 2.0.1's
+        per-unit top-k aggregate behind ROW_NUMBER runs 2-4x faster on rows in unit order at
+        caps 2..9: ``benchmarks.kept_rank``), and over the copy numbers its rows by a running
+        count where ``counted_pays`` says so.  Either way the very same rows are kept."""
+        twin = ranked is not None and not split and not groups_bounded(query) \
+            and self.services.samples.twin(ranked[1]) and self._twin_pays(query, reads)
+        return quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
+                                  restriction, sample, ranked, split,
+                                  counted_pays(self.services.dialect, query.stability, twin),
+                                  twin)
+
+    def _twin_pays(self, query: AggregateQuery, reads: BlocksRead | None) -> bool:
+        """``kinds.single.twin_pays`` for ``query``: the share of the schedule's blocks it
+        reads, with its cap."""
+        limit = query.table_policy.contribution_bound
+        block = query.table_policy.block
+        if block is None or reads is None:  # no blocks: the whole table is read
+            return twin_pays(1, 1, query.stability, limit, self.services.dialect)
+        total = self.services.blocks.windows(query.table, block).count
+        return twin_pays(len(reads.ids), total, query.stability, limit, self.services.dialect)
 
     def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
                 ) -> tuple[str, str] | None:

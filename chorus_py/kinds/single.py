@@ -46,6 +46,7 @@ from chorus_py.statements import QueryRun
 from mechanisms.key_release import threshold_warning
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
+from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
 from rewriters.pipeline import RewrittenQuery, pipeline
 from rewriters.selection import clipped_arguments
@@ -239,8 +240,10 @@ class SingleTableKind:
             # filled into its text template (kinds.templates); the tree is not kept, only
             # proxy noise reads it.
             sql = one_table_sql(
+                # The heavy branch's shape follows the cap (counted_pays): in the key too.
                 self._templates, (query.normalized_sql, restriction, sample, ranked, whole,
-                                  twin, sql_dialect),
+                                  twin, counted_pays(sql_dialect, query.stability, twin),
+                                  sql_dialect),
                 query, plan, sql_dialect, sample is not None,
                 lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
                                       ranked=ranked, whole=whole, twin=twin).sql_with_noise(
