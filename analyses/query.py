@@ -39,6 +39,7 @@ from analyses.sensitivity import (
     sum_sensitivity,
 )
 from analyses.totality import ConstantCheck, RowContext, check_row, duckdb_constants
+from analyses.trees import copy_tree
 from analyses.validate import AGGREGATES, ParsedStatement
 from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
 from chorus_py.policy import ColumnPolicy, LimitsConfig, Policy, TablePolicy
@@ -858,7 +859,7 @@ def _derive(kind: MeasurementKind, s: int, lo: float | None, hi: float | None, c
 
 def display_sql(node: exp.Expr) -> str:
     """SQL for reports: generic dialect, identifiers unquoted."""
-    plain = node.copy()
+    plain = copy_tree(node)
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
     return plain.sql(copy=False)  # a copy of its own already

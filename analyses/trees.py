@@ -1,0 +1,75 @@
+"""Copies of sqlglot trees that share their type annotations.
+
+``Expr.copy`` deep-copies every node's type annotation (``node.type``, a DataType tree of its
+own) through ``copy.deepcopy``: on an analysed, type-annotated tree that is most of a copy's
+time (a filtered AVG's rewrite, 61 nodes: 220 us per copy, 101 us with the types shared).
+:func:`copy_tree` makes the same copy but for the types, which both trees then share.
+
+Sharing is safe because type annotations are never changed in place: sqlglot's type
+annotation itself hands one DataType object to many nodes (an operand's type to its
+expression), the generators only read them, and the proxy replaces a node's type (the
+``type`` setter) rather than edit it.  Everything else is copied as sqlglot copies it: every
+node, its args and lists (non-node values shared, as sqlglot shares them), its comments and
+its metadata; the cached structural hash is left to be computed again, when asked.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TypeVar
+
+from sqlglot import exp
+
+E = TypeVar("E", bound=exp.Expr)
+
+
+def copy_tree(root: E) -> E:
+    """A copy of ``root`` (parents, keys and positions set as in ``root.copy()``) whose nodes
+    share ``root``'s type annotations.
+
+    >>> from sqlglot import parse_one
+    >>> tree = parse_one("SELECT a + 1 AS b FROM t WHERE c > 2")
+    >>> tree.find(exp.Add).type = "double"
+    >>> twin = copy_tree(tree)
+    >>> twin == tree, twin.sql() == tree.sql(), twin.find(exp.Add) is tree.find(exp.Add)
+    (True, True, False)
+    >>> twin.find(exp.Add).type is tree.find(exp.Add).type
+    True
+    """
+    new_root = _node(root)
+    stack: list[tuple[exp.Expr, exp.Expr]] = [(root, new_root)]
+    push, pop = stack.append, stack.pop
+    while stack:
+        node, twin = pop()
+        args = twin.args
+        for key, value in node.args.items():
+            if isinstance(value, exp.Expr):
+                child = _node(value)
+                child.parent, child.arg_key = twin, key
+                args[key] = child
+                push((value, child))
+            elif type(value) is list:
+                items = []
+                for index, item in enumerate(value):
+                    if isinstance(item, exp.Expr):
+                        child = _node(item)
+                        child.parent, child.arg_key, child.index = twin, key, index
+                        push((item, child))
+                        items.append(child)
+                    else:
+                        items.append(item)
+                args[key] = items
+            else:
+                args[key] = value
+    return new_root
+
+
+def _node(node: E) -> E:
+    """A childless node of ``node``'s class with its comments, metadata and (the same) type."""
+    twin = node.__class__()
+    if node.comments is not None:
+        twin.comments = list(node.comments)  # strings: a shallow copy is a deep one
+    twin._type = node._type
+    if node._meta is not None:
+        twin._meta = copy.deepcopy(node._meta)
+    return twin
