@@ -74,3 +74,14 @@ def _node(node: E) -> E:
     if node._meta is not None:
         twin._meta = copy.deepcopy(node._meta)
     return twin
+
+
+def sql_text(node: exp.Expr, dialect: str | None = None, **opts: object) -> str:
+    """``node.sql(dialect, **opts)``: the generator, which may change the tree it renders,
+    renders a :func:`copy_tree` copy instead of a deep one (the same text).
+
+    >>> from sqlglot import parse_one
+    >>> sql_text(parse_one("SELECT a FROM t WHERE b > 1"), "duckdb")
+    'SELECT a FROM t WHERE b > 1'
+    """
+    return copy_tree(node).sql(dialect, copy=False, **opts)  # type: ignore[arg-type]
