@@ -1,7 +1,7 @@
 """Cold queries (issue 23, part 2): the proxy's CPU for a query text it has never seen.
 
     python -m benchmarks.cold [--rows 20000] [--rounds 40] [--skip-postgres]
-                              [--before DIR --before-python PYTHON]
+                              [--database chorus_cold] [--before DIR --before-python PYTHON]
 
 Every run asks its query with a fresh alias (``COUNT(*) AS a17``), so no cache keyed by the text
 applies: not the analysis, not the prepared query, not the text template of its shape (built on
@@ -305,6 +305,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4,
                         help="alternating processes per variant (shared-machine noise)")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--database", default="chorus_cold",
+                        help="the Postgres database of the demo, created next to --postgres")
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--before", type=Path, help="another source tree, measured alongside")
     parser.add_argument("--before-python", default=sys.executable)
@@ -330,9 +332,10 @@ def main() -> None:
     if not args.skip_postgres:
         base = args.postgres.rsplit("/", 1)[0]
         with psycopg.connect(args.postgres, autocommit=True) as con:
-            con.execute("DROP DATABASE IF EXISTS chorus_cold WITH (FORCE)")
-            con.execute("CREATE DATABASE chorus_cold")
-        policies["Postgres"] = generate_demo(work / "pg", backend_url=f"{base}/chorus_cold",
+            name = psycopg.sql.Identifier(args.database)
+            con.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+            con.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(name))
+        policies["Postgres"] = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
                                              rows=args.rows)
     variants: dict[str, tuple[str, Path]] = {}
     if args.before is not None:
