@@ -23,6 +23,8 @@ from sqlglot import exp
 
 E = TypeVar("E", bound=exp.Expr)
 
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
 
 def copy_tree(root: E) -> E:
     """A copy of ``root`` (parents, keys and positions set as in ``root.copy()``) whose nodes
@@ -71,8 +73,11 @@ def _node(node: E) -> E:
     if node.comments is not None:
         twin.comments = list(node.comments)  # strings: a shallow copy is a deep one
     twin._type = node._type
-    if node._meta is not None:
-        twin._meta = copy.deepcopy(node._meta)
+    meta = node._meta
+    if meta is not None:
+        # The parser's positions are numbers: a dict of scalars is deep-copied by dict().
+        twin._meta = dict(meta) if all(type(v) in _SCALARS for v in meta.values()) \
+            else copy.deepcopy(meta)
     return twin
 
 
