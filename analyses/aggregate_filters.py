@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
+
 # Aggregates whose argument(s) the CASE replaces; quantiles (WITHIN GROUP) are handled apart.
 _AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
@@ -41,7 +43,7 @@ def filters_as_case(tree: exp.Expr) -> exp.Expr:
         rewritten = _filtered(node.this, where.this if isinstance(where, exp.Where) else None)
         return node if rewritten is None else rewritten
 
-    return tree.transform(visit)
+    return copy_tree(tree).transform(visit, copy=False)
 
 
 def _filtered(aggregate: exp.Expr, condition: exp.Expr | None) -> exp.Expr | None:

@@ -27,6 +27,7 @@ from sqlglot.errors import OptimizeError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
+from analyses.trees import copy_tree
 from chorus_py.errors import QueryRefused, UndefinedTable
 
 CTE_PREFIX = "chorus_cte_"
@@ -57,7 +58,7 @@ def bind_tables(tree: exp.Select, dialect: str, known: frozenset[str]) -> Bound:
     ('trips', 'cities')
     """
     dialect_ = Dialect.get_or_raise(dialect)
-    normal = normalize_identifiers(tree.copy(), dialect=dialect_)
+    normal = normalize_identifiers(copy_tree(tree), dialect=dialect_)
     assert isinstance(normal, exp.Select)
     # Policy names are stored as the database spells them; compare the normalised forms.
     declared = {dialect_.normalize_identifier(exp.to_identifier(name)).name: name
@@ -65,7 +66,7 @@ def bind_tables(tree: exp.Select, dialect: str, known: frozenset[str]) -> Bound:
     resolver = _Resolver(declared)
     resolver.visit(normal, {})
     _cross_check(normal, resolver.targets)
-    out = tree.copy()
+    out = copy_tree(tree)
     originals = list(out.find_all(exp.Table))
     normalised = list(normal.find_all(exp.Table))
     ctes = list(out.find_all(exp.CTE))
@@ -193,7 +194,7 @@ def generated_sql(tree: exp.Select, tables: tuple[str, ...], dialect: str, schem
     text, with every base table qualified by the schema the proxy reads (``schema``), so a
     name can denote nothing but what the binding said.  ``tree`` is ``Bound.tree`` and
     ``tables`` its ``Bound.tables``."""
-    out = tree.copy()
+    out = copy_tree(tree)
     for table in out.find_all(exp.Table):
         if is_cte_name(table.name):
             continue

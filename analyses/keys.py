@@ -39,6 +39,7 @@ from typing import Literal
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
 from chorus_py.blockgrid import is_time_size
 from chorus_py.errors import QueryRefused
 from chorus_py.policy import TablePolicy
@@ -93,7 +94,7 @@ def as_extract(tree: exp.Expr) -> exp.Expr:
                                expression=node.expressions[1])
         return node
 
-    return tree.transform(visit)
+    return copy_tree(tree).transform(visit, copy=False)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ off by ``analyses.mixed``; what stays refused names the mode that answers it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,12 +92,19 @@ class QuantileQuery:
 def asks_quantiles(sql: str, dialect: str) -> bool:
     """Whether ``sql`` holds a quantile, MIN or MAX (a cheap parse; False if it does not parse:
     the ordinary path then reports the syntax error)."""
+    trees = parsed_to_read(sql, dialect)
+    return trees is not None and any(any(is_quantile(n) for n in tree.walk()) for tree in trees)
+
+
+@functools.lru_cache(maxsize=8)
+def parsed_to_read(sql: str, dialect: str) -> tuple[exp.Expr, ...] | None:
+    """The statements of ``sql`` (None: it does not parse), for questions that only read them:
+    the engine asks ``analyses.mixed.asks_mixed`` then :func:`asks_quantiles` of one text, which
+    parsed it twice.  Shared between callers: never to be changed."""
     try:
-        trees = sqlglot.parse(sql, read=dialect)
+        return tuple(tree for tree in sqlglot.parse(sql, read=dialect) if tree is not None)
     except (ParseError, TokenError, RecursionError, ValueError):
-        return False
-    return any(tree is not None and any(is_quantile(n) for n in tree.walk())
-               for tree in trees)
+        return None
 
 
 def is_quantile(node: exp.Expr) -> bool:

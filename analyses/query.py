@@ -39,6 +39,7 @@ from analyses.sensitivity import (
     sum_sensitivity,
 )
 from analyses.totality import ConstantCheck, RowContext, check_row, duckdb_constants
+from analyses.trees import copy_tree, sql_text
 from analyses.validate import AGGREGATES, ParsedStatement
 from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
 from chorus_py.policy import ColumnPolicy, LimitsConfig, Policy, TablePolicy
@@ -95,7 +96,7 @@ class Measurement:
     def argument_sql(self) -> str | None:
         """``argument.sql()``, the key of clipping bounds (rendered once: every pass that
         narrows, plans or templates the bounds looks it up)."""
-        return None if self.argument is None else self.argument.sql()
+        return None if self.argument is None else sql_text(self.argument)
 
 
 @dataclass(frozen=True)
@@ -270,10 +271,12 @@ class AggregateQuery:
                                    expression=node.expression.copy())
             return node
 
-        outputs = tuple(dataclasses.replace(o, expr=o.expr.transform(recentre))
-                        for o in self.outputs)
-        having = self.having.transform(recentre) if self.having is not None else None
-        order = tuple(exp.Ordered(this=o.this.transform(recentre), desc=o.args.get("desc"),
+        def moved(node: exp.Expr) -> exp.Expr:
+            return copy_tree(node).transform(recentre, copy=False)
+
+        outputs = tuple(dataclasses.replace(o, expr=moved(o.expr)) for o in self.outputs)
+        having = moved(self.having) if self.having is not None else None
+        order = tuple(exp.Ordered(this=moved(o.this), desc=o.args.get("desc"),
                                   nulls_first=o.args.get("nulls_first")) for o in self.order)
         return dataclasses.replace(self, measurements=tuple(rescaled), outputs=outputs,
                                    having=having, order=order)
@@ -526,7 +529,7 @@ class _Reader:
             # A join's gate is always its own count of distinct units (analyses.join_groups).
             threshold_source=self._threshold_source() if thresholded and self.join is None
             else None,
-            normalized_sql=flat.sql(), join=self.join,
+            normalized_sql=sql_text(flat), join=self.join,
         )
 
     def _tables(self) -> dict[str, tuple[str, TablePolicy]]:
@@ -599,7 +602,7 @@ class _Reader:
                 )
             return node
 
-        return expr.transform(visit)
+        return copy_tree(expr).transform(visit, copy=False)
 
     def _aggregate(self, node: exp.Expr) -> exp.Expr:
         arg = node.this
@@ -706,7 +709,7 @@ class _Reader:
 
     def _measure(self, kind: MeasurementKind, arg: exp.Expr | None, lo: float | None = None,
                  hi: float | None = None, center: float = 0.0, total: bool = True) -> exp.Expr:
-        dedup = (kind, arg.sql() if arg is not None else "*", center)
+        dedup = (kind, sql_text(arg) if arg is not None else "*", center)
         found = self.measurements.get(dedup)
         if found is None and self.join is not None:
             found = _join_measurement(f"m{len(self.measurements)}", kind, arg, lo, hi, center,
@@ -858,7 +861,7 @@ def _derive(kind: MeasurementKind, s: int, lo: float | None, hi: float | None, c
 
 def display_sql(node: exp.Expr) -> str:
     """SQL for reports: generic dialect, identifiers unquoted."""
-    plain = node.copy()
+    plain = copy_tree(node)
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
     return plain.sql(copy=False)  # a copy of its own already

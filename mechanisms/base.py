@@ -19,6 +19,8 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
+from analyses.trees import copy_tree
+
 __all__ = ["DIALECTS", "UNIFORM_SQL", "Mechanism"]
 
 #: The SQL dialects every mechanism renders for.
@@ -138,7 +140,7 @@ def fill_template(template: str, **nodes: exp.Expr) -> exp.Expr:
 
     def substitute(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Placeholder) and node.name in nodes:
-            new = nodes[node.name].copy()
+            new = copy_tree(nodes[node.name])
             return new if isinstance(new, _ATOMIC) else exp.Paren(this=new)
         return node
 

@@ -14,6 +14,8 @@ from datetime import date, datetime
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
+
 
 @dataclass(frozen=True)
 class BlockRestriction:
@@ -38,10 +40,12 @@ def blocks(where: exp.Expr | None, column: exp.Column, start: datetime | date | 
     "CAST('2026-01-01 00:00:00' AS TIMESTAMP) <= t.ts AND t.ts < CAST('2026-01-02 00:00:00' AS TIMESTAMP)"
     """
     runs = windows or ((start, end),)
+    # Fresh trees, each placed once: the builders need not copy them.
     bounds = [exp.and_(_value(lo, column_type) <= column.copy(),
-                       column.copy() < _value(hi, column_type)) for lo, hi in runs]
-    bound = bounds[0] if len(bounds) == 1 else exp.Paren(this=exp.or_(*bounds))
-    return bound if where is None else exp.and_(exp.Paren(this=where.copy()), bound)
+                       column.copy() < _value(hi, column_type), copy=False) for lo, hi in runs]
+    bound = bounds[0] if len(bounds) == 1 else exp.Paren(this=exp.or_(*bounds, copy=False))
+    return bound if where is None else exp.and_(exp.Paren(this=copy_tree(where)), bound,
+                                                copy=False)
 
 
 def _value(value: datetime | date | int, column_type: str) -> exp.Expr:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
+
 
 def clipping(value: exp.Expr, lower: float, upper: float, consume: bool = False) -> exp.Expr:
     """Return ``CASE WHEN value IS NULL THEN NULL ELSE LEAST(GREATEST(value, lower), upper) END``,
@@ -36,20 +38,20 @@ def clipping(value: exp.Expr, lower: float, upper: float, consume: bool = False)
         raise ValueError("lower must be <= upper")
     if isinstance(value, exp.Column):
         return exp.Case(ifs=[
-            exp.If(this=exp.LT(this=value.copy(), expression=bound_literal(lower)),
+            exp.If(this=exp.LT(this=copy_tree(value), expression=bound_literal(lower)),
                    true=bound_literal(lower)),
-            exp.If(this=exp.GT(this=value.copy(), expression=bound_literal(upper)),
+            exp.If(this=exp.GT(this=copy_tree(value), expression=bound_literal(upper)),
                    true=bound_literal(upper)),
-        ], default=value if consume else value.copy())
+        ], default=value if consume else copy_tree(value))
     # ignore_nulls: the backends' own GREATEST and LEAST.  Both arguments are non-NULL where
     # they run (the CASE returns NULL first; the bounds are literals), so NULL handling never
     # arises; without the flag sqlglot renders each for DuckDB as CASE WHEN <arg> IS NULL ...
     # ELSE GREATEST(<arg>, l) END, which repeats the argument: 4 copies of the value per clip,
     # 16 for a clip inside a clip, each parsed again by the outgoing verifier.
-    low = exp.Greatest(this=value if consume else value.copy(),
+    low = exp.Greatest(this=value if consume else copy_tree(value),
                        expressions=[bound_literal(lower)], ignore_nulls=True)
     clipped = exp.Least(this=low, expressions=[bound_literal(upper)], ignore_nulls=True)
-    return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
+    return exp.Case(ifs=[exp.If(this=exp.Is(this=copy_tree(value), expression=exp.Null()),
                                 true=exp.Null())], default=clipped)
 
 

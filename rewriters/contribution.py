@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
+
 RAND = "__chorus_rand"
 RANK = "__chorus_rank"
 GROUP_RAND = "__chorus_grand"
@@ -293,9 +295,9 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
         raise ValueError("k must be >= 1")
     size = exp.column(UNIT_ROWS, table=alias)
     cap = exp.Literal.number(k)
-    light = rows.copy().select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
+    light = copy_tree(rows).select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
         exp.LTE(this=size, expression=cap), copy=False)
-    heavy = rows.copy()
+    heavy = copy_tree(rows)
     if twin:
         source = heavy.args["from_"].this
         source.set("this", exp.to_identifier(unit_ordered(source.name),

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
+
 #: The named parameter of the per-statement key the Spark backend binds.
 SPARK_KEY = "chorus_key"
 
@@ -41,16 +43,16 @@ def dialect(node: exp.Expr, name: str, copy: bool = True) -> exp.Expr:
     'SELECT ROW_NUMBER() OVER (PARTITION BY u ORDER BY u) FROM t'
     """
     if name == "spark":
-        return (node.copy() if copy else node).transform(_for_spark, copy=False)
+        return (copy_tree(node) if copy else node).transform(_for_spark, copy=False)
     if name != "postgres":
-        return node.copy() if copy else node
+        return copy_tree(node) if copy else node
 
     def visit(sub: exp.Expr) -> exp.Expr:
         if isinstance(sub, exp.Round) and sub.args.get("decimals") is not None:
             sub.set("this", exp.cast(sub.this, exp.DType.DECIMAL))
         return sub
 
-    return (node.copy() if copy else node).transform(visit, copy=False)
+    return (copy_tree(node) if copy else node).transform(visit, copy=False)
 
 
 def _for_spark(sub: exp.Expr) -> exp.Expr:

@@ -39,8 +39,9 @@ def public_grid(keys: Sequence[tuple[str, Sequence[object]]],
             this=exp.to_identifier(f"g{i}"), columns=[exp.to_identifier(kid)])))
     parts += [t.subquery(f"g{len(keys) + i}") for i, t in enumerate(tables)]
     select = exp.select("*")
-    for i, part in enumerate(parts):
-        select = select.from_(part) if i == 0 else select.join(part, join_type="cross")
+    for i, part in enumerate(parts):  # fresh parts: neither they nor the SELECT need copies
+        select = select.from_(part, copy=False) if i == 0 \
+            else select.join(part, join_type="cross", copy=False)
     return select
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from analyses.trees import copy_tree
 from analyses.typecheck import is_integer
 
 # The domains the rewrite below guarantees; the totality analysis (analyses.totality) assumes
@@ -86,7 +87,7 @@ def safety(node: exp.Expr, tame_floats: bool = True) -> exp.Expr:
                     sub.set(key, exp.cast(operand, exp.DType.DOUBLE))
         return sub
 
-    return node.copy().transform(visit, copy=False)
+    return copy_tree(node).transform(visit, copy=False)
 
 
 def _is_guarded(node: exp.Expr) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from analyses.query import AggregateQuery
+from analyses.trees import copy_tree
 from rewriters.blocks import BlockRestriction
 from rewriters.clipping import clipping
 from rewriters.contribution import RANK, UNIT_ROWS
@@ -250,12 +251,14 @@ def choice_histogram(query: AggregateQuery,
     alias = query.alias
     one = exp.cast(exp.Literal.number(1), exp.DType.DOUBLE)
     values = [safety(a.argument) for a, _ in arguments]
-    magnitudes = [exp.alias_(exp.Abs(this=clipping(v.copy(), a.lower, a.upper)), f"m{i}")
+    # Every tree placed below is built here and placed once: no builder needs to copy it.
+    magnitudes = [exp.alias_(exp.Abs(this=clipping(copy_tree(v), a.lower, a.upper, consume=True)),
+                             f"m{i}", copy=False)
                   for i, (v, (a, _)) in enumerate(zip(values, arguments, strict=True))]
     if stored is not None:
         size: exp.Expr = exp.column(UNIT_ROWS, table=alias)
-        per_unit = [exp.alias_(size.copy(), "n"),
-                    exp.alias_(_mark(exp.column(RANK, table=alias)), CAP_WEIGHT)]
+        per_unit = [exp.alias_(size.copy(), "n", copy=False),
+                    exp.alias_(_mark(exp.column(RANK, table=alias)), CAP_WEIGHT, copy=False)]
         weights = [exp.Div(this=one.copy(), expression=size.copy()) for _ in values]
         source = filtered_rows(query, restriction, None, stored)
         # The direct reader of the copy (its WHERE: the claimed blocks) computes every column.
@@ -266,21 +269,22 @@ def choice_histogram(query: AggregateQuery,
         # Unordered, the mark shares the counts' window (Spark gets it ordered by the unit, a
         # tie: rewriters.dialect).
         numbered = by_unit(exp.RowNumber())
-        per_unit = [exp.alias_(by_unit(exp.Count(this=exp.Star())), "n"),
-                    exp.alias_(_mark(numbered), CAP_WEIGHT)]
-        weights = [exp.Div(this=one.copy(), expression=by_unit(exp.Count(this=v.copy())))
+        per_unit = [exp.alias_(by_unit(exp.Count(this=exp.Star())), "n", copy=False),
+                    exp.alias_(_mark(numbered), CAP_WEIGHT, copy=False)]
+        weights = [exp.Div(this=one.copy(), expression=by_unit(exp.Count(this=copy_tree(v))))
                    for v in values]
         if copy is not None and sample is not None:
             raise ValueError("the cells read a stored sample or the ranked copy, not both")
         rows = filtered_rows(query, restriction, sample, copy)
-        reader = exp.select(*per_unit, *magnitudes).from_(rows.subquery(alias, copy=False),
-                                                          copy=False)
+        reader = exp.select(*per_unit, *magnitudes, copy=False).from_(
+            rows.subquery(alias, copy=False), copy=False)
     for i, (value, weight) in enumerate(zip(values, weights, strict=True)):
         # A NULL value has no weight (nor bin): its unit's other values share the 1.  The CASE
         # also keeps 1 / COUNT(x) from being evaluated for a unit with no value (0).
         reader = reader.select(exp.alias_(exp.Case(
-            ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
-                        true=exp.Null())], default=weight), value_weight(i)), copy=False)
+            ifs=[exp.If(this=exp.Is(this=copy_tree(value), expression=exp.Null()),
+                        true=exp.Null())], default=weight), value_weight(i), copy=False),
+            copy=False)
     # One integer key per cell, min(c_u, limit) then each argument's bin as digits (radix
     # cell_base), so the database groups by one column (Postgres then hashes a few thousand
     # groups instead of sorting every row on several keys) and no CASE bins c_u per row: the
@@ -299,11 +303,12 @@ def choice_histogram(query: AggregateQuery,
                                    expression=exp.Literal.number(cell_base(edges))),
                       expression=digit)
     weighted = [CAP_WEIGHT, *[value_weight(i) for i in range(len(arguments))]]
-    cells = exp.select(exp.alias_(key, CELL), *[exp.column(w, table="r") for w in weighted]
+    cells = exp.select(exp.alias_(key, CELL, copy=False),
+                       *[exp.column(w, table="r") for w in weighted], copy=False
                        ).from_(reader.subquery("r", copy=False), copy=False)
-    return (exp.select(exp.alias_(exp.column(CELL, table="c"), CELL),
-                       *[exp.alias_(exp.Sum(this=exp.column(w, table="c")), w)
-                         for w in weighted])
+    return (exp.select(exp.alias_(exp.column(CELL, table="c"), CELL, copy=False),
+                       *[exp.alias_(exp.Sum(this=exp.column(w, table="c")), w, copy=False)
+                         for w in weighted], copy=False)
             .from_(cells.subquery("c", copy=False), copy=False)
             .group_by(exp.column(CELL, table="c"), copy=False))
 

@@ -26,6 +26,7 @@ from analyses.blocks import BlocksRead
 from analyses.keys import calendar_values, check_grid_size
 from analyses.query import AggregateQuery, OutputColumn, display_sql
 from analyses.smoothing import ResolvedJoin
+from analyses.trees import sql_text
 from chorus_py.backends import ResultSet, portable_type
 from chorus_py.errors import BackendError
 from chorus_py.kinds.base import Answer, Prepared
@@ -387,8 +388,8 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
             columns.append(ColumnReport(out.name, "group_key", out.source, ()))
         elif not out.measurements:
             columns.append(ColumnReport(out.name, "constant", out.source, ()))
-        elif out.expr.sql() in by_id:
-            m = by_id[out.expr.sql()]
+        elif (rendered := sql_text(out.expr)) in by_id:
+            m = by_id[rendered]
             columns.append(ColumnReport(
                 out.name, "aggregate", out.source, (m.id,), m.mechanism["name"],
                 m.mechanism["scale"], m.error_bound_95))
@@ -396,7 +397,7 @@ def aggregate_report(query: AggregateQuery, plan: NoisePlan, reads: BlocksRead |
             columns.append(ColumnReport(
                 out.name, "derived", out.source, out.measurements,
                 note="post-processing of noisy measurements " + ", ".join(out.measurements)
-                + ": " + out.expr.sql()))
+                + ": " + rendered))
     key_release = None
     if plan.threshold is not None:
         t = plan.threshold
