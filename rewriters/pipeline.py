@@ -94,7 +94,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              samples: Mapping[str, tuple[str, str]] | None = None,
              ranked: tuple[str, str] | None = None, whole: bool = False,
              copies: Mapping[str, tuple[str, str]] | None = None,
-             covering: Collection[str] = (), twin: bool = False) -> RewrittenQuery:
+             covering: Collection[str] = (), twin: bool = False,
+             counted: bool | None = None) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -112,7 +113,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
     the window ranks them; ``kinds.single`` says when).  The heavy branch numbers its rows by
     a running count where that pays (``counted_pays``: DuckDB, 4 <= k <= 20, the copy; the same
-    numbers as ROW_NUMBER, so the same rows).  On the ``SPLIT_DIALECTS`` the light
+    numbers as ROW_NUMBER, so the same rows); ``counted`` fixes that choice (a text template's
+    probes render other caps in the shape of the query's own).  On the ``SPLIT_DIALECTS`` the light
     and heavy branches (or the three parts) are aggregated apart and their per-group
     measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
     alias) instead, those in ``covering`` whole when nothing filters them
@@ -143,6 +145,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     if rows is not None and g is not None and ranked is None:
         assert tp.privacy_unit is not None
         rows = group_bound(rows, tp.privacy_unit, keys, g)
+    running = counted_pays(dialect, query.stability, twin) if counted is None else counted
     if ranked is not None and g is not None and dialect in SPLIT_DIALECTS \
             and _adds_up(query):
         assert rows is not None and tp.privacy_unit is not None
@@ -157,11 +160,11 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     elif ranked is not None and dialect in SPLIT_DIALECTS and _adds_up(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   counted_pays(dialect, query.stability, twin))
+                                   running)
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   counted_pays(dialect, query.stability, twin))
+                                   running)
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

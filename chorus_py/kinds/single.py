@@ -239,15 +239,16 @@ class SingleTableKind:
             # Only the noise scales, caps and bounds change between calls of one query shape:
             # filled into its text template (kinds.templates); the tree is not kept, only
             # proxy noise reads it.
+            # The heavy branch's shape follows the cap (counted_pays): in the key too, and
+            # fixed for the template's probes, whose caps are not the query's.
+            counted = counted_pays(sql_dialect, query.stability, twin)
             sql = one_table_sql(
-                # The heavy branch's shape follows the cap (counted_pays): in the key too.
                 self._templates, (query.normalized_sql, restriction, sample, ranked, whole,
-                                  twin, counted_pays(sql_dialect, query.stability, twin),
-                                  sql_dialect),
+                                  twin, counted, sql_dialect),
                 query, plan, sql_dialect, sample is not None,
                 lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
-                                      ranked=ranked, whole=whole, twin=twin).sql_with_noise(
-                                          p, consume=True),
+                                      ranked=ranked, whole=whole, twin=twin,
+                                      counted=counted).sql_with_noise(p, consume=True),
                 sighting)
         else:
             rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked,
