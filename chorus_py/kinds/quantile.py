@@ -50,7 +50,7 @@ from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks, join_copies
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
 from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
-from chorus_py.kinds.single import twin_pays
+from chorus_py.kinds.single import reads_twin
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.discrete_laplace import DiscreteLaplace
@@ -258,21 +258,12 @@ class QuantileKind:
         caps 2..9: ``benchmarks.kept_rank``), and over the copy numbers its rows by a running
         count where ``counted_pays`` says so.  Either way the very same rows are kept."""
         twin = ranked is not None and not split and not groups_bounded(query) \
-            and self.services.samples.twin(ranked[1]) and self._twin_pays(query, reads)
+            and self.services.samples.twin(ranked[1]) \
+            and reads_twin(self.services, query, reads)
         return quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
                                   restriction, sample, ranked, split,
                                   counted_pays(self.services.dialect, query.stability, twin),
                                   twin)
-
-    def _twin_pays(self, query: AggregateQuery, reads: BlocksRead | None) -> bool:
-        """``kinds.single.twin_pays`` for ``query``: the share of the schedule's blocks it
-        reads, with its cap."""
-        limit = query.table_policy.contribution_bound
-        block = query.table_policy.block
-        if block is None or reads is None:  # no blocks: the whole table is read
-            return twin_pays(1, 1, query.stability, limit, self.services.dialect)
-        total = self.services.blocks.windows(query.table, block).count
-        return twin_pays(len(reads.ids), total, query.stability, limit, self.services.dialect)
 
     def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
                 ) -> tuple[str, str] | None:

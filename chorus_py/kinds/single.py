@@ -232,7 +232,7 @@ class SingleTableKind:
         whole = ranked is not None and not grouped \
             and self._stored_counts(query, ranked) is not None
         twin = ranked is not None and not whole and not grouped \
-            and services.samples.twin(ranked[1]) and self._twin_pays(query, reads)
+            and services.samples.twin(ranked[1]) and reads_twin(services, query, reads)
         rewritten: RewrittenQuery | None = None
         sql_dialect = services.dialect
         if services.policy.privacy.noise == "sql":
@@ -255,17 +255,6 @@ class SingleTableKind:
                                  whole=whole, twin=twin)
             sql = rewritten.measure_sql()
         return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
-
-    def _twin_pays(self, query: AggregateQuery, reads: BlocksRead | None) -> bool:
-        """Whether the heavy branch of ``query`` reads the ranked copy's twin in unit order
-        (``twin_pays``): the share of the schedule's blocks it reads, with its cap."""
-        block = query.table_policy.block
-        if block is None or reads is None:  # no blocks: the whole table is read
-            return twin_pays(1, 1, query.stability, query.table_policy.contribution_bound,
-                             self.services.dialect)
-        total = self.services.blocks.windows(query.table, block).count
-        return twin_pays(len(reads.ids), total, query.stability,
-                         query.table_policy.contribution_bound, self.services.dialect)
 
     def _noise_plan(self, query: AggregateQuery, epsilon: float, delta: float) -> NoisePlan:
         """The split of ``epsilon`` and ``delta`` over the query's measurements (and its
@@ -338,6 +327,17 @@ class SingleTableKind:
                 self._histograms.put(key, sql)
             out.append((what, size, sql))
         return tuple(out)
+
+
+def reads_twin(services: Services, query: AggregateQuery, reads: BlocksRead | None) -> bool:
+    """``twin_pays`` for ``query`` (a one-table answer or a quantile histogram): the share of
+    the schedule's blocks it reads, with its cap."""
+    policy = query.table_policy
+    if policy.block is None or reads is None:  # no blocks: the whole table is read
+        return twin_pays(1, 1, query.stability, policy.contribution_bound, services.dialect)
+    total = services.blocks.windows(query.table, policy.block).count
+    return twin_pays(len(reads.ids), total, query.stability, policy.contribution_bound,
+                     services.dialect)
 
 
 def twin_pays(read: int, blocks: int, cap: int, limit: int, dialect: str) -> bool:
