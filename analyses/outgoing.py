@@ -54,6 +54,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    parts' ranges of ``__chorus_unit_rows`` cut the whole range at their Ks; a light branch is
    never read alone; several occurrences of one copy (a self-join) are distinct sources of
    one join.
+   Every such k and K (``r <= k``, ``__chorus_rank <= k``, ``__chorus_unit_rows <= K``) is an
+   int at most the statement's cap (the rows per unit its noise assumes, when the caller
+   passes it) and at most the table's limit (the policy's ``max_rows_per_unit``): a bound
+   of more rows than the noise was scaled to bounds nothing that matters.
 4''. *Groups per unit* (keys released by a threshold with g < k groups per unit: the noise
    and the threshold assume each unit in at most g groups; the caller passes g): every read
    keeps only units of at most g rows in the copy (``__chorus_unit_rows <= K``, K <= g), or,
@@ -90,10 +94,10 @@ no rule reads (:func:`literal_shape`): the statement at a query's limit cap and 
 statement at the chosen cap and bounds are one text with other numbers.  The rules above read a
 number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
 else 0, a per-person bound is finite), ``Literal.is_int`` of a literal compared to a column
-(rule 4's ``r <= k`` and ``r = 1``), whether such a literal is at most g (rule 4'', g given)
-and the order of the Ks of ``__chorus_unit_rows <= K`` and ``> K`` (the parts' ranges); no
-rule reads a string's value.  A rule
-that reads more of a literal must add it to ``_number_class``.
+(rule 4's ``r <= k`` and ``r = 1``), whether such a literal is at most g (rule 4'', g given),
+whether one right after ``<=`` is at most the cap and each limit (rule 4) and the order of
+the Ks of ``__chorus_unit_rows <= K`` and ``> K`` (the parts' ranges); no rule reads a string's
+value.  A rule that reads more of a literal must add it to ``_number_class``.
 """
 
 from __future__ import annotations
@@ -142,10 +146,13 @@ _FORBIDDEN_IN_BARRIER = ("having", "order", "limit", "offset", "distinct", "qual
 
 @dataclass(frozen=True)
 class PrivateTable:
-    """What the verifier needs of a private table: its unit and block columns (or None)."""
+    """What the verifier needs of a private table: its unit and block columns (or None), and
+    its limit, the most rows per unit any statement may keep (rule 4's K and k: the policy's
+    ``max_rows_per_unit``; None: no unit)."""
 
     unit: str | None
     block: str | None
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,12 +182,14 @@ _COMPARISONS = frozenset({TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.G
 
 
 def _number_class(text: str, compared: bool, order: dict[Fraction, int] | None,
-                  groups: int | None) -> str:
+                  groups: int | None, caps: tuple[int, ...] = (), capped: bool = False) -> str:
     """Everything the rules read of a numeric literal: through ``_constant`` whether it is 0,
     1 (rule 4's mark and weight) or finite (rule 3'), as 0/1 digits; for a literal right after
     a comparison (``compared``: the literal that is a comparison's right side is the token
     right after its operator), ``is_int`` (rule 4's ``r <= k`` and ``r = 1``) and, with a
     groups bound, whether it is at most ``groups`` (rule 4'' reads ``<= G`` and ``<= K`` so);
+    for one right after ``<=`` (``capped``), whether it is at most each of ``caps`` (rule 4
+    reads its ``r <= k`` and ``<= K`` against the statement's cap and the tables' limits);
     and for the K of ``__chorus_unit_rows <= K`` or ``> K`` (``order``, the rank of every such
     K's exact value among them all), its rank (the parts' ranges are disjoint or not by the
     order of their Ks)."""
@@ -190,6 +199,8 @@ def _number_class(text: str, compared: bool, order: dict[Fraction, int] | None,
         out += f"{'.' not in text:d}"
         if groups is not None:
             out += f"{value <= groups:d}"
+    if capped:
+        out += "".join(f"{value <= cap:d}" for cap in caps)
     if order is not None:
         out += f":{order[Fraction(text)]}"
     return out
@@ -209,10 +220,12 @@ def tokens(sql: str, dialect: str) -> list[Token] | None:
         return None
 
 
-def literal_shape(cut: list[Token], groups: int | None = None) -> bytes:
+def literal_shape(cut: list[Token], groups: int | None = None,
+                  caps: tuple[int, ...] = ()) -> bytes:
     """A digest of a statement's tokens in which only literal values no rule reads are blanked:
     two statements with the same digest pass the rules alike (module docstring), at the same
-    ``groups`` bound (``verify``'s; None: none).
+    ``groups`` bound (``verify``'s; None: none) and the same ``caps`` (:func:`cap_bounds`:
+    ``verify``'s cap and the tables' limits).
 
     Every token keeps its type, comments and text, except a number written as digits with an
     optional fraction (no sign: a minus is a token of its own), which keeps only its
@@ -223,7 +236,7 @@ def literal_shape(cut: list[Token], groups: int | None = None) -> bytes:
     kinds = [token.token_type for token in cut]
     texts = [token.text for token in cut]
     blanked: list[int] = []
-    number, string = _NUMBER, _STRING  # locals: an enum member is slow to look up
+    number, string, lte = _NUMBER, _STRING, TokenType.LTE  # locals: enum members look up slowly
     # ``a.__chorus_unit_rows <= K``: the column's name is the token before the operator (a
     # parenthesised column is no Column to the rule, and reads no K).
     unit_rows = {i for i, kind in enumerate(kinds)
@@ -234,7 +247,7 @@ def literal_shape(cut: list[Token], groups: int | None = None) -> bytes:
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
             compared = i > 0 and kinds[i - 1] in _COMPARISONS
             texts[i] = _number_class(texts[i], compared, order if i in unit_rows else None,
-                                     groups)
+                                     groups, caps, compared and kinds[i - 1] is lte)
             blanked.append(i)
         elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
             texts[i] = ""
@@ -251,18 +264,31 @@ def literal_shape(cut: list[Token], groups: int | None = None) -> bytes:
     return digest.digest()
 
 
+def cap_bounds(rules: OutgoingRules, cap: int | None) -> tuple[int, ...]:
+    """The numbers rule 4 compares a statement's row caps with (:func:`literal_shape`'s
+    ``caps``): its ``cap`` first (when given), then every private table's limit in order.
+    Statements of one family at different caps (a query at its limit, then at the chosen
+    cap) get tuples of one length that differ in the first place only: a capped literal
+    that is the statement's own cap is at most it in both."""
+    limits = sorted({t.limit for t in rules.private.values() if t.limit is not None})
+    return tuple(limits if cap is None else [cap, *limits])
+
+
 def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
                    tables: frozenset[str], cut: list[Token] | None = None,
-                   groups: int | None = None, group_keys: int | None = None) -> None:
+                   groups: int | None = None, group_keys: int | None = None,
+                   cap: int | None = None) -> None:
     """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
     tables only inside the bounding-and-noise structure (module docstring) and reads no
     private table outside ``tables``, those the analysis said the query reads.  ``cut``: the
     text's :func:`tokens`, when the caller has them.  ``groups``: the groups per unit g the
     noise and the key-release threshold assume (rule 4''; None: the row cap alone), in the
     groups of the first ``group_keys`` GROUP BY expressions of the aggregation (None: all of
-    them; a quantile histogram's last one is its bins)."""
+    them; a quantile histogram's last one is its bins).  ``cap``: the rows per unit k the
+    noise assumes of every table read with a row cap (rule 4: every cap at most k; None:
+    at most each table's limit)."""
     try:
-        verify(sql, dialect, rules, release, tables, cut, groups, group_keys)
+        verify(sql, dialect, rules, release, tables, cut, groups, group_keys, cap)
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
@@ -272,7 +298,8 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
 
 def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
            tables: frozenset[str], cut: list[Token] | None = None,
-           groups: int | None = None, group_keys: int | None = None) -> None:
+           groups: int | None = None, group_keys: int | None = None,
+           cap: int | None = None) -> None:
     """``check_outgoing`` without logging: raises Refused naming the broken rule."""
     try:
         # What sqlglot.parse does, from the tokens when given (cut from this very text).
@@ -297,7 +324,7 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     barriers: list[exp.Select] = []
     reads: dict[int, list[exp.Table]] = {}  # id(barrier) -> the private reads below it
     for table, name in private:
-        barrier = _check_private_read(table, name, rules, allowed)
+        barrier = _check_private_read(table, name, rules, allowed, cap)
         if groups is not None:
             _check_groups(table, name, barrier, rules, groups, group_keys)
         # Several reads may share one barrier (a ranked copy's light and heavy branches).
@@ -376,8 +403,9 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
 
 # -- 2-4. one private read -------------------------------------------------------------------
 def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
-                        allowed: tuple[type[exp.Expr], ...]) -> exp.Select:
-    """Check rules 2-4 for one reference; return its barrier."""
+                        allowed: tuple[type[exp.Expr], ...], cap: int | None) -> exp.Select:
+    """Check rules 2-4 for one reference; return its barrier.  A row cap keeps at most
+    ``most`` rows per unit: the statement's ``cap`` and the table's limit, the smaller."""
     chain = _select_ancestors(table)
     reader = chain[0] if chain else None
     holder = table.parent
@@ -402,13 +430,14 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
             and _per_person(barrier, alias, rules, name, allowed):
         return _above_per_person(chain, name, allowed)
     _check_barrier(barrier, name, allowed)
-    light = stored and not sample and (_copy_capped(reader.args.get("where"), alias, sole)
+    most = min(c for c in (cap, spec.limit, math.inf) if c is not None)
+    light = stored and not sample and (_copy_capped(reader.args.get("where"), alias, sole, most)
                                        or _stored_weights(chain, index, alias, sole,
                                                           spec.unit))
     if spec.unit is not None and not sample and not light \
-            and not _bounded(chain, index, spec.unit):
+            and not _bounded(chain, index, spec.unit, most):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
-                      f"{spec.unit}")
+                      f"{spec.unit} to at most {most:g} rows")
     return barrier
 
 
@@ -820,7 +849,7 @@ def _aggregated_output(value: exp.Expr, name: str,
     return None
 
 
-def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
+def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float) -> bool:
     below = chain[: barrier + 1]
     for i, select in enumerate(below):
         for item in select.expressions:
@@ -828,7 +857,8 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str) -> bool:
                 continue
             if isinstance(item.this, exp.Window) and _numbers_rows(item.this) \
                     and _partitioned_by(item.this, unit) and any(
-                        _rank_filter(s.args.get("where"), item.alias) for s in below[i + 1:]):
+                        _rank_filter(s.args.get("where"), item.alias, most)
+                        for s in below[i + 1:]):
                 return True
             if any(_weight(d, unit, copy=None) for d in _local(item.this)
                    if isinstance(d, exp.Div | exp.Case)):
@@ -987,16 +1017,21 @@ def _stored_weights(chain: list[exp.Select], barrier: int, alias: str, sole: boo
     return weighted and _sums_of_weights(chain, barrier, unit, own)
 
 
-def _copy_capped(where: exp.Expr | None, alias: str, sole: bool) -> bool:
-    """Whether WHERE ANDs ``alias.<column> <= <int>`` for a column of a ranked copy that caps
-    each unit's rows at that int: ``__chorus_unit_rows`` (only the units with at most that
-    many rows in all: the light units) or ``__chorus_rank`` (each unit's rows carry the ranks
-    1..n_u once each, ``rewriters.contribution.ranked_table``: at most that many pass)."""
+def _copy_capped(where: exp.Expr | None, alias: str, sole: bool, most: float) -> bool:
+    """Whether WHERE ANDs ``alias.<column> <= <int>`` (the int at most ``most``) for a column
+    of a ranked copy that caps each unit's rows at that int: ``__chorus_unit_rows`` (only the
+    units with at most that many rows in all: the light units) or ``__chorus_rank`` (each
+    unit's rows carry the ranks 1..n_u once each, ``rewriters.contribution.ranked_table``:
+    at most that many pass)."""
     return any(isinstance(c, exp.LTE) and isinstance(c.this, exp.Column)
                and c.this.name in (_UNIT_ROWS, _STORED_RANK)
                and (c.this.table == alias or (sole and not c.this.table))
-               and isinstance(c.expression, exp.Literal) and c.expression.is_int
-               for c in _conjuncts(where))
+               and _int_at_most(c.expression, most) for c in _conjuncts(where))
+
+
+def _int_at_most(node: exp.Expr, most: float) -> bool:
+    """Whether ``node`` is an integer literal at most ``most`` (a row cap the noise allows)."""
+    return isinstance(node, exp.Literal) and node.is_int and int(node.this) <= most
 
 
 def _partitioned_by(window: exp.Window, unit: str) -> bool:
@@ -1017,10 +1052,10 @@ def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
     return [node]
 
 
-def _rank_filter(where: exp.Expr | None, rank: str) -> bool:
+def _rank_filter(where: exp.Expr | None, rank: str, most: float) -> bool:
+    """Whether WHERE ANDs ``rank <= k``, k an int at most ``most``."""
     return any(isinstance(c, exp.LTE) and isinstance(c.this, exp.Column) and c.this.name == rank
-               and isinstance(c.expression, exp.Literal) and c.expression.is_int
-               for c in _conjuncts(where))
+               and _int_at_most(c.expression, most) for c in _conjuncts(where))
 
 
 def _restricted(where: exp.Expr | None, alias: str, column: str, sole: bool) -> bool:
@@ -1338,5 +1373,6 @@ def rules_from_policy(policy: Policy, schema: str | None, private_schema: str) -
         if tp.public:
             continue
         unit = tp.privacy_unit if isinstance(tp.privacy_unit, str) else None
-        private[name] = PrivateTable(unit, tp.block.column if tp.block is not None else None)
+        private[name] = PrivateTable(unit, tp.block.column if tp.block is not None else None,
+                                     tp.contribution_bound if unit is not None else None)
     return OutgoingRules(public, private, schema, private_schema)

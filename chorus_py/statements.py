@@ -28,6 +28,7 @@ import numpy as np
 from analyses.outgoing import (
     OutgoingRules,
     Release,
+    cap_bounds,
     check_outgoing,
     literal_shape,
     tokens,
@@ -126,7 +127,7 @@ class Statements:
 
     def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = (),
                         variants: bool = False, groups: int | None = None,
-                        group_keys: int | None = None) -> None:
+                        group_keys: int | None = None, cap: int | None = None) -> None:
         """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
         InternalError if it reads a private table outside the bounding-and-noise structure,
         or one not among ``tables`` (those its analysis reads).  Every statement derived from
@@ -137,25 +138,30 @@ class Statements:
         literal shape (``analyses.outgoing.literal_shape``) and carried over to the others.
         ``groups``: the groups per unit g the query's noise and key-release threshold assume
         (its rows must be bounded to g groups per unit; None: no such bound), the groups of
-        the first ``group_keys`` GROUP BY expressions (None: all of them)."""
+        the first ``group_keys`` GROUP BY expressions (None: all of them).  ``cap``: the
+        rows per unit k its noise assumes (every row cap in it must be at most k; None: at
+        most each table's limit)."""
         # A digest of the text, not the text (several kB per statement), as the cache key.
         key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, groups,
-               group_keys, *sorted(tables))
+               group_keys, cap, *sorted(tables))
         if key in self._verified:
             return
         if not variants:
             check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables),
-                           groups=groups, group_keys=group_keys)
+                           groups=groups, group_keys=group_keys, cap=cap)
             self._verified.put(key, True)
             return
         # The later variants pass by their tokens (the parse and the rules are most of the
-        # check); the first is parsed from the same tokens.
+        # check); the first is parsed from the same tokens.  The shape keeps whether each
+        # capped literal is at most the cap and each limit, so a variant at another cap
+        # passes only when its caps compare with its own cap as the first's with the first's.
         cut = tokens(sql, self.dialect)
-        shape = None if cut is None else (literal_shape(cut, groups), release, groups,
-                                          group_keys, *sorted(tables))
+        caps = cap_bounds(self.outgoing, cap)
+        shape = None if cut is None else (literal_shape(cut, groups, caps), release, groups,
+                                          group_keys, cap is None, *sorted(tables))
         if shape is None or shape not in self._shapes:
             check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables), cut,
-                           groups, group_keys)
+                           groups, group_keys, cap)
             if shape is not None:
                 self._shapes.put(shape, True)
         self._verified.put(key, True)

@@ -300,11 +300,13 @@ def _heavy_without_its_test(engine: Engine, sql: str) -> str:
     return out
 
 
-def _light_cap_above_k(engine: Engine, sql: str) -> str:
-    """Light n_u <= k + 1, heavy n_u > k: each still bounded, but a unit of k + 1 rows is in
-    both branches."""
+def _heavy_cap_below_k(engine: Engine, sql: str) -> str:
+    """Light n_u <= k, heavy n_u > k - 1: each still bounded (k rows at most), but a unit of
+    k rows is in both branches.  (A light cap above k, the other overlap, is refused before:
+    rule 4 bounds it by the statement's cap and the limit, test_a_cap_above_the_limit...)"""
     k = int(re.search(r"__chorus_unit_rows > (\d+)", sql).group(1))
-    out = sql.replace(f"__chorus_unit_rows <= {k}", f"__chorus_unit_rows <= {k + 1}")
+    assert k > 1
+    out = sql.replace(f"__chorus_unit_rows > {k}", f"__chorus_unit_rows > {k - 1}")
     assert out != sql
     return out
 
@@ -336,7 +338,7 @@ def _parts_filtered(tree: exp.Select, union: exp.Union, branches: list[exp.Selec
     union.parent_select.where("chorus_parts.m0 > 1", copy=False)
 
 
-SPLIT_MUTATIONS = [_heavy_without_its_test, _light_cap_above_k, *[_split_mutation(m) for m in (
+SPLIT_MUTATIONS = [_heavy_without_its_test, _heavy_cap_below_k, *[_split_mutation(m) for m in (
     _light_twice, _third_branch, _union_distinct, _max_of_parts, _raw_column_of_parts,
     _parts_filtered)]]
 SPLIT_QUERIES = [FILTERED, "SELECT COUNT(*), SUM(fare) FROM trips WHERE fare > 1",
@@ -373,7 +375,7 @@ def test_near_misses_of_the_split_branches_are_refused(split: Engine, mutation: 
 def test_the_split_disjointness_is_what_refuses(split: Engine) -> None:
     """Each branch alone is bounded (rule 4 passes): the refusal is the missing disjointness."""
     sql = _sql(split, FILTERED)
-    for mutation in (_heavy_without_its_test, _light_cap_above_k,
+    for mutation in (_heavy_without_its_test, _heavy_cap_below_k,
                      _split_mutation(_light_twice)):
         with pytest.raises(Refused, match="not disjoint"):
             _check(split, mutation(split, sql))
@@ -413,7 +415,7 @@ def test_a_weight_counts_the_whole_unit(engine: Engine) -> None:
             _check(engine, histogram(running), "noised_by_proxy")
 
 
-@pytest.mark.parametrize("mutation", [_heavy_without_its_test, _light_cap_above_k],
+@pytest.mark.parametrize("mutation", [_heavy_without_its_test, _heavy_cap_below_k],
                          ids=lambda m: m.__name__)
 def test_one_aggregate_over_overlapping_branches_is_refused(
         make_engine: Callable[..., Engine], backend_url: str, mutation: Mutation,
@@ -508,6 +510,104 @@ def test_a_tampered_final_statement_is_refused_after_its_limit_one_passed(
     assert full[-1] == tampered
 
 
+def _raise_cap(sql: str, cap: int, column: str) -> str:
+    """``column <= cap`` raised to ``<= cap + 1`` (only numbers change)."""
+    out = sql.replace(f"{column} <= {cap}", f"{column} <= {cap + 1}")
+    assert out != sql
+    return out
+
+
+@pytest.mark.parametrize("column", ["__chorus_krank", "__chorus_unit_rows"])
+def test_a_final_statement_capped_above_its_cap_is_refused(
+        make_engine: Callable[..., Engine], backend_url: str, column: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The final statement at the chosen cap 3 keeps 4 rows of a unit (the heavy branch's
+    row number, or the light units' row count, raised by one; the limit is higher): every
+    other rule passes it, and it passes at cap 4, but the noise assumes 3, so it is refused,
+    also after the statement at the limit passed with the same literal shape otherwise."""
+    engine, limit, final = _limit_and_final(make_engine, backend_url, FILTERED)
+    most = engine.policy.tables["trips"].contribution_bound
+    assert most > 4
+    raised = _raise_cap(final, 3, column)
+    if column == "__chorus_unit_rows":  # the heavy branch moves with it: still disjoint
+        raised = raised.replace("__chorus_unit_rows > 3", "__chorus_unit_rows > 4")
+    verify(raised, engine.dialect, engine.statements.outgoing, "noised_in_sql",
+           frozenset({"trips"}), cap=4)
+    with pytest.raises(Refused, match="at most 3 rows"):
+        verify(raised, engine.dialect, engine.statements.outgoing, "noised_in_sql",
+               frozenset({"trips"}), cap=3)
+    full: list[str] = []
+    monkeypatch.setattr(statements, "check_outgoing",
+                        lambda sql, *args: (full.append(sql), check_outgoing(sql, *args)))
+    fresh = statements.Statements(engine.backend, engine.ledger, engine.dialect,
+                                  engine.statements.outgoing)
+    fresh.verify_outgoing(limit, "noised_in_sql", ("trips",), variants=True, cap=most)
+    fresh.verify_outgoing(final, "noised_in_sql", ("trips",), variants=True, cap=3)
+    assert full == [limit]  # the final statement passed by its tokens, at its own cap
+    with pytest.raises(InternalError, match="refused by the outgoing check"):
+        fresh.verify_outgoing(raised, "noised_in_sql", ("trips",), variants=True, cap=3)
+    assert full[-1] == raised
+
+
+def test_a_cap_above_the_limit_is_refused(engine: Engine) -> None:
+    """Whatever cap the caller passes (or none), no statement keeps more rows of a unit than
+    the policy's limit: the light branch's ``<= K`` and the heavy branch's row number."""
+    sql = _sql(engine, FILTERED)
+    most = engine.policy.tables["trips"].contribution_bound
+    _check(engine, sql)
+    for column in ("__chorus_unit_rows", "__chorus_krank"):
+        raised = _raise_cap(sql, most, column)
+        if column == "__chorus_unit_rows":
+            raised = raised.replace(f"__chorus_unit_rows > {most}",
+                                    f"__chorus_unit_rows > {most + 1}")
+        for cap in (None, most + 1):
+            with pytest.raises(Refused, match=f"at most {most} rows"):
+                verify(raised, engine.dialect, engine.statements.outgoing, "noised_in_sql",
+                       frozenset({"trips"}), cap=cap)
+
+
+def test_the_engine_verifies_the_final_statement_at_its_cap(
+        make_engine: Callable[..., Engine], backend_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-table kind passes the cap its noise assumes: the limit's for the statement at
+    the limit, the chosen one for the final statement."""
+    engine = make_engine(backend_url, contribution="auto")
+    seen: list[tuple[str, int | None]] = []
+    check = engine.statements.verify_outgoing
+
+    def record(sql: str, *args: object, **kwargs: object) -> None:
+        seen.append((sql, kwargs.get("cap")))  # type: ignore[arg-type]
+        check(sql, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.statements, "verify_outgoing", record)
+    _, prepared = engine.prepare(FILTERED, "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    final = prepared.selection.apply(Choices(cap=3, bounds=(), groups=None))
+    caps = dict(seen)
+    assert caps[prepared.statements[0]] == engine.policy.tables["trips"].contribution_bound
+    assert caps[final.statements[0]] == 3
+
+
+@pytest.mark.parametrize(("verified", "verified_caps", "other", "other_caps", "same"), [
+    # A family at its own caps: the statement at the limit 20, the final one at 3.
+    ("SELECT a FROM t WHERE r <= 20", (20, 20), "SELECT a FROM t WHERE r <= 3", (3, 20), True),
+    # A cap above the statement's own, or above the limit: another shape.
+    ("SELECT a FROM t WHERE r <= 20", (20, 20), "SELECT a FROM t WHERE r <= 4", (3, 20), False),
+    ("SELECT a FROM t WHERE r <= 20", (20, 20), "SELECT a FROM t WHERE r <= 21", (21, 20),
+     False),
+    # Only a literal right after <= is compared with the caps (rule 4 reads no other).
+    ("SELECT a FROM t WHERE x > 10", (20, 20), "SELECT a FROM t WHERE x > 10", (3, 20), True),
+    ("SELECT a FROM t WHERE x <= 10", (20, 20), "SELECT a FROM t WHERE x <= 10", (3, 20), False),
+])
+def test_the_literal_shape_compares_caps(verified: str, verified_caps: tuple[int, ...],
+                                         other: str, other_caps: tuple[int, ...],
+                                         same: bool) -> None:
+    before, after = tokens(verified, "duckdb"), tokens(other, "duckdb")
+    assert before is not None and after is not None
+    assert (literal_shape(before, None, verified_caps)
+            == literal_shape(after, None, other_caps)) is same
+
+
 @pytest.mark.parametrize(("verified", "other", "same"), [
     ("SELECT a FROM t WHERE r <= 200", "SELECT a FROM t WHERE r <= 3", True),
     ("SELECT CAST('0.5' AS DOUBLE) * x", "SELECT CAST('1e-05' AS DOUBLE) * x", True),
@@ -575,7 +675,7 @@ def _raw_bin_count(tree: exp.Select, union: exp.Union, branches: list[exp.Select
 
 
 QUANTILE_MUTATIONS = [
-    _drop_bounding, _drop_light_cap, _drop_blocks, _heavy_without_its_test, _light_cap_above_k,
+    _drop_bounding, _drop_light_cap, _drop_blocks, _heavy_without_its_test, _heavy_cap_below_k,
     _raw_column_out, _raw_column_in_measure, _extra_private_table, _max_instead_of_count,
     _limit_in_measure]
 QUANTILE_SPLIT_MUTATIONS = [_split_mutation(m) for m in (
@@ -606,13 +706,13 @@ def test_quantile_branches_must_be_disjoint(quantiles: Engine) -> None:
     """Each branch alone is bounded: the refusal is the missing disjointness (a unit of
     k + 1 rows counted in both, 2k rows in the histogram)."""
     sql = _sql(quantiles, QUANTILE_QUERIES[1])
-    for mutation in (_heavy_without_its_test, _light_cap_above_k):
+    for mutation in (_heavy_without_its_test, _heavy_cap_below_k):
         with pytest.raises(Refused, match="not disjoint"):
             _check(quantiles, mutation(quantiles, sql), "noised_by_proxy")
 
 
 @pytest.mark.parametrize("mutation", [_drop_bounding, _drop_light_cap, _drop_blocks,
-                                      _heavy_without_its_test, _light_cap_above_k],
+                                      _heavy_without_its_test, _heavy_cap_below_k],
                          ids=lambda m: m.__name__)
 def test_group_bounded_quantile_histograms_over_the_copy(
         quantiles: Engine, make_engine: Callable[..., Engine], backend_url: str,

@@ -401,7 +401,8 @@ class QuantileKind:
             # Grouped by the keys, then the bins: the groups bound is the keys'.
             services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables,
                                                 groups=query.bounded_groups,
-                                                group_keys=len(query.keys))
+                                                group_keys=len(query.keys),
+                                                cap=query.stability)
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
                                  query.offset).sql("duckdb")
@@ -413,7 +414,8 @@ class QuantileKind:
             gate_sql = dialect(quantile_group_units(query, first, restriction),
                                services.dialect, copy=False).sql(services.dialect, copy=False)
             services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables,
-                                                groups=query.bounded_groups)
+                                                groups=query.bounded_groups,
+                                                cap=query.stability)
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
                                 gate_sql if _counts_units(query) else None, lookup,
                                 table.types if table is not None else {})

@@ -187,7 +187,8 @@ class SingleTableKind:
         # in numbers only (the verifier proves it from their tokens).
         services.statements.verify_outgoing(detail.sql, services.release, query.tables,
                                             variants=bool(selects),
-                                            groups=detail.query.bounded_groups)
+                                            groups=detail.query.bounded_groups,
+                                            cap=detail.query.stability)
         # While the row cap is still to be chosen the final mechanisms are not known yet: the
         # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanism of
         # that cost.
