@@ -66,8 +66,14 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    quantile histogram's keys before its bins) being one of the o's, traced down to the
    table's columns by name through FROM subqueries and through UNIONs whose sides list the
    same names in order (``_check_groups``).
-   The copy's twin ``chorus_private.T__ranked_*_u`` (the same rows in unit order) counts as
-   the copy itself: its reads and the copy's make the occurrences of one relation.
+   Or the read is of the copy's grouped twin ``chorus_private.T__ranked_<16 hex>_g<8 hex>``
+   (``rewriters.grouped_copy``: the copy's rows with ``__chorus_grank``, the DENSE_RANK of
+   each unit's groups over its stored key columns ``__chorus_gk0, ...``), its reader's WHERE
+   ANDs ``__chorus_grank <= G`` (G <= g) and every key traces to one of those stored key
+   columns (``_stored_group_ranks``).
+   The copy's twin ``chorus_private.T__ranked_*_u`` (the same rows in unit order) and its
+   grouped twins count as the copy itself: their reads and the copy's make the occurrences of
+   one relation.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -132,6 +138,11 @@ _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
 # A ranked copy's twin, ``<copy>_u``: the copy's rows in unit order, one occurrence with it.
 _TWIN_SUFFIX = "_u"
+# Its grouped twin over key columns, ``<copy>_g<8 hex>``: the copy's rows with each unit's
+# groups ranked (``__chorus_grank`` over ``__chorus_gk0, ...``), one occurrence with it too.
+_GROUPED_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_g[0-9a-f]{8}")
+_GROUPED_RANK = "__chorus_grank"
+_GROUPED_KEY = re.compile(r"__chorus_gk\d+")
 _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
@@ -469,8 +480,10 @@ def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: Outgo
     if below and min(below) <= groups:
         return
     keys = [_at_source(k, chain, index) for k in group.expressions[:group_keys]]
-    if not any(s.args.get("joins") for s in chain[: index + 1]) \
-            and all(k is not None and k.find(exp.Rand) is None for k in keys):
+    unjoined = not any(s.args.get("joins") for s in chain[: index + 1])
+    if unjoined and _stored_group_ranks(table, chain[0], keys, rules, groups):
+        return
+    if unjoined and all(k is not None and k.find(exp.Rand) is None for k in keys):
         for i in range(index):
             for item in chain[i].expressions:
                 window = item.this if isinstance(item, exp.Alias) else None
@@ -488,6 +501,31 @@ def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: Outgo
                     return
     raise Refused(f"the rows of '{name}' are not bounded to {groups} groups per {spec.unit} "
                   "(DENSE_RANK() OVER (PARTITION BY unit ORDER BY ..., keys) <= g)")
+
+
+def _stored_group_ranks(table: exp.Table, reader: exp.Select, keys: list[exp.Expr | None],
+                        rules: OutgoingRules, groups: int) -> bool:
+    """Whether ``table`` is a grouped twin (``rewriters.grouped_copy``) read with
+    ``alias.__chorus_grank <= G`` (an int G <= ``groups``) ANDed into its reader's WHERE and
+    every key (the barrier's GROUP BY keys traced to the table, ``_at_source``) one of its
+    stored key columns ``__chorus_gk<i>``.  The proxy stores ``__chorus_grank`` as
+    ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY score, __chorus_gk0, ...)`` over the
+    copy's rows: distinct key tuples of a unit have distinct ranks, so its rows of rank <= G
+    have at most G tuples, and keys among their columns at most G values (a filter only drops
+    rows)."""
+    db = table.args.get("db")
+    if db is None or db.name != rules.private_schema or not _GROUPED_TWIN.fullmatch(table.name):
+        return False
+    alias = table.alias_or_name
+    sole = not reader.args.get("joins")
+    capped = any(isinstance(c, exp.LTE) and isinstance(c.this, exp.Column)
+                 and c.this.name == _GROUPED_RANK
+                 and (c.this.table == alias or (sole and not c.this.table))
+                 and _int_at_most(c.expression, groups)
+                 for c in _conjuncts(reader.args.get("where")))
+    return capped and bool(keys) and all(
+        isinstance(k, exp.Column) and not k.table and _GROUPED_KEY.fullmatch(k.name)
+        for k in keys)
 
 
 def _rank_at_most(chain: list[exp.Select], level: int, window_level: int, window: exp.Window,
@@ -1219,8 +1257,7 @@ def _disjoint_parts(parts: list[list[exp.Table]], rules: OutgoingRules) -> None:
     for t in tables:
         db = t.args.get("db")
         if not (db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name
-                and t.name.removesuffix(_TWIN_SUFFIX)
-                == tables[0].name.removesuffix(_TWIN_SUFFIX)):
+                and _copy_of(t.name) == _copy_of(tables[0].name)):
             raise Refused("the aggregations do not read one ranked copy")
     ranges = []
     for t in tables:
@@ -1254,7 +1291,7 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
         if db is not None and db.name == rules.private_schema and _RANKED_MARKER in t.name:
             # A twin holds its copy's very rows: a heavy branch read from it pairs with the
             # copy's light branch, and two bounded reads of copy and twin are two occurrences.
-            copies.setdefault(t.name.removesuffix(_TWIN_SUFFIX), []).append(t)
+            copies.setdefault(_copy_of(t.name), []).append(t)
     for name, reads in copies.items():
         groups: dict[int, list[exp.Table]] = {}  # by the set operation the read is a side of
         for t in reads:
@@ -1276,6 +1313,13 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
                     or len({id(h[1]) for h in holders if h is not None}) != len(holders):
                 raise Refused(f"the ranked copy {name} is read {len(groups)} times by one "
                               "aggregation, not as distinct sources of one join")
+
+
+def _copy_of(name: str) -> str:
+    """The ranked copy a relation of the private schema holds the rows of: itself, or the
+    copy whose twin (``_u``) or grouped twin (``_g<8 hex>``) it is."""
+    grouped = _GROUPED_TWIN.fullmatch(name)
+    return grouped.group(1) if grouped else name.removesuffix(_TWIN_SUFFIX)
 
 
 def _set_operation_below(table: exp.Table, barrier: exp.Select) -> exp.SetOperation | None:

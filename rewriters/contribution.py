@@ -394,9 +394,17 @@ def ranked_group_parts(rows: exp.Select, alias: str, unit: str, keys: Sequence[e
         exp.GT(this=size.copy(), expression=exp.Literal.number(g)), copy=False).where(
         exp.LTE(this=size.copy(), expression=exp.Literal.number(k)), copy=False)
     middle = group_bound(middle_rows, unit, keys, g, draw=exp.column(RANK, table=alias))
-    heavy = rows.copy().where(exp.GT(this=size.copy(), expression=exp.Literal.number(k)),
-                              copy=False)
-    return light, middle, _row_capped(group_bound(heavy, unit, keys, g), unit, k)
+    return light, middle, ranked_group_heavy(rows, alias, unit, keys, g, k)
+
+
+def ranked_group_heavy(rows: exp.Select, alias: str, unit: str, keys: Sequence[exp.Expr],
+                       g: int, k: int) -> exp.Select:
+    """``ranked_group_parts``' heavy part: the units of ``rows`` with n_u > ``k`` rows in the
+    copy, bounded to ``g`` groups scored by fresh draws, then to their first ``k`` kept rows
+    in the stored order (``rows`` itself is not changed)."""
+    size = exp.column(UNIT_ROWS, table=alias)
+    heavy = rows.copy().where(exp.GT(this=size, expression=exp.Literal.number(k)), copy=False)
+    return _row_capped(group_bound(heavy, unit, keys, g), unit, k)
 
 
 def ranked_group_branches(rows: exp.Select, alias: str, unit: str, keys: Sequence[exp.Expr],

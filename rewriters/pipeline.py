@@ -35,10 +35,12 @@ from rewriters.contribution import (
     ranked_branches,
     ranked_contribution,
     ranked_group_contribution,
+    ranked_group_heavy,
     ranked_group_parts,
     stored_rank_contribution,
 )
 from rewriters.dialect import dialect
+from rewriters.grouped_copy import first_of_group, group_key_column, stored_group_part
 from rewriters.groups import complete_groups, public_filter
 from rewriters.joins import join_rows
 from rewriters.keys import key_grid
@@ -95,7 +97,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              ranked: tuple[str, str] | None = None, whole: bool = False,
              copies: Mapping[str, tuple[str, str]] | None = None,
              covering: Collection[str] = (), twin: bool = False,
-             counted: bool | None = None) -> RewrittenQuery:
+             counted: bool | None = None,
+             grouped: tuple[str, str] | None = None) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -118,7 +121,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     and heavy branches (or the three parts) are aggregated apart and their per-group
     measurements added (``combine_branches``).  A join reads the ranked copies ``copies`` (by table
     alias) instead, those in ``covering`` whole when nothing filters them
-    (``rewriters.joins.join_rows``).
+    (``rewriters.joins.join_rows``).  ``grouped`` names (schema, table) of the ranked copy's
+    grouped twin over the query's key columns, for thresholded keys with g groups per unit
+    over the ``whole`` copy: its light and middle units are then one scan of it
+    (``rewriters.grouped_copy``), its heavy ones the per-query path, added up.
     """
     tp = query.table_policy
     alias = query.alias
@@ -146,8 +152,15 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         assert tp.privacy_unit is not None
         rows = group_bound(rows, tp.privacy_unit, keys, g)
     running = counted_pays(dialect, query.stability, twin) if counted is None else counted
-    if ranked is not None and g is not None and dialect in SPLIT_DIALECTS \
-            and _adds_up(query):
+    if grouped is not None:
+        if ranked is None or g is None or not whole or not adds_up_over_parts(query):
+            raise ValueError("a grouped twin serves thresholded keys over a whole ranked copy")
+        assert rows is not None and tp.privacy_unit is not None
+        branches = (stored_group_part(filtered_rows(query, restriction, None, grouped), alias,
+                                      g, query.stability),
+                    ranked_group_heavy(rows, alias, tp.privacy_unit, keys, g, query.stability))
+    elif ranked is not None and g is not None and dialect in SPLIT_DIALECTS \
+            and adds_up_over_parts(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_group_parts(rows, alias, tp.privacy_unit, keys, g, query.stability)
     elif ranked is not None and g is not None:  # whole or not: the heavy units need ranking
@@ -157,7 +170,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     elif ranked is not None and whole:
         assert rows is not None
         rows = stored_rank_contribution(rows, alias, query.stability)
-    elif ranked is not None and dialect in SPLIT_DIALECTS and _adds_up(query):
+    elif ranked is not None and dialect in SPLIT_DIALECTS and adds_up_over_parts(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
                                    running)
@@ -205,6 +218,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
             if query.keys:
                 part = part.group_by(*[safety(k.expr) for k in query.keys], copy=False)
             parts.append(part)
+        if grouped is not None:  # its part groups by the stored keys, counts units by marks
+            parts[0] = _stored_group_measure(query, branches[0], columns, measure_ids)
         measure = combine_branches(parts, [k.id for k in query.keys],
                                    [(mid, integral[mid]) for mid in measure_ids])
     else:
@@ -279,7 +294,28 @@ def combine_branches(parts: Sequence[exp.Select], key_ids: Sequence[str],
     return combined
 
 
-def _adds_up(query: AggregateQuery) -> bool:
+def _stored_group_measure(query: AggregateQuery, rows: exp.Select, columns: Sequence[exp.Expr],
+                          measure_ids: Sequence[str]) -> exp.Select:
+    """The per-group measurements of the grouped twin's part (``rewriters.grouped_copy``):
+    grouped by the stored key values ``__chorus_gk<i>`` (the keys its ranks bound: the outgoing
+    verifier traces the GROUP BY to them), each distinct-unit count (a ``count_units``
+    measurement, the key-release gate) as the sum of the one mark per (unit, group); the
+    other measurements as in the other parts."""
+    alias = query.alias
+    counts_units = {m.id for m in query.measurements
+                    if m.kind == "count_units" and m.argument is None}
+    if len(measure_ids) > len(query.measurements):  # the gate: COUNT(DISTINCT unit)
+        counts_units.add(THRESHOLD_ID)
+    out: list[exp.Expr] = [exp.alias_(group_key_column(alias, i), k.id, copy=False)
+                           for i, k in enumerate(query.keys)]
+    for column in columns[len(query.keys):]:
+        out.append(exp.alias_(first_of_group(alias), column.alias, copy=False)
+                   if column.alias in counts_units else column.copy())
+    return exp.select(*out).from_(rows.subquery(alias, copy=False), copy=False).group_by(
+        *[group_key_column(alias, i) for i in range(len(query.keys))], copy=False)
+
+
+def adds_up_over_parts(query: AggregateQuery) -> bool:
     """Whether each measurement of ``query`` over the ranked copy's two branches is the sum of
     its values over each branch (``combine_branches``).  A COUNT(DISTINCT x) of a column other than
     the unit is not: one value may occur in the rows of units of both branches."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from sqlglot import exp
+
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery
 from budget.accounting import Event, events_for_plan
@@ -48,7 +50,7 @@ from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
-from rewriters.pipeline import RewrittenQuery, pipeline
+from rewriters.pipeline import RewrittenQuery, adds_up_over_parts, pipeline
 from rewriters.selection import clipped_arguments
 
 
@@ -230,8 +232,11 @@ class SingleTableKind:
         # rows (a plain scan instead of the light and heavy branches; the same rows).  Not with
         # g groups per unit: the heavy units' rows are then ranked after the group bound.
         grouped = query.max_groups is not None and query.max_groups < query.stability
-        whole = ranked is not None and not grouped \
-            and self._stored_counts(query, ranked) is not None
+        every_row = ranked is not None and self._stored_counts(query, ranked) is not None
+        whole = every_row and not grouped
+        # Thresholded keys over the whole copy: its grouped twin, once built, holds each unit's
+        # groups ranked (the light and middle units a plain scan: rewriters.grouped_copy).
+        twin_groups = self._grouped_twin(query, ranked) if every_row and grouped else None
         twin = ranked is not None and not whole and not grouped \
             and services.samples.twin(ranked[1]) and reads_twin(services, query, reads)
         rewritten: RewrittenQuery | None = None
@@ -245,17 +250,35 @@ class SingleTableKind:
             counted = counted_pays(sql_dialect, query.stability, twin)
             sql = one_table_sql(
                 self._templates, (query.normalized_sql, restriction, sample, ranked, whole,
-                                  twin, counted, sql_dialect),
+                                  twin, counted, twin_groups, sql_dialect),
                 query, plan, sql_dialect, sample is not None,
                 lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
-                                      ranked=ranked, whole=whole, twin=twin,
-                                      counted=counted).sql_with_noise(p, consume=True),
+                                      ranked=ranked, whole=whole or twin_groups is not None,
+                                      twin=twin, counted=counted,
+                                      grouped=twin_groups).sql_with_noise(p, consume=True),
                 sighting)
         else:
             rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked,
-                                 whole=whole, twin=twin)
+                                 whole=whole or twin_groups is not None, twin=twin,
+                                 grouped=twin_groups)
             sql = rewritten.measure_sql()
         return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
+
+    def _grouped_twin(self, query: AggregateQuery, ranked: tuple[str, str] | None
+                      ) -> tuple[str, str] | None:
+        """(schema, name) of the grouped twin of the ranked copy ``ranked`` over the keys of
+        ``query`` (thresholded, g < k groups per unit, every row of the copy read), when its
+        keys are columns of the table and its measurements add up over parts; None otherwise
+        or while it is built (``BoundedSamples.grouped``)."""
+        unit = query.table_policy.privacy_unit
+        if ranked is None or not isinstance(unit, str) or not adds_up_over_parts(query) \
+                or not all(isinstance(k.expr, exp.Column) for k in query.keys):
+            return None
+        block = query.table_policy.block
+        name = self.services.samples.grouped(
+            ranked[1], unit, tuple(k.expr.name for k in query.keys),
+            block.column if block is not None else None)
+        return None if name is None else (ranked[0], name)
 
     def _noise_plan(self, query: AggregateQuery, epsilon: float, delta: float) -> NoisePlan:
         """The split of ``epsilon`` and ``delta`` over the query's measurements (and its

@@ -14,7 +14,10 @@ schedule reads (``kinds.single``): its ranking then meets each unit's rows one a
 other (DuckDB plans it as a per-unit top-k hash aggregate, whose unit states are then hit one
 at a time instead of at random: 2-3x faster on 1M trips; Postgres sorts rows nearly sorted).
 The twin doubles the copy's storage; a Postgres table whose twin's name would exceed 63 bytes
-(Postgres would truncate it) has none.
+(Postgres would truncate it) has none.  Thresholded keys over the whole copy (a top-10 of
+drivers) read a grouped twin per key columns, ``<copy name>_g<digest>``
+(``rewriters.grouped_copy``): the copy's rows with each unit's groups ranked once, built in the
+background by the first such query, each another copy's worth of storage.
 
 Bounded samples (``bounding = "materialized"``):
 
@@ -63,6 +66,7 @@ from rewriters.blocks import BlockRestriction
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import RANK, UNIT_ROWS, ranked_table, sample_table, unit_ordered
 from rewriters.dialect import dialect as for_dialect
+from rewriters.grouped_copy import grouped_name, grouped_table
 
 log = logging.getLogger("chorus.materialize")
 
@@ -109,6 +113,8 @@ class BoundedSamples:
         # but never start a build they would have to wait for at exit.
         self._build_ranked_copies = build_ranked_copies
         self._twins: set[str] = set()  # ranked copies whose unit-ordered twin is there
+        # Grouped twins: True when there, a thread while built, a time when a build failed.
+        self._grouped: dict[str, bool | threading.Thread | float] = {}
         #: Whether queries may read the twins (benchmarks.unit_order compares both paths).
         self.read_twins = True
 
@@ -182,6 +188,72 @@ class BoundedSamples:
         with self._lock:
             return self.read_twins and copy in self._twins
 
+    def grouped(self, copy: str, unit: str, columns: tuple[str, ...], block: str | None
+                ) -> str | None:
+        """The name of the grouped twin of the ranked copy ``copy`` over the key ``columns``
+        (``rewriters.grouped_copy``), or None while it is being built (the first call starts
+        the build in the background; queries take the per-query path meanwhile, the same
+        answers), after a failed build (retried after the TTL), on Spark, and on Postgres
+        when its name would be truncated.  ``block``: the block column it is stored in the
+        order of (None: none), so that DuckDB skips row groups of unclaimed blocks."""
+        name = grouped_name(copy, columns)
+        dialect = self._backend.dialect
+        if dialect not in ("duckdb", "postgres") or (
+                dialect == "postgres" and len(name.encode()) > POSTGRES_NAME_BYTES):
+            return None
+        now = time.monotonic()
+        with self._lock:
+            state = self._grouped.get(name)
+            if state is True:
+                return name
+            if isinstance(state, threading.Thread) or (
+                    isinstance(state, float) and now - state < self._ttl):
+                return None
+            if not self._build_ranked_copies:  # a one-shot command: use one if it is there
+                there = name in self._backend.owned_tables()
+                self._grouped[name] = True if there else now
+                return name if there else None
+            thread = threading.Thread(target=self._build_grouped,
+                                      args=(copy, unit, columns, block, name),
+                                      name=f"chorus-grouped-{copy}", daemon=True)
+            self._grouped[name] = thread
+            if self.build_in_background:
+                thread.start()
+                return None
+        # Built now (the test suite), read by this very query; outside the lock, which the
+        # build takes to record its state.
+        thread.start()
+        thread.join()
+        with self._lock:
+            return name if self._grouped.get(name) is True else None
+
+    def _build_grouped(self, copy: str, unit: str, columns: tuple[str, ...],
+                       block: str | None, name: str) -> None:
+        """Build the grouped twin ``name`` (``grouped``); records its state."""
+        started = time.perf_counter()
+        select = grouped_table(SCHEMA, copy, unit, columns)
+        if block is not None:
+            select = exp.select("*").from_(select.subquery("g"), copy=False).order_by(
+                exp.column(block, quoted=True), copy=False)
+        dialect = self._backend.dialect
+        statements = [f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{name}" AS '
+                      f'{for_dialect(select, dialect, copy=False).sql(dialect)}']
+        if dialect == "postgres":
+            statements.append(f'ANALYZE {SCHEMA}."{name}"')
+        try:
+            self._backend.run_owned(serialised(dialect, statements))
+        except Exception as err:
+            with self._lock:
+                self._grouped[name] = time.monotonic()  # retried after the TTL
+            log.warning("no grouped twin %s of %s (%s): thresholded keys rank each unit's "
+                        "groups per query", name, copy,
+                        str(err).splitlines()[0] if str(err) else type(err).__name__)
+            return
+        with self._lock:
+            self._grouped[name] = True
+        log.info("grouped twin of %s over %s built as %s.%s in %.0f ms", copy,
+                 ", ".join(columns), SCHEMA, name, (time.perf_counter() - started) * 1000)
+
     def _has_twin(self, name: str) -> bool:
         """Whether the ranked copy ``name`` gets a twin on this backend: not on
         Spark (its tables have no row order to speak of), nor on Postgres when the twin's name
@@ -192,10 +264,12 @@ class BoundedSamples:
             and len(unit_ordered(name).encode()) <= POSTGRES_NAME_BYTES)
 
     def wait(self) -> None:
-        """Wait for the ranked copies being built (``chorus serve`` at start, tests)."""
+        """Wait for the ranked copies (and grouped twins) being built (``chorus serve`` at
+        start, tests, benchmarks)."""
         while True:
             with self._lock:
-                threads = list(self._building.values())
+                threads = [*self._building.values(),
+                           *[t for t in self._grouped.values() if isinstance(t, threading.Thread)]]
             if not threads:
                 return
             for thread in threads:
@@ -380,7 +454,8 @@ class BoundedSamples:
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         if twin is not None:
             self._twins.add(name)
-        self._retire([r[0] for r in existing if r[0] not in (name, twin)])
+        # The copy's twins (``_u``, grouped ``_g...``) start with its name: kept with it.
+        self._retire([r[0] for r in existing if not r[0].startswith(name)])
         log.info("%s of %s rebuilt as %s.%s in %.0f ms",
                  "ranked copy" if kind == RANKED else "bounded sample", table, SCHEMA, name,
                  (time.perf_counter() - started) * 1000)

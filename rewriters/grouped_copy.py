@@ -1,0 +1,123 @@
+"""A ranked copy's grouped twin: the copy's rows with each unit's groups already ranked.
+
+Keys released by a threshold with g < k groups per unit (``rewriters.contribution.
+ranked_group_parts``) rank every unit's groups in each query: two windows over the rows of the
+units of more than g rows, the most expensive part of such a query (a top-10 of drivers over
+1M trips: 30x the raw query on DuckDB).  When every row of the copy passes the query's filter
+(``whole``: it filters nothing but claimed blocks that cover the copy), those ranks are the same
+in every query over the same keys: the middle part scores a unit's groups by the smallest stored
+rank of their rows and ranks them with DENSE_RANK on (score, keys), all over the copy's rows.
+So the proxy stores them once per copy and key columns (``chorus_py.stores.samples``), in a
+relation named ``<copy>_g<digest of the key columns>`` with, beside every column of the copy:
+
+- ``__chorus_gk0``, ``__chorus_gk1``, ...: the key columns' values (the ones ranked);
+- ``__chorus_gscore``: the group's score, MIN(``__chorus_rank``) over the unit's rows in it;
+- ``__chorus_grank``: ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY __chorus_gscore,
+  __chorus_gk0, ...)``, the group's rank among the unit's groups (distinct groups, distinct
+  ranks: at most G groups have a rank <= G);
+- ``__chorus_gfirst``: 1 on one row of each (unit, group), 0 on the others.
+
+A query then reads its light and middle units (n_u <= k) by a plain scan, ``__chorus_unit_rows
+<= k AND __chorus_grank <= g``, exactly the rows the light and middle parts keep (light units
+have at most g groups, so all their ranks are <= g), and each group's count of distinct units as
+``SUM(__chorus_gfirst)``: the kept groups of these units are kept whole, with the one marked row
+of each (unit, group).  The heavy units (n_u > k) keep the per-query path
+(``ranked_group_heavy``); the two parts add up (``rewriters.pipeline.combine_branches``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from sqlglot import exp
+
+from rewriters.contribution import GROUP_KEY, GROUP_RANK, GROUP_SCORE, RANK, UNIT_ROWS
+
+GROUP_FIRST = "__chorus_gfirst"
+#: The grouped twin of ``<copy>``: ``<copy>_g`` and 8 hex digits naming its key columns.
+GROUPED_INFIX = "_g"
+
+
+def grouped_name(copy: str, columns: Sequence[str]) -> str:
+    """The name of the grouped twin of the ranked copy ``copy`` over the key ``columns`` (in
+    the query's GROUP BY order: the ranks order groups by the keys in that order).
+
+    >>> grouped_name("trips__ranked_0123456789abcdef", ["driver_id"])
+    'trips__ranked_0123456789abcdef_g6b190237'
+    """
+    digest = hashlib.sha256("\0".join(columns).encode()).hexdigest()[:8]
+    return f"{copy}{GROUPED_INFIX}{digest}"
+
+
+def grouped_table(schema: str, copy: str, unit: str, columns: Sequence[str]) -> exp.Select:
+    """The rows of the grouped twin (module docstring), built from the copy itself: the same
+    rows, stored ranks and unit counts.
+
+    >>> print(grouped_table("p", "trips__ranked_x", "rider_id", ["driver_id"]).sql("duckdb"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    SELECT s.*, DENSE_RANK() OVER (PARTITION BY s.rider_id ORDER BY s.__chorus_gscore,
+    s.__chorus_gk0) AS __chorus_grank, CASE WHEN ROW_NUMBER() OVER (PARTITION BY s.rider_id,
+    s.__chorus_gk0) = 1 THEN 1 ELSE 0 END AS __chorus_gfirst FROM (SELECT r.*,
+    MIN(r.__chorus_rank) OVER (PARTITION BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore
+    FROM (SELECT t.*, t.driver_id AS __chorus_gk0 FROM p.trips__ranked_x AS t) AS r) AS s
+    """
+    if not columns:
+        raise ValueError("a grouped twin needs key columns")
+    names = [f"{GROUP_KEY}{i}" for i in range(len(columns))]
+    source = exp.Table(this=exp.to_identifier(copy), db=exp.to_identifier(schema),
+                       alias=exp.TableAlias(this=exp.to_identifier("t")))
+    keyed = exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier("t")),
+        *[exp.alias_(exp.column(c, table="t"), n, copy=False)
+          for c, n in zip(columns, names, strict=True)]).from_(source, copy=False)
+    scored = exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
+        exp.alias_(exp.Window(
+            this=exp.Min(this=exp.column(RANK, table="r")),
+            partition_by=[exp.column(unit, table="r"), *[exp.column(n, table="r") for n in names]],
+        ), GROUP_SCORE, copy=False),
+    ).from_(keyed.subquery("r", copy=False), copy=False)
+    first = exp.Window(this=exp.RowNumber(), partition_by=[
+        exp.column(unit, table="s"), *[exp.column(n, table="s") for n in names]])
+    return exp.select(
+        exp.Column(this=exp.Star(), table=exp.to_identifier("s")),
+        exp.alias_(exp.Window(
+            this=exp.func("DENSE_RANK"),
+            partition_by=[exp.column(unit, table="s")],
+            order=exp.Order(expressions=[exp.Ordered(this=exp.column(GROUP_SCORE, table="s")),
+                                         *[exp.Ordered(this=exp.column(n, table="s"))
+                                           for n in names]]),
+        ), GROUP_RANK, copy=False),
+        exp.alias_(exp.Case(ifs=[exp.If(this=exp.EQ(this=first, expression=exp.Literal.number(1)),
+                                        true=exp.Literal.number(1))],
+                            default=exp.Literal.number(0)), GROUP_FIRST, copy=False),
+    ).from_(scored.subquery("s", copy=False), copy=False)
+
+
+def stored_group_part(rows: exp.Select, alias: str, g: int, k: int) -> exp.Select:
+    """The light and middle units' kept rows from the grouped twin: ``rows`` (``SELECT
+    alias.* FROM <grouped twin> AS alias WHERE <claimed blocks>``) of the units of at most
+    ``k`` rows, in their groups of rank at most ``g``.  Each unit keeps at most g groups (the
+    ranks of distinct groups are distinct) and at most k rows (n_u <= k).
+
+    >>> from sqlglot import parse_one
+    >>> print(stored_group_part(parse_one("SELECT t.* FROM p.x_g1 AS t"), "t", 2, 5).sql())
+    SELECT t.* FROM p.x_g1 AS t WHERE t.__chorus_unit_rows <= 5 AND t.__chorus_grank <= 2
+    """
+    if not 1 <= g < k:
+        raise ValueError("a grouped twin's part needs 1 <= g < k")
+    return rows.where(exp.column(UNIT_ROWS, table=alias) <= exp.Literal.number(k),
+                      copy=False).where(
+        exp.column(GROUP_RANK, table=alias) <= exp.Literal.number(g), copy=False)
+
+
+def group_key_column(alias: str, position: int) -> exp.Column:
+    """The grouped twin's stored value of the query's ``position``-th key column."""
+    return exp.column(f"{GROUP_KEY}{position}", table=alias)
+
+
+def first_of_group(alias: str) -> exp.Sum:
+    """``SUM(alias.__chorus_gfirst)``: the distinct units of a group among rows that keep
+    their groups whole (``stored_group_part``)."""
+    return exp.Sum(this=exp.column(GROUP_FIRST, table=alias))

@@ -1,0 +1,201 @@
+"""The ranked copy's grouped twin (``rewriters.grouped_copy``): thresholded keys with g groups
+per unit over the whole copy read their light and middle units by a plain scan of stored
+group ranks, and count each group's units by stored marks.
+
+It must change nothing but speed: the kept rows are exactly the three parts' (light and middle
+units: the middle part's groups scored by the stored ranks, which the twin stores), checked
+against hand counts computed from the copy's stored ranks on a skewed table with NULL keys,
+both backends; with heavy units, each unit keeps at most g groups and k rows.  The outgoing
+verifier accepts the twin only with its stored group rank bounded by g and the GROUP BY on its
+stored key columns, paired with the heavy part of the same copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from analyses.outgoing import Refused, verify
+from analyses.query import AggregateQuery
+from chorus_py.backends import SCHEMA
+from chorus_py.engine import Engine
+from chorus_py.kinds.selection import Choices
+from chorus_py.policy import load_policy
+from rewriters.grouped_copy import grouped_name
+from rewriters.pipeline import pipeline
+from tests.conftest import table_with_rows
+from tests.test_ranked_groups import POLICY, SIZES
+
+G, K = 2, 4
+LIMIT = 50  # the policy's max_rows_per_unit: above every unit's rows (no heavy unit)
+GROUPS = 5
+
+
+def _rows() -> list[tuple[int, int, int | None, float]]:
+    """(id, person, grp, v): the i-th row of a unit is in group i % GROUPS, NULL for 4."""
+    out, next_id = [], 1
+    for person, n in SIZES.items():
+        for i in range(n):
+            out.append((next_id, person, None if i % GROUPS == 4 else i % GROUPS, float(i)))
+            next_id += 1
+    return out
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def made(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Engine, str]]:
+    """An engine over the skewed table (ranked copy built), and the table's name."""
+    columns = "id BIGINT, person BIGINT, grp BIGINT, v DOUBLE PRECISION"
+    with table_with_rows(request, tmp_path, "gtwin", columns, _rows()) as (url, table):
+        path = tmp_path / "policy.toml"
+        path.write_text(POLICY.format(url=url, table=table))
+        engine = Engine(load_policy(path))
+        engine.warm_up(wait=True)
+        try:
+            yield engine, table
+        finally:
+            engine.close()
+
+
+def _copy(engine: Engine, table: str) -> str:
+    copy = engine.single.services.samples.ranked(table, engine.policy.tables[table])
+    assert copy is not None
+    return copy
+
+
+def _measure(engine: Engine, table: str, sql: str, g: int, k: int, twin: bool) -> str:
+    """The exact measurements at g groups and k rows per unit over the whole copy, through
+    the grouped twin or the three parts; verified as the proxy would."""
+    query = engine._analyse(sql)
+    assert isinstance(query, AggregateQuery)
+    query = query.with_cap(k).with_groups(g)
+    plan = engine.single._noise_plan(query, 1.0, 1e-6)
+    copy = _copy(engine, table)
+    grouped = None
+    if twin:
+        name = engine.single._grouped_twin(query, (SCHEMA, copy))
+        assert name == (SCHEMA, grouped_name(copy, [k.expr.name for k in query.keys]))
+        grouped = name
+    text = pipeline(query, plan, None, engine.dialect, ranked=(SCHEMA, copy), whole=True,
+                    grouped=grouped).measure_sql()
+    assert ("_g" in text.split("__ranked_")[1][:20]) == twin
+    engine.single.services.statements.verify_outgoing(text, "noised_by_proxy", [table],
+                                                      groups=g, cap=k)
+    return text
+
+
+def _run(engine: Engine, text: str) -> list[tuple[object, ...]]:
+    return sorted(engine.backend.run(text).rows, key=lambda r: tuple(map(str, r)))
+
+
+def _kept_by_hand(engine: Engine, table: str, g: int) -> list[tuple[int, int | None, float]]:
+    """(person, grp, v) of the rows the light and middle parts keep, from the copy's stored
+    ranks: each unit's groups scored by their smallest stored rank, the g best (score, key)
+    kept whole (``rewriters.contribution.ranked_group_parts``)."""
+    stored = engine.backend.run(f'SELECT person, grp, v, __chorus_rank FROM {SCHEMA}.'
+                                f'"{_copy(engine, table)}"').rows
+    score: dict[tuple[int, int | None], int] = {}
+    for person, grp, _, rank in stored:
+        score[(person, grp)] = min(rank, score.get((person, grp), rank))
+    kept_groups = set()
+    for person in SIZES:
+        # NULL sorts last in ascending order on both backends (ties never happen: the
+        # scores of one unit's groups are distinct ranks).
+        mine = sorted((s, grp is None, grp or 0, grp) for (p, grp), s in score.items()
+                      if p == person)
+        kept_groups |= {(person, entry[3]) for entry in mine[:g]}
+    return [(p, grp, v) for p, grp, v, _ in stored if (p, grp) in kept_groups]
+
+
+def test_the_twin_keeps_the_middle_parts_rows(made: tuple[Engine, str]) -> None:
+    """No heavy unit (k = the limit): the twin's answer and the three parts' are the same,
+    group by group, and both are the hand counts (NULL keys a group of their own)."""
+    engine, table = made
+    sql = f"SELECT grp, COUNT(*), COUNT(DISTINCT person), SUM(v) FROM {table} GROUP BY grp"
+    kept = _kept_by_hand(engine, table, G)
+    counts = collections.Counter(grp for _, grp, _ in kept)
+    units = {grp: len({p for p, g2, _ in kept if g2 == grp}) for grp in counts}
+    sums = {grp: sum(v for _, g2, v in kept if g2 == grp) for grp in counts}
+    expected = sorted(((grp, counts[grp], units[grp], sums[grp]) for grp in counts),
+                      key=lambda r: tuple(map(str, r)))
+    twin = _run(engine, _measure(engine, table, sql, G, LIMIT, True))
+    parts = _run(engine, _measure(engine, table, sql, G, LIMIT, False))
+    assert [tuple(r[:3]) for r in twin] == [tuple(r[:3]) for r in expected]
+    assert [r[3] for r in twin] == pytest.approx([r[3] for r in expected])
+    assert twin == parts
+
+
+def test_each_unit_keeps_at_most_g_groups_and_k_rows(made: tuple[Engine, str]) -> None:
+    """With heavy units (n_u > k: their groups drawn afresh, then k rows): per unit at most
+    G groups and K rows; the light and middle units exactly their hand-kept rows."""
+    engine, table = made
+    sql = f"SELECT person, grp, COUNT(*) FROM {table} GROUP BY person, grp"
+    by_hand = collections.Counter((p, grp) for p, grp, _ in _kept_by_hand(engine, table, G)
+                                  if SIZES[p] <= K)
+    for _ in range(3):  # fresh draws for the heavy units each time
+        kept = _run(engine, _measure(engine, table, sql, G, K, True))
+        groups: collections.Counter[int] = collections.Counter()
+        rows: collections.Counter[int] = collections.Counter()
+        for person, _, n, *_ in kept:
+            groups[person] += 1
+            rows[person] += n
+        assert all(groups[p] <= G and rows[p] <= K for p in groups)
+        assert {(p, grp): n for p, grp, n, *_ in kept if SIZES[p] <= K} == dict(by_hand)
+        assert {p for p in SIZES if SIZES[p] > K} <= set(groups)
+
+
+def test_the_engine_reads_the_twin_at_the_chosen_groups(made: tuple[Engine, str]) -> None:
+    """A top-k query's final statement, once g and k are chosen, reads the twin (the same
+    copy's heavy part beside it), passes the verifier (in ``apply``) and runs."""
+    engine, table = made
+    sql = f"SELECT grp, COUNT(*) AS n FROM {table} GROUP BY grp ORDER BY n DESC LIMIT 3"
+    _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    final = prepared.selection.apply(Choices(cap=K, bounds=(), groups=G))
+    name = grouped_name(_copy(engine, table), ["grp"])
+    assert name in final.statements[0] and "__chorus_gfirst" in final.statements[0]
+    # Proxy noise: the statement is the exact measurements (the policy has no delta to spend).
+    assert {r[0] for r in engine.backend.run(final.statements[0]).rows} <= {0, 1, 2, 3, None}
+
+
+def _twin_statement(engine: Engine, table: str) -> str:
+    return _measure(engine, table, f"SELECT grp, COUNT(*) FROM {table} GROUP BY grp", G, K,
+                    True)
+
+
+@pytest.mark.parametrize("tamper", [
+    # The stored group rank's bound dropped, or above g.
+    lambda sql: re.sub(r" AND \w+\.__chorus_grank <= 2\b(?!\) AS gk)", "", sql, count=1),
+    lambda sql: re.sub(r"(\w+\.__chorus_grank <= )2\b", r"\g<1>3", sql, count=1),
+    # Grouped by the table's own column instead of the stored key the ranks bound.
+    lambda sql: re.sub(r"(\"?\w+\"?)\.\"?__chorus_gk0\"?", r"\1.grp", sql, count=2),
+], ids=["no grank bound", "grank above g", "keys not the stored ones"])
+def test_near_misses_of_the_twin_are_refused(made: tuple[Engine, str],
+                                             tamper: Callable[[str], str]) -> None:
+    engine, table = made
+    sql = _twin_statement(engine, table)
+    tampered = tamper(sql)
+    assert tampered != sql
+    with pytest.raises(Refused):
+        verify(tampered, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+               frozenset({table}), groups=G, cap=K)
+
+
+def test_the_twin_pairs_only_with_its_own_copys_heavy_part(made: tuple[Engine, str]) -> None:
+    """The twin's part with another copy's heavy part (or the twin's light units' bound
+    moved so that the parts overlap) is refused: the parts' units must be disjoint."""
+    engine, table = made
+    sql = _twin_statement(engine, table)
+    copy = _copy(engine, table)
+    other = copy[:-1] + ("0" if copy[-1] != "0" else "1")
+    heavy_elsewhere = sql.replace(f'"{copy}" AS', f'"{other}" AS')
+    assert heavy_elsewhere != sql
+    overlapping = sql.replace(f"__chorus_unit_rows <= {K}", f"__chorus_unit_rows <= {K + 1}")
+    assert overlapping != sql
+    for tampered in (heavy_elsewhere, overlapping):
+        with pytest.raises(Refused):
+            verify(tampered, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+                   frozenset({table}), groups=G, cap=LIMIT)
