@@ -38,6 +38,7 @@ BENCHMARKS = {
     "corpus": "issue 23: 36 analyst questions, DP / raw with the default policy",
     "fixed_costs": "issue 23: a warm query's fixed costs on DuckDB, against main",
     "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",
+    "grouped_twin": "issue 23: thresholded keys with and without the copy's grouped twin",
 }
 
 

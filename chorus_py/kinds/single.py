@@ -107,10 +107,11 @@ class SingleTableKind:
             services.samples.ranked_relation(query.table, query.table_policy)
         # The query's own (stability, normalised SQL) and the choices determine everything
         # below: look the plan up before copying the query's trees for the choices.
-        # Whether the copy's twin may be read (built, and read_twins) changes the statement.
+        # Whether the copy's twins may be read (built, and read_twins) changes the statement.
         twin = ranked is not None and services.samples.twin(ranked[1])
+        grouped = services.samples.grouped_built(ranked[1]) if ranked is not None else 0
         key = (query.normalized_sql, query.stability, chosen, epsilon, delta, restriction,
-               sample, ranked, twin, reused)
+               sample, ranked, twin, grouped, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction,

@@ -115,8 +115,11 @@ class BoundedSamples:
         self._twins: set[str] = set()  # ranked copies whose unit-ordered twin is there
         # Grouped twins: True when there, a thread while built, a time when a build failed.
         self._grouped: dict[str, bool | threading.Thread | float] = {}
+        self._grouped_built: dict[str, int] = {}  # grouped twins built, by ranked copy
         #: Whether queries may read the twins (benchmarks.unit_order compares both paths).
         self.read_twins = True
+        #: Whether queries may read the grouped twins (benchmarks.grouped_twin, likewise).
+        self.read_grouped_twins = True
 
     def relation(self, table: str, policy: TablePolicy) -> str:
         """The name (``chorus_private.x``) of the current sample of ``table``."""
@@ -198,7 +201,7 @@ class BoundedSamples:
         order of (None: none), so that DuckDB skips row groups of unclaimed blocks."""
         name = grouped_name(copy, columns)
         dialect = self._backend.dialect
-        if dialect not in ("duckdb", "postgres") or (
+        if not self.read_grouped_twins or dialect not in ("duckdb", "postgres") or (
                 dialect == "postgres" and len(name.encode()) > POSTGRES_NAME_BYTES):
             return None
         now = time.monotonic()
@@ -212,6 +215,8 @@ class BoundedSamples:
             if not self._build_ranked_copies:  # a one-shot command: use one if it is there
                 there = name in self._backend.owned_tables()
                 self._grouped[name] = True if there else now
+                if there:
+                    self._grouped_built[copy] = self._grouped_built.get(copy, 0) + 1
                 return name if there else None
             thread = threading.Thread(target=self._build_grouped,
                                       args=(copy, unit, columns, block, name),
@@ -226,6 +231,12 @@ class BoundedSamples:
         thread.join()
         with self._lock:
             return name if self._grouped.get(name) is True else None
+
+    def grouped_built(self, copy: str) -> int:
+        """How many grouped twins of the ranked copy ``copy`` queries may read (-1: none may,
+        ``read_grouped_twins`` is off): a plan made before one was built is made again."""
+        with self._lock:
+            return self._grouped_built.get(copy, 0) if self.read_grouped_twins else -1
 
     def _build_grouped(self, copy: str, unit: str, columns: tuple[str, ...],
                        block: str | None, name: str) -> None:
@@ -251,6 +262,7 @@ class BoundedSamples:
             return
         with self._lock:
             self._grouped[name] = True
+            self._grouped_built[copy] = self._grouped_built.get(copy, 0) + 1
         log.info("grouped twin of %s over %s built as %s.%s in %.0f ms", copy,
                  ", ".join(columns), SCHEMA, name, (time.perf_counter() - started) * 1000)
 
