@@ -199,3 +199,22 @@ def test_the_twin_pairs_only_with_its_own_copys_heavy_part(made: tuple[Engine, s
         with pytest.raises(Refused):
             verify(tampered, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
                    frozenset({table}), groups=G, cap=LIMIT)
+
+
+def test_a_plan_made_before_the_twin_is_made_again_once_it_is_built(
+        made: tuple[Engine, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``chorus serve`` builds it: in the background, the first query taking the path
+    without it; the same query once it is built reads it (no stale cached plan)."""
+    engine, table = made
+    monkeypatch.setattr(engine.samples, "build_in_background", True)
+    sql = f"SELECT grp, COUNT(*) AS n FROM {table} GROUP BY grp ORDER BY n DESC LIMIT 3"
+    name = grouped_name(_copy(engine, table), ["grp"])
+    _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    first = prepared.selection.apply(Choices(cap=K, bounds=(), groups=G))
+    engine.samples.wait()
+    _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    again = prepared.selection.apply(Choices(cap=K, bounds=(), groups=G))
+    assert name not in first.statements[0] and name in again.statements[0]
+    assert name in engine.backend.owned_tables()
