@@ -25,6 +25,7 @@ from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
 from chorus_py.kinds.selection import Choices
 from chorus_py.policy import load_policy
+from chorus_py.stores.samples import MAX_GROUPED_TWINS
 from rewriters.grouped_copy import grouped_name
 from rewriters.pipeline import pipeline
 from tests.conftest import table_with_rows
@@ -218,3 +219,15 @@ def test_a_plan_made_before_the_twin_is_made_again_once_it_is_built(
     again = prepared.selection.apply(Choices(cap=K, bounds=(), groups=G))
     assert name not in first.statements[0] and name in again.statements[0]
     assert name in engine.backend.owned_tables()
+
+
+def test_at_most_a_few_grouped_twins_per_copy(made: tuple[Engine, str]) -> None:
+    """Analysts' queries start the builds: past MAX_GROUPED_TWINS sets of key columns, a new
+    set gets none (its queries rank their groups themselves), the built ones stay readable."""
+    engine, table = made
+    copy = _copy(engine, table)
+    sets = [("grp",), ("person",), ("grp", "person"), ("person", "grp"), ("v",)]
+    got = [engine.samples.grouped(copy, "person", columns, None) for columns in sets]
+    assert got[:MAX_GROUPED_TWINS] == [grouped_name(copy, c) for c in sets[:MAX_GROUPED_TWINS]]
+    assert got[MAX_GROUPED_TWINS:] == [None] * (len(sets) - MAX_GROUPED_TWINS)
+    assert engine.samples.grouped(copy, "person", sets[0], None) == got[0]

@@ -76,6 +76,10 @@ RANKED = "__ranked_"   # a ranked copy's name: <table>__ranked_<digest>
 REPLACED_GRACE_SECONDS = 600.0
 #: Postgres truncates longer identifiers (NAMEDATALEN - 1): a twin's name must fit whole.
 POSTGRES_NAME_BYTES = 63
+#: At most this many grouped twins per ranked copy (each another copy's storage): analysts'
+#: queries start their builds, so a query over yet another set of key columns must not grow
+#: the proxy's schema without end; past it, queries rank their groups themselves.
+MAX_GROUPED_TWINS = 4
 
 
 def ranked_copy_applies(policy: TablePolicy) -> bool:
@@ -211,6 +215,10 @@ class BoundedSamples:
                 return name
             if isinstance(state, threading.Thread) or (
                     isinstance(state, float) and now - state < self._ttl):
+                return None
+            if state is None and sum(1 for other, known in self._grouped.items()
+                                     if other.startswith(copy) and known is not None
+                                     and not isinstance(known, float)) >= MAX_GROUPED_TWINS:
                 return None
             if not self._build_ranked_copies:  # a one-shot command: use one if it is there
                 there = name in self._backend.owned_tables()
