@@ -112,6 +112,21 @@ def stored_group_part(rows: exp.Select, alias: str, g: int, k: int) -> exp.Selec
         exp.column(GROUP_RANK, table=alias) <= exp.Literal.number(g), copy=False)
 
 
+def groups_per_unit(rows: exp.Select, alias: str, unit: str) -> exp.Select:
+    """One row per unit of ``rows`` (``SELECT alias.* FROM <grouped twin> AS alias WHERE
+    <claimed blocks>``, every row of the copy): its number of distinct groups G_u, the sum of
+    its marks (one per group), for the groups histogram (``rewriters.selection.
+    units_per_bin``) without grouping the (unit, key) pairs of every row.
+
+    >>> from sqlglot import parse_one
+    >>> print(groups_per_unit(parse_one("SELECT t.* FROM p.x_g1 AS t"), "t", "u").sql())
+    SELECT SUM(t.__chorus_gfirst) AS c FROM (SELECT t.* FROM p.x_g1 AS t) AS t GROUP BY t.u
+    """
+    return exp.select(exp.alias_(first_of_group(alias), "c", copy=False)).from_(
+        rows.subquery(alias, copy=False), copy=False).group_by(
+        exp.column(unit, table=alias), copy=False)
+
+
 def group_key_column(alias: str, position: int) -> exp.Column:
     """The grouped twin's stored value of the query's ``position``-th key column."""
     return exp.column(f"{GROUP_KEY}{position}", table=alias)

@@ -153,6 +153,12 @@ def group_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
                            *[safety(k.expr) for k in query.keys]))
         per_unit = (exp.select(exp.alias_(exp.Count(this=exp.Star()), "c"))
                     .from_(pairs.subquery("p")).group_by(exp.column("u", table="p")))
+    return units_per_bin(per_unit, starts)
+
+
+def units_per_bin(per_unit: exp.Select, starts: Sequence[int]) -> exp.Select:
+    """Rows (bin index, units) of ``per_unit`` (one row per unit, its count ``c`` >= 1): a
+    unit with ``c`` >= starts[i] and < starts[i + 1] is in bin i (sensitivity 1)."""
     ifs = [exp.If(this=exp.column("c", table="u") >= exp.Literal.number(start),
                   true=exp.Literal.number(i))
            for i, start in reversed(list(enumerate(starts))) if i > 0]

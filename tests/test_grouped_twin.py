@@ -23,9 +23,10 @@ from analyses.outgoing import Refused, verify
 from analyses.query import AggregateQuery
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
-from chorus_py.kinds.selection import Choices
+from chorus_py.kinds.selection import Choices, histogram
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import MAX_GROUPED_TWINS
+from mechanisms.caps import cap_bins
 from rewriters.grouped_copy import grouped_name
 from rewriters.pipeline import pipeline
 from tests.conftest import table_with_rows
@@ -231,3 +232,29 @@ def test_at_most_a_few_grouped_twins_per_copy(made: tuple[Engine, str]) -> None:
     assert got[:MAX_GROUPED_TWINS] == [grouped_name(copy, c) for c in sets[:MAX_GROUPED_TWINS]]
     assert got[MAX_GROUPED_TWINS:] == [None] * (len(sets) - MAX_GROUPED_TWINS)
     assert engine.samples.grouped(copy, "person", sets[0], None) == got[0]
+
+
+def test_the_groups_histogram_reads_the_twin(made: tuple[Engine, str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over every row of the copy, the histogram of distinct groups per unit (the choice of
+    g) sums each unit's marks in the twin: the hand histogram (a NULL key one group), kept in
+    memory as a stored result, noised afresh by each query's selection."""
+    engine, table = made
+    sql = f"SELECT grp, COUNT(*) AS n FROM {table} GROUP BY grp ORDER BY n DESC LIMIT 3"
+    _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
+    selection = prepared.selection
+    assert selection is not None and selection.stored == {("groups",)}
+    ((size, text),) = [(n, s) for what, n, s in selection.histograms if what == ("groups",)]
+    assert grouped_name(_copy(engine, table), ["grp"]) in text
+    starts = cap_bins(LIMIT)
+    expected = [0] * len(starts)
+    for person in SIZES:
+        found = len({grp for _, p, grp, _ in _rows() if p == person})
+        expected[max(i for i, start in enumerate(starts) if found >= start)] += 1
+    assert list(histogram(engine.statements, None, size, text, stored=True)) == expected
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the stored result was not kept")
+
+    monkeypatch.setattr(engine.backend, "run", unreachable)
+    assert list(histogram(engine.statements, None, size, text, stored=True)) == expected

@@ -41,7 +41,8 @@ from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from mechanisms.selection_bias import Bias as SelectionBias
 from mechanisms.selection_bias import cap_bias, clip_bias
 from rewriters.blocks import BlockRestriction
-from rewriters.pipeline import cap_histogram
+from rewriters.grouped_copy import groups_per_unit
+from rewriters.pipeline import cap_histogram, filtered_rows
 from rewriters.selection import (
     DISTINCT_GROUPS_DIALECTS,
     ClippedArgument,
@@ -49,6 +50,7 @@ from rewriters.selection import (
     choice_histogram,
     clipped_arguments,
     group_histogram,
+    units_per_bin,
     value_histogram,
 )
 
@@ -89,6 +91,9 @@ class Selection:
     histograms: tuple[Histogram, ...]
     key: tuple[object, ...]
     apply: Callable[[Choices], Any]
+    # Histograms over stored relations only (the groups histogram over a grouped twin):
+    # their exact result is kept in memory (``Statements.run_stored``), noised afresh.
+    stored: frozenset[tuple[str, ...]] = frozenset()
 
     def choose(self, statements: Statements, run: QueryRun) -> Choices:
         """Run the noisy histograms and pick the cap, the bounds and the groups per unit.
@@ -102,7 +107,7 @@ class Selection:
         by_groups = bounds_groups(query)
         eps_h = self.epsilon / (int(with_rows) + int(by_groups) + len(clipped))
         sized = {what: (size, sql) for what, size, sql in self.histograms}
-        exact_of = _exact_histograms(statements, run, sized, query, clipped)
+        exact_of = _exact_histograms(statements, run, sized, query, clipped, self.stored)
         per_unit = None
         groups_fell_back = False
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
@@ -157,7 +162,8 @@ def _bias_text(bias: SelectionBias | None, what: str) -> str | None:
 
 def _exact_histograms(statements: Statements, run: QueryRun,
                       sized: dict[tuple[str, ...], tuple[int, str]], query: AggregateQuery,
-                      clipped: tuple[ClippedArgument, ...]
+                      clipped: tuple[ClippedArgument, ...],
+                      stored: frozenset[tuple[str, ...]] = frozenset()
                       ) -> Callable[[tuple[str, ...]], np.ndarray]:
     """A function giving each exact histogram of the selection by its name: run on its own, or
     read from the one statement of cells (``CELLS``) that holds the cap histogram and the
@@ -166,7 +172,7 @@ def _exact_histograms(statements: Statements, run: QueryRun,
 
     def exact_of(what: tuple[str, ...]) -> np.ndarray:
         if what in sized:
-            return histogram(statements, run, *sized[what])
+            return histogram(statements, run, *sized[what], stored=what in stored)
         if not split:
             size, sql = sized[CELLS]
             split.update(cells(statements, run, sql, query.table_policy.contribution_bound,
@@ -274,10 +280,14 @@ def _marginals(rows: Sequence[tuple[Any, ...]], limit: int,
     return out
 
 
-def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.ndarray:
-    """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``."""
+def histogram(statements: Statements, run: QueryRun, size: int, sql: str,
+              stored: bool = False) -> np.ndarray:
+    """Run one selection histogram: its exact (bin, value) rows as a vector of ``size``;
+    ``stored``: it reads relations that never change under their names, so its result is
+    kept in memory (``Statements.run_stored``: still exact, noised by the caller)."""
     exact = np.zeros(size)
-    for index, value in statements.run(sql, run).rows:
+    result = statements.run_stored(sql, run) if stored else statements.run(sql, run)
+    for index, value in result.rows:
         exact[int(index)] = float(value)
     return exact
 
@@ -285,7 +295,8 @@ def histogram(statements: Statements, run: QueryRun, size: int, sql: str) -> np.
 def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, one_statement: bool = False,
                        stored: tuple[str, str] | None = None,
-                       copy: tuple[str, str] | None = None, dialect: str | None = None
+                       copy: tuple[str, str] | None = None, dialect: str | None = None,
+                       grouped: tuple[str, str] | None = None
                        ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
     them: (what, bins, a function building its tree) each.
@@ -295,16 +306,23 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
     ranked copy ``stored`` (its row counts, no window) when it is given, else over the filtered
     rows of the ranked copy ``copy`` (windows, a result remembered: ``cells``) when it is
     given.  The groups histogram keeps its own statement (one aggregation per unit on the
-    ``dialect``s of ``DISTINCT_GROUPS_DIALECTS``), and so does a cap histogram alone over
-    filtered rows."""
+    ``dialect``s of ``DISTINCT_GROUPS_DIALECTS``; over the grouped twin ``grouped`` of a query
+    that reads every row of the copy, the sum of its marks per unit), and so does a cap
+    histogram alone over filtered rows."""
     limit = query.table_policy.contribution_bound
     with_rows, clipped = parts(query)
     builds: list[tuple[tuple[str, ...], int, Callable[[], Any]]] = []
     if bounds_groups(query):  # g first: the histogram of distinct groups per unit
         starts = cap_bins(limit)
-        builds.append((("groups",), len(starts),
-                       lambda: group_histogram(query, restriction, sample, starts,
-                                               dialect in DISTINCT_GROUPS_DIALECTS)))
+        if grouped is not None:
+            unit = query.privacy_unit
+            assert unit is not None
+            builds.append((("groups",), len(starts), lambda: units_per_bin(groups_per_unit(
+                filtered_rows(query, restriction, None, grouped), query.alias, unit), starts)))
+        else:
+            builds.append((("groups",), len(starts),
+                           lambda: group_histogram(query, restriction, sample, starts,
+                                                   dialect in DISTINCT_GROUPS_DIALECTS)))
     # A cap histogram alone over filtered rows stays a GROUP BY unit (a hash aggregate, no
     # window to weigh the rows: cheaper); over stored counts it is a plain scan.
     if one_statement and with_rows and len(clipped) <= CELLS_ARGUMENTS \

@@ -209,11 +209,16 @@ class SingleTableKind:
             # A filtered query's cells read the copy's filtered rows instead of the table's
             # (the same rows), so that their exact result is remembered by the copy's name.
             copy = ranked if stored is None and copy_cells(query) else None
-            histograms = self._selection_statements(detail, stored, copy)
+            # Groups per unit over every row of the copy: from its grouped twin, once built
+            # (a result kept in memory, like the stored counts').
+            grouped = self._grouped_twin(query, ranked) \
+                if stored is not None and bounds_groups(query) else None
+            histograms = self._selection_statements(detail, stored, copy, grouped)
             selection = Selection(
                 detail.query, detail.plan, open_epsilon, histograms,
                 (asked.normalized_sql, epsilon, delta, restriction),
-                lambda chosen: self._prepare(asked, epsilon, delta, chosen))
+                lambda chosen: self._prepare(asked, epsilon, delta, chosen),
+                frozenset({("groups",)}) if grouped is not None else frozenset())
             statements += tuple(sql for _, _, sql in histograms)
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
                         detail, statements=statements,
@@ -331,7 +336,8 @@ class SingleTableKind:
                              self.services.blocks.windows(query.table, block), ranked)
 
     def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None,
-                              copy: tuple[str, str] | None = None
+                              copy: tuple[str, str] | None = None,
+                              grouped: tuple[str, str] | None = None
                               ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
         """The selection histograms: (what, bins, SQL) each, in the order the selection reads
         them; the cap and clipping histograms in one statement (over the ranked copy's stored
@@ -341,8 +347,10 @@ class SingleTableKind:
         out = []
         for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
                                                     one_statement=True, stored=stored,
-                                                    copy=copy, dialect=self.services.dialect):
-            key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy, *what)
+                                                    copy=copy, dialect=self.services.dialect,
+                                                    grouped=grouped):
+            key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy,
+                   grouped, *what)
             sql = self._histograms.get(key)
             if sql is None:
                 sql = dialect(build(), self.services.dialect, copy=False).sql(
