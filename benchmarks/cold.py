@@ -176,15 +176,11 @@ def worker(tree: Path, policy: Path, rounds: int, start: int, gc_mode: str = "de
 
 
 def gc_settings(mode: str) -> None:
-    """Apply the garbage collector's settings ``mode`` names, with the function ``chorus
-    serve`` calls (``server.heap.settle_heap``): ``default`` (CPython's), ``freeze``,
-    ``gen0=N``, or ``freeze+gen0=N``."""
-    if mode == "default":
-        return
+    """Apply the garbage collector's settings ``mode`` names (``default``: CPython's, or
+    ``freeze``, ``gen0=N``, ``freeze+gen0=N``) with the function ``chorus serve`` calls."""
     from server.heap import settle_heap
 
-    parts = dict(part.partition("=")[::2] for part in mode.split("+"))
-    settle_heap(gen0=int(parts["gen0"]) if "gen0" in parts else None, freeze="freeze" in parts)
+    settle_heap(mode)
 
 
 #: How to read the --gc-variants tables (written under them).
@@ -203,9 +199,9 @@ GC_READING = [
     "little in these short processes (a few hundred queries, small caches) and takes away the "
     "full collections' outliers (`default`'s 84 ms p95 on the filtered AVG/VARIANCE on "
     "Postgres); in a long-running server, whose caches grow, a full collection walks "
-    "everything not frozen (section \"The garbage collector of `chorus serve`\").  Chosen: "
-    "freeze and 10,000, the largest threshold whose p95 does not grow; 5,000 and 10,000 are "
-    "within each other's noise here.",
+    "everything not frozen (section \"The garbage collector of `chorus serve`\").  "
+    "Shipped: freeze+gen0=10000, the largest threshold whose p95 does not grow here (5,000 "
+    "and 10,000 are within each other's noise).",
 ]
 
 #: How to read the tables (written under them).

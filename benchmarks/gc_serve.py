@@ -4,10 +4,11 @@ real server: CPython's collector against the frozen start and larger young gener
     python -m benchmarks.gc_serve [--rows 20000] [--rounds 6] [--cold 8] [--seconds 4]
                                   [--clients 8]
 
-Loads the demo trips into a scratch Postgres database and starts two ``chorus serve`` processes
-on it, with the demo policy (automatic caps and bounds, a budget that lasts): one with
-``CHORUS_GC=default`` (CPython's settings), one as shipped.  Then, in rounds that alternate
-which server goes first (a shared machine's speed drifts):
+Loads the demo trips into a scratch Postgres database and starts three ``chorus serve``
+processes on it, with the demo policy (automatic caps and bounds, a budget that lasts): one with
+``CHORUS_GC=default`` (CPython's settings), one with ``CHORUS_GC=freeze`` (the start frozen),
+one as shipped (frozen, and a larger young generation).  Then, in rounds that
+rotate the servers' order (a shared machine's speed drifts):
 
 - cold: one client (asyncpg) asks each query of benchmarks/cold.py ``--cold`` times, every
   time with a fresh alias (a text the server has never seen, so no cache keyed by it applies);
@@ -48,11 +49,11 @@ from benchmarks.pgwire import cpu_seconds, demo_policy, free_port, serve, throug
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import percentile  # noqa: E402
 from chorus_py.demo import generate_demo  # noqa: E402
-from server.heap import ENV, GEN0_THRESHOLD  # noqa: E402
+from server.heap import ENV, SHIPPED  # noqa: E402
 
-#: label -> the environment of its `chorus serve`.
-VARIANTS = {"CPython's (CHORUS_GC=default)": {ENV: "default"},
-            f"shipped (freeze, gen0 {GEN0_THRESHOLD})": {}}
+#: label -> the environment of its `chorus serve`; the first is the base of the ratios.
+VARIANTS = {"default": {ENV: "default"}, "freeze": {ENV: "freeze"},
+            f"shipped ({SHIPPED})": {}}
 
 
 async def cold_round(dsn: str, per_query: int, fresh: Iterator[int], pid: int
@@ -121,7 +122,8 @@ def main() -> None:
                     servers[label] = (f"postgresql://demo:demo@127.0.0.1:{port}/demo",
                                       serve(policy, port, env=env, rest=False))
                 for r in range(args.rounds):
-                    order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
+                    # Each server takes each place in the order in turn.
+                    order = [*VARIANTS][r % len(VARIANTS):] + [*VARIANTS][:r % len(VARIANTS)]
                     for label in order:
                         dsn, proc = servers[label]
                         print(f"round {r + 1}: {label}", file=sys.stderr)
@@ -146,16 +148,20 @@ def main() -> None:
 #: How to read the tables (written under them).
 READING = [
     "",
-    "Reading (2026-12-04, load average 2-5: another job ran on the machine).  The cold "
-    "queries' tail is where the settings pay: the filtered AVG/VARIANCE's p95 falls from 186 "
-    "to 84 ms (a full collection over everything the server holds, which grows with its "
-    "caches, lands in some of its runs), and the server's CPU per cold query falls by a "
-    "tenth.  The client's median of a cold query moves by less than the noise of a machine "
-    "this loaded (-1% to +9%: the database's work, the histograms that choose the cap, is "
-    "most of it).  Warm queries (cached shapes) discard few trees: their CPU and throughput "
-    "are unchanged within the noise (+2%, -3%).  benchmarks/cold.py --gc-variants measures "
-    "the proxy's own CPU alone, and why the threshold is 10,000 (section \"Cold queries under "
-    "the garbage collector's settings\").",
+    "Reading (2026-12-04, load average 1-7: another job ran on the machine; the table is the "
+    "last of five runs of the same settings that day, whose ratios to *default* follow).  "
+    "Server CPU per cold query: shipped 0.89, 0.82, 0.86, 0.82, 0.86; freeze alone "
+    "0.92, 0.89, 1.02, 0.97 (it ran in four).  The filtered AVG/VARIANCE's p95 (a full "
+    "collection over everything the server holds, which grows with its caches, lands in "
+    "some of its runs): shipped 0.45, 0.68, 0.59, 0.42, 0.45; freeze 0.86, 0.69, 0.73, "
+    "0.68.  The client's median of a cold query (the database's work, the histograms that "
+    "choose the cap, is most of it) moved by the runs' noise: shipped +3%, +7%, 0%, -2%, "
+    "+3% (the mean over the six queries), freeze -2%, -7%, +5%, -1%.  Warm queries (cached "
+    "shapes) discard few trees: CPU and throughput within 3% in the last three runs (the "
+    "first two: 2% and 10% less CPU).  So the shipped settings: the freeze and the young "
+    "generation every 10,000 allocations; benchmarks/cold.py --gc-variants measures the "
+    "proxy's own CPU alone, and why 10,000 (section \"Cold queries under the garbage "
+    "collector's settings\").",
 ]
 
 
@@ -163,7 +169,7 @@ def report(cold: dict[str, dict[str, list[float]]], cold_cpu: dict[str, list[flo
            warm: dict[str, list[tuple[float, float]]], args: argparse.Namespace) -> str:
     """The section: cold latency per query, then CPU and throughput, variants side by side."""
     labels = list(VARIANTS)
-    base, tuned = labels
+    base, others = labels[0], labels[1:]
     lines = [
         "## The garbage collector of `chorus serve` (issue 23, `server.heap`)",
         "",
@@ -171,29 +177,33 @@ def report(cold: dict[str, dict[str, list[float]]], cold_cpu: dict[str, list[flo
         f"average at the end {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs shared with "
         f"Postgres, the clients and other work); {platform.machine()}, Python "
         f"{platform.python_version()}, {args.rows:,} demo trips in Postgres, the demo policy "
-        f"(per-query bounding, automatic caps and bounds).  Two `chorus serve` processes, "
-        f"{args.rounds} rounds alternating which goes first.",
+        f"(per-query bounding, automatic caps and bounds).  {len(labels)} `chorus serve` "
+        f"processes, "
+        f"{args.rounds} rounds rotating their order: *default* with `{ENV}=default` "
+        f"(CPython's collector, thresholds 700/10/10), *freeze* with `{ENV}=freeze` (the "
+        "start frozen, CPython's thresholds), *shipped* (frozen, and the young generation "
+        f"collected every 10,000 allocations); ratios are to *{base}*.",
         "",
         f"Cold: client ms of a never-seen text (a fresh alias each run; {args.cold} runs a "
         "round, the database's work included).",
         "",
-        "| query | " + " | ".join(f"{v} p50 | {v} p95" for v in labels)
-        + " | p50 ratio | p95 ratio |",
-        "|---|" + "---:|---:|" * len(labels) + "---:|---:|",
+        "| query | " + " | ".join(f"{v} p50 | {v} p95" for v in labels) + " | "
+        + " | ".join(f"{v}: p50 ratio | p95 ratio" for v in others) + " |",
+        "|---|" + "---:|---:|" * (len(labels) + len(others)),
     ]
     for q in COLD_QUERIES:
         cells = [f"{f(cold[v][q]):.2f}" for v in labels for f in (statistics.median, _p95)]
-        lines.append(f"| {q} | " + " | ".join(cells) + f" | "
-                     f"{statistics.median(cold[tuned][q]) / statistics.median(cold[base][q]):.2f}"
-                     f" | {_p95(cold[tuned][q]) / _p95(cold[base][q]):.2f} |")
+        cells += [f"{f(cold[v][q]) / f(cold[base][q]):.2f}" for v in others
+                  for f in (statistics.median, _p95)]
+        lines.append(f"| {q} | " + " | ".join(cells) + " |")
     lines += [
         "",
         f"Server CPU (ms per query, the median of the rounds) and warm throughput "
         f"({args.clients} clients, {args.seconds:g} s a round, the small aggregates of "
         "benchmarks/pgwire.py).",
         "",
-        "| | " + " | ".join(labels) + " | ratio |",
-        "|---|" + "---:|" * len(labels) + "---:|",
+        "| | " + " | ".join(labels) + " | " + " | ".join(f"{v}: ratio" for v in others) + " |",
+        "|---|" + "---:|" * (len(labels) + len(others)),
     ]
     rows = [("cold: server CPU ms per query", {v: statistics.median(cold_cpu[v]) for v in labels}),
             ("warm: server CPU ms per query",
@@ -202,7 +212,8 @@ def report(cold: dict[str, dict[str, list[float]]], cold_cpu: dict[str, list[flo
                                           for v in labels})]
     for title, values in rows:
         lines.append(f"| {title} | " + " | ".join(f"{values[v]:.2f}" for v in labels)
-                     + f" | {values[tuned] / values[base]:.2f} |")
+                     + " | " + " | ".join(f"{values[v] / values[base]:.2f}" for v in others)
+                     + " |")
     return "\n".join(lines + READING)
 
 

@@ -7,15 +7,23 @@ generation walks every object the process holds: the imported modules, the engin
 (hundreds of thousands of objects; 90-180 ms a full collection, the p95 outliers of a cold
 query in benchmarks/RESULTS.md "Cold queries").  ``gc.freeze()`` moves every object alive at
 that moment into the permanent generation, which no collection walks again: the server's
-start (modules, policy, engine) is built once and lives as long as the process.  A larger
-first threshold (``gc.set_threshold``) makes young collections rarer, and with them the
-older generations' collections, which CPython counts in young ones; the numbers that chose
-:data:`GEN0_THRESHOLD` are in benchmarks/RESULTS.md "The garbage collector of `chorus serve`".
+start (modules, policy, engine) is built once and lives as long as the process.
+
+A larger threshold of the young generation (``gen0=N``, ``gc.set_threshold``; CPython's is
+700) makes young collections rarer, and with them the older generations' collections, which
+CPython counts in young ones; past 10,000 each young collection walks so many objects that the
+p95 grows.  With 10,000 and the freeze, a real server spent 11-18% less CPU on a never-seen
+query than with CPython's settings (the freeze alone: from 11% less to 2% more) and the
+slowest one's p95 about halved; the client's median moved within the noise (-2% to +7%)
+(benchmarks/RESULTS.md "The garbage collector of `chorus serve`" and "Cold queries under the
+garbage collector's settings").
 
 Only the servers' start calls :func:`settle_heap`: these are process-wide settings, which a
 library must not change in its host's process, so :class:`chorus_py.engine.Engine` and the
-DB-API never do.  ``CHORUS_GC=default`` in the environment leaves CPython's settings as they
-are (docs/owner-guide.md, "Throughput").
+DB-API never do.  ``CHORUS_GC`` in the environment chooses other settings
+(docs/owner-guide.md, "Throughput"): ``default`` leaves CPython's as they are; otherwise
+``+``-separated parts, ``freeze`` and ``gen0=N`` (benchmarks/cold.py's variants use the same
+words).
 """
 
 from __future__ import annotations
@@ -24,37 +32,62 @@ import gc
 import os
 from dataclasses import dataclass
 
-#: The environment variable that turns the settings off (``default``).
+#: The environment variable that chooses the settings.
 ENV = "CHORUS_GC"
 
-#: Allocations (net of deallocations) of container objects between two young collections;
-#: CPython's default is 700.  The young generation's walk costs about the same per object at
-#: either size, but with 700 a query of a few ms runs several collections, and each tenth of
-#: them collects the middle generation too.
-GEN0_THRESHOLD = 10_000
+#: What the servers apply when ``CHORUS_GC`` is not set (or is not a setting).
+SHIPPED = "freeze+gen0=10000"
 
 
 @dataclass(frozen=True)
 class HeapSettings:
     """What :func:`settle_heap` did, for the start-up log line."""
 
+    setting: str  # the setting applied (CHORUS_GC's value, or SHIPPED)
     frozen: int  # objects in the permanent generation (gc.get_freeze_count())
     thresholds: tuple[int, int, int]  # gc.get_threshold() after
+    unknown: str = ""  # a value of CHORUS_GC that is no setting (ignored: SHIPPED applies)
 
     def describe(self) -> str:
         """The log line's text."""
-        return (f"garbage collector: {self.frozen} objects of the start frozen (gc.freeze), "
-                f"thresholds {self.thresholds[0]}/{self.thresholds[1]}/{self.thresholds[2]}; "
-                f"{ENV}=default keeps CPython's")
+        frozen = (f"{self.frozen} objects of the start frozen (gc.freeze)" if self.frozen
+                  else "nothing frozen")
+        line = (f"garbage collector: {frozen}, thresholds "
+                f"{'/'.join(str(t) for t in self.thresholds)} ({ENV}={self.setting}; "
+                f"{ENV}=default keeps CPython's)")
+        if self.unknown:
+            line += f"; {ENV}={self.unknown!r} is not a setting: ignored"
+        return line
 
 
-def settle_heap(gen0: int | None = GEN0_THRESHOLD, freeze: bool = True) -> HeapSettings | None:
-    """Collect once and freeze what is left (unless not ``freeze``), set the young generation's
-    threshold to ``gen0`` (None: leave it); None (nothing changed) when ``CHORUS_GC=default``.
-    Call it once the engine is built.  The servers use the defaults; benchmarks/cold.py and
-    benchmarks/gc_serve.py measure the other combinations."""
-    if os.environ.get(ENV, "").strip().lower() == "default":
+def parse_setting(text: str) -> tuple[bool, int | None]:
+    """(freeze, young generation's threshold or None) of a setting other than ``default``:
+    ``+``-separated parts ``freeze`` and ``gen0=N`` (N >= 1).  Raises ValueError."""
+    freeze, gen0 = False, None
+    for part in text.strip().lower().split("+"):
+        name, _, value = part.strip().partition("=")
+        if name == "freeze" and not value:
+            freeze = True
+        elif name == "gen0" and value.isdigit() and int(value) >= 1:
+            gen0 = int(value)
+        else:
+            raise ValueError(f"{part!r} is neither freeze nor gen0=N")
+    return freeze, gen0
+
+
+def settle_heap(setting: str | None = None) -> HeapSettings | None:
+    """Apply ``setting`` (None: ``CHORUS_GC``, else :data:`SHIPPED`); None when it is
+    ``default`` (nothing changed).  Call it once the engine is built."""
+    unknown = ""
+    if setting is None:
+        setting = os.environ.get(ENV, "").strip() or SHIPPED
+    if setting.lower() == "default":
         return None
+    try:
+        freeze, gen0 = parse_setting(setting)
+    except ValueError:
+        unknown, setting = setting, SHIPPED
+        freeze, gen0 = parse_setting(setting)
     if freeze:
         # The start's garbage (the policy's parse, import-time temporaries) is collected
         # first: frozen, a dead cycle would never be freed.
@@ -63,4 +96,4 @@ def settle_heap(gen0: int | None = GEN0_THRESHOLD, freeze: bool = True) -> HeapS
     if gen0 is not None:
         _, gen1, gen2 = gc.get_threshold()
         gc.set_threshold(gen0, gen1, gen2)
-    return HeapSettings(gc.get_freeze_count(), gc.get_threshold())
+    return HeapSettings(setting, gc.get_freeze_count(), gc.get_threshold(), unknown)

@@ -13,10 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from chorus_py.clients.dbapi import connect
 from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
-from server.heap import GEN0_THRESHOLD
 
 CHORUS = Path(sys.executable).parent / "chorus"
 
@@ -47,14 +48,20 @@ def _serve_log(policy: Path, **env: str) -> str:
     return err
 
 
-def test_serve_freezes_its_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("setting", "gen0", "ignored"), [
+    ("", 10_000, False), ("freeze", 700, False), ("freez", 10_000, True)])
+def test_serve_freezes_its_start(tmp_path: Path, setting: str, gen0: int,
+                                 ignored: bool) -> None:
+    """As shipped: frozen, the young generation's threshold 10,000; ``CHORUS_GC=freeze``:
+    frozen, CPython's thresholds; a value that is no setting: said so, the shipped one."""
     policy = generate_demo(tmp_path, rows=200)
-    log = _serve_log(policy)
+    log = _serve_log(policy, CHORUS_GC=setting)
     found = re.search(r"garbage collector: (\d+) objects of the start frozen \(gc\.freeze\), "
                       r"thresholds (\d+)/10/10", log)
     assert found, log
     assert int(found[1]) > 10_000  # the modules and the engine: far more than a few objects
-    assert int(found[2]) == GEN0_THRESHOLD
+    assert int(found[2]) == gen0
+    assert ("CHORUS_GC='freez' is not a setting: ignored" in log) == ignored, log
 
 
 def test_serve_keeps_cpython_settings_when_asked(tmp_path: Path) -> None:
