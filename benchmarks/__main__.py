@@ -35,6 +35,7 @@ BENCHMARKS = {
     "scan_options": "issue 23 study: one-scan designs for the default policy, cold prepares",
     "one_statement": "issue 23: a SUM/AVG query's private choices from one statement",
     "cold": "issue 23: proxy CPU of never-seen queries, by phase",
+    "gc_serve": "issue 23: the garbage collector settings of `chorus serve`, through the server",
     "corpus": "issue 23: 36 analyst questions, DP / raw with the default policy",
     "fixed_costs": "issue 23: a warm query's fixed costs on DuckDB, against main",
     "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",

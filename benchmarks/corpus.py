@@ -53,15 +53,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
 from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import percentile  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 from chorus_py.errors import ChorusError  # noqa: E402
 
@@ -480,18 +478,6 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Cell]],
 # -- main -----------------------------------------------------------------------------------
 
 
-def open_engine(policy: Path) -> Engine:
-    """The demo's policy with a budget per block that no run exhausts, warmed up."""
-    text = policy.read_text()
-    if text.count("epsilon_per_block = 10.0") != 1:
-        raise SystemExit(f"{policy}: epsilon_per_block = 10.0 not found once")
-    variant = policy.with_name("policy-corpus.toml")
-    variant.write_text(text.replace("epsilon_per_block = 10.0", "epsilon_per_block = 1e9"))
-    engine = Engine.from_policy(variant)
-    engine.warm_up(wait=True)  # as `chorus serve` starts: the ranked copy is built
-    return engine
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -499,18 +485,11 @@ def main() -> None:
                         help="corpus: the 36 questions the engine was tuned on (section "
                              "'corpus'); heldout: 30 questions kept out of that tuning "
                              "(section 'corpus-heldout')")
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    demo_options(parser, "corpus_bench")
     parser.add_argument("--repeat", type=int, default=5, help="rounds per query")
     parser.add_argument("--min-repeat", type=int, default=3,
                         help="rounds per query once its rounds took --query-seconds")
     parser.add_argument("--query-seconds", type=float, default=12.0)
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
-                        help="an admin URL; the database --database is created next to it "
-                             "and dropped at the end")
-    parser.add_argument("--database", default="corpus_bench")
-    parser.add_argument("--skip-postgres", action="store_true")
-    parser.add_argument("--skip-duckdb", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     if args.min_repeat < 1 or args.repeat < args.min_repeat:
         parser.error("need 1 <= --min-repeat <= --repeat")
@@ -522,20 +501,12 @@ def main() -> None:
     refused: list[str] = []
     setup: list[str] = []
     text = ""
-    base = args.postgres.rsplit("/", 1)[0]
     backends = [b for b, skip in (("Postgres", args.skip_postgres),
                                   ("DuckDB", args.skip_duckdb)) if not skip]
     try:
         for label in backends:
             started = time.perf_counter()
-            if label == "Postgres":
-                drop_database(args)
-                with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"CREATE DATABASE {args.database}")
-                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                       rows=args.rows)
-            else:
-                policy = generate_demo(work / "duckdb", rows=args.rows)
+            policy = demo_on(label, work, args)
             made = time.perf_counter() - started
             started = time.perf_counter()
             engine = open_engine(policy)
@@ -563,12 +534,6 @@ def main() -> None:
         if not args.skip_postgres:
             drop_database(args)
     print(text)
-
-
-def drop_database(args: argparse.Namespace) -> None:
-    """Drop the run's Postgres database (if it exists)."""
-    with psycopg.connect(args.postgres, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
 
 
 if __name__ == "__main__":

@@ -28,17 +28,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
 from sqlglot import exp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analyses.query import AggregateQuery  # noqa: E402
-from benchmarks.corpus import open_engine  # noqa: E402
+from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.backends import SCHEMA  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 from rewriters.contribution import (  # noqa: E402
     GROUP_KEY,
@@ -128,35 +126,24 @@ def bench(label: str, engine: Engine, run: Callable[[str], object], args: argpar
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    demo_options(parser, "group_parts_bench", skips=False)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--groups", type=int, default=13, help="g, groups per rider")
     parser.add_argument("--cap", type=int, default=200, help="k, rows per rider")
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
-                        help="an admin URL; --database is created next to it and dropped")
-    parser.add_argument("--database", default="group_parts_bench")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chorus-group-parts-"))
     lines: list[str] = []
-    base = args.postgres.rsplit("/", 1)[0]
-    with psycopg.connect(args.postgres, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
-        con.execute(f"CREATE DATABASE {args.database}")
     try:
         for label in ("Postgres", "DuckDB"):
-            policy = (generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                    rows=args.rows) if label == "Postgres"
-                      else generate_demo(work / "duckdb", rows=args.rows))
+            policy = demo_on(label, work, args)
             engine = open_engine(policy)
             try:
                 lines += bench(label, engine, lambda sql, e=engine: e.backend.run(sql), args)
             finally:
                 engine.close()
     finally:
-        with psycopg.connect(args.postgres, autocommit=True) as con:
-            con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+        drop_database(args)
     text = "\n".join([
         "## Thresholded keys in three parts of the ranked copy (issue 23, corpus query 22)",
         "",

@@ -16,7 +16,7 @@ a window.  ``counted_pays`` picks the count on DuckDB at caps 4..20 over the cop
    with the count; ``--repeat`` rounds alternating the shapes, medians.
 2. End to end: the corpus's #7, #13, #20, #27 and #29 (``benchmarks.corpus``) through
    ``Engine.execute`` at the default epsilon and at 0.01, as shipped and as before
-   (``counted_pays`` forced off: ROW_NUMBER everywhere; the quantile kind's ``twin_pays``
+   (``counted_pays`` forced off: ROW_NUMBER everywhere; the quantile kind's ``reads_twin``
    forced off: its histograms read the copy alone), each in a fresh engine (no plan or
    template of the other shape cached), the two alternated twice; raw = the analyst's SQL
    straight to DuckDB.  Medians of each query's rounds; DP / raw.
@@ -46,13 +46,13 @@ sys.path.insert(0, str(ROOT))
 import chorus_py.kinds.quantile  # noqa: E402
 import chorus_py.kinds.single  # noqa: E402
 import rewriters.pipeline  # noqa: E402
-from benchmarks.corpus import LOW_EPSILON, open_engine  # noqa: E402
+from benchmarks.corpus import LOW_EPSILON  # noqa: E402
+from benchmarks.demo_data import demo_on, demo_options, open_engine, ranked_copy  # noqa: E402
 from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.backends import SCHEMA  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
-from rewriters.contribution import UNIT_ORDER, counted_pays, ranked_contribution  # noqa: E402
+from rewriters.contribution import counted_pays, ranked_contribution  # noqa: E402
 
 CAPS = (1, 2, 4, 9, 20, 81, 200)
 #: The corpus's filtered queries and quantiles still above 4x on DuckDB (benchmarks.corpus).
@@ -82,26 +82,25 @@ _CALLERS = (rewriters.pipeline, chorus_py.kinds.single, chorus_py.kinds.quantile
 @contextlib.contextmanager
 def as_before(on: bool) -> Iterator[None]:
     """While ``on``, the shapes before: ``counted_pays`` forced to False in its callers
-    (ROW_NUMBER everywhere) and the quantile kind's ``twin_pays`` too (its histograms read
-    the copy alone)."""
+    (ROW_NUMBER everywhere) and the quantile kind's ``reads_twin`` too (its histograms read
+    the copy alone; the one-table answers still read the twin where it pays)."""
     saved = [m.counted_pays for m in _CALLERS]
-    twin = chorus_py.kinds.quantile.twin_pays
+    twin = chorus_py.kinds.quantile.reads_twin
     try:
         if on:
             for m in _CALLERS:
                 m.counted_pays = lambda dialect, k, twin: False
-            chorus_py.kinds.quantile.twin_pays = lambda read, blocks, cap, limit, dialect: False
+            chorus_py.kinds.quantile.reads_twin = lambda services, query, reads: False
         yield
     finally:
         for m, f in zip(_CALLERS, saved, strict=True):
             m.counted_pays = f
-        chorus_py.kinds.quantile.twin_pays = twin
+        chorus_py.kinds.quantile.reads_twin = twin
 
 
 def statements(engine: Engine, repeat: int) -> list[tuple[str, int, str, list[float]]]:
     """Part 1: (statement, cap, source, [ms ROW_NUMBER, ms count])."""
-    (copy,) = [t for t in engine.backend.owned_tables()
-               if t.startswith("trips__ranked_") and not t.endswith(UNIT_ORDER)]
+    copy = ranked_copy(engine, "trips")
     out = []
     for label, (outer, where) in STATEMENTS.items():
         rows = parse_one(f'SELECT t.* FROM {SCHEMA}."{copy}" AS t WHERE {where}')
@@ -188,7 +187,7 @@ def report(parts: list[tuple[str, int, str, list[float]]],
     lines += [
         "",
         "End to end (`Engine.execute`, default policy; before = `counted_pays` and the "
-        "quantile kind's `twin_pays` forced off: ROW_NUMBER everywhere, quantile histograms "
+        "quantile kind's `reads_twin` forced off: ROW_NUMBER everywhere, quantile histograms "
         "from the copy alone; each in fresh engines, alternated twice):",
         "",
         "| # | epsilon | raw ms | DP ms, before | DP / raw, before | DP ms, shipped | "
@@ -204,14 +203,13 @@ def report(parts: list[tuple[str, int, str, list[float]]],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    demo_options(parser, None)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chorus-kept-rank-"))
     try:
-        policy = generate_demo(work / "duckdb", rows=args.rows)
+        policy = demo_on("DuckDB", work, args)
         engine = open_engine(policy)
         try:
             parts = statements(engine, args.repeat)

@@ -90,7 +90,7 @@ def demo_policy(directory: Path, name: str, bounding: str, contribution: str,
     return path
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -176,9 +176,11 @@ async def throughput(dsn: str, clients: int, seconds: float,
     return done / elapsed
 
 
-def _serve(policy: Path, port: int, one_cpu: bool = False) -> subprocess.Popen[bytes]:
+def serve(policy: Path, port: int, one_cpu: bool = False,
+           env: dict[str, str] | None = None, rest: bool = True) -> subprocess.Popen[bytes]:
     """``chorus serve`` on ``port``; ``one_cpu``: on the last CPU this process may use, as
-    ``taskset -c N`` would start it."""
+    ``taskset -c N`` would start it; ``env``: added to its environment; ``rest``: serve REST
+    on its default port too (two servers at once cannot)."""
     cpu = max(os.sched_getaffinity(0))
     # Its log (one line per query) goes to a file: a pipe nobody reads fills up after 64 kB
     # and blocks the server's every thread in the logging handler.
@@ -186,8 +188,9 @@ def _serve(policy: Path, port: int, one_cpu: bool = False) -> subprocess.Popen[b
     with log.open("wb") as sink:
         proc = subprocess.Popen([sys.executable, "-c", "from chorus_py.cli import main; main()",
                                  "serve", "--policy",
-                                 str(policy), "--listen", f"127.0.0.1:{port}"],
-                                cwd=ROOT, stderr=sink,
+                                 str(policy), "--listen", f"127.0.0.1:{port}",
+                                 *(() if rest else ("--rest", ""))],
+                                cwd=ROOT, stderr=sink, env={**os.environ, **(env or {})},
                                 preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if one_cpu
                                 else None)
     deadline = time.time() + 60
@@ -229,7 +232,7 @@ def main() -> None:
                 policy = demo_policy(directory, config, bounding, contribution, reuse)
                 port = free_port()
                 proxy_dsn = f"postgresql://demo:demo@127.0.0.1:{port}/demo"
-                proc = _serve(policy, port, one_cpu)
+                proc = serve(policy, port, one_cpu)
                 try:
                     engine = Engine.from_policy(policy)
                     try:
@@ -253,10 +256,10 @@ def main() -> None:
                                                             args.seconds)))
                         dbs.append(asyncio.run(throughput(raw_dsn, args.clients,
                                                            args.seconds, rewritten)))
-                        cpu_before = _cpu_seconds(proc.pid)
+                        cpu_before = cpu_seconds(proc.pid)
                         proxies.append(asyncio.run(throughput(proxy_dsn, args.clients,
                                                                args.seconds)))
-                        cpu += _cpu_seconds(proc.pid) - cpu_before
+                        cpu += cpu_seconds(proc.pid) - cpu_before
                         done += proxies[-1] * args.seconds
                         ratios.append(proxies[-1] / raws[-1])
                         db_ratios.append(proxies[-1] / dbs[-1])

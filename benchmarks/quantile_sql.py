@@ -26,15 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import corpus  # noqa: E402
+from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
 from benchmarks.phases import Phases, Recorder  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 
 #: The corpus's quantile questions (#26-#29): median, per-city 90th percentile, MIN and MAX
 #: of a filtered column, per-city median and count.
@@ -57,20 +55,12 @@ def measure(args: argparse.Namespace) -> Medians:
     args.questions = "quantiles"
     out: Medians = {}
     work = Path(tempfile.mkdtemp(prefix="chorus-quantile-sql-"))
-    base = args.postgres.rsplit("/", 1)[0]
     try:
         for label, skip in (("Postgres", args.skip_postgres), ("DuckDB", args.skip_duckdb)):
             if skip:
                 continue
-            if label == "Postgres":
-                corpus.drop_database(args)
-                with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"CREATE DATABASE {args.database}")
-                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                       rows=args.rows)
-            else:
-                policy = generate_demo(work / "duckdb", rows=args.rows)
-            engine = corpus.open_engine(policy)
+            policy = demo_on(label, work, args)
+            engine = open_engine(policy)
             recorder = Recorder()
             recorder.attach(engine)
             try:
@@ -78,7 +68,7 @@ def measure(args: argparse.Namespace) -> Medians:
             finally:
                 engine.close()
                 if label == "Postgres":
-                    corpus.drop_database(args)
+                    drop_database(args)
             out[label] = {name: {
                 "raw": cell.raw_ms, "dp": cell.dp_ms(), "low": cell.dp_ms(True),
                 "answer": ms(cell.dp, "answer"), "proxy": ms(cell.dp, "proxy"),
@@ -131,18 +121,13 @@ def compare(before: Medians, after: Medians) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    demo_options(parser, "quantile_sql_bench")
     parser.add_argument("--repeat", type=int, default=5, help="rounds per question")
     parser.add_argument("--min-repeat", type=int, default=5)
     parser.add_argument("--query-seconds", type=float, default=60.0)
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--database", default="quantile_sql_bench")
-    parser.add_argument("--skip-postgres", action="store_true")
-    parser.add_argument("--skip-duckdb", action="store_true")
     parser.add_argument("--json", type=Path, help="write the medians here")
     parser.add_argument("--before", type=Path, nargs="+", help="runs' --json before")
     parser.add_argument("--after", type=Path, nargs="+", help="runs' --json after")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     if args.before or args.after:
         if not (args.before and args.after):

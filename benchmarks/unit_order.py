@@ -32,16 +32,19 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.corpus import open_engine  # noqa: E402
+from benchmarks.demo_data import (  # noqa: E402
+    demo_on,
+    demo_options,
+    drop_database,
+    open_engine,
+    ranked_copy,
+)
 from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.backends import SCHEMA  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 from rewriters.contribution import UNIT_ORDER  # noqa: E402
 
@@ -80,8 +83,7 @@ def bench(engine: Engine, repeat: int) -> dict[int, tuple[float, float, float]]:
 
 def storage(engine: Engine) -> tuple[float, float]:
     """MB of the trips table's ranked copy and of its twin."""
-    names = [t for t in engine.backend.owned_tables() if t.startswith("trips__ranked_")]
-    (copy,) = [t for t in names if not t.endswith(UNIT_ORDER)]
+    copy = ranked_copy(engine, "trips")
     sizes = []
     for name in (copy, copy + UNIT_ORDER):
         if engine.dialect == "postgres":
@@ -125,33 +127,18 @@ def report(results: dict[str, dict[int, tuple[float, float, float]]],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    demo_options(parser, "unit_order_bench")
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
-                        help="an admin URL; the database --database is created next to it "
-                             "and dropped at the end")
-    parser.add_argument("--database", default="unit_order_bench")
-    parser.add_argument("--skip-postgres", action="store_true")
-    parser.add_argument("--skip-duckdb", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chorus-unit-order-"))
     results: dict[str, dict[int, tuple[float, float, float]]] = {}
     sizes: dict[str, tuple[float, float]] = {}
-    base = args.postgres.rsplit("/", 1)[0]
     try:
         for label, skip in (("DuckDB", args.skip_duckdb), ("Postgres", args.skip_postgres)):
             if skip:
                 continue
-            if label == "Postgres":
-                drop_database(args)
-                with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"CREATE DATABASE {args.database}")
-                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                       rows=args.rows)
-            else:
-                policy = generate_demo(work / "duckdb", rows=args.rows)
+            policy = demo_on(label, work, args)
             engine = open_engine(policy)
             try:
                 results[label] = bench(engine, args.repeat)
@@ -166,12 +153,6 @@ def main() -> None:
                   f"{datetime.now(UTC):%Y-%m-%d %H:%M}")
     write_section("unit-order", text, args.out)
     print(text)
-
-
-def drop_database(args: argparse.Namespace) -> None:
-    """Drop the run's Postgres database (if it exists)."""
-    with psycopg.connect(args.postgres, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
 
 
 if __name__ == "__main__":

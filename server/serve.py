@@ -22,6 +22,7 @@ from typing import Any
 
 from chorus_py.engine import Engine
 from chorus_py.reload import reload_policy
+from server.heap import ENV, settle_heap
 from server.listen import Listener, StartListener
 from server.pgwire.cancels import CancelRelay
 from server.pgwire.listener import pgwire_listener
@@ -49,6 +50,11 @@ def serve(policy_path: str | Path, listen: str = DEFAULT_LISTEN,
     between the workers, ``on_ready`` is called once every door serves."""
     engine = Engine.from_policy(policy_path)
     engine.warm_up()  # ranked copies build in the background; queries do not wait for them
+    # The garbage collector's settings (server.heap): the process is the server's, not a
+    # library host's, so its start owns them; logged so the owner sees what applies.
+    settled = settle_heap()
+    log.info("%s", settled.describe() if settled else f"garbage collector: CPython's "
+             f"settings ({ENV}=default)")
     # Least privilege (docs/owner-guide.md): what the start-up checks found, for the owner.
     for warning in getattr(engine.backend, "warnings", ()):
         log.warning("%s", warning)  # a log line: one JSON object under --log-format json

@@ -23,6 +23,7 @@ from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
+from rewriters.contribution import UNIT_ORDER
 
 PG_ADMIN_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TEST_ROWS = 4000
@@ -247,6 +248,18 @@ def policy_engine(tmp_path: Path) -> Iterator[Callable[[str], Engine]]:
     yield make
     for engine in made:
         engine.close()
+
+
+#: The params of a fixture that makes its data on each backend (``request.param`` of
+#: :func:`table_with_rows`); Postgres carries the ``postgres`` mark.
+BACKENDS = ["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def ranked_copy_name(engine: Engine, table: str) -> str:
+    """The name of ``table``'s ranked copy in the proxy's schema (built; not its twin)."""
+    (copy,) = [t for t in engine.backend.owned_tables()
+               if t.startswith(f"{table}__ranked_") and not t.endswith(UNIT_ORDER)]
+    return copy
 
 
 @contextmanager

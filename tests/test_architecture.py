@@ -322,14 +322,16 @@ def test_no_private_names_across_modules(project: Graph) -> None:
 #: The folders of server/ and what else of server/ each may import: the doors share only
 #: server.listen and server.metrics; REST mounts the dashboard; server.serve imports the doors
 #: and only server.workers (``chorus serve --workers``: it runs server.serve in each worker)
-#: imports it (DESIGN.md section 2, issue 22).
+#: imports it (DESIGN.md section 2, issue 22); server.heap (the garbage collector's settings)
+#: is for the servers' starts: server.serve and ``python -m server.rest``.
 SERVER_LAYERS = {
     "server.pgwire": {"server.listen"},
-    "server.rest": {"server.listen", "server.metrics", "server.dashboard"},
+    "server.rest": {"server.listen", "server.metrics", "server.dashboard", "server.heap"},
     "server.dashboard": {"server.metrics"},
     "server.metrics": set(),
     "server.listen": set(),
-    "server.serve": {"server.listen", "server.pgwire", "server.rest"},
+    "server.heap": set(),
+    "server.serve": {"server.listen", "server.pgwire", "server.rest", "server.heap"},
     "server.workers": {"server.listen", "server.pgwire", "server.rest", "server.serve"},
 }
 

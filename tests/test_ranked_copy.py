@@ -24,7 +24,7 @@ from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
 from rewriters.contribution import ranked_contribution, ranked_table
-from tests.conftest import table_with_rows
+from tests.conftest import BACKENDS, table_with_rows
 
 #: Rows per unit: one light unit of each size up to the cap and heavier ones.
 SIZES = {1: 1, 2: 2, 3: 3, 4: 5, 5: 8, 6: 40}
@@ -64,11 +64,25 @@ def _rows() -> list[tuple[int, int, float]]:
     return out
 
 
-@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+#: The columns of the skewed tables here and in tests/test_ranked_twin.py and
+#: tests/test_ranked_counted.py.
+COLUMNS = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
+
+
+def ranked_engine(policy_engine: Callable[[str], Engine], made: tuple[str, str], k: int = K
+                  ) -> Engine:
+    """An engine on :data:`POLICY` over the table ``made`` (backend URL, name) with the cap
+    ``k``, its ranked copy (and twin) built."""
+    url, table = made
+    engine = policy_engine(POLICY.format(url=url, table=table, k=k, ranked="true"))
+    engine.warm_up(wait=True)
+    return engine
+
+
+@pytest.fixture(params=BACKENDS)
 def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(backend URL, table name) of the skewed table on each backend."""
-    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
-    with table_with_rows(request, tmp_path, "skew", columns, _rows()) as made:
+    with table_with_rows(request, tmp_path, "skew", COLUMNS, _rows()) as made:
         yield made
 
 

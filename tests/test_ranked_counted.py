@@ -22,8 +22,8 @@ from analyses.outgoing import Refused, verify
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
 from rewriters.contribution import counted_pays, ranked_contribution, unit_ordered
-from tests.conftest import table_with_rows
-from tests.test_ranked_copy import POLICY
+from tests.conftest import BACKENDS, ranked_copy_name, table_with_rows
+from tests.test_ranked_copy import COLUMNS, ranked_engine
 
 K = 4
 #: Units of 1 to 60 rows; v ties across and within units (three values) and is NULL on every
@@ -45,27 +45,17 @@ def _rows() -> list[tuple[int, int, float | None]]:
     return out
 
 
-@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=BACKENDS)
 def tied(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(backend URL, table name) of the tied table on each backend."""
-    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
-    with table_with_rows(request, tmp_path, "counted", columns, _rows()) as made:
+    with table_with_rows(request, tmp_path, "counted", COLUMNS, _rows()) as made:
         yield made
 
 
 @pytest.fixture
 def engine(tied: tuple[str, str], policy_engine: Callable[[str], Engine]) -> Engine:
     """An engine over the tied table with its ranked copy (and twin) built."""
-    url, table = tied
-    made = policy_engine(POLICY.format(url=url, table=table, k=K, ranked="true"))
-    made.warm_up(wait=True)
-    return made
-
-
-def _copy(engine: Engine, table: str) -> str:
-    (copy,) = [t for t in engine.backend.owned_tables()
-               if t.startswith(f"{table}__ranked_") and not t.endswith("_u")]
-    return copy
+    return ranked_engine(policy_engine, tied, K)
 
 
 def _kept(engine: Engine, copy: str, where: str, k: int, twin: bool, counted: bool
@@ -86,7 +76,7 @@ def test_the_count_keeps_the_rows_row_number_keeps(
     """Copy or twin, ROW_NUMBER or the running count: the very same rows and kept ranks, each
     unit min(c_u, k) of its filtered rows (by hand), its first ones in stored-rank order."""
     _, table = tied
-    copy = _copy(engine, table)
+    copy = ranked_copy_name(engine, table)
     kept = {(twin, counted): _kept(engine, copy, where, k, twin, counted)
             for twin in (False, True) for counted in (False, True)}
     reference = kept[False, False]
@@ -123,7 +113,7 @@ def test_a_query_over_the_copy_counts_on_duckdb_and_measures_the_same(
     sql = f"SELECT COUNT(*) FROM {table} WHERE {where}"
     _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
     statement = prepared.detail.sql
-    assert unit_ordered(_copy(engine, table)) not in statement
+    assert unit_ordered(ranked_copy_name(engine, table)) not in statement
     counted = "COUNT(*) OVER (PARTITION BY" in statement
     assert counted == (engine.dialect == "duckdb")
     assert ("ROW_NUMBER()" in statement) != counted
@@ -189,7 +179,7 @@ def test_a_quantile_reads_the_twin_or_counts_over_the_copy_and_keeps_the_same_ro
     ROW_NUMBER, or, the twins not read, from the copy by the running count (k = 4); the same
     cells either way, sum_u min(c_u, k) rows in all over the non-NULL values (by hand)."""
     _, table = tied
-    twin = unit_ordered(_copy(engine, table))
+    twin = unit_ordered(ranked_copy_name(engine, table))
     sql = f"SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY v) FROM {table} WHERE v >= 0"
     cells = {}
     for read in (True, False):

@@ -24,34 +24,24 @@ from chorus_py.engine import Engine
 from chorus_py.kinds.single import twin_pays
 from chorus_py.policy import load_policy
 from rewriters.contribution import ranked_contribution, unit_ordered
-from tests.conftest import table_with_rows
-from tests.test_ranked_copy import POLICY, K, _exact, _rows
+from tests.conftest import BACKENDS, ranked_copy_name, table_with_rows
+from tests.test_ranked_copy import COLUMNS, POLICY, K, _exact, _rows, ranked_engine
 
 FILTERS = [("v >= 2", lambda v: v >= 2), ("v < 1 OR v > 6", lambda v: v < 1 or v > 6),
            ("v >= 0", lambda v: v >= 0)]
 
 
-@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=BACKENDS)
 def skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(backend URL, table name) of the skewed table on each backend."""
-    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
-    with table_with_rows(request, tmp_path, "twin", columns, _rows()) as made:
+    with table_with_rows(request, tmp_path, "twin", COLUMNS, _rows()) as made:
         yield made
 
 
 @pytest.fixture
 def engine(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]) -> Engine:
     """An engine over the skewed table with its ranked copy and twin built."""
-    url, table = skewed
-    made = policy_engine(POLICY.format(url=url, table=table, k=K, ranked="true"))
-    made.warm_up(wait=True)
-    return made
-
-
-def _copy(engine: Engine, table: str) -> str:
-    (copy,) = [t for t in engine.backend.owned_tables()
-               if t.startswith(f"{table}__ranked_") and not t.endswith("_u")]
-    return copy
+    return ranked_engine(policy_engine, skewed)
 
 
 def _kept(engine: Engine, copy: str, where: str, twin: bool) -> list[tuple[int, int]]:
@@ -64,7 +54,7 @@ def _kept(engine: Engine, copy: str, where: str, twin: bool) -> list[tuple[int, 
 def test_the_twin_holds_the_copys_rows_in_unit_order(skewed: tuple[str, str],
                                                      engine: Engine) -> None:
     _, table = skewed
-    copy = _copy(engine, table)
+    copy = ranked_copy_name(engine, table)
     assert unit_ordered(copy) in engine.backend.owned_tables()
     columns = "id, person, v, __chorus_rank, __chorus_unit_rows"
 
@@ -85,7 +75,7 @@ def test_the_twin_keeps_the_rows_the_copy_keeps(
     """The same stored ranks: the same kept rows, min(c_u, k) of each unit's c_u filtered
     rows (by hand from the table's rows), with the twin as without."""
     _, table = skewed
-    copy = _copy(engine, table)
+    copy = ranked_copy_name(engine, table)
     from_copy, from_twin = (_kept(engine, copy, where, twin) for twin in (False, True))
     assert from_twin == from_copy
     filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
@@ -99,7 +89,7 @@ def test_a_query_reads_the_twin_and_measures_what_the_copy_does(
         skewed: tuple[str, str], engine: Engine, where: str,
         passing: Callable[[float], bool]) -> None:
     _, table = skewed
-    twin = unit_ordered(_copy(engine, table))
+    twin = unit_ordered(ranked_copy_name(engine, table))
     sql = f"SELECT COUNT(*), SUM(v) FROM {table} WHERE {where}"
     _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
     assert twin in prepared.detail.sql and "__chorus_unit_rows <= " in prepared.detail.sql
@@ -118,7 +108,7 @@ def test_the_verifier_pairs_a_twin_only_with_its_own_copy(skewed: tuple[str, str
     light unit of one copy could be a heavy one of the other: 2k rows), or with its row cap
     dropped, is refused."""
     _, table = skewed
-    twin = unit_ordered(_copy(engine, table))
+    twin = unit_ordered(ranked_copy_name(engine, table))
     sql = f"SELECT COUNT(*), SUM(v) FROM {table} WHERE v >= 2"
     _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
     statement = prepared.detail.sql
@@ -143,7 +133,7 @@ def test_a_copy_without_its_twin_gets_one_and_one_shot_engines_read_it(
     """A copy an older proxy built (no twin) gets its twin when a server starts; a one-shot
     engine, which never builds, reads the twin it finds (and the copy alone without one)."""
     url, table = skewed
-    copy = _copy(engine, table)
+    copy = ranked_copy_name(engine, table)
     engine.backend.run_owned([f'DROP TABLE {SCHEMA}."{unit_ordered(copy)}"'])
     path = tmp_path / "twin.toml"
     path.write_text(POLICY.format(url=url, table=table, k=K, ranked="true"))
@@ -163,17 +153,15 @@ def test_a_copy_without_its_twin_gets_one_and_one_shot_engines_read_it(
 def long_named(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A Postgres table of a 37-byte name: its copy's name has 62 bytes, its twin's would
     have 64 (Postgres truncates names to 63 bytes: the twin would overwrite the copy)."""
-    columns = "id BIGINT, person BIGINT, v DOUBLE PRECISION"
-    with table_with_rows(request, tmp_path, "t" * 28, columns, _rows()) as made:
+    with table_with_rows(request, tmp_path, "t" * 28, COLUMNS, _rows()) as made:
         yield made
 
 
 def test_no_twin_when_postgres_would_truncate_its_name(
         long_named: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
-    url, table = long_named
-    engine = policy_engine(POLICY.format(url=url, table=table, k=K, ranked="true"))
-    engine.warm_up(wait=True)
-    copy = _copy(engine, table)
+    _, table = long_named
+    engine = ranked_engine(policy_engine, long_named)
+    copy = ranked_copy_name(engine, table)
     assert len(copy) == 62 and len(unit_ordered(copy)) == 64
     assert unit_ordered(copy)[:63] not in engine.backend.owned_tables()
     sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 2"

@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from chorus_py.engine import Engine
+from server.heap import settle_heap
 from server.rest.listener import DEFAULT_HOST, DEFAULT_PORT, parse_listen, serve_rest
 
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with Engine.from_policy(args.policy) as engine:
+        settled = settle_heap()  # a server's process: its start owns the collector (server.heap)
+        if settled is not None:
+            logging.getLogger("chorus.serve").info("%s", settled.describe())
         asyncio.run(serve_rest(engine, host, port, handle_signals=True))
 
 
