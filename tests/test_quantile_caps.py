@@ -7,6 +7,7 @@ refusals free, and the selection charged even when the answer fails after it."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -377,3 +378,49 @@ def test_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> None:
     assert report.measurements[0].mechanism["epsilon"] == pytest.approx(2.0)
     assert report.measurements[0].sensitivity == pytest.approx(
         0.5 * first.report.contribution.cap)  # type: ignore[union-attr, operator]
+
+
+def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> None:
+    """MIN and MAX next to a COUNT and an AVG: an identical query of the same analyst after an
+    answered one reuses both parts' choices (``kinds.mixed``): it runs no choice histogram,
+    every step is "reused" and free, the measurements' epsilons add up to the whole charge,
+    the caps and bounds are the first query's; another analyst chooses afresh."""
+    engine = scratch("qskew", CREATE, POLICY.replace("{contribution}", "auto")
+                     + "\n[analysts.bob]\n")
+    sql = "SELECT COUNT(*), AVG(v), MIN(v), MAX(v) FROM qskew WHERE g = 'a'"
+    first = engine.execute(sql, epsilon=2.0, **ALICE)
+    chosen = first.report.contribution
+    assert chosen is not None and chosen.epsilon > 0
+    assert engine.choices._items  # kept: the first query's choices were reusable
+    sent: list[str] = []
+    real = engine.backend.run
+
+    def run(statement: str) -> Any:
+        sent.append(statement)
+        return real(statement)
+
+    engine.backend.run = run  # type: ignore[method-assign]
+    second = engine.execute(sql, epsilon=2.0, **ALICE)
+    engine.backend.run = real  # type: ignore[method-assign]
+    contribution = second.report.contribution
+    assert contribution is not None and contribution.epsilon == 0.0
+    assert {s.mechanism for s in contribution.steps} == {"reused"}
+    caps = re.compile(r"(quantiles|aggregates): cap (\d+)")
+    assert caps.findall(contribution.note) == caps.findall(chosen.note)  # both parts' caps
+    assert len(caps.findall(chosen.note)) == 2 and contribution.cap == chosen.cap
+    # ... and the AVG's clipping bounds: its sum's sensitivity is the first query's.
+    assert [m.sensitivity for m in second.report.measurements] == \
+        [m.sensitivity for m in first.report.measurements]
+    assert len(contribution.steps) == len(chosen.steps)
+    # No choice histogram (counts per unit) was sent: only the answer's statements.
+    assert not any("GROUP BY" in s and "unit_id" in s.split("GROUP BY")[-1] for s in sent)
+    # The whole epsilon on the measurements (a joint MIN/MAX draw once).
+    spent = {}
+    for m in second.report.measurements:
+        joint = m.mechanism.get("quantiles")
+        spent[tuple(joint) if joint else m.id] = m.mechanism["epsilon"]
+    assert sum(spent.values()) == pytest.approx(2.0)
+    assert _consumed(engine) == pytest.approx(4.0)
+    other = engine.explain(sql, epsilon=2.0, analyst="bob").contribution
+    assert other is not None and other.epsilon > 0
+    assert "reused" not in {s.mechanism for s in other.steps}

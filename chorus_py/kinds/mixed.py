@@ -115,8 +115,8 @@ class PartSelections:
     """Both parts' choices, made one after the other between the claim and the answer: the
     quantile part's row cap (``kinds.quantile_selection``), then the analytic part's cap and
     bounds (``kinds.selection``).  Each is paid for by its part's own share, inside the one
-    claim.  Kept under ``key`` by the engine, but not looked up again: an identical mixed query
-    chooses afresh (each part alone reuses only its own choices)."""
+    claim.  Kept under ``key`` by the engine once the query succeeded; an identical mixed
+    query of the same analyst reuses both parts' choices (``MixedKind.prepare``)."""
 
     quantile: ChoiceStep | None
     analytic: ChoiceStep | None
@@ -205,6 +205,25 @@ class MixedKind:
             self.services.statements.check_scratch_plan(*quantile.finish)
         create = _create(query, quantile)
         self.services.statements.check_scratch_plan(create, query.split.finish)
+        prepared = self._combine(query, split, quantile, analytic, epsilon, create)
+        if prepared.selection is None:
+            return prepared
+        # Both parts' choices of an identical earlier mixed query (same text, epsilon, delta,
+        # blocks: the key holds each part's), paid for by it and reusable (not dominated by
+        # noise; ``privacy.choice_reuse_seconds``): released DP outputs of this analyst's own
+        # query, so reusing them is post-processing.  Each part is then prepared as its own
+        # identical query would be with them: no share of its epsilon goes to choosing (the
+        # report's "reused" step), all of it to its measurements, so the parts still add up
+        # to epsilon.  Per analyst, as every reuse (budget.answers).
+        earlier = self.services.choices.get(analyst, prepared.selection.key)
+        if not isinstance(earlier, PartChoices):
+            return prepared
+        if earlier.quantile is not None:
+            quantile = self._quantile.prepare(query.quantile, analyst, split.quantile_epsilon,
+                                              0.0, earlier.quantile)
+        if earlier.analytic is not None and kind is self._single:
+            analytic = self._single.prepare(query.analytic, analyst, split.analytic_epsilon,
+                                            split.analytic_delta, earlier.analytic)
         return self._combine(query, split, quantile, analytic, epsilon, create)
 
     def _combine(self, query: MixedQuery, split: EpsilonSplit, quantile: Prepared,

@@ -196,8 +196,10 @@ class QuantileKind:
         return found
 
     def prepare(self, analysis: QuantileQuery, analyst: str, epsilon: float,
-                delta: float) -> Prepared:
-        """Blocks, histogram statements, mechanisms, report, events: pure, nothing charged."""
+                delta: float, earlier: Choices | None = None) -> Prepared:
+        """Blocks, histogram statements, mechanisms, report, events: pure, nothing charged.
+        With a cap to choose, the choice of an identical earlier query is reused when found
+        under the selection's key, or given as ``earlier`` (a mixed query's, ``kinds.mixed``)."""
         query = analysis.query
         if query.join is not None:
             return self._prepare_join(analysis, epsilon, delta)
@@ -218,7 +220,8 @@ class QuantileKind:
             return prepared
         # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
         # just ran this query.
-        earlier = self.services.choices.get(analyst, prepared.selection.key)
+        if earlier is None:
+            earlier = self.services.choices.get(analyst, prepared.selection.key)
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
             return self._cached(analysis, epsilon, delta, reads, restriction, sample, earlier,
                                 reused=True)
