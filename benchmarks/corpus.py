@@ -522,20 +522,12 @@ def main() -> None:
     refused: list[str] = []
     setup: list[str] = []
     text = ""
-    base = args.postgres.rsplit("/", 1)[0]
     backends = [b for b, skip in (("Postgres", args.skip_postgres),
                                   ("DuckDB", args.skip_duckdb)) if not skip]
     try:
         for label in backends:
             started = time.perf_counter()
-            if label == "Postgres":
-                drop_database(args)
-                with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"CREATE DATABASE {args.database}")
-                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                       rows=args.rows)
-            else:
-                policy = generate_demo(work / "duckdb", rows=args.rows)
+            policy = demo_policy(label, args, work)
             made = time.perf_counter() - started
             started = time.perf_counter()
             engine = open_engine(policy)
@@ -563,6 +555,20 @@ def main() -> None:
         if not args.skip_postgres:
             drop_database(args)
     print(text)
+
+
+def demo_policy(label: str, args: argparse.Namespace, work: Path) -> Path:
+    """The demo at ``args.rows`` trips on ``label``'s backend ("Postgres": in the database
+    ``args.database``, made afresh next to ``args.postgres``; "DuckDB": a file under
+    ``work``); its policy file."""
+    if label == "Postgres":
+        drop_database(args)
+        with psycopg.connect(args.postgres, autocommit=True) as con:
+            con.execute(f"CREATE DATABASE {args.database}")
+        base = args.postgres.rsplit("/", 1)[0]
+        return generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
+                             rows=args.rows)
+    return generate_demo(work / "duckdb", rows=args.rows)
 
 
 def drop_database(args: argparse.Namespace) -> None:

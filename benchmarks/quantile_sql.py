@@ -26,15 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import corpus  # noqa: E402
 from benchmarks.phases import Phases, Recorder  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 
 #: The corpus's quantile questions (#26-#29): median, per-city 90th percentile, MIN and MAX
 #: of a filtered column, per-city median and count.
@@ -57,19 +54,11 @@ def measure(args: argparse.Namespace) -> Medians:
     args.questions = "quantiles"
     out: Medians = {}
     work = Path(tempfile.mkdtemp(prefix="chorus-quantile-sql-"))
-    base = args.postgres.rsplit("/", 1)[0]
     try:
         for label, skip in (("Postgres", args.skip_postgres), ("DuckDB", args.skip_duckdb)):
             if skip:
                 continue
-            if label == "Postgres":
-                corpus.drop_database(args)
-                with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"CREATE DATABASE {args.database}")
-                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                       rows=args.rows)
-            else:
-                policy = generate_demo(work / "duckdb", rows=args.rows)
+            policy = corpus.demo_policy(label, args, work)
             engine = corpus.open_engine(policy)
             recorder = Recorder()
             recorder.attach(engine)

@@ -414,13 +414,34 @@ def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> No
     assert len(contribution.steps) == len(chosen.steps)
     # No choice histogram (counts per unit) was sent: only the answer's statements.
     assert not any("GROUP BY" in s and "unit_id" in s.split("GROUP BY")[-1] for s in sent)
-    # The whole epsilon on the measurements (a joint MIN/MAX draw once).
-    spent = {}
-    for m in second.report.measurements:
-        joint = m.mechanism.get("quantiles")
-        spent[tuple(joint) if joint else m.id] = m.mechanism["epsilon"]
-    assert sum(spent.values()) == pytest.approx(2.0)
+    assert _spent(second) == pytest.approx(2.0)  # the whole epsilon on the measurements
     assert _consumed(engine) == pytest.approx(4.0)
     other = engine.explain(sql, epsilon=2.0, analyst="bob").contribution
     assert other is not None and other.epsilon > 0
     assert "reused" not in {s.mechanism for s in other.steps}
+    # One part's choices not kept (as when its histograms were dominated by noise): the
+    # other part's are still reused, that part chooses afresh from its own share.
+    (aggregates,) = [k for k in engine.choices._items if k[1][:2] == ("mixed", "analytic")]
+    del engine.choices._items[aggregates]
+    answered = engine.execute(sql, epsilon=2.0, **ALICE)
+    third = answered.report.contribution
+    assert third is not None
+    assert _spent(answered) + third.epsilon == pytest.approx(2.0)  # the parts add up
+    mechanisms = {s.target.split(":")[0]: s.mechanism for s in third.steps}
+    assert mechanisms["quantiles"] == "reused" and mechanisms["aggregates"] != "reused"
+    assert third.epsilon == pytest.approx(chosen.epsilon - _quantile_share(chosen))
+    assert _consumed(engine) == pytest.approx(6.0)
+
+
+def _spent(result: Any) -> float:
+    """The epsilon of a result's measurements, a joint MIN/MAX draw once."""
+    spent = {}
+    for m in result.report.measurements:
+        joint = m.mechanism.get("quantiles")
+        spent[tuple(joint) if joint else m.id] = m.mechanism["epsilon"]
+    return sum(spent.values())
+
+
+def _quantile_share(contribution: Any) -> float:
+    """The epsilon of a mixed query's quantile part's choice steps."""
+    return sum(s.epsilon for s in contribution.steps if s.target.startswith("quantiles:"))

@@ -104,10 +104,12 @@ class PartChoices:
     quantile: Any
     analytic: Any
 
-    @property
-    def reusable(self) -> bool:
-        """Whether every part's choices may be reused (``kinds.selection.Choices``)."""
-        return all(c.reusable for c in (self.quantile, self.analytic) if c is not None)
+
+def part_key(part: str, key: tuple[object, ...]) -> tuple[object, ...]:
+    """Under which a mixed query's ``part`` ("quantile" or "analytic") keeps its choices:
+    the part's own key (its SQL's shape, its share of epsilon, delta, blocks) tagged as a
+    mixed query's, so that only an identical mixed query reuses them."""
+    return ("mixed", part, key)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,9 @@ class PartSelections:
     """Both parts' choices, made one after the other between the claim and the answer: the
     quantile part's row cap (``kinds.quantile_selection``), then the analytic part's cap and
     bounds (``kinds.selection``).  Each is paid for by its part's own share, inside the one
-    claim.  Kept under ``key`` by the engine once the query succeeded; an identical mixed
-    query of the same analyst reuses both parts' choices (``MixedKind.prepare``)."""
+    claim.  Each part's choices are kept apart (``kept``): an identical mixed query of the
+    same analyst reuses those of each part that may be reused and chooses the others afresh
+    (``MixedKind.prepare``)."""
 
     quantile: ChoiceStep | None
     analytic: ChoiceStep | None
@@ -127,6 +130,15 @@ class PartSelections:
         """Both parts' keys."""
         return ("mixed", *(None if s is None else s.key for s in (self.quantile,
                                                                    self.analytic)))
+
+    def kept(self, chosen: PartChoices) -> tuple[tuple[tuple[object, ...], Any], ...]:
+        """Each part's choices under :func:`part_key` when they may be reused: a part whose
+        histograms were dominated by noise does not stop the other's reuse."""
+        return tuple((part_key(part, key), choices)
+                     for part, step, choices in (("quantile", self.quantile, chosen.quantile),
+                                                 ("analytic", self.analytic, chosen.analytic))
+                     if step is not None
+                     for key, choices in step.kept(choices))
 
     def choose(self, statements: Statements, run: QueryRun) -> PartChoices:
         """The quantile part's choices, then the analytic part's."""
@@ -201,29 +213,29 @@ class MixedKind:
         kind = self._join if query.analytic.join is not None else self._single
         analytic = kind.prepare(query.analytic, analyst, split.analytic_epsilon,
                                 split.analytic_delta)
+        # Each part's choices of an identical earlier mixed query (the same part SQL, share
+        # of epsilon, delta and blocks: the part's key), paid for by it and reusable (not
+        # dominated by noise; ``privacy.choice_reuse_seconds``): DP outputs released to this
+        # analyst's own query, so reusing them is post-processing.  The part is then prepared
+        # as its own identical query would be with them: none of its share goes to choosing
+        # (the report's "reused" step), all of it to its measurements, so the parts still add
+        # up to epsilon.  Per analyst, as every reuse (budget.answers).
+        choices = self.services.choices
+        if quantile.selection is not None:
+            earlier = choices.get(analyst, part_key("quantile", quantile.selection.key))
+            if earlier is not None:
+                quantile = self._quantile.prepare(query.quantile, analyst,
+                                                  split.quantile_epsilon, 0.0, earlier)
+        if analytic.selection is not None and kind is self._single:
+            earlier = choices.get(analyst, part_key("analytic", analytic.selection.key))
+            if earlier is not None:
+                analytic = self._single.prepare(query.analytic, analyst,
+                                                split.analytic_epsilon, split.analytic_delta,
+                                                earlier)
         if quantile.finish is not None:  # the engine plans one finish: the others here
             self.services.statements.check_scratch_plan(*quantile.finish)
         create = _create(query, quantile)
         self.services.statements.check_scratch_plan(create, query.split.finish)
-        prepared = self._combine(query, split, quantile, analytic, epsilon, create)
-        if prepared.selection is None:
-            return prepared
-        # Both parts' choices of an identical earlier mixed query (same text, epsilon, delta,
-        # blocks: the key holds each part's), paid for by it and reusable (not dominated by
-        # noise; ``privacy.choice_reuse_seconds``): released DP outputs of this analyst's own
-        # query, so reusing them is post-processing.  Each part is then prepared as its own
-        # identical query would be with them: no share of its epsilon goes to choosing (the
-        # report's "reused" step), all of it to its measurements, so the parts still add up
-        # to epsilon.  Per analyst, as every reuse (budget.answers).
-        earlier = self.services.choices.get(analyst, prepared.selection.key)
-        if not isinstance(earlier, PartChoices):
-            return prepared
-        if earlier.quantile is not None:
-            quantile = self._quantile.prepare(query.quantile, analyst, split.quantile_epsilon,
-                                              0.0, earlier.quantile)
-        if earlier.analytic is not None and kind is self._single:
-            analytic = self._single.prepare(query.analytic, analyst, split.analytic_epsilon,
-                                            split.analytic_delta, earlier.analytic)
         return self._combine(query, split, quantile, analytic, epsilon, create)
 
     def _combine(self, query: MixedQuery, split: EpsilonSplit, quantile: Prepared,

@@ -90,6 +90,10 @@ class Selection:
     key: tuple[object, ...]
     apply: Callable[[Choices], Any]
 
+    def kept(self, chosen: Choices) -> tuple[tuple[tuple[object, ...], Choices], ...]:
+        """The choices under ``key`` when they may be reused."""
+        return ((self.key, chosen),) if chosen.reusable else ()
+
     def choose(self, statements: Statements, run: QueryRun) -> Choices:
         """Run the noisy histograms and pick the cap, the bounds and the groups per unit.
 

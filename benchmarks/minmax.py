@@ -1,0 +1,186 @@
+"""MIN / MAX questions with the default policy (issue 23): DP / raw time before and after a
+mixed query (quantiles next to COUNT/SUM/AVG) reuses its parts' private choices, side by side
+in one run, with where the time goes.
+
+    python -m benchmarks.minmax [--rows 1000000] [--repeat 7] [--postgres URL]
+                                [--database NAME] [--skip-postgres] [--skip-duckdb]
+                                [--out RESULTS.md]
+
+The questions: the held-out corpus's MIN/MAX ones (``benchmarks.corpus.HELDOUT``: "max
+distance", "per city: average and max", "count, average, min, max of one city") and the
+corpus's "MIN and MAX, filtered".  Per backend, one engine on the demo's policy
+(``corpus.open_engine``: the default policy, a budget no run exhausts) and rounds alternating
+the raw query, DP *before* and DP *after* (the two DP variants in alternating order), at the
+policy's default epsilon; medians.
+
+*Before* is the behaviour before the change, in the same engine: a mixed query never finds its
+parts' choices (``Engine.choices.get`` answers nothing for ``kinds.mixed.part_key`` keys), so it
+makes them again on every run, as the code did (its choices were kept under a key nothing
+looked up); a query of one kind reuses its choices either way.  *After*: each part of a mixed
+query reuses its choices when they may be reused (kept by an earlier run of either variant
+within ``privacy.choice_reuse_seconds``) and chooses afresh otherwise.  The phases are
+``benchmarks.phases``': choices (their statements in parentheses), the answer statements, the
+proxy's rest (the draws, the finishes, the rules).  Shared 2-core machine: read the ratios; the
+load average is in the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Hashable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import corpus  # noqa: E402
+from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
+from chorus_py.engine import Engine  # noqa: E402
+
+#: (set, name) of the questions measured.
+QUESTIONS = (("heldout", "max distance"), ("heldout", "per city: average and max"),
+             ("heldout", "count, average, min, max of one city"),
+             ("corpus", "MIN and MAX, filtered"))
+VARIANTS = ("before", "after")
+
+
+def sql_of(questions: str, name: str) -> str:
+    """The text of question ``name`` of the set ``questions``."""
+    (query,) = [q for q in corpus.QUESTIONS[questions] if q.name == name]
+    return query.sql
+
+
+class Before:
+    """Switches ``engine`` to the behaviour before the change: the choices of a mixed query's
+    parts are never found (module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.choices = engine.choices
+        self.get = engine.choices.get
+
+    def __enter__(self) -> None:
+        real = self.get
+
+        def get(analyst: str, key: Hashable) -> Any:
+            if isinstance(key, tuple) and key[:1] == ("mixed",):
+                return None
+            return real(analyst, key)
+
+        self.choices.get = get  # type: ignore[method-assign]
+
+    def __exit__(self, *exc: object) -> None:
+        self.choices.get = self.get  # type: ignore[method-assign]
+
+
+def bench(engine: Engine, recorder: Recorder, repeat: int
+          ) -> dict[str, tuple[list[float], dict[str, list[Phases]]]]:
+    """Per question: the raw times and each variant's phases, ``repeat`` rounds after a first
+    DP run of each variant (not kept)."""
+    out = {}
+    for questions, name in QUESTIONS:
+        sql = sql_of(questions, name)
+        engine.backend.run(sql)
+        with Before(engine):
+            engine.execute(sql, remaining=False)
+        engine.execute(sql, remaining=False)
+        raw: list[float] = []
+        runs: dict[str, list[Phases]] = {v: [] for v in VARIANTS}
+        for done in range(repeat):
+            raw.append(timed(engine.backend.run, sql))
+            for variant in VARIANTS if done % 2 == 0 else VARIANTS[::-1]:
+                with recorder.measure() as phases:
+                    if variant == "before":
+                        with Before(engine):
+                            engine.execute(sql, remaining=False)
+                    else:
+                        engine.execute(sql, remaining=False)
+                runs[variant].append(phases)
+        out[name] = (raw, runs)
+        print(f"{name}: raw {ms(raw):.1f} ms, before {ms([p.total for p in runs['before']]):.1f}"
+              f", after {ms([p.total for p in runs['after']]):.1f}", file=sys.stderr)
+    return out
+
+
+def ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+def rows(label: str, results: dict[str, tuple[list[float], dict[str, list[Phases]]]]
+         ) -> list[str]:
+    """The table's rows of one backend."""
+    lines = []
+    for name, (raw, runs) in results.items():
+        b, a = runs["before"], runs["after"]
+        raw_ms = ms(raw)
+
+        def part(runs: list[Phases], what: str) -> float:
+            return ms([getattr(p, what) for p in runs])
+
+        lines.append(
+            f"| {label} | {name} | {raw_ms:.1f} | {part(b, 'total'):.1f} -> "
+            f"{part(a, 'total'):.1f} | {part(b, 'total') / raw_ms:.2f} -> "
+            f"**{part(a, 'total') / raw_ms:.2f}** | {part(b, 'choices'):.1f} "
+            f"({part(b, 'histograms'):.1f}), {sum(p.chose for p in b)}/{len(b)} -> "
+            f"{part(a, 'choices'):.1f} ({part(a, 'histograms'):.1f}), "
+            f"{sum(p.chose for p in a)}/{len(a)} | {part(b, 'answer'):.1f} / "
+            f"{part(a, 'answer'):.1f} | {part(b, 'proxy'):.1f} / {part(a, 'proxy'):.1f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=7, help="rounds per question")
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--database", default="minmax_bench")
+    parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument("--skip-duckdb", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    args = parser.parse_args()
+    load = [os.getloadavg()[0]]
+    started = datetime.now(UTC)
+    work = Path(tempfile.mkdtemp(prefix="chorus-minmax-"))
+    lines = ["| backend | question | raw ms | DP ms (before -> after) | DP / raw | choices ms "
+             "(statements ms), runs that chose | answer ms (before / after) | proxy rest ms "
+             "(before / after) |", "|---|---|---|---|---|---|---|---|"]
+    try:
+        for label, skip in (("Postgres", args.skip_postgres), ("DuckDB", args.skip_duckdb)):
+            if skip:
+                continue
+            began = time.perf_counter()
+            engine = corpus.open_engine(corpus.demo_policy(label, args, work))
+            print(f"{label}: ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+            recorder = Recorder()
+            recorder.attach(engine)
+            try:
+                lines += rows(label, bench(engine, recorder, args.repeat))
+            finally:
+                engine.close()
+                if label == "Postgres":
+                    corpus.drop_database(args)
+            load.append(os.getloadavg()[0])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = ("## MIN / MAX with the default policy: mixed queries reuse their parts' choices "
+            "(issue 23)\n\n"
+            f"`python -m benchmarks.minmax --rows {args.rows} --repeat {args.repeat}` on "
+            f"{started:%Y-%m-%d %H:%M} UTC: medians of {args.repeat} rounds (raw, then DP "
+            "before and after in alternating order) at the default epsilon, 1 engine per "
+            f"backend; load average {' -> '.join(f'{x:.1f}' for x in load)} (start, after "
+            "each backend) on the shared 2-core machine.\n\n" + "\n".join(lines))
+    write_section("minmax", text, args.out)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
