@@ -385,10 +385,12 @@ def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> No
     answered one reuses both parts' choices (``kinds.mixed``): it runs no choice histogram,
     every step is "reused" and free, the measurements' epsilons add up to the whole charge,
     the caps and bounds are the first query's; another analyst chooses afresh."""
+    # A large epsilon: the first query's choices are then never dominated by noise (kept).
+    epsilon = 20.0
     engine = scratch("qskew", CREATE, POLICY.replace("{contribution}", "auto")
                      + "\n[analysts.bob]\n")
     sql = "SELECT COUNT(*), AVG(v), MIN(v), MAX(v) FROM qskew WHERE g = 'a'"
-    first = engine.execute(sql, epsilon=2.0, **ALICE)
+    first = engine.execute(sql, epsilon=epsilon, **ALICE)
     chosen = first.report.contribution
     assert chosen is not None and chosen.epsilon > 0
     assert engine.choices._items  # kept: the first query's choices were reusable
@@ -400,7 +402,7 @@ def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> No
         return real(statement)
 
     engine.backend.run = run  # type: ignore[method-assign]
-    second = engine.execute(sql, epsilon=2.0, **ALICE)
+    second = engine.execute(sql, epsilon=epsilon, **ALICE)
     engine.backend.run = real  # type: ignore[method-assign]
     contribution = second.report.contribution
     assert contribution is not None and contribution.epsilon == 0.0
@@ -414,23 +416,23 @@ def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> No
     assert len(contribution.steps) == len(chosen.steps)
     # No choice histogram (counts per unit) was sent: only the answer's statements.
     assert not any("GROUP BY" in s and "unit_id" in s.split("GROUP BY")[-1] for s in sent)
-    assert _spent(second) == pytest.approx(2.0)  # the whole epsilon on the measurements
-    assert _consumed(engine) == pytest.approx(4.0)
-    other = engine.explain(sql, epsilon=2.0, analyst="bob").contribution
+    assert _spent(second) == pytest.approx(epsilon)  # the whole epsilon on the measurements
+    assert _consumed(engine) == pytest.approx(2 * epsilon)
+    other = engine.explain(sql, epsilon=epsilon, analyst="bob").contribution
     assert other is not None and other.epsilon > 0
     assert "reused" not in {s.mechanism for s in other.steps}
     # One part's choices not kept (as when its histograms were dominated by noise): the
     # other part's are still reused, that part chooses afresh from its own share.
     (aggregates,) = [k for k in engine.choices._items if k[1][:2] == ("mixed", "analytic")]
     del engine.choices._items[aggregates]
-    answered = engine.execute(sql, epsilon=2.0, **ALICE)
+    answered = engine.execute(sql, epsilon=epsilon, **ALICE)
     third = answered.report.contribution
     assert third is not None
-    assert _spent(answered) + third.epsilon == pytest.approx(2.0)  # the parts add up
+    assert _spent(answered) + third.epsilon == pytest.approx(epsilon)  # the parts add up
     mechanisms = {s.target.split(":")[0]: s.mechanism for s in third.steps}
     assert mechanisms["quantiles"] == "reused" and mechanisms["aggregates"] != "reused"
     assert third.epsilon == pytest.approx(chosen.epsilon - _quantile_share(chosen))
-    assert _consumed(engine) == pytest.approx(6.0)
+    assert _consumed(engine) == pytest.approx(3 * epsilon)
 
 
 def _spent(result: Any) -> float:

@@ -107,8 +107,9 @@ class PartChoices:
 
 def part_key(part: str, key: tuple[object, ...]) -> tuple[object, ...]:
     """Under which a mixed query's ``part`` ("quantile" or "analytic") keeps its choices:
-    the part's own key (its SQL's shape, its share of epsilon, delta, blocks) tagged as a
-    mixed query's, so that only an identical mixed query reuses them."""
+    the part's own key (the part's SQL shape, its share of epsilon, delta, blocks) tagged as a
+    mixed query's part, so that they are reused only by the same part of a mixed query (the
+    same analyst's: ``budget.answers``), never by a query of one kind."""
     return ("mixed", part, key)
 
 
@@ -117,9 +118,9 @@ class PartSelections:
     """Both parts' choices, made one after the other between the claim and the answer: the
     quantile part's row cap (``kinds.quantile_selection``), then the analytic part's cap and
     bounds (``kinds.selection``).  Each is paid for by its part's own share, inside the one
-    claim.  Each part's choices are kept apart (``kept``): an identical mixed query of the
-    same analyst reuses those of each part that may be reused and chooses the others afresh
-    (``MixedKind.prepare``)."""
+    claim.  Each part's choices are kept apart (``kept``): a later mixed query of the same
+    analyst with the same part (an identical query, say) reuses them when they may be reused,
+    and a part without reusable choices chooses afresh (``MixedKind.prepare``)."""
 
     quantile: ChoiceStep | None
     analytic: ChoiceStep | None
@@ -213,13 +214,13 @@ class MixedKind:
         kind = self._join if query.analytic.join is not None else self._single
         analytic = kind.prepare(query.analytic, analyst, split.analytic_epsilon,
                                 split.analytic_delta)
-        # Each part's choices of an identical earlier mixed query (the same part SQL, share
-        # of epsilon, delta and blocks: the part's key), paid for by it and reusable (not
-        # dominated by noise; ``privacy.choice_reuse_seconds``): DP outputs released to this
-        # analyst's own query, so reusing them is post-processing.  The part is then prepared
-        # as its own identical query would be with them: none of its share goes to choosing
-        # (the report's "reused" step), all of it to its measurements, so the parts still add
-        # up to epsilon.  Per analyst, as every reuse (budget.answers).
+        # Each part's choices of an earlier mixed query with this same part (the same part
+        # SQL, share of epsilon, delta and blocks: the part's key), paid for by it and
+        # reusable (not dominated by noise; ``privacy.choice_reuse_seconds``): DP outputs
+        # released to this analyst's own query, so reusing them is post-processing.  The part
+        # is then prepared as its own identical query would be with them: none of its share
+        # goes to choosing (the report's "reused" step), all of it to its measurements, so
+        # the parts still add up to epsilon.  Per analyst, as every reuse (budget.answers).
         choices = self.services.choices
         if quantile.selection is not None:
             earlier = choices.get(analyst, part_key("quantile", quantile.selection.key))
