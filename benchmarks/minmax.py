@@ -1,6 +1,7 @@
 """MIN / MAX questions with the default policy (issue 23): DP / raw time before and after a
-mixed query (quantiles next to COUNT/SUM/AVG) reuses its parts' private choices, side by side
-in one run, with where the time goes.
+mixed query (quantiles next to COUNT/SUM/AVG) reuses its parts' private choices, and after the
+proxy's finish over the released values became one statement, side by side in one run, with
+where the time goes.
 
     python -m benchmarks.minmax [--rows 1000000] [--repeat 7] [--postgres URL]
                                 [--database NAME] [--skip-postgres] [--skip-duckdb]
@@ -10,18 +11,21 @@ The questions: the held-out corpus's MIN/MAX ones (``benchmarks.corpus.HELDOUT``
 distance", "per city: average and max", "count, average, min, max of one city") and the
 corpus's "MIN and MAX, filtered".  Per backend, one engine on the demo's policy
 (``corpus.open_engine``: the default policy, a budget no run exhausts) and rounds alternating
-the raw query, DP *before* and DP *after* (the two DP variants in alternating order), at the
-policy's default epsilon; medians.
+the raw query and the three DP variants (in rotating order), at the policy's default epsilon;
+medians.
 
-*Before* is the behaviour before the change, in the same engine: a mixed query never finds its
-parts' choices (``Engine.choices.get`` answers nothing for ``kinds.mixed.part_key`` keys), so it
-makes them again on every run, as the code did (its choices were kept under a key nothing
-looked up); a query of one kind reuses its choices either way.  *After*: each part of a mixed
-query reuses its choices when they may be reused (kept by an earlier run of either variant
-within ``privacy.choice_reuse_seconds``) and chooses afresh otherwise.  The phases are
+The variants, in the same engine (:class:`Variant`): *before*, the behaviour before both
+changes: a mixed query never finds its parts' choices (``Engine.choices.get`` answers nothing
+for ``kinds.mixed.part_key`` keys), so it makes them again on every run, as the code did (its
+choices were kept under a key nothing looked up), and every finish fills its scratch table
+first (``kinds.quantile.finish_rows`` with no rows sent as one statement); *reuse*: each part
+of a mixed query reuses its choices when they may be reused (kept by an earlier run of any
+variant within ``privacy.choice_reuse_seconds``), a part without reusable choices choosing
+afresh; *after*: that, and finishes of up to ``FINISH_VALUES_ROWS`` rows sent as one
+statement.  A query of one kind reuses its choices in every variant.  The phases are
 ``benchmarks.phases``': choices (their statements in parentheses), the answer statements, the
-proxy's rest (the draws, the finishes, the rules).  Shared 2-core machine: read the ratios; the
-load average is in the results.
+proxy's rest (the draws, the finishes, the rules).  Shared 2-core machine: read the ratios;
+the load average is in the results.
 """
 
 from __future__ import annotations
@@ -45,12 +49,13 @@ from benchmarks import corpus  # noqa: E402
 from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
+from chorus_py.kinds import quantile  # noqa: E402
 
 #: (set, name) of the questions measured.
 QUESTIONS = (("heldout", "max distance"), ("heldout", "per city: average and max"),
              ("heldout", "count, average, min, max of one city"),
              ("corpus", "MIN and MAX, filtered"))
-VARIANTS = ("before", "after")
+VARIANTS = ("before", "reuse", "after")
 
 
 def sql_of(questions: str, name: str) -> str:
@@ -59,13 +64,15 @@ def sql_of(questions: str, name: str) -> str:
     return query.sql
 
 
-class Before:
-    """Switches ``engine`` to the behaviour before the change: the choices of a mixed query's
-    parts are never found (module docstring)."""
+class Variant:
+    """Switches ``engine`` to a variant of the module docstring for the calls inside the
+    block: "before" finds no mixed part's choices, "before" and "reuse" send no finish as one
+    statement, "after" is the code as it is."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.choices = engine.choices
+    def __init__(self, engine: Engine, variant: str) -> None:
+        self.choices, self.variant = engine.choices, variant
         self.get = engine.choices.get
+        self.values_rows = quantile.FINISH_VALUES_ROWS
 
     def __enter__(self) -> None:
         real = self.get
@@ -75,10 +82,14 @@ class Before:
                 return None
             return real(analyst, key)
 
-        self.choices.get = get  # type: ignore[method-assign]
+        if self.variant == "before":
+            self.choices.get = get  # type: ignore[method-assign]
+        if self.variant != "after":
+            quantile.FINISH_VALUES_ROWS = 0
 
     def __exit__(self, *exc: object) -> None:
         self.choices.get = self.get  # type: ignore[method-assign]
+        quantile.FINISH_VALUES_ROWS = self.values_rows
 
 
 def bench(engine: Engine, recorder: Recorder, repeat: int
@@ -89,24 +100,21 @@ def bench(engine: Engine, recorder: Recorder, repeat: int
     for questions, name in QUESTIONS:
         sql = sql_of(questions, name)
         engine.backend.run(sql)
-        with Before(engine):
-            engine.execute(sql, remaining=False)
-        engine.execute(sql, remaining=False)
+        for variant in VARIANTS:
+            with Variant(engine, variant):
+                engine.execute(sql, remaining=False)
         raw: list[float] = []
         runs: dict[str, list[Phases]] = {v: [] for v in VARIANTS}
         for done in range(repeat):
             raw.append(timed(engine.backend.run, sql))
-            for variant in VARIANTS if done % 2 == 0 else VARIANTS[::-1]:
-                with recorder.measure() as phases:
-                    if variant == "before":
-                        with Before(engine):
-                            engine.execute(sql, remaining=False)
-                    else:
-                        engine.execute(sql, remaining=False)
+            shift = done % len(VARIANTS)
+            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                with Variant(engine, variant), recorder.measure() as phases:
+                    engine.execute(sql, remaining=False)
                 runs[variant].append(phases)
         out[name] = (raw, runs)
-        print(f"{name}: raw {ms(raw):.1f} ms, before {ms([p.total for p in runs['before']]):.1f}"
-              f", after {ms([p.total for p in runs['after']]):.1f}", file=sys.stderr)
+        print(f"{name}: raw {ms(raw):.1f} ms, " + ", ".join(
+            f"{v} {ms([p.total for p in runs[v]]):.1f}" for v in VARIANTS), file=sys.stderr)
     return out
 
 
@@ -116,23 +124,20 @@ def ms(values: list[float]) -> float:
 
 def rows(label: str, results: dict[str, tuple[list[float], dict[str, list[Phases]]]]
          ) -> list[str]:
-    """The table's rows of one backend."""
+    """The table's rows of one backend: per question, each variant's value, "->" between."""
     lines = []
     for name, (raw, runs) in results.items():
-        b, a = runs["before"], runs["after"]
         raw_ms = ms(raw)
 
-        def part(runs: list[Phases], what: str) -> float:
-            return ms([getattr(p, what) for p in runs])
+        def part(what: str, runs: dict[str, list[Phases]] = runs) -> str:
+            return " -> ".join(f"{ms([getattr(p, what) for p in runs[v]]):.1f}"
+                               for v in VARIANTS)
 
-        lines.append(
-            f"| {label} | {name} | {raw_ms:.1f} | {part(b, 'total'):.1f} -> "
-            f"{part(a, 'total'):.1f} | {part(b, 'total') / raw_ms:.2f} -> "
-            f"**{part(a, 'total') / raw_ms:.2f}** | {part(b, 'choices'):.1f} "
-            f"({part(b, 'histograms'):.1f}), {sum(p.chose for p in b)}/{len(b)} -> "
-            f"{part(a, 'choices'):.1f} ({part(a, 'histograms'):.1f}), "
-            f"{sum(p.chose for p in a)}/{len(a)} | {part(b, 'answer'):.1f} / "
-            f"{part(a, 'answer'):.1f} | {part(b, 'proxy'):.1f} / {part(a, 'proxy'):.1f} |")
+        ratios = " -> ".join(f"{ms([p.total for p in runs[v]]) / raw_ms:.2f}" for v in VARIANTS)
+        chose = " -> ".join(f"{sum(p.chose for p in runs[v])}/{len(runs[v])}" for v in VARIANTS)
+        lines.append(f"| {label} | {name} | {raw_ms:.1f} | {part('total')} | {ratios} | "
+                     f"{part('choices')} ({part('histograms')}); {chose} | {part('answer')} | "
+                     f"{part('proxy')} |")
     return lines
 
 
@@ -150,9 +155,9 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     started = datetime.now(UTC)
     work = Path(tempfile.mkdtemp(prefix="chorus-minmax-"))
-    lines = ["| backend | question | raw ms | DP ms (before -> after) | DP / raw | choices ms "
-             "(statements ms), runs that chose | answer ms (before / after) | proxy rest ms "
-             "(before / after) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| backend | question | raw ms | DP ms (before -> reuse -> after) | DP / raw | "
+             "choices ms (their statements ms); runs that chose | answer ms | proxy rest ms |",
+             "|---|---|---|---|---|---|---|---|"]
     try:
         for label, skip in (("Postgres", args.skip_postgres), ("DuckDB", args.skip_duckdb)):
             if skip:
@@ -171,12 +176,12 @@ def main() -> None:
             load.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = ("## MIN / MAX with the default policy: mixed queries reuse their parts' choices "
-            "(issue 23)\n\n"
+    text = ("## MIN / MAX with the default policy: mixed queries reuse their parts' choices, "
+            "finishes in one statement (issue 23)\n\n"
             f"`python -m benchmarks.minmax --rows {args.rows} --repeat {args.repeat}` on "
-            f"{started:%Y-%m-%d %H:%M} UTC: medians of {args.repeat} rounds (raw, then DP "
-            "before and after in alternating order) at the default epsilon, 1 engine per "
-            f"backend; load average {' -> '.join(f'{x:.1f}' for x in load)} (start, after "
+            f"{started:%Y-%m-%d %H:%M} UTC: medians of {args.repeat} rounds (raw, then the DP "
+            "variants before, reuse, after in rotating order) at the default epsilon, 1 engine "
+            f"per backend; load average {' -> '.join(f'{x:.1f}' for x in load)} (start, after "
             "each backend) on the shared 2-core machine.\n\n" + "\n".join(lines))
     write_section("minmax", text, args.out)
     print(text)

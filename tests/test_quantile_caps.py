@@ -381,11 +381,14 @@ def test_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> None:
 
 
 def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> None:
-    """MIN and MAX next to a COUNT and an AVG: an identical query of the same analyst after an
-    answered one reuses both parts' choices (``kinds.mixed``): it runs no choice histogram,
-    every step is "reused" and free, the measurements' epsilons add up to the whole charge,
-    the caps and bounds are the first query's; another analyst chooses afresh."""
-    # A large epsilon: the first query's choices are then never dominated by noise (kept).
+    """MIN and MAX next to a COUNT and an AVG (``kinds.mixed``): each part keeps its choices
+    apart when they may be reused (the quantile part's cap always is here; the aggregates'
+    cap and bounds unless their histograms were dominated by noise), and an identical query
+    of the same analyst reuses exactly the kept ones: those steps are "reused" and free, the
+    others chosen afresh from their part's share; the measurements and the steps add up to
+    the whole charge; the caps and bounds reused are the first query's; another analyst
+    chooses afresh.  Then the aggregates' choices dropped (as when dominated by noise): the
+    quantile part still reuses its own."""
     epsilon = 20.0
     engine = scratch("qskew", CREATE, POLICY.replace("{contribution}", "auto")
                      + "\n[analysts.bob]\n")
@@ -393,46 +396,41 @@ def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> No
     first = engine.execute(sql, epsilon=epsilon, **ALICE)
     chosen = first.report.contribution
     assert chosen is not None and chosen.epsilon > 0
-    assert engine.choices._items  # kept: the first query's choices were reusable
-    sent: list[str] = []
-    real = engine.backend.run
-
-    def run(statement: str) -> Any:
-        sent.append(statement)
-        return real(statement)
-
-    engine.backend.run = run  # type: ignore[method-assign]
-    second = engine.execute(sql, epsilon=epsilon, **ALICE)
-    engine.backend.run = real  # type: ignore[method-assign]
-    contribution = second.report.contribution
-    assert contribution is not None and contribution.epsilon == 0.0
-    assert {s.mechanism for s in contribution.steps} == {"reused"}
-    caps = re.compile(r"(quantiles|aggregates): cap (\d+)")
-    assert caps.findall(contribution.note) == caps.findall(chosen.note)  # both parts' caps
-    assert len(caps.findall(chosen.note)) == 2 and contribution.cap == chosen.cap
-    # ... and the AVG's clipping bounds: its sum's sensitivity is the first query's.
-    assert [m.sensitivity for m in second.report.measurements] == \
-        [m.sensitivity for m in first.report.measurements]
-    assert len(contribution.steps) == len(chosen.steps)
-    # No choice histogram (counts per unit) was sent: only the answer's statements.
-    assert not any("GROUP BY" in s and "unit_id" in s.split("GROUP BY")[-1] for s in sent)
-    assert _spent(second) == pytest.approx(epsilon)  # the whole epsilon on the measurements
-    assert _consumed(engine) == pytest.approx(2 * epsilon)
+    kept = {key[1][1] for key in engine.choices._items if key[1][:1] == ("mixed",)}
+    assert "quantile" in kept  # a cap with no groups bound is always reusable
+    aggregates = chosen.epsilon - _quantile_share(chosen)  # their steps' share
+    _reuses_what_was_kept(engine.execute(sql, epsilon=epsilon, **ALICE), first, kept,
+                          epsilon, aggregates)
+    for key in [k for k in engine.choices._items if k[1][:2] == ("mixed", "analytic")]:
+        del engine.choices._items[key]
+    _reuses_what_was_kept(engine.execute(sql, epsilon=epsilon, **ALICE), first, {"quantile"},
+                          epsilon, aggregates)
+    assert _consumed(engine) == pytest.approx(3 * epsilon)
     other = engine.explain(sql, epsilon=epsilon, analyst="bob").contribution
     assert other is not None and other.epsilon > 0
     assert "reused" not in {s.mechanism for s in other.steps}
-    # One part's choices not kept (as when its histograms were dominated by noise): the
-    # other part's are still reused, that part chooses afresh from its own share.
-    (aggregates,) = [k for k in engine.choices._items if k[1][:2] == ("mixed", "analytic")]
-    del engine.choices._items[aggregates]
-    answered = engine.execute(sql, epsilon=epsilon, **ALICE)
-    third = answered.report.contribution
-    assert third is not None
-    assert _spent(answered) + third.epsilon == pytest.approx(epsilon)  # the parts add up
-    mechanisms = {s.target.split(":")[0]: s.mechanism for s in third.steps}
-    assert mechanisms["quantiles"] == "reused" and mechanisms["aggregates"] != "reused"
-    assert third.epsilon == pytest.approx(chosen.epsilon - _quantile_share(chosen))
-    assert _consumed(engine) == pytest.approx(3 * epsilon)
+
+
+def _reuses_what_was_kept(answered: Any, first: Any, kept: set[str], epsilon: float,
+                          aggregates: float) -> None:
+    """Each step of ``answered`` (a mixed query) is "reused" at epsilon 0 exactly when its
+    part's choices were ``kept``, else chosen afresh at the part's share (``aggregates`` for
+    the aggregates' steps: the quantile part is always kept here); the steps and the
+    measurements add up to ``epsilon``; the reused caps (and bounds) are ``first``'s."""
+    contribution, chosen = answered.report.contribution, first.report.contribution
+    assert contribution is not None
+    for step in contribution.steps:
+        part = "quantile" if step.target.startswith("quantiles:") else "analytic"
+        assert (step.mechanism == "reused") == (part in kept), step
+        assert (step.epsilon == 0.0) == (part in kept), step
+    assert contribution.epsilon == pytest.approx(0.0 if "analytic" in kept else aggregates)
+    assert _spent(answered) + contribution.epsilon == pytest.approx(epsilon)
+    caps = re.compile(r"quantiles: cap (\d+)")
+    assert caps.findall(contribution.note) == caps.findall(chosen.note)
+    if "analytic" in kept:  # the aggregates' cap and the AVG's bounds as first chosen
+        assert contribution.cap == chosen.cap
+        assert [m.sensitivity for m in answered.report.measurements] == \
+            [m.sensitivity for m in first.report.measurements]
 
 
 def _spent(result: Any) -> float:

@@ -49,12 +49,11 @@ from chorus_py.caches import LRU
 from chorus_py.errors import InternalError, NotSupportedError
 from chorus_py.kinds.base import Answer, ChoiceStep, Prepared, Services
 from chorus_py.kinds.join import JoinKind
-from chorus_py.kinds.quantile import QuantileKind, finish_rows, key_columns
+from chorus_py.kinds.quantile import Column, QuantileKind, finish_rows, key_columns, noisy_table
 from chorus_py.kinds.single import SingleTableKind
 from chorus_py.report import ColumnReport, ContributionReport, PrivacyReport
 from chorus_py.statements import QueryRun, Statements
 from mechanisms.intervals import Interval, NoInterval
-from rewriters.pipeline import NOISY
 
 
 @dataclass(frozen=True)
@@ -150,14 +149,14 @@ class PartSelections:
 
 @dataclass(frozen=True)
 class MixedDetail:
-    """The kind's state of a prepared mixed query (``Prepared.detail``); ``create`` makes the
-    finish's scratch table of released values."""
+    """The kind's state of a prepared mixed query (``Prepared.detail``); ``columns``: the
+    finish's scratch columns of released values."""
 
     query: MixedQuery
     split: EpsilonSplit
     quantile: Prepared
     analytic: Prepared
-    create: str
+    columns: tuple[Column, ...]
 
 
 class MixedKind:
@@ -235,12 +234,13 @@ class MixedKind:
                                                 earlier)
         if quantile.finish is not None:  # the engine plans one finish: the others here
             self.services.statements.check_scratch_plan(*quantile.finish)
-        create = _create(query, quantile)
-        self.services.statements.check_scratch_plan(create, query.split.finish)
-        return self._combine(query, split, quantile, analytic, epsilon, create)
+        columns = _columns(query, quantile)
+        self.services.statements.check_scratch_plan(noisy_table(columns), query.split.finish)
+        return self._combine(query, split, quantile, analytic, epsilon, columns)
 
     def _combine(self, query: MixedQuery, split: EpsilonSplit, quantile: Prepared,
-                 analytic: Prepared, epsilon: float, create: str) -> Prepared:
+                 analytic: Prepared, epsilon: float, columns: tuple[Column, ...]
+                 ) -> Prepared:
         if quantile.blocks != analytic.blocks:  # the same WHERE: the same blocks
             raise InternalError("the parts of a query that mixes quantiles with other "
                                 "aggregates read different blocks; nothing was charged",
@@ -255,10 +255,10 @@ class MixedKind:
             selection = PartSelections(q_step, a_step, lambda chosen: self._combine(
                 query, split,
                 quantile if q_step is None else q_step.apply(chosen.quantile),
-                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon, create))
+                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon, columns))
         return Prepared(
             report, analytic.blocks, (*quantile.events, *analytic.events),
-            MixedDetail(query, split, quantile, analytic, create),
+            MixedDetail(query, split, quantile, analytic, columns),
             statements=(*quantile.statements, *analytic.statements), finish=analytic.finish,
             answer_key=("mixed", query.split.sql, epsilon, report.delta, report.blocks),
             selection=selection)
@@ -273,15 +273,14 @@ class MixedKind:
         return _merge(detail, quantiles, analytic, self.services.statements.scratch())
 
 
-def _create(query: MixedQuery, quantile: Prepared) -> str:
-    """The finish's table: the keys typed as the quantile part types them, each quantile a
+def _columns(query: MixedQuery, quantile: Prepared) -> tuple[Column, ...]:
+    """The finish's columns: the keys typed as the quantile part types them, each quantile a
     DOUBLE, each other aggregate a BIGINT (a count) or a DOUBLE, the merged row's index."""
     split = query.split
     keys = key_columns(quantile.detail.analysis.query, quantile.detail.key_types)
-    columns = [*keys, *(f"q{i} DOUBLE" for i in range(len(split.quantiles))),
-               *(f"a{j} {'BIGINT' if count else 'DOUBLE'}"
-                 for j, count in enumerate(split.counts)), f"{ROW} BIGINT"]
-    return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
+    return (*keys, *((f"q{i}", "DOUBLE") for i in range(len(split.quantiles))),
+            *((f"a{j}", "BIGINT" if count else "DOUBLE") for j, count in enumerate(split.counts)),
+            (ROW, "BIGINT"))
 
 
 def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
@@ -375,7 +374,7 @@ def _merge(detail: MixedDetail, quantiles: Answer, analytic: Answer, con: Any) -
         rows.append((*keys,
                      *(q_rows[q][n_keys:] if q is not None else (None,) * n_q),
                      *(a_rows[a][n_keys:] if a is not None else (None,) * n_a), r))
-    finished = finish_rows(con, detail.create, split.finish, rows)
+    finished = finish_rows(con, detail.columns, split.finish, rows)
     result = ResultSet(finished.columns[:-1], finished.types[:-1],
                        [row[:-1] for row in finished.rows])
     bars = _MergedBars(split, quantiles, analytic,
