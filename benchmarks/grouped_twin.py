@@ -8,7 +8,7 @@ benchmarks/RESULTS.md.
 Keys released by a threshold (no public list of drivers) bound each rider to g groups: over the
 whole copy, the light and middle riders read the grouped twin's stored group ranks by a plain
 scan (``rewriters.grouped_copy``) instead of two windows per query.  Per backend, the demo at
-``--rows`` trips and one engine on its default policy (``benchmarks.corpus.open_engine``); per
+``--rows`` trips and one engine on its default policy (``benchmarks.demo_data.open_engine``); per
 query, a first run of each path (the choices, reused after; the twin's build, timed apart),
 then ``--repeat`` rounds alternating the analyst's SQL straight to the database (raw),
 ``Engine.execute`` reading the twin (the default) and ``Engine.execute`` with
@@ -29,16 +29,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.corpus import open_engine  # noqa: E402
+from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
 from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
-from benchmarks.unit_order import drop_database  # noqa: E402
-from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 
 QUERIES = {
@@ -108,33 +104,17 @@ def report(results: dict[str, dict[str, tuple[float, float, float, float]]],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
-                        help="an admin URL; the database --database is created next to it "
-                             "and dropped at the end")
-    parser.add_argument("--database", default="grouped_twin_bench")
-    parser.add_argument("--skip-postgres", action="store_true")
-    parser.add_argument("--skip-duckdb", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    demo_options(parser, "grouped_twin_bench")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chorus-grouped-twin-"))
     results: dict[str, dict[str, tuple[float, float, float, float]]] = {}
-    base = args.postgres.rsplit("/", 1)[0]
     try:
         for label, skip in (("DuckDB", args.skip_duckdb), ("Postgres", args.skip_postgres)):
             if skip:
                 continue
-            if label == "Postgres":
-                drop_database(args)
-                with psycopg.connect(args.postgres, autocommit=True) as con:
-                    con.execute(f"CREATE DATABASE {args.database}")
-                policy = generate_demo(work / "pg", backend_url=f"{base}/{args.database}",
-                                       rows=args.rows)
-            else:
-                policy = generate_demo(work / "duckdb", rows=args.rows)
-            engine = open_engine(policy)
+            engine = open_engine(demo_on(label, work, args))
             try:
                 results[label] = bench(engine, args.repeat)
             finally:

@@ -278,9 +278,9 @@ class Engine:
         result = answer.result
         # Choices made on the data are kept for reuse only now: the query that paid for them
         # succeeded and its claim stays consumed (never after a failure, which may refund).
-        if selection is not None and chosen is not None and claim is not None \
-                and chosen.reusable:
-            self.choices.put(analyst, selection.key, chosen)
+        if selection is not None and chosen is not None and claim is not None:
+            for reuse_key, kept in selection.kept(chosen):
+                self.choices.put(analyst, reuse_key, kept)
         report = prepared.report
         if kind.charges:
             report = dataclasses.replace(

@@ -16,8 +16,15 @@ from hypothesis import strategies as st
 from sqlglot import parse_one
 
 from analyses.query import AggregateQuery, GroupKey
-from chorus_py.backends import Backend, StatementFailed, open_backend
-from chorus_py.kinds.quantile import BINS, _cells, _index_cells, _public_groups, finish_rows
+from chorus_py.backends import Backend, StatementFailed, open_backend, portable_type
+from chorus_py.kinds.quantile import (
+    BINS,
+    _cells,
+    _index_cells,
+    _public_groups,
+    finish_rows,
+    noisy_table,
+)
 from chorus_py.policy import TablePolicy
 
 _POLICY = TablePolicy(privacy_unit="u", max_rows_per_unit=2,
@@ -138,29 +145,36 @@ def test_every_cell_of_a_small_grid_is_where_the_rows_put_it() -> None:
     assert cells.sum() == len(pairs)
 
 
-@pytest.mark.parametrize("n", [0, 1, 5, 500, 1201])
-def test_finish_rows_inserts_what_one_insert_per_row_would(n: int) -> None:
-    """The finish's table filled by multi-row INSERTs (500 rows each) holds what one INSERT
-    per row gave: each value cast to its column's type (an int into VARCHAR, a date, NULLs,
-    non-finite doubles)."""
+@pytest.mark.parametrize("with_clause", [False, True])
+@pytest.mark.parametrize("n", [0, 1, 5, 8, 9, 500, 1201])
+def test_finish_rows_inserts_what_one_insert_per_row_would(n: int, with_clause: bool) -> None:
+    """The finish over the released values, whether sent as one statement (up to 8 rows: a
+    VALUES list of cast parameters in a WITH; not when the finish has a WITH of its own) or
+    over the table filled by multi-row INSERTs (500 rows each), reads what one INSERT per row
+    gave: each value cast to its column's type (an int into VARCHAR, a date, NULLs,
+    non-finite doubles), the same result types."""
     import datetime
 
     import duckdb
 
-    create = ("CREATE TEMP TABLE chorus_noisy (k0 VARCHAR, k1 DATE, q0 DOUBLE, q1 BIGINT, "
-              "i BIGINT)")
+    columns = [("k0", "VARCHAR"), ("k1", "DATE"), ("q0", "DOUBLE"), ("q1", "BIGINT"),
+               ("i", "BIGINT")]
     specials = [float("inf"), -1e308, 0.5]
     rows = [(i if i % 3 else f"s{i}", None if i % 7 == 0 else datetime.date(2026, 1, 1 + i % 28),
              specials[i % 3], None if i % 5 == 0 else i * 2, i) for i in range(n)]
     finish = "SELECT * FROM chorus_noisy ORDER BY i"
+    if with_clause:
+        finish = "WITH w AS (SELECT 1 AS one) SELECT n.* FROM chorus_noisy AS n, w ORDER BY i"
     base = duckdb.connect(":memory:")
     try:
-        found = finish_rows(base.cursor(), create, finish, rows)
+        found = finish_rows(base.cursor(), columns, finish, rows)
         reference = base.cursor()
-        reference.execute(create)
+        reference.execute(noisy_table(columns))
         if rows:
             reference.executemany("INSERT INTO chorus_noisy VALUES (?, ?, ?, ?, ?)", rows)
-        assert found.rows == reference.execute(finish).fetchall()
+        expected = reference.execute(finish)
+        assert found.types == tuple(portable_type(str(d[1])) for d in expected.description)
+        assert found.rows == expected.fetchall()
         assert len(found.rows) == n
         reference.close()
     finally:

@@ -7,6 +7,7 @@ refusals free, and the selection charged even when the answer fails after it."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -377,3 +378,70 @@ def test_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> None:
     assert report.measurements[0].mechanism["epsilon"] == pytest.approx(2.0)
     assert report.measurements[0].sensitivity == pytest.approx(
         0.5 * first.report.contribution.cap)  # type: ignore[union-attr, operator]
+
+
+def test_mixed_choices_are_reused_for_free(scratch: Callable[..., Engine]) -> None:
+    """MIN and MAX next to a COUNT and an AVG (``kinds.mixed``): each part keeps its choices
+    apart when they may be reused (the quantile part's cap always is here; the aggregates'
+    cap and bounds unless their histograms were dominated by noise), and an identical query
+    of the same analyst reuses exactly the kept ones: those steps are "reused" and free, the
+    others chosen afresh from their part's share; the measurements and the steps add up to
+    the whole charge; the caps and bounds reused are the first query's; another analyst
+    chooses afresh.  Then the aggregates' choices dropped (as when dominated by noise): the
+    quantile part still reuses its own."""
+    epsilon = 20.0
+    engine = scratch("qskew", CREATE, POLICY.replace("{contribution}", "auto")
+                     + "\n[analysts.bob]\n")
+    sql = "SELECT COUNT(*), AVG(v), MIN(v), MAX(v) FROM qskew WHERE g = 'a'"
+    first = engine.execute(sql, epsilon=epsilon, **ALICE)
+    chosen = first.report.contribution
+    assert chosen is not None and chosen.epsilon > 0
+    kept = {key[1][1] for key in engine.choices._items if key[1][:1] == ("mixed",)}
+    assert "quantile" in kept  # a cap with no groups bound is always reusable
+    aggregates = chosen.epsilon - _quantile_share(chosen)  # their steps' share
+    _reuses_what_was_kept(engine.execute(sql, epsilon=epsilon, **ALICE), first, kept,
+                          epsilon, aggregates)
+    for key in [k for k in engine.choices._items if k[1][:2] == ("mixed", "analytic")]:
+        del engine.choices._items[key]
+    _reuses_what_was_kept(engine.execute(sql, epsilon=epsilon, **ALICE), first, {"quantile"},
+                          epsilon, aggregates)
+    assert _consumed(engine) == pytest.approx(3 * epsilon)
+    other = engine.explain(sql, epsilon=epsilon, analyst="bob").contribution
+    assert other is not None and other.epsilon > 0
+    assert "reused" not in {s.mechanism for s in other.steps}
+
+
+def _reuses_what_was_kept(answered: Any, first: Any, kept: set[str], epsilon: float,
+                          aggregates: float) -> None:
+    """Each step of ``answered`` (a mixed query) is "reused" at epsilon 0 exactly when its
+    part's choices were ``kept``, else chosen afresh at the part's share (``aggregates`` for
+    the aggregates' steps: the quantile part is always kept here); the steps and the
+    measurements add up to ``epsilon``; the reused caps (and bounds) are ``first``'s."""
+    contribution, chosen = answered.report.contribution, first.report.contribution
+    assert contribution is not None
+    for step in contribution.steps:
+        part = "quantile" if step.target.startswith("quantiles:") else "analytic"
+        assert (step.mechanism == "reused") == (part in kept), step
+        assert (step.epsilon == 0.0) == (part in kept), step
+    assert contribution.epsilon == pytest.approx(0.0 if "analytic" in kept else aggregates)
+    assert _spent(answered) + contribution.epsilon == pytest.approx(epsilon)
+    caps = re.compile(r"quantiles: cap (\d+)")
+    assert caps.findall(contribution.note) == caps.findall(chosen.note)
+    if "analytic" in kept:  # the aggregates' cap and the AVG's bounds as first chosen
+        assert contribution.cap == chosen.cap
+        assert [m.sensitivity for m in answered.report.measurements] == \
+            [m.sensitivity for m in first.report.measurements]
+
+
+def _spent(result: Any) -> float:
+    """The epsilon of a result's measurements, a joint MIN/MAX draw once."""
+    spent = {}
+    for m in result.report.measurements:
+        joint = m.mechanism.get("quantiles")
+        spent[tuple(joint) if joint else m.id] = m.mechanism["epsilon"]
+    return sum(spent.values())
+
+
+def _quantile_share(contribution: Any) -> float:
+    """The epsilon of a mixed query's quantile part's choice steps."""
+    return sum(s.epsilon for s in contribution.steps if s.target.startswith("quantiles:"))

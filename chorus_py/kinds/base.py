@@ -70,10 +70,16 @@ class ChoiceStep(Protocol):
     :class:`~chorus_py.kinds.quantile_selection.QuantileSelection`, or both parts' of a mixed
     query.  ``choose`` runs its noisy histograms (paid for by the claim) and returns the
     choices (with a ``reusable`` flag); ``apply`` gives the query prepared with them; ``key``:
-    under which an identical query may reuse them."""
+    under which an identical query may reuse them; ``kept``: what of them the engine keeps
+    for reuse once the query succeeded."""
 
     @property
     def key(self) -> tuple[object, ...]: ...
+
+    def kept(self, chosen: Any) -> tuple[tuple[tuple[object, ...], Any], ...]:
+        """(key, choices) pairs an identical later query may reuse (none when the choices
+        are not reusable: dominated by noise)."""
+        ...
 
     @property
     def apply(self) -> Callable[[Any], Any]: ...

@@ -49,12 +49,11 @@ from chorus_py.caches import LRU
 from chorus_py.errors import InternalError, NotSupportedError
 from chorus_py.kinds.base import Answer, ChoiceStep, Prepared, Services
 from chorus_py.kinds.join import JoinKind
-from chorus_py.kinds.quantile import QuantileKind, finish_rows, key_columns
+from chorus_py.kinds.quantile import Column, QuantileKind, finish_rows, key_columns, noisy_table
 from chorus_py.kinds.single import SingleTableKind
 from chorus_py.report import ColumnReport, ContributionReport, PrivacyReport
 from chorus_py.statements import QueryRun, Statements
 from mechanisms.intervals import Interval, NoInterval
-from rewriters.pipeline import NOISY
 
 
 @dataclass(frozen=True)
@@ -104,10 +103,13 @@ class PartChoices:
     quantile: Any
     analytic: Any
 
-    @property
-    def reusable(self) -> bool:
-        """Whether every part's choices may be reused (``kinds.selection.Choices``)."""
-        return all(c.reusable for c in (self.quantile, self.analytic) if c is not None)
+
+def part_key(part: str, key: tuple[object, ...]) -> tuple[object, ...]:
+    """Under which a mixed query's ``part`` ("quantile" or "analytic") keeps its choices:
+    the part's own key (the part's SQL shape, its share of epsilon, delta, blocks) tagged as a
+    mixed query's part, so that they are reused only by the same part of a mixed query (the
+    same analyst's: ``budget.answers``), never by a query of one kind."""
+    return ("mixed", part, key)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,9 @@ class PartSelections:
     """Both parts' choices, made one after the other between the claim and the answer: the
     quantile part's row cap (``kinds.quantile_selection``), then the analytic part's cap and
     bounds (``kinds.selection``).  Each is paid for by its part's own share, inside the one
-    claim.  Kept under ``key`` by the engine, but not looked up again: an identical mixed query
-    chooses afresh (each part alone reuses only its own choices)."""
+    claim.  Each part's choices are kept apart (``kept``): a later mixed query of the same
+    analyst with the same part (an identical query, say) reuses them when they may be reused,
+    and a part without reusable choices chooses afresh (``MixedKind.prepare``)."""
 
     quantile: ChoiceStep | None
     analytic: ChoiceStep | None
@@ -128,6 +131,15 @@ class PartSelections:
         return ("mixed", *(None if s is None else s.key for s in (self.quantile,
                                                                    self.analytic)))
 
+    def kept(self, chosen: PartChoices) -> tuple[tuple[tuple[object, ...], Any], ...]:
+        """Each part's choices under :func:`part_key` when they may be reused: a part whose
+        histograms were dominated by noise does not stop the other's reuse."""
+        return tuple((part_key(part, key), choices)
+                     for part, step, choices in (("quantile", self.quantile, chosen.quantile),
+                                                 ("analytic", self.analytic, chosen.analytic))
+                     if step is not None
+                     for key, choices in step.kept(choices))
+
     def choose(self, statements: Statements, run: QueryRun) -> PartChoices:
         """The quantile part's choices, then the analytic part's."""
         return PartChoices(
@@ -137,14 +149,14 @@ class PartSelections:
 
 @dataclass(frozen=True)
 class MixedDetail:
-    """The kind's state of a prepared mixed query (``Prepared.detail``); ``create`` makes the
-    finish's scratch table of released values."""
+    """The kind's state of a prepared mixed query (``Prepared.detail``); ``columns``: the
+    finish's scratch columns of released values."""
 
     query: MixedQuery
     split: EpsilonSplit
     quantile: Prepared
     analytic: Prepared
-    create: str
+    columns: tuple[Column, ...]
 
 
 class MixedKind:
@@ -201,14 +213,34 @@ class MixedKind:
         kind = self._join if query.analytic.join is not None else self._single
         analytic = kind.prepare(query.analytic, analyst, split.analytic_epsilon,
                                 split.analytic_delta)
+        # Each part's choices of an earlier mixed query with this same part (the same part
+        # SQL, share of epsilon, delta and blocks: the part's key), paid for by it and
+        # reusable (not dominated by noise; ``privacy.choice_reuse_seconds``): DP outputs
+        # released to this analyst's own query, so reusing them is post-processing.  The part
+        # is then prepared as its own identical query would be with them: none of its share
+        # goes to choosing (the report's "reused" step), all of it to its measurements, so
+        # the parts still add up to epsilon.  Per analyst, as every reuse (budget.answers).
+        choices = self.services.choices
+        if quantile.selection is not None:
+            earlier = choices.get(analyst, part_key("quantile", quantile.selection.key))
+            if earlier is not None:
+                quantile = self._quantile.prepare(query.quantile, analyst,
+                                                  split.quantile_epsilon, 0.0, earlier)
+        if analytic.selection is not None and kind is self._single:
+            earlier = choices.get(analyst, part_key("analytic", analytic.selection.key))
+            if earlier is not None:
+                analytic = self._single.prepare(query.analytic, analyst,
+                                                split.analytic_epsilon, split.analytic_delta,
+                                                earlier)
         if quantile.finish is not None:  # the engine plans one finish: the others here
             self.services.statements.check_scratch_plan(*quantile.finish)
-        create = _create(query, quantile)
-        self.services.statements.check_scratch_plan(create, query.split.finish)
-        return self._combine(query, split, quantile, analytic, epsilon, create)
+        columns = _columns(query, quantile)
+        self.services.statements.check_scratch_plan(noisy_table(columns), query.split.finish)
+        return self._combine(query, split, quantile, analytic, epsilon, columns)
 
     def _combine(self, query: MixedQuery, split: EpsilonSplit, quantile: Prepared,
-                 analytic: Prepared, epsilon: float, create: str) -> Prepared:
+                 analytic: Prepared, epsilon: float, columns: tuple[Column, ...]
+                 ) -> Prepared:
         if quantile.blocks != analytic.blocks:  # the same WHERE: the same blocks
             raise InternalError("the parts of a query that mixes quantiles with other "
                                 "aggregates read different blocks; nothing was charged",
@@ -223,10 +255,10 @@ class MixedKind:
             selection = PartSelections(q_step, a_step, lambda chosen: self._combine(
                 query, split,
                 quantile if q_step is None else q_step.apply(chosen.quantile),
-                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon, create))
+                analytic if a_step is None else a_step.apply(chosen.analytic), epsilon, columns))
         return Prepared(
             report, analytic.blocks, (*quantile.events, *analytic.events),
-            MixedDetail(query, split, quantile, analytic, create),
+            MixedDetail(query, split, quantile, analytic, columns),
             statements=(*quantile.statements, *analytic.statements), finish=analytic.finish,
             answer_key=("mixed", query.split.sql, epsilon, report.delta, report.blocks),
             selection=selection)
@@ -241,15 +273,14 @@ class MixedKind:
         return _merge(detail, quantiles, analytic, self.services.statements.scratch())
 
 
-def _create(query: MixedQuery, quantile: Prepared) -> str:
-    """The finish's table: the keys typed as the quantile part types them, each quantile a
+def _columns(query: MixedQuery, quantile: Prepared) -> tuple[Column, ...]:
+    """The finish's columns: the keys typed as the quantile part types them, each quantile a
     DOUBLE, each other aggregate a BIGINT (a count) or a DOUBLE, the merged row's index."""
     split = query.split
     keys = key_columns(quantile.detail.analysis.query, quantile.detail.key_types)
-    columns = [*keys, *(f"q{i} DOUBLE" for i in range(len(split.quantiles))),
-               *(f"a{j} {'BIGINT' if count else 'DOUBLE'}"
-                 for j, count in enumerate(split.counts)), f"{ROW} BIGINT"]
-    return f"CREATE TEMP TABLE {NOISY} ({', '.join(columns)})"
+    return (*keys, *((f"q{i}", "DOUBLE") for i in range(len(split.quantiles))),
+            *((f"a{j}", "BIGINT" if count else "DOUBLE") for j, count in enumerate(split.counts)),
+            (ROW, "BIGINT"))
 
 
 def _report(query: MixedQuery, split: EpsilonSplit, quantile: PrivacyReport,
@@ -343,7 +374,7 @@ def _merge(detail: MixedDetail, quantiles: Answer, analytic: Answer, con: Any) -
         rows.append((*keys,
                      *(q_rows[q][n_keys:] if q is not None else (None,) * n_q),
                      *(a_rows[a][n_keys:] if a is not None else (None,) * n_a), r))
-    finished = finish_rows(con, detail.create, split.finish, rows)
+    finished = finish_rows(con, detail.columns, split.finish, rows)
     result = ResultSet(finished.columns[:-1], finished.types[:-1],
                        [row[:-1] for row in finished.rows])
     bars = _MergedBars(split, quantiles, analytic,

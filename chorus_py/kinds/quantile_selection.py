@@ -63,6 +63,10 @@ class QuantileSelection:
     key: tuple[object, ...]
     apply: Callable[[Choices], Any]
 
+    def kept(self, chosen: Choices) -> tuple[tuple[tuple[object, ...], Choices], ...]:
+        """The choices under ``key`` when they may be reused."""
+        return ((self.key, chosen),) if chosen.reusable else ()
+
     def choose(self, statements: Statements, run: QueryRun) -> Choices:
         """Run the noisy histograms, then pick g (thresholded keys) and the cap."""
         query = self.query

@@ -95,6 +95,10 @@ class Selection:
     # their exact result is kept in memory (``Statements.run_stored``), noised afresh.
     stored: frozenset[tuple[str, ...]] = frozenset()
 
+    def kept(self, chosen: Choices) -> tuple[tuple[tuple[object, ...], Choices], ...]:
+        """The choices under ``key`` when they may be reused."""
+        return ((self.key, chosen),) if chosen.reusable else ()
+
     def choose(self, statements: Statements, run: QueryRun) -> Choices:
         """Run the noisy histograms and pick the cap, the bounds and the groups per unit.
 

@@ -70,16 +70,18 @@ class SingleTableKind:
         self._templates: LRU[tuple[object, ...], object] = LRU(1024)
 
     def prepare(self, query: AggregateQuery, analyst: str, epsilon: float,
-                delta: float) -> Prepared:
+                delta: float, earlier: Choices | None = None) -> Prepared:
         """The query prepared for its claim; with choices still to make, at the limit and
         the declared bounds, carrying its :class:`Selection` (or the choices of an identical
-        earlier query, when they may be reused)."""
+        earlier query, when they may be reused: found under the selection's key, or
+        ``earlier``, which a mixed query found under its own key, ``kinds.mixed``)."""
         prepared = self._prepare(query, epsilon, delta)
         if prepared.selection is None:
             return prepared
         # Kept per analyst (budget.answers): "reused" must never tell one analyst that another
         # just ran this query.
-        earlier = self.services.choices.get(analyst, prepared.selection.key)
+        if earlier is None:
+            earlier = self.services.choices.get(analyst, prepared.selection.key)
         if earlier is not None:  # chosen (and paid for) by an identical query: all of epsilon
             return self._prepare(query, epsilon, delta, earlier, reused=True)
         return prepared
