@@ -8,7 +8,9 @@ kept_rank, group_parts): made the same way in each, so here once.
 - :func:`drop_database`: drop that database (at the end of the run, or before remaking it);
 - :func:`open_engine`: an engine on the demo policy with a budget no run exhausts, warmed up as
   ``chorus serve`` starts;
-- :func:`ranked_copy`: the name of a table's ranked copy (not its twin in unit order).
+- :func:`ranked_copy`: the name of a table's ranked copy (not its twin in unit order);
+- :func:`demo_engines`: one warmed-up engine per backend not skipped, each on its own demo,
+  closed (and its database dropped) before the next.
 
 Each takes what it needs from the benchmark's ``argparse`` namespace (``rows``, ``postgres``,
 ``database``); a benchmark keeps its own other options and its database's name.
@@ -17,6 +19,8 @@ Each takes what it needs from the benchmark's ``argparse`` namespace (``rows``, 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg
@@ -80,3 +84,21 @@ def ranked_copy(engine: Engine, table: str) -> str:
     (copy,) = [t for t in engine.backend.owned_tables()
                if t.startswith(f"{table}__ranked_") and not t.endswith(UNIT_ORDER)]
     return copy
+
+
+def demo_engines(args: argparse.Namespace, work: Path,
+                 order: Sequence[str] = ("DuckDB", "Postgres")) -> Iterator[tuple[str, Engine]]:
+    """(label, engine) for each backend of ``order`` that ``args`` does not skip
+    (``--skip-duckdb``, ``--skip-postgres``): the demo made under ``work`` (:func:`demo_on`),
+    the engine opened (:func:`open_engine`) and, after the caller's turn, closed, and the
+    run's Postgres database dropped, even when the caller's turn fails."""
+    skips = {"DuckDB": args.skip_duckdb, "Postgres": args.skip_postgres}
+    for label in order:
+        if skips[label]:
+            continue
+        engine = open_engine(demo_on(label, work, args))
+        with contextlib.ExitStack() as done:
+            if label == "Postgres":
+                done.callback(drop_database, args)
+            done.callback(engine.close)
+            yield label, engine

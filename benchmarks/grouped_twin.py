@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
+from benchmarks.demo_data import demo_engines, demo_options  # noqa: E402
 from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
@@ -111,18 +111,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="chorus-grouped-twin-"))
     results: dict[str, dict[str, tuple[float, float, float, float]]] = {}
     try:
-        for label, skip in (("DuckDB", args.skip_duckdb), ("Postgres", args.skip_postgres)):
-            if skip:
-                continue
-            engine = open_engine(demo_on(label, work, args))
-            try:
-                results[label] = bench(engine, args.repeat)
-            finally:
-                engine.close()
+        for label, engine in demo_engines(args, work):
+            results[label] = bench(engine, args.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if not args.skip_postgres:
-            drop_database(args)
     text = report(results, args, (load_start, os.getloadavg()[0]),
                   f"{datetime.now(UTC):%Y-%m-%d %H:%M}")
     write_section("grouped-twin", text, args.out)

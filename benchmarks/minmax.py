@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import corpus  # noqa: E402
-from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
+from benchmarks.demo_data import demo_engines, demo_options  # noqa: E402
 from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
@@ -155,21 +155,14 @@ def main() -> None:
              "choices ms (their statements ms); runs that chose | answer ms | proxy rest ms |",
              "|---|---|---|---|---|---|---|---|"]
     try:
-        for label, skip in (("Postgres", args.skip_postgres), ("DuckDB", args.skip_duckdb)):
-            if skip:
-                continue
-            began = time.perf_counter()
-            engine = open_engine(demo_on(label, work, args))
+        began = time.perf_counter()
+        for label, engine in demo_engines(args, work, ("Postgres", "DuckDB")):
             print(f"{label}: ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)
             recorder = Recorder()
             recorder.attach(engine)
-            try:
-                lines += rows(label, bench(engine, recorder, args.repeat))
-            finally:
-                engine.close()
-                if label == "Postgres":
-                    drop_database(args)
+            lines += rows(label, bench(engine, recorder, args.repeat))
             load.append(os.getloadavg()[0])
+            began = time.perf_counter()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = ("## MIN / MAX with the default policy: mixed queries reuse their parts' choices, "

@@ -97,6 +97,17 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int,
     """
     if g < 1:
         raise ValueError("g must be >= 1")
+    ranked = group_ranks(rows, unit, keys, draw)
+    return (exp.select("*").from_(ranked.subquery("gb", copy=False), copy=False)
+            .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g), copy=False))
+
+
+def group_ranks(rows: exp.Select, unit: str, keys: Sequence[exp.Expr],
+                draw: exp.Expr | None = None) -> exp.Select:
+    """Every row of ``rows`` with its group's rank among its unit's groups (``group_bound``
+    before its ``<= g``): the keys as ``__chorus_gk<i>``, the draw (fresh RANDOM(), or
+    ``draw``), the group's score (the smallest draw of its rows) and ``__chorus_grank``, the
+    DENSE_RANK of (score, keys) per unit.  ``rows`` is not changed."""
     if not keys:
         raise ValueError("a groups-per-unit bound needs group keys")
     names = [f"{GROUP_KEY}{i}" for i in range(len(keys))]
@@ -111,7 +122,7 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int,
             partition_by=[exp.column(unit, table="r"), *[exp.column(n, table="r") for n in names]],
         ), GROUP_SCORE),
     ).from_(randomised.subquery("r", copy=False), copy=False)
-    ranked = exp.select(
+    return exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("s")),
         exp.alias_(exp.Window(
             this=exp.func("DENSE_RANK"),
@@ -121,8 +132,6 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int,
                                            for n in names]]),
         ), GROUP_RANK),
     ).from_(scored.subquery("s", copy=False), copy=False)
-    return (exp.select("*").from_(ranked.subquery("gb", copy=False), copy=False)
-            .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g), copy=False))
 
 
 def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -> exp.Select:

@@ -11,6 +11,7 @@ So the proxy stores them once per copy and key columns (``chorus_py.stores.sampl
 relation named ``<copy>_g<digest of the key columns>`` with, beside every column of the copy:
 
 - ``__chorus_gk0``, ``__chorus_gk1``, ...: the key columns' values (the ones ranked);
+- ``__chorus_grand``: the row's draw, its stored rank (``rewriters.contribution.group_ranks``);
 - ``__chorus_gscore``: the group's score, MIN(``__chorus_rank``) over the unit's rows in it;
 - ``__chorus_grank``: ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY __chorus_gscore,
   __chorus_gk0, ...)``, the group's rank among the unit's groups (distinct groups, distinct
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from rewriters.contribution import GROUP_KEY, GROUP_RANK, GROUP_SCORE, RANK, UNIT_ROWS
+from rewriters.contribution import GROUP_KEY, GROUP_RANK, RANK, UNIT_ROWS, group_ranks
 
 GROUP_FIRST = "__chorus_gfirst"
 #: The grouped twin of ``<copy>``: ``<copy>_g`` and 8 hex digits naming its key columns.
@@ -56,43 +57,31 @@ def grouped_table(schema: str, copy: str, unit: str, columns: Sequence[str]) -> 
 
     >>> print(grouped_table("p", "trips__ranked_x", "rider_id", ["driver_id"]).sql("duckdb"))
     ... # doctest: +NORMALIZE_WHITESPACE
-    SELECT s.*, DENSE_RANK() OVER (PARTITION BY s.rider_id ORDER BY s.__chorus_gscore,
-    s.__chorus_gk0) AS __chorus_grank, CASE WHEN ROW_NUMBER() OVER (PARTITION BY s.rider_id,
-    s.__chorus_gk0) = 1 THEN 1 ELSE 0 END AS __chorus_gfirst FROM (SELECT r.*,
-    MIN(r.__chorus_rank) OVER (PARTITION BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore
-    FROM (SELECT t.*, t.driver_id AS __chorus_gk0 FROM p.trips__ranked_x AS t) AS r) AS s
+    SELECT gr.*, CASE WHEN ROW_NUMBER() OVER (PARTITION BY gr.rider_id, gr.__chorus_gk0) = 1
+    THEN 1 ELSE 0 END AS __chorus_gfirst FROM (SELECT s.*, DENSE_RANK() OVER (PARTITION BY
+    s.rider_id ORDER BY s.__chorus_gscore, s.__chorus_gk0) AS __chorus_grank FROM (SELECT r.*,
+    MIN(r.__chorus_grand) OVER (PARTITION BY r.rider_id, r.__chorus_gk0) AS __chorus_gscore
+    FROM (SELECT t.*, t.driver_id AS __chorus_gk0, t.__chorus_rank AS __chorus_grand FROM
+    p.trips__ranked_x AS t) AS r) AS s) AS gr
     """
     if not columns:
         raise ValueError("a grouped twin needs key columns")
-    names = [f"{GROUP_KEY}{i}" for i in range(len(columns))]
     source = exp.Table(this=exp.to_identifier(copy), db=exp.to_identifier(schema),
                        alias=exp.TableAlias(this=exp.to_identifier("t")))
-    keyed = exp.select(
-        exp.Column(this=exp.Star(), table=exp.to_identifier("t")),
-        *[exp.alias_(exp.column(c, table="t"), n, copy=False)
-          for c, n in zip(columns, names, strict=True)]).from_(source, copy=False)
-    scored = exp.select(
-        exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
-        exp.alias_(exp.Window(
-            this=exp.Min(this=exp.column(RANK, table="r")),
-            partition_by=[exp.column(unit, table="r"), *[exp.column(n, table="r") for n in names]],
-        ), GROUP_SCORE, copy=False),
-    ).from_(keyed.subquery("r", copy=False), copy=False)
+    rows = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("t"))).from_(
+        source, copy=False)
+    # The middle part's very ranks (ranked_group_parts): the stored rank as each row's draw.
+    ranked = group_ranks(rows, unit, [exp.column(c, table="t") for c in columns],
+                         draw=exp.column(RANK, table="t"))
     first = exp.Window(this=exp.RowNumber(), partition_by=[
-        exp.column(unit, table="s"), *[exp.column(n, table="s") for n in names]])
+        exp.column(unit, table="gr"),
+        *[exp.column(f"{GROUP_KEY}{i}", table="gr") for i in range(len(columns))]])
     return exp.select(
-        exp.Column(this=exp.Star(), table=exp.to_identifier("s")),
-        exp.alias_(exp.Window(
-            this=exp.func("DENSE_RANK"),
-            partition_by=[exp.column(unit, table="s")],
-            order=exp.Order(expressions=[exp.Ordered(this=exp.column(GROUP_SCORE, table="s")),
-                                         *[exp.Ordered(this=exp.column(n, table="s"))
-                                           for n in names]]),
-        ), GROUP_RANK, copy=False),
+        exp.Column(this=exp.Star(), table=exp.to_identifier("gr")),
         exp.alias_(exp.Case(ifs=[exp.If(this=exp.EQ(this=first, expression=exp.Literal.number(1)),
                                         true=exp.Literal.number(1))],
                             default=exp.Literal.number(0)), GROUP_FIRST, copy=False),
-    ).from_(scored.subquery("s", copy=False), copy=False)
+    ).from_(ranked.subquery("gr", copy=False), copy=False)
 
 
 def stored_group_part(rows: exp.Select, alias: str, g: int, k: int) -> exp.Select:

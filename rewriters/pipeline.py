@@ -212,14 +212,15 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         integral = {m.id: m.integral for m in query.measurements}
         integral[THRESHOLD_ID] = True  # COUNT(DISTINCT unit) or COUNT(*)
         parts = []
-        for branch in branches:
+        for i, branch in enumerate(branches):
+            if i == 0 and grouped is not None:  # the stored keys; units counted by marks
+                parts.append(_stored_group_measure(query, branch, columns, measure_ids))
+                continue
             part = exp.select(*[c.copy() for c in columns]).from_(
                 branch.subquery(alias, copy=False), copy=False)
             if query.keys:
                 part = part.group_by(*[safety(k.expr) for k in query.keys], copy=False)
             parts.append(part)
-        if grouped is not None:  # its part groups by the stored keys, counts units by marks
-            parts[0] = _stored_group_measure(query, branches[0], columns, measure_ids)
         measure = combine_branches(parts, [k.id for k in query.keys],
                                    [(mid, integral[mid]) for mid in measure_ids])
     else:

@@ -24,13 +24,11 @@ from analyses.query import AggregateQuery
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
 from chorus_py.kinds.selection import Choices, histogram
-from chorus_py.policy import load_policy
 from chorus_py.stores.samples import MAX_GROUPED_TWINS
 from mechanisms.caps import cap_bins
 from rewriters.grouped_copy import grouped_name
 from rewriters.pipeline import pipeline
-from tests.conftest import table_with_rows
-from tests.test_ranked_groups import POLICY, SIZES
+from tests.test_ranked_groups import SIZES, groups_engine
 
 G, K = 2, 4
 LIMIT = 50  # the policy's max_rows_per_unit: above every unit's rows (no heavy unit)
@@ -50,16 +48,8 @@ def _rows() -> list[tuple[int, int, int | None, float]]:
 @pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def made(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Engine, str]]:
     """An engine over the skewed table (ranked copy built), and the table's name."""
-    columns = "id BIGINT, person BIGINT, grp BIGINT, v DOUBLE PRECISION"
-    with table_with_rows(request, tmp_path, "gtwin", columns, _rows()) as (url, table):
-        path = tmp_path / "policy.toml"
-        path.write_text(POLICY.format(url=url, table=table))
-        engine = Engine(load_policy(path))
-        engine.warm_up(wait=True)
-        try:
-            yield engine, table
-        finally:
-            engine.close()
+    with groups_engine(request, tmp_path, "gtwin", _rows()) as engine:
+        yield engine
 
 
 def _copy(engine: Engine, table: str) -> str:

@@ -12,6 +12,7 @@ its filtered rows, and the kept rows are distributed as the base table's ``group
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,11 +78,14 @@ def _rows() -> list[tuple[int, int, int, float]]:
     return out
 
 
-@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Engine, str]]:
-    """An engine with a built ranked copy of the skewed table, and the table's name."""
+@contextlib.contextmanager
+def groups_engine(request: pytest.FixtureRequest, tmp_path: Path, prefix: str,
+                  rows: list[tuple[int, int, int | None, float]]
+                  ) -> Iterator[tuple[Engine, str]]:
+    """An engine over a table of (id, person, grp, v) ``rows`` on the backend of
+    ``request.param``, with its ranked copy built, and the table's name."""
     columns = "id BIGINT, person BIGINT, grp BIGINT, v DOUBLE PRECISION"
-    with table_with_rows(request, tmp_path, "groups", columns, _rows()) as (url, table):
+    with table_with_rows(request, tmp_path, prefix, columns, rows) as (url, table):
         path = tmp_path / "policy.toml"
         path.write_text(POLICY.format(url=url, table=table))
         made = Engine(load_policy(path))
@@ -90,6 +94,13 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Eng
             yield made, table
         finally:
             made.close()
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Engine, str]]:
+    """An engine with a built ranked copy of the skewed table, and the table's name."""
+    with groups_engine(request, tmp_path, "groups", _rows()) as made:
+        yield made
 
 
 def _query(engine: Engine, sql: str, g: int = G, k: int = K) -> AggregateQuery:

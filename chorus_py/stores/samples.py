@@ -119,7 +119,6 @@ class BoundedSamples:
         self._twins: set[str] = set()  # ranked copies whose unit-ordered twin is there
         # Grouped twins: True when there, a thread while built, a time when a build failed.
         self._grouped: dict[str, bool | threading.Thread | float] = {}
-        self._grouped_built: dict[str, int] = {}  # grouped twins built, by ranked copy
         #: Whether queries may read the twins (benchmarks.unit_order compares both paths).
         self.read_twins = True
         #: Whether queries may read the grouped twins (benchmarks.grouped_twin, likewise).
@@ -216,15 +215,11 @@ class BoundedSamples:
             if isinstance(state, threading.Thread) or (
                     isinstance(state, float) and now - state < self._ttl):
                 return None
-            if state is None and sum(1 for other, known in self._grouped.items()
-                                     if other.startswith(copy) and known is not None
-                                     and not isinstance(known, float)) >= MAX_GROUPED_TWINS:
+            if state is None and self._grouped_of(copy, building=True) >= MAX_GROUPED_TWINS:
                 return None
             if not self._build_ranked_copies:  # a one-shot command: use one if it is there
                 there = name in self._backend.owned_tables()
                 self._grouped[name] = True if there else now
-                if there:
-                    self._grouped_built[copy] = self._grouped_built.get(copy, 0) + 1
                 return name if there else None
             thread = threading.Thread(target=self._build_grouped,
                                       args=(copy, unit, columns, block, name),
@@ -244,7 +239,13 @@ class BoundedSamples:
         """How many grouped twins of the ranked copy ``copy`` queries may read (-1: none may,
         ``read_grouped_twins`` is off): a plan made before one was built is made again."""
         with self._lock:
-            return self._grouped_built.get(copy, 0) if self.read_grouped_twins else -1
+            return self._grouped_of(copy, building=False) if self.read_grouped_twins else -1
+
+    def _grouped_of(self, copy: str, building: bool) -> int:
+        """How many grouped twins of ``copy`` are built (``building``: or being built); the
+        caller holds the lock."""
+        return sum(1 for name, state in self._grouped.items() if name.startswith(copy)
+                   and (state is True or (building and isinstance(state, threading.Thread))))
 
     def _build_grouped(self, copy: str, unit: str, columns: tuple[str, ...],
                        block: str | None, name: str) -> None:
@@ -270,7 +271,6 @@ class BoundedSamples:
             return
         with self._lock:
             self._grouped[name] = True
-            self._grouped_built[copy] = self._grouped_built.get(copy, 0) + 1
         log.info("grouped twin of %s over %s built as %s.%s in %.0f ms", copy,
                  ", ".join(columns), SCHEMA, name, (time.perf_counter() - started) * 1000)
 
