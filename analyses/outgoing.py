@@ -598,9 +598,12 @@ def _names(select: exp.Select) -> list[str] | None:
     return out
 
 
-# The columns a ranked copy adds to its table (``rewriters.contribution.ranked_table``); any
-# other ``__chorus_`` name is the rewriter's own, never a column of a declared table.
+# The columns a ranked copy adds to its table (``rewriters.contribution.ranked_table``; its
+# stored quantile bins ``__chorus_bin<i>``, ``rewriters.bins``: a function of one row's
+# value, which no rule reads); any other ``__chorus_`` name is the rewriter's own, never a
+# column of a declared table.
 _COPY_COLUMNS = frozenset({_UNIT_ROWS, _STORED_RANK, "__chorus_rand"})
+_STORED_BIN = re.compile(r"__chorus_bin\d+")
 
 
 def _origin(name: str, chain: list[exp.Select], level: int) -> tuple[int, exp.Expr] | None:
@@ -630,7 +633,8 @@ def _provides(name: str, chain: list[exp.Select], level: int) -> bool:
     """Whether the source of ``chain[level]`` may carry a column ``name`` (a table: any name
     but the rewriter's own ``__chorus_`` ones)."""
     if level == 0:
-        return not name.startswith("__chorus_") or name in _COPY_COLUMNS
+        return not name.startswith("__chorus_") or name in _COPY_COLUMNS \
+            or _STORED_BIN.fullmatch(name) is not None
     below = chain[level - 1]
     return any(not _is_star(e) and e.alias_or_name == name for e in below.expressions) or (
         any(_is_star(e) for e in below.expressions) and _provides(name, chain, level - 1))

@@ -148,11 +148,13 @@ def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -
     return contribution(rows, unit, k)
 
 
-def ranked_table(table: str, unit: str, where: exp.Expr | None = None) -> exp.Select:
+def ranked_table(table: str, unit: str, where: exp.Expr | None = None,
+                 bins: Sequence[exp.Expr] = ()) -> exp.Select:
     """Every row of ``table`` (those satisfying ``where``, over alias ``t``) with its random rank
     in its unit (``__chorus_rank``, 1..n_u, a uniformly random order independent of the row
     contents) and its unit's row count n_u (``__chorus_unit_rows``), for the proxy to store
-    once per table version (``chorus_py.stores.samples``, ranked copies).
+    once per table version (``chorus_py.stores.samples``, ranked copies); with ``bins``
+    (``rewriters.bins.stored_bin_columns`` over ``t``), each row's quantile bins too.
 
     >>> print(ranked_table("trips", "rider_id").sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
     SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS
@@ -163,7 +165,7 @@ def ranked_table(table: str, unit: str, where: exp.Expr | None = None) -> exp.Se
         exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
     if where is not None:
         rows = rows.where(where, copy=False)
-    randomised = rows.select(exp.alias_(exp.Rand(), RAND), copy=False)
+    randomised = rows.select(*bins, exp.alias_(exp.Rand(), RAND), copy=False)
     partition = [exp.column(unit, table="r")]
     return exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),

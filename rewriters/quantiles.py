@@ -30,6 +30,7 @@ from collections.abc import Collection, Mapping, Sequence
 from sqlglot import exp
 
 from analyses.query import AggregateQuery, OutputColumn
+from rewriters.bins import bin_of
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import (
     contribution,
@@ -48,8 +49,8 @@ from rewriters.safety import safety
 def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, upper: float,
                        bins: int, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
-                       split: bool = False, counted: bool = False, twin: bool = False
-                       ) -> exp.Select:
+                       split: bool = False, counted: bool = False, twin: bool = False,
+                       stored: str | None = None) -> exp.Select:
     """Rows (g0, ..., b, n): per group (index or value) and bin b in [0, bins) of the value clipped to
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
 
@@ -61,7 +62,9 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     ``counted``: the heavy branch numbers its rows by a running count instead of ROW_NUMBER
     (``rewriters.contribution.kept_rank``: the same rows; not with groups per unit).
     ``twin``: the heavy branch reads the copy's twin in unit order (``rewriters.contribution.
-    ranked_branches``: the same rows; not with groups per unit).
+    ranked_branches``: the same rows; not with groups per unit).  ``stored``: the ranked
+    copy's stored bin of ``argument`` (``rewriters.bins.stored_bin``: a plain column at its
+    declared bounds and these bins), grouped instead of computing each row's bin.
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -91,7 +94,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
             # scan, and indexing per cell would add a third aggregation (measured ~20 ms
             # slower on 1M trips); combine_branches adds up cells by their columns only.
             light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins,
-                                          by_value=False)
+                                          by_value=False, stored=stored)
                             for branch in _copy_branches(query, rows, unit, counted, twin))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
             return combine_branches([light, heavy],
@@ -99,7 +102,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
                                     [("n", True)])
         return _indexed(query, _histogram_of(query, argument,
                                              _copy_bounded(query, rows, unit, counted, twin),
-                                             lower, upper, bins))
+                                             lower, upper, bins, stored=stored))
     return _indexed(query, _histogram_of(query, argument,
                                          _bounded_rows(query, argument, restriction, sample),
                                          lower, upper, bins))
@@ -131,14 +134,20 @@ def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str, counted: b
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,
-                  upper: float, bins: int, by_value: bool = True) -> exp.Select:
+                  upper: float, bins: int, by_value: bool = True,
+                  stored: str | None = None) -> exp.Select:
     """(g0, ..., b, n) over ``rows``, the bounded rows of the query's table (alias kept), every
     key by its value (``by_value``: ``_indexed`` maps declared values to their indexes, per
-    cell), or a key with public values by the index of its value, per row."""
-    # The value once per row (v, a double: not NULL, filtered before), then its bin: written
-    # inside the bin's CASE it would be rendered once per branch.
+    cell), or a key with public values by the index of its value, per row; each row's bin
+    read from the ranked copy's ``stored`` bin column when there is one."""
     keys = [exp.alias_(safety(k.expr), f"g{i}") for i, k in enumerate(query.keys)] \
         if by_value else _key_columns(query)
+    if stored is not None:
+        per_row = exp.select(*keys, exp.alias_(exp.column(stored, table=query.alias), "b")
+                             ).from_(rows.subquery(query.alias, copy=False), copy=False)
+        return _counted(per_row, len(query.keys))
+    # The value once per row (v, a double: not NULL, filtered before), then its bin: written
+    # inside the bin's CASE it would be rendered once per branch.
     per_row = exp.select(*keys,
                          exp.alias_(exp.cast(safety(argument), exp.DType.DOUBLE), "v")).from_(
         rows.subquery(query.alias, copy=False), copy=False)
@@ -222,22 +231,14 @@ def quantile_join_histogram(query: AggregateQuery, argument: exp.Expr, lower: fl
 def _binned(per_row: exp.Select, n_keys: int, lower: float, upper: float,
             bins: int) -> exp.Select:
     """(g0, ..., b, n) from rows (g0, ..., v): v's bin over [lower, upper], counted."""
-    v = exp.column("v", table="r")
-    scale = bins / (upper - lower)
-    position = exp.Mul(this=exp.Paren(this=exp.Sub(this=v.copy(), expression=_number(lower))),
-                       expression=exp.Literal.number(repr(float(scale))))
-    # Clipping is the outer branches; inside, FLOOR may round up to `bins` at the very top.
-    # ignore_nulls: LEAST as Postgres has it, without the NULL test sqlglot writes around
-    # DuckDB's LEAST per row (the position is never NULL: v is not).
-    inside = exp.Least(this=exp.cast(exp.Floor(this=position), exp.DType.BIGINT),
-                       expressions=[exp.Literal.number(bins - 1)], ignore_nulls=True)
-    bin_expr = exp.Case(ifs=[
-        exp.If(this=v.copy() <= _number(lower), true=exp.Literal.number(0)),
-        exp.If(this=v.copy() >= _number(upper), true=exp.Literal.number(bins - 1))],
-        default=inside)
     binned = exp.select(*[exp.column(f"g{i}", table="r") for i in range(n_keys)],
-                        exp.alias_(bin_expr, "b")).from_(per_row.subquery("r", copy=False),
-                                                         copy=False)
+                        exp.alias_(bin_of(exp.column("v", table="r"), lower, upper, bins),
+                                   "b")).from_(per_row.subquery("r", copy=False), copy=False)
+    return _counted(binned, n_keys)
+
+
+def _counted(binned: exp.Select, n_keys: int) -> exp.Select:
+    """(g0, ..., b, n) from rows (g0, ..., b): the rows of each cell, counted."""
     group = [exp.column(f"g{i}", table="h") for i in range(n_keys)]
     group.append(exp.column("b", table="h"))
     return (exp.select(*[exp.alias_(c, c.name) for c in group],
@@ -340,11 +341,6 @@ def _key_index(key: exp.Expr, values: Sequence[object]) -> exp.Expr:
     ifs = [exp.If(this=public_filter(key, [v]), true=exp.Literal.number(i))
            for i, v in enumerate(values)]
     return exp.Case(ifs=ifs, default=exp.Null()) if ifs else exp.Null()
-
-
-def _number(value: float) -> exp.Expr:
-    literal = exp.Literal.number(repr(abs(float(value))).removesuffix(".0"))
-    return exp.Neg(this=literal) if value < 0 else literal
 
 
 def quantile_finish(outputs: Sequence[OutputColumn], having: exp.Expr | None,

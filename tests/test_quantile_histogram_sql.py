@@ -6,7 +6,8 @@ It must give exactly the cells that indexing and binning every row gave: checked
 the histogram computed by hand, row by row (the old statement's CASE per row), on data with
 NULL values and NULL keys, undeclared key values, ties, values at and beyond the bounds, the
 infinities and NaN, on both backends, through the ranked copy (its branches in one count or
-apart) and through per-query bounding.  The cap (40) binds no unit: every counted row is in.
+apart; the bin stored in the copy, ``rewriters.bins``) and through per-query bounding.  The
+cap (40) binds no unit: every counted row is in.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def test_the_cells_are_those_of_indexing_and_binning_every_row(
     ((_, statement),) = detail.histograms
     assert ("__ranked_" in statement) == (reading != "per-query")
     assert ("chorus_parts" in statement) == (reading == "ranked-split")
+    # Over the copy the bin is its stored one (rewriters.bins), computed per row otherwise.
+    assert ("__chorus_bin0" in statement) == (reading != "per-query")
+    assert ("FLOOR" in statement) == (reading == "per-query")
     assert "IS NULL OR" not in statement  # no NULL test around LEAST per row
     rows = engine.backend.run(statement).rows
     # One row per (group, bin): the per-cell index adds up the cells of one group.

@@ -58,6 +58,7 @@ from mechanisms.exponential import ExponentialMechanism, bin_value, rank_sensiti
 from mechanisms.intervals import Interval, NoInterval
 from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from mechanisms.thresholding import key_release_threshold
+from rewriters.bins import BINS, stored_bin
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
@@ -71,8 +72,6 @@ from rewriters.quantiles import (
     quantile_join_histogram,
 )
 
-#: Bins of the histogram over [lower, upper]: the answer's resolution is (upper - lower) / BINS.
-BINS = 10_000
 #: The most (group, bin) cells one histogram may return.
 MAX_CELLS = 2_000_000
 #: Keys without public values: the share of epsilon of their key-release count (the analytic
@@ -263,10 +262,12 @@ class QuantileKind:
         twin = ranked is not None and not split and not groups_bounded(query) \
             and self.services.samples.twin(ranked[1]) \
             and reads_twin(self.services, query, reads)
+        stored = None if ranked is None else stored_bin(
+            query.table_policy, spec.argument, query.alias, spec.lower, spec.upper, BINS)
         return quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
                                   restriction, sample, ranked, split,
                                   counted_pays(self.services.dialect, query.stability, twin),
-                                  twin)
+                                  twin, stored)
 
     def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
                 ) -> tuple[str, str] | None:

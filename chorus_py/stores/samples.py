@@ -62,6 +62,7 @@ from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
 from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
+from rewriters.bins import BINS, stored_bin_columns, stored_bins
 from rewriters.blocks import BlockRestriction
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import RANK, UNIT_ROWS, ranked_table, sample_table, unit_ordered
@@ -375,7 +376,8 @@ class BoundedSamples:
             row = self._backend.run(
                 f'SELECT COUNT(*), SUM(hash(*) % 1000000007) FROM "{table}"').rows
         if kind == RANKED:  # every row, whatever the cap: engines of any k share it
-            return f"{row}|{policy.privacy_unit}|ranked"
+            # and the bins it stores (rewriters.bins): other declared bounds, another copy.
+            return f"{row}|{policy.privacy_unit}|ranked|bins {BINS} {stored_bins(policy)}"
         # The cap is part of the version: a new max_rows_per_unit needs a new sample; so is
         # its layout ("ordered": in block order, indexed), so that older samples are rebuilt.
         return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered"
@@ -431,7 +433,8 @@ class BoundedSamples:
                                     span.start, span.end,
                                     policy.columns[policy.block.column].type)
         if kind == RANKED:
-            select = ranked_table(table, policy.privacy_unit, where)
+            select = ranked_table(table, policy.privacy_unit, where,
+                                  stored_bin_columns(policy, "t"))
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]

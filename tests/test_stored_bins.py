@@ -1,0 +1,158 @@
+"""The quantile bins a ranked copy stores (``rewriters.bins``, issue 23).
+
+A histogram over the ranked copy groups the copy's stored bin of a plain column at its
+declared bounds instead of computing each row's bin.  It must be the very bin the histogram
+would compute: checked row by row against the per-row CASE (done by hand here) on both
+backends, with negative bounds, an integer column, values at, between and beyond the bounds,
+the infinities, NaN, the largest doubles and NULL; and the histogram statement that reads it
+against the cells counted by hand.  Which columns are stored, when a histogram may read one,
+and that other declared bounds make another copy (never a stale bin) are checked too.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlglot import parse_one
+
+from chorus_py.backends import SCHEMA
+from chorus_py.engine import Engine
+from chorus_py.kinds.quantile import QuantileDetail
+from chorus_py.policy import TablePolicy
+from rewriters.bins import BINS, stored_bin, stored_bins
+from tests.conftest import table_with_rows
+
+POLICY = """
+[backend]
+url = "{url}"
+
+[privacy]
+epsilon_per_block = 1000.0
+max_epsilon_per_query = 500.0
+noise = "proxy"
+
+[tables.{table}]
+privacy_unit = "person"
+max_rows_per_unit = 100
+contribution = "fixed"
+
+[tables.{table}.columns]
+person = {{ type = "int" }}
+v = {{ type = "float", lower = {lower}, upper = 50 }}
+n = {{ type = "int", lower = 0, upper = 20 }}
+w = {{ type = "float" }}
+s = {{ type = "text" }}
+
+[analysts.alice]
+"""
+
+VALUES = [-60.0, -50.0, -49.995, -49.99, -0.004, 0.0, 0.01, 12.345, 49.99, 49.9999, 50.0,
+          60.0, math.inf, -math.inf, math.nan, 1.7976931348623157e308, -1.7976931348623157e308,
+          None]
+Row = tuple[int, float | None, int | None, float | None, str]
+
+
+def _rows() -> list[Row]:
+    """(person, v, n, w, s): every value of VALUES, n from -3 to 24 and NULL, 5 units."""
+    ints: list[int | None] = [*range(-3, 25), None]
+    return [(i % 5, v, ints[i % len(ints)], 1.0, "x")
+            for i, v in enumerate(VALUES * 3)]
+
+
+def _bin(v: float, lower: float, upper: float) -> int:
+    """The histogram's per-row CASE (``rewriters.bins.bin_of``) by hand: v <= lower first,
+    v >= upper (NaN is above every number on both databases) last, else FLOOR((v - lower) *
+    scale), at most BINS - 1; the scale is the literal the statement carries."""
+    if v <= lower:
+        return 0
+    if math.isnan(v) or v >= upper:
+        return BINS - 1
+    scale = float(repr(float(BINS / (upper - lower))))
+    return min(math.floor((v - lower) * scale), BINS - 1)
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def table(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    columns = "person BIGINT, v DOUBLE PRECISION, n BIGINT, w DOUBLE PRECISION, s TEXT"
+    with table_with_rows(request, tmp_path, "sbins", columns, _rows()) as made:
+        yield made
+
+
+def _policy(lower: float = -50) -> TablePolicy:
+    return TablePolicy(privacy_unit="person", max_rows_per_unit=10, columns={
+        "person": {"type": "int"}, "v": {"type": "float", "lower": lower, "upper": 50},
+        "n": {"type": "int", "lower": 0, "upper": 20}, "w": {"type": "float"},
+        "s": {"type": "text"}, "z": {"type": "float", "lower": 3, "upper": 3}})
+
+
+def test_the_bounded_numeric_columns_are_stored_by_name() -> None:
+    # w has no bounds, s is text, z's range is empty: none of them has bins.
+    assert stored_bins(_policy()) == (("n", 0.0, 20.0), ("v", -50.0, 50.0))
+
+
+def test_a_histogram_reads_a_stored_bin_only_where_it_is_the_same_bin() -> None:
+    policy = _policy()
+    v = parse_one("t.v")
+    assert stored_bin(policy, v, "t", -50, 50, BINS) == "__chorus_bin1"
+    assert stored_bin(policy, parse_one("t.n"), "t", 0, 20, BINS) == "__chorus_bin0"
+    assert stored_bin(policy, v, "t", -50, 40, BINS) is None  # other bounds
+    assert stored_bin(policy, v, "t", -50, 50, 100) is None  # other bins
+    assert stored_bin(policy, v, "u", -50, 50, BINS) is None  # another table's column
+    assert stored_bin(policy, parse_one("t.v * 2"), "t", -100, 100, BINS) is None
+    assert stored_bin(policy, parse_one("t.w"), "t", 0, 1, BINS) is None  # not stored
+
+
+def _engine(table: tuple[str, str], make: Callable[[str], Engine], lower: float = -50
+            ) -> Engine:
+    url, name = table
+    engine = make(POLICY.format(url=url, table=name, lower=lower))
+    engine.warm_up(wait=True)
+    return engine
+
+
+def test_the_copy_stores_the_bin_the_histogram_computes(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    engine = _engine(table, policy_engine)
+    name = table[1]
+    copy = engine.samples.ranked(name, engine.policy.tables[name])
+    assert copy is not None
+    rows = engine.backend.run(f'SELECT v, "__chorus_bin1", n, "__chorus_bin0" FROM '
+                              f'{SCHEMA}."{copy}"').rows
+    assert len(rows) == len(_rows())
+    for v, v_bin, n, n_bin in rows:
+        assert v_bin == (None if v is None else _bin(v, -50, 50)), v
+        assert n_bin == (None if n is None else _bin(float(n), 0, 20)), n
+
+
+def test_the_histogram_of_the_stored_bin_counts_each_row_in_its_cell(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    engine = _engine(table, policy_engine)
+    _, prepared = engine.prepare(f"SELECT MIN(v), MAX(v) FROM {table[1]}", "alice",
+                                 epsilon=1.0)
+    detail = prepared.detail
+    assert isinstance(detail, QuantileDetail)
+    ((_, statement),) = detail.histograms
+    assert "__chorus_bin1" in statement and "FLOOR" not in statement
+    expected = collections.Counter(_bin(v, -50, 50) for _, v, *_ in _rows() if v is not None)
+    assert {int(b): int(n) for b, n in engine.backend.run(statement).rows} == expected
+    # And the query is answered (the outgoing verifier passes the statement).
+    assert engine.execute(f"SELECT MIN(v), MAX(v) FROM {table[1]}", "alice",
+                          epsilon=1.0).rows
+
+
+def test_other_declared_bounds_make_another_copy(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    name = table[1]
+    first = _engine(table, policy_engine)
+    before = first.samples.ranked(name, first.policy.tables[name])
+    first.close()
+    second = _engine(table, policy_engine, lower=-40)
+    after = second.samples.ranked(name, second.policy.tables[name])
+    assert before is not None and after is not None and before != after
+    v, stored = second.backend.run(f'SELECT v, "__chorus_bin1" FROM {SCHEMA}."{after}" '
+                                   "WHERE v = 12.345").rows[0]
+    assert stored == _bin(v, -40, 50) != _bin(v, -50, 50)
