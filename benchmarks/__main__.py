@@ -40,7 +40,7 @@ BENCHMARKS = {
     "fixed_costs": "issue 23: a warm query's fixed costs on DuckDB, against main",
     "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",
     "grouped_twin": "issue 23: thresholded keys with and without the copy's grouped twin",
-    "stored_bins": "issue 23: quantile histograms with the copy's stored bins against computed ones",
+    "stored_bins": "issue 23: quantile histograms, the copy's stored bins against computed",
 }
 
 

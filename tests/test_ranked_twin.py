@@ -66,6 +66,11 @@ def test_the_twin_holds_the_copys_rows_in_unit_order(skewed: tuple[str, str],
     if engine.dialect == "duckdb":  # stored (and scanned) by unit, then stored rank
         stored = [(r[1], r[3]) for r in read(unit_ordered(copy), "")]
         assert stored == sorted(stored)
+    else:  # indexed by the unit's rows, as the copy: a heavy branch over few units reads few
+        (definition,) = engine.backend.run(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'chorus_private' "
+            f"AND tablename = '{unit_ordered(copy)}'").rows[0]
+        assert definition.endswith("(__chorus_unit_rows)")
 
 
 @pytest.mark.parametrize("where, passing", FILTERS)
