@@ -29,8 +29,8 @@ UNIT_ORDER = "_u"
 
 def unit_ordered(copy: str) -> str:
     """The name of the twin of the ranked copy ``copy``: the copy's rows (every column, the
-    stored ranks and unit counts included) sorted by unit then stored rank
-    (``chorus_py.stores.samples``).  The heavy branch ranks its filtered rows in that very
+    stored ranks and unit counts included) sorted by the unit's row count, then unit, then
+    stored rank (``chorus_py.stores.samples``).  The heavy branch ranks its filtered rows in that very
     order, so the engine meets each unit's rows one after the other instead of scattered over
     the blocks (DuckDB's per-unit top-k state stays hot; Postgres sorts rows nearly sorted).
 
