@@ -252,7 +252,8 @@ def kept_rank(unit: exp.Column, rank: exp.Column, counted: bool) -> exp.Window:
 
 
 def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
-                        twin: bool = False, counted: bool = False) -> exp.Union:
+                        twin: bool = False, counted: bool = False,
+                        light_twin: bool = False) -> exp.Union:
     """Keep at most ``k`` rows per ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
     alias WHERE <filter>``, a copy made by ``ranked_table``) without sorting the light units.
 
@@ -265,7 +266,8 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     data, the same stability k.  The branches are disjoint (n_u <= k, n_u > k) and both output
     the copy's columns and a rank (1 in the light branch), so UNION ALL lines them up.
     ``twin``: the heavy branch reads the copy's unit-ordered twin (``ranked_branches``);
-    ``counted``: it numbers its rows by a running count (``kept_rank``, the same numbers).
+    ``counted``: it numbers its rows by a running count (``kept_rank``, the same numbers);
+    ``light_twin``: the light branch reads the twin too.
 
     >>> from sqlglot import parse_one
     >>> print(ranked_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t WHERE t.fare > 3"),
@@ -275,12 +277,13 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     (PARTITION BY t.rider_id ORDER BY t.__chorus_rank) AS __chorus_krank FROM p.trips__ranked_x
     AS t WHERE t.fare > 3 AND t.__chorus_unit_rows > 5) AS b WHERE b.__chorus_krank <= 5
     """
-    light, heavy = ranked_branches(rows, alias, unit, k, twin, counted)
+    light, heavy = ranked_branches(rows, alias, unit, k, twin, counted, light_twin)
     return exp.union(light, heavy, distinct=False, copy=False)
 
 
 def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool = False,
-                    counted: bool = False) -> tuple[exp.Select, exp.Select]:
+                    counted: bool = False, light_twin: bool = False
+                    ) -> tuple[exp.Select, exp.Select]:
     """The light and the heavy branch of ``ranked_contribution``, apart: the rows of the units
     with n_u <= k in the copy, and the first k filtered rows of each heavier unit.  Each unit
     is in exactly one of them, so aggregates of the two can be combined group by group
@@ -290,9 +293,12 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     same filter.  It holds the copy's very rows, ranks and unit counts, so the heavy branch
     keeps the same rows (the first k filtered rows of each unit in the stored order, the same
     stability k); only the order in which the engine reads them changes.  The light branch
-    still reads the copy, stored in block order, so a query over a few blocks skips the
-    others.  ``counted``: the heavy branch numbers its rows by a running count instead of
-    ROW_NUMBER (``kept_rank``: the same numbers, so the same rows are kept).
+    reads the copy, stored in block order, so a query over a few blocks skips the others,
+    unless ``light_twin``: then it reads the twin too, whose units are stored by their row
+    counts, so its ``__chorus_unit_rows <= k`` skips the heavier units' rows (``kinds.single.
+    light_twin_pays`` says when).  The same rows either way.  ``counted``: the heavy branch
+    numbers its rows by a running count instead of ROW_NUMBER (``kept_rank``: the same
+    numbers, so the same rows are kept).
 
     >>> from sqlglot import parse_one
     >>> light, heavy = ranked_branches(parse_one("SELECT t.* FROM p.trips__ranked_x AS t "
@@ -306,11 +312,13 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
         raise ValueError("k must be >= 1")
     size = exp.column(UNIT_ROWS, table=alias)
     cap = exp.Literal.number(k)
+    if light_twin and not twin:
+        raise ValueError("the light branch reads the twin only when the heavy one does")
     light = copy_tree(rows).select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
         exp.LTE(this=size, expression=cap), copy=False)
     heavy = copy_tree(rows)
-    if twin:
-        source = heavy.args["from_"].this
+    for branch in (light, heavy) if light_twin else (heavy,) if twin else ():
+        source = branch.args["from_"].this
         source.set("this", exp.to_identifier(unit_ordered(source.name),
                                              quoted=source.this.quoted))
     numbered = kept_rank(exp.column(unit, table=alias), exp.column(RANK, table=alias), counted)

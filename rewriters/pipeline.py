@@ -98,7 +98,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              copies: Mapping[str, tuple[str, str]] | None = None,
              covering: Collection[str] = (), twin: bool = False,
              counted: bool | None = None,
-             grouped: tuple[str, str] | None = None) -> RewrittenQuery:
+             grouped: tuple[str, str] | None = None,
+             light_twin: bool = False) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -114,7 +115,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     are bounded to g groups and k rows (``ranked_group_contribution``: light, middle and heavy
     parts).  ``twin``: the heavy branch (without groups per unit) reads the copy's twin in unit
     order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
-    the window ranks them; ``kinds.single`` says when).  The heavy branch numbers its rows by
+    the window ranks them; ``kinds.single`` says when), and with ``light_twin`` the light
+    branch too (``kinds.single.light_twin_pays``).  The heavy branch numbers its rows by
     a running count where that pays (``counted_pays``: DuckDB, 4 <= k <= 20, the copy; the same
     numbers as ROW_NUMBER, so the same rows); ``counted`` fixes that choice (a text template's
     probes render other caps in the shape of the query's own).  On the ``SPLIT_DIALECTS`` the light
@@ -173,11 +175,11 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     elif ranked is not None and dialect in SPLIT_DIALECTS and adds_up_over_parts(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   running)
+                                   running, light_twin)
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   running)
+                                   running, light_twin)
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

@@ -50,7 +50,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
                        bins: int, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
                        split: bool = False, counted: bool = False, twin: bool = False,
-                       stored: str | None = None) -> exp.Select:
+                       stored: str | None = None, light_twin: bool = False) -> exp.Select:
     """Rows (g0, ..., b, n): per group (index or value) and bin b in [0, bins) of the value clipped to
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
 
@@ -62,7 +62,8 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     ``counted``: the heavy branch numbers its rows by a running count instead of ROW_NUMBER
     (``rewriters.contribution.kept_rank``: the same rows; not with groups per unit).
     ``twin``: the heavy branch reads the copy's twin in unit order (``rewriters.contribution.
-    ranked_branches``: the same rows; not with groups per unit).  ``stored``: the ranked
+    ranked_branches``: the same rows; not with groups per unit), with ``light_twin`` its light
+    branch too.  ``stored``: the ranked
     copy's stored bin of ``argument`` (``rewriters.bins.stored_bin``: a plain column at its
     declared bounds and these bins), grouped instead of computing each row's bin.
 
@@ -95,13 +96,15 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
             # slower on 1M trips); combine_branches adds up cells by their columns only.
             light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins,
                                           by_value=False, stored=stored)
-                            for branch in _copy_branches(query, rows, unit, counted, twin))
+                            for branch in _copy_branches(query, rows, unit, counted, twin,
+                                                         light_twin))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
             return combine_branches([light, heavy],
                                     [*(f"g{i}" for i in range(len(query.keys))), "b"],
                                     [("n", True)])
         return _indexed(query, _histogram_of(query, argument,
-                                             _copy_bounded(query, rows, unit, counted, twin),
+                                             _copy_bounded(query, rows, unit, counted, twin,
+                                                           light_twin),
                                              lower, upper, bins, stored=stored))
     return _indexed(query, _histogram_of(query, argument,
                                          _bounded_rows(query, argument, restriction, sample),
@@ -109,7 +112,7 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
 
 
 def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str, counted: bool,
-                   twin: bool) -> tuple[exp.Select, exp.Select]:
+                   twin: bool, light_twin: bool = False) -> tuple[exp.Select, exp.Select]:
     """The light and heavy branches of the ranked copy's ``rows`` (filtered): by the row cap
     k (``ranked_branches``), or, keys released by a threshold with g < k groups per unit, by g
     groups then k rows (``ranked_group_branches``: the groups drawn afresh, as
@@ -119,18 +122,20 @@ def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str, counted: 
         return ranked_group_branches(rows, query.alias, unit,
                                      [safety(k.expr) for k in query.keys], query.max_groups,
                                      query.stability)
-    return ranked_branches(rows, query.alias, unit, query.stability, twin, counted)
+    return ranked_branches(rows, query.alias, unit, query.stability, twin, counted,
+                           light_twin)
 
 
 def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str, counted: bool,
-                  twin: bool) -> exp.Union:
+                  twin: bool, light_twin: bool = False) -> exp.Union:
     """The branches of ``_copy_branches`` as one relation (light UNION ALL heavy)."""
     if groups_bounded(query):
         assert query.max_groups is not None
         return ranked_group_contribution(rows, query.alias, unit,
                                          [safety(k.expr) for k in query.keys],
                                          query.max_groups, query.stability)
-    return ranked_contribution(rows, query.alias, unit, query.stability, twin, counted)
+    return ranked_contribution(rows, query.alias, unit, query.stability, twin, counted,
+                               light_twin)
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,

@@ -13,6 +13,7 @@ with the heavy branch of another's twin).  Both backends, on the skewed table of
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -45,10 +46,12 @@ def engine(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]) -> E
     return ranked_engine(policy_engine, skewed)
 
 
-def _kept(engine: Engine, copy: str, where: str, twin: bool) -> list[tuple[int, int]]:
+def _kept(engine: Engine, copy: str, where: str, twin: bool, light_twin: bool = False
+          ) -> list[tuple[int, int]]:
     """(id, person) of the rows ``ranked_contribution`` keeps of the copy's filtered rows."""
     rows = parse_one(f'SELECT c.* FROM {SCHEMA}."{copy}" AS c WHERE {where}')
-    kept = ranked_contribution(rows, "c", "person", K, twin).sql(engine.dialect)
+    kept = ranked_contribution(rows, "c", "person", K, twin, light_twin=light_twin).sql(
+        engine.dialect)
     return sorted(engine.backend.run(f"SELECT b.id, b.person FROM ({kept}) AS b").rows)
 
 
@@ -84,6 +87,8 @@ def test_the_twin_keeps_the_rows_the_copy_keeps(
     copy = ranked_copy_name(engine, table)
     from_copy, from_twin = (_kept(engine, copy, where, twin) for twin in (False, True))
     assert from_twin == from_copy
+    # Both branches from the twin (kinds.single.light_twin_pays): the same rows again.
+    assert _kept(engine, copy, where, True, light_twin=True) == from_copy
     filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
     kept = collections.Counter(p for _, p in from_twin)
     assert kept == {p: min(c, K) for p, c in filtered.items()}
@@ -108,30 +113,59 @@ def test_a_query_reads_the_twin_and_measures_what_the_copy_does(
     assert with_twin[0][0] == sum(min(c, K) for c in filtered.values())  # sum_u min(c_u, k)
 
 
+def _branches(engine: Engine, table: str) -> tuple[str, str, str, str]:
+    """(copy, twin, light, heavy): the engine's statement for a whole-schedule filtered query
+    cut at its UNION ALL (the light branch, or its aggregate, first)."""
+    copy = ranked_copy_name(engine, table)
+    _, prepared = engine.prepare(f"SELECT COUNT(*), SUM(v) FROM {table} WHERE v >= 2", "alice",
+                                 epsilon=1.0)
+    light, heavy = prepared.detail.sql.rsplit(" UNION ALL ", 1)
+    return copy, unit_ordered(copy), light, heavy
+
+
+def _other(twin: str) -> str:
+    """The twin of another copy of the table (another digest)."""
+    return twin.replace("__ranked_", "__ranked_0").replace("_u", "0_u")
+
+
+def _check(engine: Engine, table: str, text: str) -> None:
+    verify(text, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+           frozenset({table}))
+
+
 def test_the_verifier_pairs_a_twin_only_with_its_own_copy(skewed: tuple[str, str],
                                                          engine: Engine) -> None:
     """The engine's statement passes; its heavy branch read from another copy's twin (a
     light unit of one copy could be a heavy one of the other: 2k rows), or with its row cap
     dropped, is refused."""
     _, table = skewed
-    twin = unit_ordered(ranked_copy_name(engine, table))
-    sql = f"SELECT COUNT(*), SUM(v) FROM {table} WHERE v >= 2"
-    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
-    statement = prepared.detail.sql
-    assert statement.count(twin) == 1
-
-    def check(text: str) -> None:
-        verify(text, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
-               frozenset({table}))
-
-    check(statement)
-    other = twin.replace("__ranked_", "__ranked_0").replace("_u", "0_u")
+    _, twin, light, heavy = _branches(engine, table)
+    assert heavy.count(twin) == 1
+    # On DuckDB a query over the whole schedule reads its light rows from the twin too.
+    assert (twin in light) == (engine.dialect == "duckdb")
+    _check(engine, table, f"{light} UNION ALL {heavy}")
     with pytest.raises(Refused, match="ranked copy"):
-        check(statement.replace(twin, other))
-    uncapped = statement.replace(f"__chorus_krank <= {K}", "__chorus_krank >= 1")
-    assert uncapped != statement
+        _check(engine, table, f"{light} UNION ALL {heavy.replace(twin, _other(twin))}")
+    uncapped = heavy.replace(f"__chorus_krank <= {K}", "__chorus_krank >= 1")
+    assert uncapped != heavy
     with pytest.raises(Refused, match="contribution bounding"):
-        check(uncapped)
+        _check(engine, table, f"{light} UNION ALL {uncapped}")
+
+
+def test_the_light_branch_reads_the_copy_or_its_twin_but_no_other(
+        skewed: tuple[str, str], engine: Engine) -> None:
+    """The light branch from the copy or from its twin passes the verifier (the twin is the
+    copy); from another copy's twin it is refused (its units are not this copy's)."""
+    _, table = skewed
+    copy, twin, light, heavy = _branches(engine, table)
+    from_copy = re.sub(rf'"{copy}(_u)?"', f'"{copy}"', light)
+    from_twin = re.sub(rf'"{copy}(_u)?"', f'"{twin}"', light)
+    assert from_copy != from_twin
+    for branch in (from_copy, from_twin):
+        _check(engine, table, f"{branch} UNION ALL {heavy}")
+    with pytest.raises(Refused, match="ranked copy"):
+        _check(engine, table, f"{re.sub(rf'{copy}(_u)?', _other(twin), light)} UNION ALL "
+                              f"{heavy}")
 
 
 def test_a_copy_without_its_twin_gets_one_and_one_shot_engines_read_it(

@@ -50,7 +50,7 @@ from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks, join_copies
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
 from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
-from chorus_py.kinds.single import reads_twin
+from chorus_py.kinds.single import light_reads_twin, reads_twin
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
 from mechanisms.discrete_laplace import DiscreteLaplace
@@ -267,7 +267,8 @@ class QuantileKind:
         return quantile_histogram(query, spec.argument, spec.lower, spec.upper, BINS,
                                   restriction, sample, ranked, split,
                                   counted_pays(self.services.dialect, query.stability, twin),
-                                  twin, stored)
+                                  twin, stored,
+                                  twin and light_reads_twin(self.services, query, reads))
 
     def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
                 ) -> tuple[str, str] | None:
