@@ -14,7 +14,8 @@ histogram reads the copy instead: units with n_u <= k rows in all are kept whole
 scan and only the heavier units' filtered rows are ranked, in their stored random order
 (``rewriters.contribution.ranked_contribution``; with a groups-per-unit bound g < k, the
 units with n_u <= g kept whole and the others' groups drawn afresh: ``ranked_group_branches``),
-the same kept-row distribution as ranking every filtered row.  The stored ranks alone (``stored_rank_contribution``) never serve here:
+the same kept-row distribution as ranking every filtered row; a plain column at its declared
+bounds is binned by the copy's stored bin (``rewriters.bins``).  The stored ranks alone (``stored_rank_contribution``) never serve here:
 the histogram drops NULL values after the copy was ranked, so a unit with a NULL value among
 its k lowest ranks would keep fewer than min(c_u, k) of its counted rows.  Over a join
 (``quantile_join_histogram``) each occurrence reads its copy as ``rewriters.joins`` reads it:
@@ -63,9 +64,9 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     (``rewriters.contribution.kept_rank``: the same rows; not with groups per unit).
     ``twin``: the heavy branch reads the copy's twin in unit order (``rewriters.contribution.
     ranked_branches``: the same rows; not with groups per unit), with ``light_twin`` its light
-    branch too.  ``stored``: the ranked
-    copy's stored bin of ``argument`` (``rewriters.bins.stored_bin``: a plain column at its
-    declared bounds and these bins), grouped instead of computing each row's bin.
+    branch too.  ``stored``: the ranked copy's stored bin of ``argument``
+    (``rewriters.bins.stored_bin``: a plain column at its declared bounds and these bins),
+    grouped instead of computing each row's bin: the same cells.
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
