@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -130,6 +131,9 @@ def test_the_cells_are_those_of_indexing_and_binning_every_row(
     # Over the copy the bin is its stored one (rewriters.bins), computed per row otherwise.
     assert ("__chorus_bin0" in statement) == (reading != "per-query")
     assert ("FLOOR" in statement) == (reading == "per-query")
+    # The heavy units' rows from the copy's twin (kinds.quantile._histogram), split or not.
+    assert (re.search(r'__ranked_[0-9a-f]+_u"? AS', statement) is not None) == (
+        reading != "per-query")
     assert "IS NULL OR" not in statement  # no NULL test around LEAST per row
     rows = engine.backend.run(statement).rows
     # One row per (group, bin): the per-cell index adds up the cells of one group.
