@@ -7,7 +7,7 @@ a computed BIGINT the rest.  A value's bin depends only on the value, the declar
 ``BINS``, so the ranked copy (``rewriters.contribution.ranked_table``) stores it, as a
 SMALLINT, for every bounded numeric column (:func:`stored_bins`): a histogram of a plain
 column at its declared bounds then groups the stored bin (``__chorus_bin<i>``) instead of
-computing it (benchmarks/RESULTS.md, "Stored bins").
+computing it (benchmarks/RESULTS.md, "Stored quantile bins").
 
 The stored bin is the histogram's own expression (:func:`bin_of`), evaluated by the same
 database on the same value, so every row lands in the very cell it would have: the cells'

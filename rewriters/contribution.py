@@ -317,7 +317,8 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     light = copy_tree(rows).select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
         exp.LTE(this=size, expression=cap), copy=False)
     heavy = copy_tree(rows)
-    for branch in (light, heavy) if light_twin else (heavy,) if twin else ():
+    on_twin = [heavy, light] if light_twin else [heavy] if twin else []
+    for branch in on_twin:
         source = branch.args["from_"].this
         source.set("this", exp.to_identifier(unit_ordered(source.name),
                                              quoted=source.this.quoted))

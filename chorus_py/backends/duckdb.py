@@ -30,7 +30,7 @@ log = logging.getLogger("chorus.backends")
 # DuckDB reads from the stored bin's statistics or the bin's CASE) by direct indexing
 # instead of hashing: DuckDB's default stops at 2^12.  Measured on 1M demo trips, the
 # MAX(distance_km) histogram: 22-29 -> 13-15 ms with the stored bin (benchmarks/RESULTS.md,
-# "Stored bins").
+# "Stored quantile bins").
 PERFECT_HASH = ("perfect_ht_threshold", 14)
 # No Python replacement scans either: DuckDB would otherwise read a NumPy array (a DataFrame...)
 # of the calling Python frame that a statement names as a table.
