@@ -21,6 +21,7 @@ from sqlglot import parse_one
 
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
+from chorus_py.errors import ChorusError
 from chorus_py.kinds.quantile import QuantileDetail
 from chorus_py.policy import TablePolicy
 from rewriters.bins import BINS, stored_bin, stored_bins
@@ -156,3 +157,21 @@ def test_other_declared_bounds_make_another_copy(
     v, stored = second.backend.run(f'SELECT v, "__chorus_bin1" FROM {SCHEMA}."{after}" '
                                    "WHERE v = 12.345").rows[0]
     assert stored == _bin(v, -40, 50) != _bin(v, -50, 50)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT SUM(__chorus_bin1) FROM {t}",
+    "SELECT MAX(__chorus_bin0) FROM {t}",
+    "SELECT COUNT(*) FROM {t} WHERE __chorus_bin1 > 5000",
+    "SELECT COUNT(*) FROM {t} GROUP BY __chorus_bin1",
+])
+def test_an_analyst_cannot_name_a_stored_bin(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine], sql: str) -> None:
+    """The stored bins are the copy's columns, not the table's: a query naming one is refused
+    as naming an unknown column, whatever the data, and nothing is charged."""
+    engine = _engine(table, policy_engine)
+    with pytest.raises(ChorusError, match="unknown column"):
+        engine.execute(sql.format(t=table[1]), "alice", epsilon=1.0)
+    report = engine.execute(f"SELECT COUNT(*) FROM {table[1]}", "alice", epsilon=1.0).report
+    # Spent on the table: the COUNT's 1.0 alone, none for the refused queries.
+    assert report.remaining and all(b.epsilon_spent == 1.0 for b in report.remaining)
