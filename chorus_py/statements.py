@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import duckdb
@@ -35,11 +35,16 @@ from analyses.outgoing import (
 )
 from budget.ledger import Claim, Ledger
 from chorus_py.backends import Backend, ResultSet, StatementFailed
-from chorus_py.caches import LRU
+from chorus_py.caches import LRU, WeightedLRU
 from chorus_py.errors import BackendError, InternalError, QueryRefused, StatementCanceled
 
 log = logging.getLogger("chorus.engine")
 T = TypeVar("T")
+
+# The most bytes of derived values ``Statements.run_remembered`` keeps: a quantile histogram of
+# one group is 10,000 float64 bins (80 kB), a selection's marginals about 1 kB; 64 MiB hold
+# some 800 group histograms.
+REMEMBERED_BYTES = 64 << 20
 
 
 class QueryRun:
@@ -114,7 +119,8 @@ class Statements:
         # What run_stored_as derived from them: (the result it came from, the value).
         self._derived: LRU[tuple[str, Hashable], tuple[ResultSet, Any]] = LRU(256)
         # What run_remembered derived, without the result it came from: (the value,).
-        self._remembered: LRU[tuple[str, Hashable], tuple[Any]] = LRU(256)
+        self._remembered: WeightedLRU[tuple[str, Hashable], tuple[Any]] = \
+            WeightedLRU(REMEMBERED_BYTES)
         self._scratch: duckdb.DuckDBPyConnection | None = None  # opened on first proxy noise
         self._scratch_lock = threading.Lock()
 
@@ -308,17 +314,19 @@ class Statements:
         return hit
 
     def run_remembered(self, sql: str, run: QueryRun | None, what: Hashable,
-                       derive: Callable[[ResultSet], T]) -> T:
+                       derive: Callable[[Any], T], integers: bool = False) -> T:
         """:meth:`run_stored_as` that keeps only the derived value, not the result: for a
         statement over stored relations whose text the analyst shapes (a filter), so that
-        many texts hold many small derived values (a selection's marginals) and never many
-        results.  ``derive`` must be a pure function of the result; its value is shared by
-        every later call (the caller must not change it).  A value read from memory counts
-        as rows read, as in :meth:`run_stored`."""
+        many texts hold many small derived values (a selection's marginals, a quantile's
+        histogram cells) and never many results.  ``derive`` must be a pure function of the
+        result (of its integer columns, :meth:`run_integers`, with ``integers``); its value is
+        shared by every later call (the caller must not change it: arrays read-only).  The
+        values kept are bounded by their bytes (``REMEMBERED_BYTES``).  A value read from
+        memory counts as rows read, as in :meth:`run_stored`."""
         hit = self._remembered.get((sql, what))
         if hit is None:
-            value = derive(self.run(sql, run))
-            self._remembered.put((sql, what), (value,))
+            value = derive(self.run_integers(sql, run) if integers else self.run(sql, run))
+            self._remembered.put((sql, what), (value,), _footprint(value))
             return value
         if run is not None:
             run.read()
@@ -336,3 +344,15 @@ class Statements:
         value = derive(result)
         self._derived.put((sql, what), (result, value))
         return value
+
+
+def _footprint(value: object) -> int:
+    """About how many bytes ``value`` holds: its arrays' bytes, and a word or so per item of
+    its mappings and sequences (what :meth:`Statements.run_remembered` keeps)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes) + 112
+    if isinstance(value, Mapping):
+        return 64 + sum(_footprint(k) + _footprint(v) for k, v in value.items())
+    if isinstance(value, tuple | list):
+        return 56 + sum(8 + _footprint(v) for v in value)
+    return 32

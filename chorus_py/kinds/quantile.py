@@ -21,10 +21,11 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from sqlglot import exp
@@ -49,7 +50,7 @@ from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks, join_copies
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
-from chorus_py.kinds.selection import Choices, stored_counts, with_contribution
+from chorus_py.kinds.selection import Choices, remembers, stored_counts, with_contribution
 from chorus_py.kinds.single import light_reads_twin, reads_twin
 from chorus_py.report import ColumnReport, KeyRelease, MeasurementReport, PrivacyReport
 from chorus_py.statements import QueryRun
@@ -71,6 +72,8 @@ from rewriters.quantiles import (
     quantile_histogram,
     quantile_join_histogram,
 )
+
+T = TypeVar("T")
 
 #: The most (group, bin) cells one histogram may return.
 MAX_CELLS = 2_000_000
@@ -158,6 +161,9 @@ class QuantileDetail:
     # A histogram row's keys (a declared value's index, a public table's value) -> its group.
     lookup: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
     key_types: dict[str, str] = dataclasses.field(default_factory=dict)  # read, by key id
+    # The statements (histograms, units gate) whose exact results are remembered by their
+    # text (``kinds.selection.remembers``: they read only the ranked copy and its twins).
+    remembered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -403,10 +409,14 @@ class QuantileKind:
             raise InvalidParameter(f"cannot calibrate the exponential mechanism: {err}",
                                    hint="ask for a larger epsilon") from None
         histograms = []
+        remembered = set()
         for argument in analysis.arguments:
             spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
             tree = histogram(query, spec)
+            kept = remembers(tree, ranked)  # before the dialect's rendering of RANDOM()
             sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+            if kept:
+                remembered.add(sql)
             # Grouped by the keys, then the bins: the groups bound is the keys'.
             services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables,
                                                 groups=query.bounded_groups,
@@ -420,14 +430,19 @@ class QuantileKind:
             # The units gate's statement; at the limit too, before the choice, so that the
             # database plans it before the claim (the choice may take the units gate).
             first = analysis.quantiles[0].argument
-            gate_sql = dialect(quantile_group_units(query, first, restriction),
-                               services.dialect, copy=False).sql(services.dialect, copy=False)
+            gate_tree = quantile_group_units(query, first, restriction)
+            kept = remembers(gate_tree, ranked)
+            gate_sql = dialect(gate_tree, services.dialect, copy=False).sql(
+                services.dialect, copy=False)
+            if kept:
+                remembered.add(gate_sql)
             services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables,
                                                 groups=query.bounded_groups,
                                                 cap=query.stability)
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
                                 gate_sql if _counts_units(query) else None, lookup,
-                                table.types if table is not None else {})
+                                table.types if table is not None else {},
+                                frozenset(remembered))
         report = _report(analysis, mechanisms, reads,
                          "\n".join(sql for _, sql in histograms), rest, gate, selects)
         if selects:  # the selection steps; the report's epsilon becomes rest + cap_epsilon
@@ -497,17 +512,20 @@ class QuantileKind:
         n_keys = len(analysis.query.keys)
         n_groups = len(detail.groups) if n_keys else 1
         counts: dict[str, np.ndarray] = {}
-        statements = self.services.statements
+        # Keys by the index of their declared value, bins, counts: all integers, read
+        # column-wise (no Python object per histogram row on DuckDB).
+        integers = all(k.public_values is not None for k in analysis.query.keys)
+
+        def cells(result: Any) -> np.ndarray:
+            dense = _index_cells(result, detail.lookup, n_groups) if integers else \
+                _cells(result.rows, analysis.query, detail.lookup, n_groups)
+            dense.flags.writeable = False  # it may be remembered: shared by later queries
+            return dense
+
         for argument, sql in detail.histograms:
-            # exact: never leaves this function
-            if all(k.public_values is not None for k in analysis.query.keys):
-                # Keys by the index of their declared value, bins, counts: all integers,
-                # read column-wise (no Python object per histogram row on DuckDB).
-                counts[argument] = _index_cells(statements.run_integers(sql, run),
-                                                detail.lookup, n_groups)
-            else:
-                counts[argument] = _cells(statements.run(sql, run).rows, analysis.query,
-                                          detail.lookup, n_groups)
+            # exact: never leaves this method
+            counts[argument] = self._exact(detail, sql, run, ("cells", detail.groups), cells,
+                                           integers)
         rows = []
         for g in range(n_groups):
             values = _draw(detail, {a: c[g] for a, c in counts.items()})
@@ -524,18 +542,13 @@ class QuantileKind:
         counts never leave this method."""
         query = detail.analysis.query
         n_keys = len(query.keys)
-        cells: dict[str, dict[tuple[Any, ...], list[tuple[int, float]]]] = {}
-        for argument, sql in detail.histograms:
-            found = cells.setdefault(argument, {})
-            for row in self.services.statements.run(sql, run).rows:
-                if any(v is None for v in row[:n_keys]):  # a NULL key is not a group here
-                    continue
-                found.setdefault(tuple(row[:n_keys]), []).append((int(row[n_keys]),
-                                                                  float(row[n_keys + 1])))
+        cells = {argument: self._exact(detail, sql, run, ("gated cells", n_keys),
+                                       lambda result: _gated_cells(result.rows, n_keys))
+                 for argument, sql in detail.histograms}
         if detail.gate_sql is not None:  # distinct units per group (of the first argument)
-            counts = {tuple(row[:n_keys]): float(row[n_keys])
-                     for row in self.services.statements.run(detail.gate_sql, run).rows
-                     if not any(v is None for v in row[:n_keys])}
+            counts: Mapping[tuple[Any, ...], float] = self._exact(
+                detail, detail.gate_sql, run, ("gate counts", n_keys),
+                lambda result: _gate_counts(result.rows, n_keys))
         else:
             # A group's count: its rows of the first argument (all arguments count the same
             # rows but for NULL values; each group is gated once, on that one histogram).
@@ -564,6 +577,18 @@ class QuantileKind:
             f"threshold tau = {gate.threshold:.4g} (scale {gate.mechanism.scale:g}): groups of "
             f"fewer {gate.counts} are not released; a larger epsilon lowers tau",)
         return Answer(result, _RankBars(detail, len(result.rows)), warnings)
+
+    def _exact(self, detail: QuantileDetail, sql: str, run: QueryRun, what: Hashable,
+               derive: Callable[[Any], T], integers: bool = False) -> T:
+        """``derive`` of the exact result of the histogram (or units gate) statement ``sql``
+        (its integer columns with ``integers``): run now, or remembered by its text when it
+        reads only the ranked copy (``QuantileDetail.remembered``; still exact, noised by the
+        caller on every use, and counted as rows read)."""
+        statements = self.services.statements
+        if sql in detail.remembered:
+            return statements.run_remembered(sql, run, what, derive, integers)
+        return derive(statements.run_integers(sql, run) if integers
+                      else statements.run(sql, run))
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
         return finish_rows(self.services.statements.scratch(), _columns(detail), detail.finish,
@@ -741,6 +766,27 @@ def _cells(rows: list[tuple[Any, ...]], query: AggregateQuery,
     listed = group >= 0
     np.add.at(cells, (group[listed], bins[listed]), counts[listed])
     return cells
+
+
+def _gated_cells(rows: Sequence[tuple[Any, ...]], n_keys: int
+                 ) -> Mapping[tuple[Any, ...], tuple[tuple[int, float], ...]]:
+    """A thresholded histogram's rows (g0, ..., b, n) as each group's (bin, count) cells, read
+    only (it may be remembered); a row with a NULL key is no group here."""
+    found: dict[tuple[Any, ...], list[tuple[int, float]]] = {}
+    for row in rows:
+        if any(v is None for v in row[:n_keys]):
+            continue
+        found.setdefault(tuple(row[:n_keys]), []).append((int(row[n_keys]),
+                                                          float(row[n_keys + 1])))
+    return MappingProxyType({g: tuple(c) for g, c in found.items()})
+
+
+def _gate_counts(rows: Sequence[tuple[Any, ...]], n_keys: int
+                 ) -> Mapping[tuple[Any, ...], float]:
+    """The units gate's rows (g0, ..., count) as each group's count, read only; a row with a
+    NULL key is no group here."""
+    return MappingProxyType({tuple(row[:n_keys]): float(row[n_keys]) for row in rows
+                             if not any(v is None for v in row[:n_keys])})
 
 
 def _index_cells(columns: tuple[np.ndarray, ...], lookup: dict[tuple[object, ...], int],

@@ -353,7 +353,8 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
 
 # Row functions whose value depends on when a statement runs, not on the rows alone.
 _OF_THE_MOMENT: tuple[type[exp.Expr], ...] = (
-    exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.CurrentDatetime, exp.Rand)
+    exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.CurrentDatetime, exp.Rand,
+    exp.Randn, exp.Uuid)
 
 
 def copy_cells(query: AggregateQuery) -> bool:
@@ -365,6 +366,25 @@ def copy_cells(query: AggregateQuery) -> bool:
     read = [query.where, *(k.expr for k in query.keys),
             *(a.argument for a in clipped_arguments(query))]
     return not any(e is not None and e.find(*_OF_THE_MOMENT) is not None for e in read)
+
+
+def remembers(tree: exp.Expr, copy: tuple[str, str] | None) -> bool:
+    """Whether the exact result of the statement ``tree`` may be remembered by its text
+    (``Statements.run_remembered``): it reads only the ranked copy ``copy`` (schema, name) and
+    the relations stored from it (its twins, named after it), which never change under their
+    names (``chorus_py.stores.samples``), and calls no function whose value depends on when
+    it runs or on a random draw.  Its text then names everything it reads, so the result
+    read again would be the same; every use of it is still noised afresh and charged.  Any
+    other relation (the table itself, a public table, a table function) is read every time."""
+    if copy is None:
+        return False
+    schema, name = copy
+    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        stored = table.db == schema and table.name.startswith(name)
+        if not (stored or (not table.db and table.name in ctes)):
+            return False
+    return tree.find(*_OF_THE_MOMENT) is None
 
 
 def parts(query: AggregateQuery) -> tuple[bool, tuple[ClippedArgument, ...]]:
