@@ -123,8 +123,9 @@ class JointQuantiles:
         """The epsilon the weights use: the cost minus the floating-point slack."""
         return self.epsilon - float_slack(self.epsilon, self.cap, len(self.ps), self.bins)
 
-    def _tables(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """C, the targets g_1..g_{m+1} and the forward tables F_1..F_m."""
+    def tables(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """C, the targets g_1..g_{m+1} and the forward tables F_1..F_m: a function of the
+        counts alone (no draw), so one histogram drawn from again may keep them."""
         counts = np.asarray(counts, dtype=float)
         if counts.ndim != 1 or counts.size != self.bins or np.any(counts < 0):
             raise ValueError(f"counts must be {self.bins} non-negative numbers")
@@ -146,9 +147,12 @@ class JointQuantiles:
             tables.append(np.logaddexp(below - a * target, above + a * target))
         return c, g, tables
 
-    def sample(self, counts: np.ndarray) -> tuple[int, ...]:
-        """The cuts t_1 <= ... <= t_m, drawn from os.urandom (module docstring)."""
-        c, g, tables = self._tables(counts)
+    def sample(self, counts: np.ndarray,
+               tables: tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None = None
+               ) -> tuple[int, ...]:
+        """The cuts t_1 <= ... <= t_m, drawn from os.urandom (module docstring); ``tables``:
+        :meth:`tables` of these very counts, when the caller kept them."""
+        c, g, tables = tables if tables is not None else self.tables(counts)
         a = self.working_epsilon / (2.0 * self.sensitivity)
         m = len(self.ps)
         cuts = [0] * m
@@ -162,7 +166,7 @@ class JointQuantiles:
 
     def log_probability(self, counts: np.ndarray, cuts: Sequence[int]) -> float:
         """ln P(cuts) as the sampler draws it (the product of its conditionals), for tests."""
-        c, g, tables = self._tables(counts)
+        c, g, tables = self.tables(counts)
         a = self.working_epsilon / (2.0 * self.sensitivity)
         m = len(self.ps)
         weights = tables[-1] - a * np.abs(c[-1] - c - g[m])

@@ -26,6 +26,7 @@ from chorus_py.kinds.quantile import QuantileDetail
 from chorus_py.kinds.selection import remembers
 from chorus_py.policy import load_policy
 from chorus_py.statements import QueryRun
+from mechanisms.joint_quantiles import JointQuantiles
 
 ALICE = {"analyst": "alice"}
 COPY = (SCHEMA, "trips__ranked_0123abcd")
@@ -234,3 +235,50 @@ def test_weighted_lru_keeps_at_most_its_limit() -> None:
     assert cache.get("huge") is None and cache.weight == 50 and len(cache) == 2
     cache.put("d", "D", 100)  # fills it: everything else goes
     assert len(cache) == 1 and cache.weight == 100 and cache.get("d") == "D"
+
+
+def test_joint_tables_of_a_remembered_histogram_are_computed_once(
+        make_engine: Callable[..., Engine], backend_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIN and MAX of one column are drawn jointly; the joint mechanism's tables are a function
+    of the counts alone, so over a remembered histogram they are computed once per group and
+    every later query draws afresh from them: the same tables a fresh computation gives."""
+    engine = make_engine(backend_url, k=5)
+    computed: list[tuple[JointQuantiles, np.ndarray]] = []
+    real = JointQuantiles.tables
+
+    def counting(self: JointQuantiles, counts: np.ndarray) -> tuple[object, ...]:
+        computed.append((self, np.array(counts)))
+        return real(self, counts)
+
+    monkeypatch.setattr(JointQuantiles, "tables", counting)
+    sql = "SELECT city, MIN(fare), MAX(fare) FROM trips GROUP BY city"
+    answers = [engine.execute(sql, epsilon=1.0, **ALICE).rows for _ in range(4)]
+    assert len(computed) == 5  # one per city, on the first run only
+    assert len({repr(a) for a in answers}) == 4  # fresh draws every time
+    mechanism, counts = computed[0]
+    kept = engine.quantile._tables
+    assert len(kept) == 5
+    # The tables kept for the first city are those a fresh computation gives.
+    first = [k for k in kept._items if k[0] == mechanism and k[2] == 0]
+    hit = kept.get(first[0])
+    assert hit is not None
+    c, g, forward = hit[1]
+    c2, g2, forward2 = real(mechanism, counts)
+    assert np.array_equal(c, c2) and np.array_equal(g, g2)
+    assert all(np.array_equal(a, b) for a, b in zip(forward, forward2, strict=True))
+
+
+def test_joint_sample_with_given_tables_is_the_same_mechanism() -> None:
+    """``JointQuantiles.sample(counts, tables)`` draws from the tables it is given, which are
+    ``tables(counts)``: the probabilities of every cut pair are the same either way."""
+    mechanism = JointQuantiles(1.0, 2, (0.01, 0.99), 20)
+    counts = np.array([0, 3, 5, 1, 0, 0, 7, 2, 2, 9, 0, 1, 4, 4, 0, 0, 2, 1, 0, 5], float)
+    tables = mechanism.tables(counts)
+    draws = [mechanism.sample(counts, tables) for _ in range(300)]
+    assert all(0 <= a <= b <= 20 for a, b in draws)
+    # The most likely pair under log_probability (which recomputes the tables) is drawn often.
+    pairs = [(a, b) for a in range(21) for b in range(a, 21)]
+    best = max(pairs, key=lambda p: mechanism.log_probability(counts, p))
+    expected = np.exp(mechanism.log_probability(counts, best))
+    assert abs(draws.count(best) / 300 - expected) < 5 * np.sqrt(expected / 300) + 0.02
