@@ -17,16 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlglot import parse_one
 
 from chorus_py.backends import SCHEMA
 from chorus_py.caches import WeightedLRU
 from chorus_py.engine import Engine
-from chorus_py.kinds.quantile import QuantileDetail
+from chorus_py.kinds.quantile import QuantileDetail, _GatedRows
 from chorus_py.kinds.selection import remembers
 from chorus_py.policy import load_policy
 from chorus_py.statements import QueryRun
 from mechanisms.joint_quantiles import JointQuantiles
+from rewriters.bins import BINS
 
 ALICE = {"analyst": "alice"}
 COPY = (SCHEMA, "trips__ranked_0123abcd")
@@ -282,3 +285,27 @@ def test_joint_sample_with_given_tables_is_the_same_mechanism() -> None:
     best = max(pairs, key=lambda p: mechanism.log_probability(counts, p))
     expected = np.exp(mechanism.log_probability(counts, best))
     assert abs(draws.count(best) / 300 - expected) < 5 * np.sqrt(expected / 300) + 0.02
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 4)),
+                               st.one_of(st.none(), st.sampled_from(["a", "b"])),
+                               st.integers(0, BINS - 1), st.integers(1, 50)), max_size=60))
+def test_gated_rows_read_column_wise_are_the_rows_counted_by_hand(
+        rows: list[tuple[int | None, str | None, int, int]]) -> None:
+    """A thresholded histogram's rows (two keys, bin, count) read column-wise: the groups in
+    order of first appearance, a NULL key no group, each group's total and dense cells those
+    of a loop over the rows; read only."""
+    gated = _GatedRows.of(rows, 2)
+    expected: dict[tuple[object, ...], np.ndarray] = {}
+    for a, b, cell, n in rows:
+        if a is None or b is None:
+            continue
+        expected.setdefault((a, b), np.zeros(BINS))[cell] += n
+    assert list(gated.groups) == list(expected)
+    assert np.array_equal(gated.totals(), [v.sum() for v in expected.values()])
+    for group, dense in expected.items():
+        assert np.array_equal(gated.dense(group), dense)
+    assert not gated.dense((9, "z")).any()  # a group without rows here: zeros
+    with pytest.raises(ValueError):
+        gated.counts[:1] = 0.0
