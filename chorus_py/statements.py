@@ -16,6 +16,7 @@ shape is the same on every call, so each check costs its round trip once per sha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -348,11 +349,14 @@ class Statements:
 
 def _footprint(value: object) -> int:
     """About how many bytes ``value`` holds: its arrays' bytes, and a word or so per item of
-    its mappings and sequences (what :meth:`Statements.run_remembered` keeps)."""
+    its mappings, sequences and dataclass fields (what :meth:`Statements.run_remembered`
+    keeps)."""
     if isinstance(value, np.ndarray):
         return int(value.nbytes) + 112
     if isinstance(value, Mapping):
         return 64 + sum(_footprint(k) + _footprint(v) for k, v in value.items())
     if isinstance(value, tuple | list):
         return 56 + sum(8 + _footprint(v) for v in value)
+    if dataclasses.is_dataclass(value):
+        return 56 + sum(_footprint(getattr(value, f.name)) for f in dataclasses.fields(value))
     return 32

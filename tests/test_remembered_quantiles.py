@@ -309,3 +309,16 @@ def test_gated_rows_read_column_wise_are_the_rows_counted_by_hand(
     assert not gated.dense((9, "z")).any()  # a group without rows here: zeros
     with pytest.raises(ValueError):
         gated.counts[:1] = 0.0
+
+
+def test_remembered_values_are_weighed_by_what_they_hold() -> None:
+    """The remembered values are bounded by their bytes: arrays by theirs, mappings,
+    sequences and dataclasses (a thresholded histogram's rows) by what they hold."""
+    from chorus_py.statements import _footprint
+
+    cells = np.zeros((5, BINS))
+    assert _footprint(cells) >= cells.nbytes
+    rows = [(d, b, 1) for d in range(1000) for b in range(50)]
+    gated = _GatedRows.of(rows, 1)
+    assert _footprint(gated) >= gated.bins.nbytes + gated.counts.nbytes + 1000 * 8
+    assert _footprint({"cap": cells}) >= cells.nbytes
