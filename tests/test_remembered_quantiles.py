@@ -322,3 +322,14 @@ def test_remembered_values_are_weighed_by_what_they_hold() -> None:
     gated = _GatedRows.of(rows, 1)
     assert _footprint(gated) >= gated.bins.nbytes + gated.counts.nbytes + 1000 * 8
     assert _footprint({"cap": cells}) >= cells.nbytes
+
+
+def test_joint_tables_of_a_histogram_run_for_one_query_are_not_kept(
+        make_engine: Callable[..., Engine], backend_url: str) -> None:
+    """A histogram that is not remembered (a filter on CURRENT_DATE) gets its joint tables
+    afresh every query: none are kept for an array the next query will not see."""
+    engine = make_engine(backend_url, k=5)
+    sql = "SELECT MIN(fare), MAX(fare) FROM trips WHERE pickup_time < CURRENT_DATE"
+    for _ in range(2):
+        engine.execute(sql, epsilon=1.0, **ALICE)
+    assert len(engine.quantile._tables) == 0

@@ -528,17 +528,21 @@ class QuantileKind:
         def cells(result: Any) -> np.ndarray:
             dense = _index_cells(result, detail.lookup, n_groups) if integers else \
                 _cells(result.rows, analysis.query, detail.lookup, n_groups)
-            dense.flags.writeable = False  # it may be remembered: shared by later queries
+            dense.flags.writeable = False  # when remembered, shared by later queries
             return dense
 
+        remembered = set()
         for argument, sql in detail.histograms:
             # exact: never leaves this method
             counts[argument] = self._exact(detail, sql, run, ("cells", detail.groups), cells,
                                            integers)
+            if sql in detail.remembered:
+                remembered.add(argument)
         rows = []
         for g in range(n_groups):
             values = _draw(detail, {a: c[g] for a, c in counts.items()},
-                           lambda m, a, g=g, kept=counts: self._joint_tables(m, kept[a], g))
+                           lambda m, a, g=g, cells=counts: self._joint_tables(
+                               m, cells[a], g, a in remembered))
             keys = detail.groups[g] if n_keys else ()
             rows.append((*keys, *values))
         del counts
@@ -584,14 +588,14 @@ class QuantileKind:
             f"fewer {gate.counts} are not released; a larger epsilon lowers tau",)
         return Answer(result, _RankBars(detail, len(result.rows)), warnings)
 
-    def _joint_tables(self, mechanism: JointQuantiles, cells: np.ndarray, group: int
-                      ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    def _joint_tables(self, mechanism: JointQuantiles, cells: np.ndarray, group: int,
+                      remembered: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """``mechanism``'s tables (``JointQuantiles.tables``: a function of the counts alone,
-        no draw) of row ``group`` of ``cells``, kept while ``cells`` is a remembered (read
+        no draw) of row ``group`` of ``cells``, kept while ``cells`` is a ``remembered`` (read
         only) histogram: the same query again draws afresh from the same tables, 1-2 ms
         fewer per draw over 10,000 bins.  Kept by the array itself (a weak reference: a new
         array at the same address is never taken for it)."""
-        if cells.flags.writeable:  # computed for this query only
+        if not remembered:  # computed for this query only
             return mechanism.tables(cells[group])
         key = (mechanism, id(cells), group)
         hit = self._tables.get(key)
