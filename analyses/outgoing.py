@@ -43,7 +43,9 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    ``__chorus_unit_rows``, and its random rank 1..n_u in its unit, ``__chorus_rank``) is not
    bounded by itself: it needs one of those, or, read directly, ``__chorus_unit_rows <= k`` in
    the reading SELECT's WHERE (the light units, whose k rows at most are all kept) or
-   ``__chorus_rank <= k`` there (k rows per unit at most), or, for the selection histograms,
+   ``__chorus_rank <= k`` there (k rows per unit at most), or its row numbers partitioned by
+   the copy's own ``__chorus_unit_rows`` then the unit (one count per unit: the same
+   partitions, ``_presorted``), or, for the selection histograms,
    each row weighted by ``1 / __chorus_unit_rows`` or marked by ``CASE WHEN __chorus_rank = 1
    THEN 1 ELSE 0 END`` in the reading SELECT, and only SUMs of such weights at the barrier (a
    unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
@@ -445,8 +447,9 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     light = stored and not sample and (_copy_capped(reader.args.get("where"), alias, sole, most)
                                        or _stored_weights(chain, index, alias, sole,
                                                           spec.unit))
+    copy = (alias, sole) if stored and not sample else None
     if spec.unit is not None and not sample and not light \
-            and not _bounded(chain, index, spec.unit, most):
+            and not _bounded(chain, index, spec.unit, most, copy):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit} to at most {most:g} rows")
     return barrier
@@ -891,14 +894,21 @@ def _aggregated_output(value: exp.Expr, name: str,
     return None
 
 
-def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float) -> bool:
+def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float,
+             copy: tuple[str, bool] | None = None) -> bool:
+    """Whether each unit's rows reaching ``barrier`` are bounded (rule 4, module docstring).
+    ``copy``: the read is of a ranked copy (or its twin) under (alias, sole source), whose
+    direct reader may partition its row numbers by the copy's own ``__chorus_unit_rows`` and
+    the unit (``_presorted``)."""
     below = chain[: barrier + 1]
     for i, select in enumerate(below):
         for item in select.expressions:
             if not isinstance(item, exp.Alias):
                 continue
             if isinstance(item.this, exp.Window) and _numbers_rows(item.this) \
-                    and _partitioned_by(item.this, unit) and any(
+                    and (_partitioned_by(item.this, unit)
+                         or (i == 0 and copy is not None
+                             and _presorted(item.this, unit, *copy))) and any(
                         _rank_filter(s.args.get("where"), item.alias, most)
                         for s in below[i + 1:]):
                 return True
@@ -1082,6 +1092,21 @@ def _partitioned_by(window: exp.Window, unit: str) -> bool:
     weight of 1 per sub-partition, unbounded per unit."""
     parts = window.args.get("partition_by") or []
     return len(parts) == 1 and isinstance(parts[0], exp.Column) and parts[0].name == unit
+
+
+def _presorted(window: exp.Window, unit: str, alias: str, sole: bool) -> bool:
+    """Whether ``window``, in the direct reader of a ranked copy (or its twin) ``alias``, is
+    partitioned by that copy's ``__chorus_unit_rows`` then the unit, nothing else
+    (``rewriters.contribution.presorted_pays``).  The copy stores each unit's count of rows on
+    every row of the unit (``COUNT(*) OVER (PARTITION BY unit)`` when it is built), so the
+    partitions are the units' rows exactly, as by the unit alone.  A count from anywhere else
+    (another relation, a derived column) could differ between a unit's rows and is refused."""
+    parts = window.args.get("partition_by") or []
+    if len(parts) != 2 or not all(isinstance(p, exp.Column) for p in parts):
+        return False
+    size, by = parts
+    return size.name == _UNIT_ROWS and (size.table == alias or (sole and not size.table)) \
+        and by.name == unit
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:

@@ -32,6 +32,7 @@ from rewriters.contribution import (
     contribution,
     counted_pays,
     group_bound,
+    presorted_pays,
     ranked_branches,
     ranked_contribution,
     ranked_group_contribution,
@@ -175,11 +176,11 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     elif ranked is not None and dialect in SPLIT_DIALECTS and adds_up_over_parts(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   running, light_twin)
+                                   running, light_twin, presorted_pays(dialect, twin))
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   running, light_twin)
+                                   running, light_twin, presorted_pays(dialect, twin))
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

@@ -51,7 +51,8 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
                        bins: int, restriction: BlockRestriction | None,
                        sample: tuple[str, str] | None, ranked: tuple[str, str] | None = None,
                        split: bool = False, counted: bool = False, twin: bool = False,
-                       stored: str | None = None, light_twin: bool = False) -> exp.Select:
+                       stored: str | None = None, light_twin: bool = False,
+                       presorted: bool = False) -> exp.Select:
     """Rows (g0, ..., b, n): per group (index or value) and bin b in [0, bins) of the value clipped to
     [lower, upper], the number n of rows.  Bins and groups without rows are absent.
 
@@ -64,7 +65,9 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
     (``rewriters.contribution.kept_rank``: the same rows; not with groups per unit).
     ``twin``: the heavy branch reads the copy's twin in unit order (``rewriters.contribution.
     ranked_branches``: the same rows; not with groups per unit), with ``light_twin`` its light
-    branch too.  ``stored``: the ranked copy's stored bin of ``argument``
+    branch too; ``presorted``: its window partitioned by the unit's row count and the unit
+    (``rewriters.contribution.presorted_pays``: the same rows).  ``stored``: the ranked
+    copy's stored bin of ``argument``
     (``rewriters.bins.stored_bin``: a plain column at its declared bounds and these bins),
     grouped instead of computing each row's bin: the same cells.
 
@@ -98,14 +101,14 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
             light, heavy = (_histogram_of(query, argument, branch, lower, upper, bins,
                                           by_value=False, stored=stored)
                             for branch in _copy_branches(query, rows, unit, counted, twin,
-                                                         light_twin))
+                                                         light_twin, presorted))
             # Each (group, bin) count is integral: cast back to BIGINT after the sum.
             return combine_branches([light, heavy],
                                     [*(f"g{i}" for i in range(len(query.keys))), "b"],
                                     [("n", True)])
         return _indexed(query, _histogram_of(query, argument,
                                              _copy_bounded(query, rows, unit, counted, twin,
-                                                           light_twin),
+                                                           light_twin, presorted),
                                              lower, upper, bins, stored=stored))
     return _indexed(query, _histogram_of(query, argument,
                                          _bounded_rows(query, argument, restriction, sample),
@@ -113,7 +116,8 @@ def quantile_histogram(query: AggregateQuery, argument: exp.Expr, lower: float, 
 
 
 def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str, counted: bool,
-                   twin: bool, light_twin: bool = False) -> tuple[exp.Select, exp.Select]:
+                   twin: bool, light_twin: bool = False, presorted: bool = False
+                   ) -> tuple[exp.Select, exp.Select]:
     """The light and heavy branches of the ranked copy's ``rows`` (filtered): by the row cap
     k (``ranked_branches``), or, keys released by a threshold with g < k groups per unit, by g
     groups then k rows (``ranked_group_branches``: the groups drawn afresh, as
@@ -124,11 +128,12 @@ def _copy_branches(query: AggregateQuery, rows: exp.Select, unit: str, counted: 
                                      [safety(k.expr) for k in query.keys], query.max_groups,
                                      query.stability)
     return ranked_branches(rows, query.alias, unit, query.stability, twin, counted,
-                           light_twin)
+                           light_twin, presorted)
 
 
 def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str, counted: bool,
-                  twin: bool, light_twin: bool = False) -> exp.Union:
+                  twin: bool, light_twin: bool = False, presorted: bool = False
+                  ) -> exp.Union:
     """The branches of ``_copy_branches`` as one relation (light UNION ALL heavy)."""
     if groups_bounded(query):
         assert query.max_groups is not None
@@ -136,7 +141,7 @@ def _copy_bounded(query: AggregateQuery, rows: exp.Select, unit: str, counted: b
                                          [safety(k.expr) for k in query.keys],
                                          query.max_groups, query.stability)
     return ranked_contribution(rows, query.alias, unit, query.stability, twin, counted,
-                               light_twin)
+                               light_twin, presorted)
 
 
 def _histogram_of(query: AggregateQuery, argument: exp.Expr, rows: exp.Query, lower: float,

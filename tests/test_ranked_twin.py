@@ -46,12 +46,12 @@ def engine(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]) -> E
     return ranked_engine(policy_engine, skewed)
 
 
-def _kept(engine: Engine, copy: str, where: str, twin: bool, light_twin: bool = False
-          ) -> list[tuple[int, int]]:
+def _kept(engine: Engine, copy: str, where: str, twin: bool, light_twin: bool = False,
+          presorted: bool = False) -> list[tuple[int, int]]:
     """(id, person) of the rows ``ranked_contribution`` keeps of the copy's filtered rows."""
     rows = parse_one(f'SELECT c.* FROM {SCHEMA}."{copy}" AS c WHERE {where}')
-    kept = ranked_contribution(rows, "c", "person", K, twin, light_twin=light_twin).sql(
-        engine.dialect)
+    kept = ranked_contribution(rows, "c", "person", K, twin, light_twin=light_twin,
+                               presorted=presorted).sql(engine.dialect)
     return sorted(engine.backend.run(f"SELECT b.id, b.person FROM ({kept}) AS b").rows)
 
 
@@ -70,11 +70,11 @@ def test_the_twin_holds_the_copys_rows_in_unit_order(skewed: tuple[str, str],
     if engine.dialect == "duckdb":  # stored (and scanned) by unit rows, unit, stored rank
         stored = [(r[4], r[1], r[3]) for r in read(unit_ordered(copy), "")]
         assert stored == sorted(stored)
-    else:  # indexed by the unit's rows, as the copy: a heavy branch over few units reads few
+    else:  # indexed in its own order: a heavy branch over few units reads few, presorted
         (definition,) = engine.backend.run(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = 'chorus_private' "
             f"AND tablename = '{unit_ordered(copy)}'").rows[0]
-        assert definition.endswith("(__chorus_unit_rows)")
+        assert definition.endswith("(__chorus_unit_rows, person, __chorus_rank)")
 
 
 @pytest.mark.parametrize("where, passing", FILTERS)
@@ -87,8 +87,10 @@ def test_the_twin_keeps_the_rows_the_copy_keeps(
     copy = ranked_copy_name(engine, table)
     from_copy, from_twin = (_kept(engine, copy, where, twin) for twin in (False, True))
     assert from_twin == from_copy
-    # Both branches from the twin (kinds.single.light_twin_pays): the same rows again.
+    # Both branches from the twin (kinds.single.light_twin_pays): the same rows again; and
+    # with the heavy window partitioned by (unit rows, unit) (presorted_pays): the same.
     assert _kept(engine, copy, where, True, light_twin=True) == from_copy
+    assert _kept(engine, copy, where, True, presorted=True) == from_copy
     filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
     kept = collections.Counter(p for _, p in from_twin)
     assert kept == {p: min(c, K) for p, c in filtered.items()}
@@ -166,6 +168,42 @@ def test_the_light_branch_reads_the_copy_or_its_twin_but_no_other(
     with pytest.raises(Refused, match="ranked copy"):
         _check(engine, table, f"{re.sub(rf'{copy}(_u)?', _other(twin), light)} UNION ALL "
                               f"{heavy}")
+
+
+def test_the_heavy_window_partitioned_by_the_copys_unit_rows_passes_and_nothing_else(
+        skewed: tuple[str, str], engine: Engine) -> None:
+    """Postgres's heavy branch numbers its rows partitioned by (the copy's own
+    ``__chorus_unit_rows``, the unit), the order of the twin's index: one count per unit, so
+    the same partitions as by the unit, and the verifier passes it (on both backends).  A
+    partition by another column and the unit, by a count of another relation, by three
+    columns or in the other order is refused, and so is the same partition over the table
+    itself (no stored count there)."""
+    _, table = skewed
+    copy, twin, _, heavy = _branches(engine, table)
+    # What the engine sends: presorted on Postgres only (DuckDB's window gains nothing).
+    sent = f"PARTITION BY {table}.__chorus_unit_rows, {table}.person ORDER BY"
+    assert (sent in heavy) == (engine.dialect == "postgres")
+    assert (f"PARTITION BY {table}.person ORDER BY" in heavy) == (engine.dialect == "duckdb")
+    rows = parse_one(f'SELECT c.* FROM {SCHEMA}."{copy}" AS c WHERE c.v >= 2')
+    kept = ranked_contribution(rows, "c", "person", K, True, presorted=True).sql(
+        engine.dialect)
+    presorted = "PARTITION BY c.__chorus_unit_rows, c.person ORDER BY c.__chorus_rank"
+    assert presorted in kept
+
+    def check(text: str) -> None:
+        _check(engine, table, f"SELECT COUNT(*) AS n FROM ({text}) AS b")
+
+    check(kept)
+    for other in ("PARTITION BY c.v, c.person ORDER BY c.__chorus_rank",
+                  "PARTITION BY x.__chorus_unit_rows, c.person ORDER BY c.__chorus_rank",
+                  "PARTITION BY c.__chorus_unit_rows, c.person, c.id ORDER BY c.__chorus_rank",
+                  "PARTITION BY c.person, c.__chorus_unit_rows ORDER BY c.__chorus_rank"):
+        with pytest.raises(Refused, match="contribution bounding"):
+            check(kept.replace(presorted, other))
+    base = kept.replace(f'{SCHEMA}."{twin}"', table).replace(f'{SCHEMA}."{copy}"', table)
+    assert twin not in base and copy not in base
+    with pytest.raises(Refused):
+        check(base)
 
 
 def test_a_copy_without_its_twin_gets_one_and_one_shot_engines_read_it(

@@ -62,7 +62,7 @@ from mechanisms.joint_quantiles import MAX_JOINT, JointQuantiles, cut_value
 from mechanisms.thresholding import key_release_threshold
 from rewriters.bins import BINS, stored_bin
 from rewriters.blocks import BlockRestriction
-from rewriters.contribution import counted_pays
+from rewriters.contribution import counted_pays, presorted_pays
 from rewriters.dialect import dialect
 from rewriters.keys import key_grid
 from rewriters.pipeline import NOISY, SPLIT_DIALECTS
@@ -287,7 +287,8 @@ class QuantileKind:
                                   restriction, sample, ranked, split,
                                   counted_pays(self.services.dialect, query.stability, twin),
                                   twin, stored,
-                                  twin and light_reads_twin(self.services, query, reads))
+                                  twin and light_reads_twin(self.services, query, reads),
+                                  presorted_pays(self.services.dialect, twin))
 
     def _ranked(self, query: AggregateQuery, sample: tuple[str, str] | None
                 ) -> tuple[str, str] | None:

@@ -380,8 +380,11 @@ class BoundedSamples:
             row = self._backend.run(
                 f'SELECT COUNT(*), SUM(hash(*) % 1000000007) FROM "{table}"').rows
         if kind == RANKED:  # every row, whatever the cap: engines of any k share it
-            # and the bins it stores (rewriters.bins): other declared bounds, another copy.
-            return f"{row}|{policy.privacy_unit}|ranked|bins {BINS} {stored_bins(policy)}"
+            # and the bins it stores (rewriters.bins): other declared bounds, another copy;
+            # "order": its twin's index is in the twin's order (a copy whose twin was indexed
+            # on the row count alone is built again, with it).
+            return (f"{row}|{policy.privacy_unit}|ranked|bins {BINS} {stored_bins(policy)}"
+                    "|order")
         # The cap is part of the version: a new max_rows_per_unit needs a new sample; so is
         # its layout ("ordered": in block order, indexed), so that older samples are rebuilt.
         return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered"
@@ -479,11 +482,14 @@ class BoundedSamples:
                 f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{twin}" AS SELECT * FROM '
                 f'{SCHEMA}."{name}" ORDER BY "{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}"')
             if self._backend.dialect == "postgres":
-                # As the copy's: the heavy branch reads only units above k, often none (a
-                # COUNT at cap 200 over 1M demo trips scanned the whole twin, 73 of its 177 ms,
-                # for no row).
-                statements.append(f'CREATE INDEX IF NOT EXISTS "{twin}_rows" ON '
-                                  f'{SCHEMA}."{twin}" ("{UNIT_ROWS}")')
+                # In the twin's own order: the heavy branch reads only units above k, often
+                # none (a COUNT at cap 200 over 1M demo trips scanned the whole twin, 73 of
+                # its 177 ms, for no row), and reads them already in the order of its window
+                # partitioned by (row count, unit) and ordered by rank
+                # (``rewriters.contribution.presorted_pays``): no sort.
+                statements.append(
+                    f'CREATE INDEX IF NOT EXISTS "{twin}_order" ON {SCHEMA}."{twin}" '
+                    f'("{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}")')
                 statements.append(f'ANALYZE {SCHEMA}."{twin}"')
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         if twin is not None:
