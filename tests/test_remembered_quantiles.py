@@ -270,6 +270,8 @@ def test_joint_tables_of_a_remembered_histogram_are_computed_once(
     c2, g2, forward2 = real(mechanism, counts)
     assert np.array_equal(c, c2) and np.array_equal(g, g2)
     assert all(np.array_equal(a, b) for a, b in zip(forward, forward2, strict=True))
+    with pytest.raises(ValueError):  # shared by later draws: read only
+        forward[0][0] = 0.0
 
 
 def test_joint_sample_with_given_tables_is_the_same_mechanism() -> None:

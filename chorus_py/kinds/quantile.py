@@ -604,6 +604,8 @@ class QuantileKind:
             return hit[1]
         tables = mechanism.tables(cells[group])
         c, g, forward = tables
+        for array in (c, g, *forward):  # shared by later draws: read only
+            array.flags.writeable = False
         self._tables.put(key, (weakref.ref(cells), tables),
                          int(c.nbytes + g.nbytes + sum(f.nbytes for f in forward)))
         return tables
