@@ -337,17 +337,20 @@ def test_the_clipping_bias_stays_within_the_declared_noise(weights: list[float],
     # taken only if its bias, at its upper estimate, is below the noise it saves, so the true
     # clipping loss at the chosen bound is below the declared bound's relative noise (a SUM
     # total, one row per unit, M = 1000) except when the noise fooled a 95% limit.  Over 20
-    # draws of the real noise, at most 3 may exceed it, and never by more than 2x.
+    # draws of the real noise, at most 3 may exceed it, and at most one by more than 2x: a
+    # fooled limit can clip nearly everything (all 64 units in the top bin at epsilon 0.05,
+    # the histogram's noise of scale 200 per bin: 0.2% of 4,000 draws lost more than 2x the
+    # noise, 0.5% more than 1x), so "never" failed a clean-clone run (2026-12-04).
     exact = ClipColumn(0.0, 1000.0, tuple(weights))
     units = sum(weights)
     rows = RowModel.exact_rows(units)
     epsilon_m = (1 - SHARE) * epsilon
     declared_noise = math.sqrt(2) * 1000.0 / epsilon_m / (units * exact.mean())
     total = [CapTerm(2.0, epsilon_m, True, column=0, kind="sum")]
-    beyond = 0
+    beyond = far = 0
     for _ in range(20):
         column = noisy_column(np.asarray(weights), 0.0, 1000.0, SHARE * epsilon)
         loss = exact.loss(choose(rows, total, [column]).bounds[0])
-        assert loss <= 2 * declared_noise
+        far += loss > 2 * declared_noise
         beyond += loss > declared_noise
-    assert beyond <= 3
+    assert beyond <= 3 and far <= 1
