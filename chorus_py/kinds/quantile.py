@@ -272,10 +272,11 @@ class QuantileKind:
         copy's twin where ``twin_pays`` says so, as a single-table answer's does: on DuckDB
         (one statement) its per-unit top-k aggregate behind ROW_NUMBER runs 2-4x faster on
         rows in unit order at caps 2..9 (``benchmarks.kept_rank``); on Postgres (``split``)
-        the twin's index on the unit's row count reads the heavy units' rows from the twin's
-        tail, where the copy's bitmap scan visits pages all over it (1M demo trips, medians of
-        15 alternating: the LA MIN/MAX histogram 257-279 -> 200-224 ms, per-city median 426
-        -> 374, SF 213 -> 180, MAX of a column 177 -> 161).  Over the copy the heavy rows are
+        the twin's index, led by the unit's row count, reads the heavy units' rows from the
+        twin's tail, where the copy's bitmap scan visits pages all over it (1M demo trips,
+        medians of 15 alternating: the LA MIN/MAX histogram 257-279 -> 200-224 ms, per-city
+        median 426 -> 374, SF 213 -> 180, MAX of a column 177 -> 161), in the order of its
+        window (``presorted_pays``).  Over the copy the heavy rows are
         numbered by a running count where ``counted_pays`` says so.  Either way the very same
         rows are kept."""
         twin = ranked is not None and not groups_bounded(query) \
@@ -532,13 +533,11 @@ class QuantileKind:
             dense.flags.writeable = False  # when remembered, shared by later queries
             return dense
 
-        remembered = set()
         for argument, sql in detail.histograms:
             # exact: never leaves this method
             counts[argument] = self._exact(detail, sql, run, ("cells", detail.groups), cells,
                                            integers)
-            if sql in detail.remembered:
-                remembered.add(argument)
+        remembered = {a for a, sql in detail.histograms if sql in detail.remembered}
         rows = []
         for g in range(n_groups):
             values = _draw(detail, {a: c[g] for a, c in counts.items()},
