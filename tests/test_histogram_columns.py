@@ -17,13 +17,12 @@ from sqlglot import parse_one
 
 from analyses.query import AggregateQuery, GroupKey
 from chorus_py.backends import Backend, StatementFailed, open_backend, portable_type
+from chorus_py.kinds.finish import finish_rows, noisy_table
 from chorus_py.kinds.quantile import (
     BINS,
     _cells,
     _index_cells,
     _public_groups,
-    finish_rows,
-    noisy_table,
 )
 from chorus_py.policy import TablePolicy
 

@@ -10,14 +10,14 @@ the outputs (ratios, arithmetic, HAVING, ORDER BY) over the noisy values in its 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import duckdb
 import numpy as np
 from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
@@ -28,8 +28,8 @@ from analyses.query import AggregateQuery, OutputColumn, display_sql
 from analyses.smoothing import ResolvedJoin
 from analyses.trees import sql_text
 from chorus_py.backends import ResultSet, portable_type
-from chorus_py.errors import BackendError
 from chorus_py.kinds.base import Answer, Prepared
+from chorus_py.kinds.finish import PythonFinish, finish_columns, noisy_table
 from chorus_py.kinds.selection import Choices
 from chorus_py.report import (
     ColumnReport,
@@ -52,7 +52,7 @@ from mechanisms.intervals import (
 from mechanisms.key_release import KeyReleaseOdds, empty_result_message, key_release_odds
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import BlockRestriction
-from rewriters.pipeline import NOISY, RewrittenQuery, released_measurements
+from rewriters.pipeline import RewrittenQuery, released_measurements
 
 log = logging.getLogger("chorus.engine")
 
@@ -85,6 +85,23 @@ class AnalyticQuery:
     cap_epsilon: float = 0.0
     resolved: ResolvedJoin | None = None
     chosen: Choices | None = None  # the private choices the statement was made with
+
+    @functools.cached_property
+    def proxy_finish(self) -> ProxyFinish:
+        """Proxy noise: the finish of the rewrite, rendered once for every run."""
+        rewritten = self.rewritten
+        assert rewritten is not None
+        sql = rewritten.finish.sql("duckdb")
+        return ProxyFinish(sql, PythonFinish.of(sql, rewritten.key_ids + rewritten.measure_ids))
+
+
+@dataclass(frozen=True)
+class ProxyFinish:
+    """A finish over the noisy values: its DuckDB text, and the same computed in Python when
+    it has only parts Python computes as DuckDB does (``kinds.finish.PythonFinish``)."""
+
+    sql: str
+    python: PythonFinish | None
 
 
 def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
@@ -269,39 +286,23 @@ def _run_proxy_noise(statements: Statements, detail: AnalyticQuery, run: QueryRu
     n_keys = len(rewritten.key_ids)
     columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
         () for _ in exact.columns]
-    noisy_columns: list[list[Any]] = [list(c) for c in columns[:n_keys]]
+    noisy_columns: list[Sequence[Any]] = list(columns[:n_keys])
     # Counts (and the key-release count) are integers; everything else is a float.
     integral = _integral(detail.query)
     for mid, values in zip(rewritten.measure_ids, columns[n_keys:], strict=True):
-        raw = np.array([0.0 if v is None else float(v) for v in values], dtype=float)
+        raw = np.array(values if None not in values else [
+            0.0 if v is None else v for v in values], dtype=float)
         noisy = mechanisms[mid].sample(raw)
-        noisy_columns.append([int(v) if mid in integral else float(v) for v in noisy])
-    con = statements.scratch()
-    try:
-        types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
-        types += ["BIGINT" if mid in integral else "DOUBLE" for mid in rewritten.measure_ids]
-        names = list(rewritten.key_ids) + list(rewritten.measure_ids)
-        con.execute(f"CREATE TEMP TABLE {NOISY} (" + ", ".join(
-            f"{n} {t}" for n, t in zip(names, types, strict=True)) + ")")
-        rows = list(zip(*noisy_columns, strict=True))
-        if rows:
-            con.executemany(f"INSERT INTO {NOISY} VALUES ({', '.join('?' * len(names))})",
-                            rows)
-        try:
-            cur = con.execute(rewritten.finish.sql("duckdb"))
-            desc = cur.description or []
-            return ResultSet(tuple(d[0] for d in desc),
-                             tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
-        except duckdb.Error as err:
-            # After the data was read: charged (the claim stays consumed).  The detail may
-            # quote a noisy value: the log only.
-            log.debug("proxy-noise finish error detail: %s", err)
-            raise BackendError(
-                "the outputs of this query could not be computed from its noisy aggregates",
-                hint="the budget of this query was charged, as its measurements read the "
-                "data; check the query's output expressions") from None
-    finally:
-        con.close()
+        noisy_columns.append(noisy.astype(np.int64) if mid in integral else noisy)
+    types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
+    types += ["BIGINT" if mid in integral else "DOUBLE" for mid in rewritten.measure_ids]
+    scratch = list(zip(rewritten.key_ids + rewritten.measure_ids, types, strict=True))
+    finish = detail.proxy_finish
+    if finish.python is not None:
+        done = finish.python.run(scratch, noisy_columns, statements.scratch)
+        if done is not None:
+            return done
+    return finish_columns(statements.scratch(), scratch, finish.sql, noisy_columns)
 
 
 def _integral(query: AggregateQuery) -> set[str]:
@@ -324,8 +325,7 @@ def finish_plan(detail: AnalyticQuery) -> tuple[str, str] | None:
     integral = _integral(detail.query)
     columns = tuple(zip(rewritten.key_ids, keys, strict=True)) + tuple(
         (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in rewritten.measure_ids)
-    return (f"CREATE TEMP TABLE {NOISY} (" + ", ".join(f"{n} {t}" for n, t in columns) + ")",
-            rewritten.finish.sql("duckdb"))
+    return noisy_table(columns), detail.proxy_finish.sql
 
 
 def _key_types(query: AggregateQuery) -> list[str] | None:

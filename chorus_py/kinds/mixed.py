@@ -48,8 +48,9 @@ from chorus_py.backends import ResultSet
 from chorus_py.caches import LRU
 from chorus_py.errors import InternalError, NotSupportedError
 from chorus_py.kinds.base import Answer, ChoiceStep, Prepared, Services
+from chorus_py.kinds.finish import Column, finish_rows, noisy_table
 from chorus_py.kinds.join import JoinKind
-from chorus_py.kinds.quantile import Column, QuantileKind, finish_rows, key_columns, noisy_table
+from chorus_py.kinds.quantile import QuantileKind, key_columns
 from chorus_py.kinds.single import SingleTableKind
 from chorus_py.report import ColumnReport, ContributionReport, PrivacyReport
 from chorus_py.statements import QueryRun, Statements

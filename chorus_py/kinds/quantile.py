@@ -44,11 +44,12 @@ from analyses.quantiles import (
 )
 from analyses.query import AggregateQuery, PublicQuery, display_sql
 from budget.accounting import Event
-from chorus_py.backends import SCHEMA, ResultSet, portable_type
+from chorus_py.backends import SCHEMA, ResultSet
 from chorus_py.caches import LRU, WeightedLRU
-from chorus_py.errors import BackendError, InvalidParameter, QueryRefused
+from chorus_py.errors import InvalidParameter, QueryRefused
 from chorus_py.kinds.analytic import listed_keys
 from chorus_py.kinds.base import Answer, Prepared, Services
+from chorus_py.kinds.finish import Column, finish_rows, noisy_table
 from chorus_py.kinds.join import join_blocks, join_copies
 from chorus_py.kinds.quantile_selection import QuantileSelection, quantile_histograms
 from chorus_py.kinds.selection import Choices, remembers, stored_counts, with_contribution
@@ -65,7 +66,7 @@ from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays, presorted_pays
 from rewriters.dialect import dialect
 from rewriters.keys import key_grid
-from rewriters.pipeline import NOISY, SPLIT_DIALECTS
+from rewriters.pipeline import SPLIT_DIALECTS
 from rewriters.quantiles import (
     groups_bounded,
     quantile_finish,
@@ -641,60 +642,6 @@ def _counts_units(query: AggregateQuery) -> bool:
     one unit column, per-query bounding, and groups per unit bounded below the cap."""
     return (isinstance(query.table_policy.privacy_unit, str) and query.auto_cap
             and query.groups_per_unit < query.stability)
-
-
-#: Rows per INSERT of ``finish_rows``.
-_INSERT_ROWS = 500
-#: Up to this many rows ``finish_rows`` sends one statement, its rows a VALUES list in a
-#: WITH: 0.8 against 1.75 ms for one row, 1.2 against 1.75 for 5, but 10.7 against 6.1 for
-#: 100 (DuckDB binds every cast parameter; medians of 25, 2026-12-04).
-FINISH_VALUES_ROWS = 8
-
-#: A scratch column of released values: (name, DuckDB type).
-Column = tuple[str, str]
-
-
-def noisy_table(columns: Sequence[Column]) -> str:
-    """The statement making the finish's scratch table of released values."""
-    return f"CREATE TEMP TABLE {NOISY} ({', '.join(f'{n} {t}' for n, t in columns)})"
-
-
-def finish_rows(con: Any, columns: Sequence[Column], finish: str, rows: list[tuple[Any, ...]]
-                ) -> ResultSet:
-    """``finish`` (DuckDB SQL) over ``rows`` of released values in a relation ``NOISY`` of
-    ``columns``, on the scratch connection ``con`` (closed here): post-processing in the
-    proxy.  Each value is cast to its column's type, as an INSERT into the table
-    :func:`noisy_table` makes casts it."""
-    try:
-        params: list[Any] | None = None
-        if 0 < len(rows) <= FINISH_VALUES_ROWS and finish.lstrip()[:4].upper() != "WITH":
-            # One statement: the relation a WITH over a VALUES list of cast parameters (a
-            # finish with a WITH of its own takes the table).
-            row = f"({', '.join(f'CAST(? AS {t})' for _, t in columns)})"
-            finish = (f"WITH {NOISY} AS (SELECT * FROM (VALUES {', '.join([row] * len(rows))})"
-                      f" AS v({', '.join(n for n, _ in columns)})) {finish}")
-            params = [v for r in rows for v in r]
-        else:
-            con.execute(noisy_table(columns))
-            # A few multi-row INSERTs: DuckDB's executemany runs one statement per row
-            # (about 1 ms each).
-            for at in range(0, len(rows), _INSERT_ROWS):
-                chunk = rows[at:at + _INSERT_ROWS]
-                row = f"({', '.join('?' * len(chunk[0]))})"
-                con.execute(f"INSERT INTO {NOISY} VALUES {', '.join([row] * len(chunk))}",
-                            [v for r in chunk for v in r])
-        try:
-            cur = con.execute(finish, params)
-        except Exception:  # duckdb.Error; the detail may quote a noisy value: not shown
-            raise BackendError(
-                "the outputs of this query could not be computed from its noisy values",
-                hint="the budget of this query was charged, as it read the data; check the "
-                "query's output expressions") from None
-        desc = cur.description or []
-        return ResultSet(tuple(d[0] for d in desc),
-                         tuple(portable_type(str(d[1])) for d in desc), cur.fetchall())
-    finally:
-        con.close()
 
 
 def _draw(detail: QuantileDetail, histograms: dict[str, np.ndarray],
