@@ -115,7 +115,8 @@ def _check_policy(path: pathlib.Path, url: str) -> dict:
         "max_epsilon_per_query": 2.0,
         "min_epsilon_per_query": 0.001,
         "max_delta_per_query": 1e-6,
-        "noise": "sql",
+        # The proxy draws the noise of an embedded DuckDB; Postgres draws its own.
+        "noise": "proxy" if url.startswith("duckdb") else "sql",
         "threshold_epsilon_share": 0.2,
         "cap_epsilon_share": 0.1,
         "choice_reuse_seconds": 600,

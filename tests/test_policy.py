@@ -475,3 +475,17 @@ def test_failed_start_up_closes_the_backend(duckdb_data: str, write_policy: Writ
     assert info.value is not None  # the caller still holds the error, e.g. to log it
     con = duckdb.connect(str(copy))  # a different configuration: only works if it was closed
     con.close()
+
+
+@pytest.mark.parametrize(("url", "written", "noise"), [
+    ("duckdb:///demo.duckdb", "", "proxy"),  # embedded: in the proxy's process either way
+    ("duckdb:///demo.duckdb", 'noise = "sql"', "sql"),  # as the owner says
+    ("postgresql://u@h/db", "", "sql"),  # the exact aggregates stay in Postgres
+    ("postgresql://u@h/db", 'noise = "proxy"', "proxy"),
+])
+def test_where_the_noise_is_drawn_by_default(url: str, written: str, noise: str) -> None:
+    import tomllib
+
+    policy = parse_policy(tomllib.loads(
+        f'[backend]\nurl = "{url}"\n[privacy]\nepsilon_per_block = 1.0\n{written}\n[tables]\n'))
+    assert policy.privacy.noise == noise

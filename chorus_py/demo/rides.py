@@ -349,7 +349,7 @@ max_epsilon_per_query = 2.0
 # nearly free. An analyst's own max_epsilon_per_query must not be below it.
 min_epsilon_per_query = 0.001
 max_delta_per_query = 1e-6
-noise = "sql"            # "sql": the database adds the noise; "proxy": Python adds it
+{noise}
 # Share of a query's epsilon spent on the noisy count that decides which group keys without
 # public_values may be released (unless the query itself counts distinct riders per group).
 threshold_epsilon_share = 0.2
@@ -546,11 +546,22 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)
 
 
+# Where the noise is drawn ("sql": by the database; "proxy": by the proxy, from os.urandom).
+_NOISE_POSTGRES = ('noise = "sql"            # "sql": the database adds the noise; '
+                   '"proxy": Python adds it')
+_NOISE_DUCKDB = (
+    '# "proxy": Python adds the noise (from os.urandom), "sql": the database does. DuckDB runs\n'
+    "# inside the proxy's process, so its exact aggregates are in the proxy's memory either way;\n"
+    "# the proxy draws noise from a cryptographic source and spares DuckDB its noise expressions.\n"
+    'noise = "proxy"')
+
+
 def render_policy(url: str, backend_note: str = "") -> str:
     """The demo policy text for a backend URL."""
     note = f"\n# {backend_note}" if backend_note else ""
     end = START + np.timedelta64(DAYS, "D")
     return _POLICY.format(url=_toml_string(url), backend_note=note,
+                          noise=_NOISE_POSTGRES if url.startswith("postgres") else _NOISE_DUCKDB,
                           demo_verifier=_DEMO_VERIFIER,
                           block_start=str(START.astype("datetime64[D]")),
                           block_end=str(end.astype("datetime64[D]")))
