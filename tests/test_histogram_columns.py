@@ -166,7 +166,7 @@ def test_finish_rows_inserts_what_one_insert_per_row_would(n: int, with_clause: 
         finish = "WITH w AS (SELECT 1 AS one) SELECT n.* FROM chorus_noisy AS n, w ORDER BY i"
     base = duckdb.connect(":memory:")
     try:
-        found = finish_rows(base.cursor(), columns, finish, rows)
+        found = finish_rows(base.cursor, columns, finish, rows)
         reference = base.cursor()
         reference.execute(noisy_table(columns))
         if rows:

@@ -29,7 +29,7 @@ from analyses.smoothing import ResolvedJoin
 from analyses.trees import sql_text
 from chorus_py.backends import ResultSet, portable_type
 from chorus_py.kinds.base import Answer, Prepared
-from chorus_py.kinds.finish import PythonFinish, finish_columns, noisy_table
+from chorus_py.kinds.finish import finish_values, noisy_table
 from chorus_py.kinds.selection import Choices
 from chorus_py.report import (
     ColumnReport,
@@ -87,21 +87,11 @@ class AnalyticQuery:
     chosen: Choices | None = None  # the private choices the statement was made with
 
     @functools.cached_property
-    def proxy_finish(self) -> ProxyFinish:
-        """Proxy noise: the finish of the rewrite, rendered once for every run."""
+    def proxy_finish(self) -> str:
+        """Proxy noise: the finish of the rewrite (DuckDB SQL), rendered once for every run."""
         rewritten = self.rewritten
         assert rewritten is not None
-        sql = rewritten.finish.sql("duckdb")
-        return ProxyFinish(sql, PythonFinish.of(sql, rewritten.key_ids + rewritten.measure_ids))
-
-
-@dataclass(frozen=True)
-class ProxyFinish:
-    """A finish over the noisy values: its DuckDB text, and the same computed in Python when
-    it has only parts Python computes as DuckDB does (``kinds.finish.PythonFinish``)."""
-
-    sql: str
-    python: PythonFinish | None
+        return rewritten.finish.sql("duckdb")
 
 
 def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
@@ -297,12 +287,7 @@ def _run_proxy_noise(statements: Statements, detail: AnalyticQuery, run: QueryRu
     types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
     types += ["BIGINT" if mid in integral else "DOUBLE" for mid in rewritten.measure_ids]
     scratch = list(zip(rewritten.key_ids + rewritten.measure_ids, types, strict=True))
-    finish = detail.proxy_finish
-    if finish.python is not None:
-        done = finish.python.run(scratch, noisy_columns, statements.scratch)
-        if done is not None:
-            return done
-    return finish_columns(statements.scratch(), scratch, finish.sql, noisy_columns)
+    return finish_values(statements.scratch, scratch, detail.proxy_finish, noisy_columns)
 
 
 def _integral(query: AggregateQuery) -> set[str]:
@@ -325,7 +310,7 @@ def finish_plan(detail: AnalyticQuery) -> tuple[str, str] | None:
     integral = _integral(detail.query)
     columns = tuple(zip(rewritten.key_ids, keys, strict=True)) + tuple(
         (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in rewritten.measure_ids)
-    return noisy_table(columns), detail.proxy_finish.sql
+    return noisy_table(columns), detail.proxy_finish
 
 
 def _key_types(query: AggregateQuery) -> list[str] | None:

@@ -271,7 +271,7 @@ class MixedKind:
         quantiles = self._quantile.run(detail.quantile, run)
         kind = self._join if detail.query.analytic.join is not None else self._single
         analytic = kind.run(detail.analytic, run)
-        return _merge(detail, quantiles, analytic, self.services.statements.scratch())
+        return _merge(detail, quantiles, analytic, self.services.statements.scratch)
 
 
 def _columns(query: MixedQuery, quantile: Prepared) -> tuple[Column, ...]:
@@ -358,7 +358,8 @@ def _match(value: Any) -> Any:
     return value
 
 
-def _merge(detail: MixedDetail, quantiles: Answer, analytic: Answer, con: Any) -> Answer:
+def _merge(detail: MixedDetail, quantiles: Answer, analytic: Answer,
+           scratch: Callable[[], Any]) -> Answer:
     """The parts' rows matched on their keys (the quantile part lists every public group) into
     rows of released values, then the finish over them (``analyses.mixed``)."""
     split = detail.query.split
@@ -375,7 +376,7 @@ def _merge(detail: MixedDetail, quantiles: Answer, analytic: Answer, con: Any) -
         rows.append((*keys,
                      *(q_rows[q][n_keys:] if q is not None else (None,) * n_q),
                      *(a_rows[a][n_keys:] if a is not None else (None,) * n_a), r))
-    finished = finish_rows(con, detail.columns, split.finish, rows)
+    finished = finish_rows(scratch, detail.columns, split.finish, rows)
     result = ResultSet(finished.columns[:-1], finished.types[:-1],
                        [row[:-1] for row in finished.rows])
     bars = _MergedBars(split, quantiles, analytic,

@@ -623,7 +623,7 @@ class QuantileKind:
                       else statements.run(sql, run))
 
     def _finish(self, detail: QuantileDetail, rows: list[tuple[Any, ...]]) -> ResultSet:
-        return finish_rows(self.services.statements.scratch(), _columns(detail), detail.finish,
+        return finish_rows(self.services.statements.scratch, _columns(detail), detail.finish,
                            rows)
 
     def _blocks(self, query: AggregateQuery) -> tuple[BlocksRead | None,
