@@ -73,6 +73,7 @@ def _phases() -> tuple[Counter[str], Callable[[Callable[[], None]], None]]:
     import chorus_py.kinds.join as join_module
     import chorus_py.kinds.single as single_module
     import chorus_py.statements as statements_module
+    import rewriters.pipeline as pipeline_module
 
     spent: Counter[str] = Counter()
     stack: list[float] = []
@@ -94,13 +95,15 @@ def _phases() -> tuple[Counter[str], Callable[[Callable[[], None]], None]]:
 
     parse = "parse + validate (sqlglot parse, allowed shapes)"
     analyse = "analysis (binding, qualify, type annotation, totality, sensitivity)"
-    answer = "rewrite + render the answer (rewriters, noise SQL, sql())"
+    answer = "rewrite + render the answer (rewriters, noise SQL or proxy's measure, sql())"
     plan = "noise plan, blocks, keys"
     places: list[tuple[Any, str, str]] = [
         (engine_module, "parse_statement", parse),
         (engine_module, "analyze_query", analyse),
         (engine_module, "analyze_per_person", analyse),
         (single_module, "one_table_sql", answer),
+        (single_module, "pipeline", answer),  # proxy noise: no text template
+        (pipeline_module.RewrittenQuery, "measure_sql", answer),
         (join_module, "pipeline", answer),
         (single_module.SingleTableKind, "_selection_statements",
          "rewrite + render the selection histograms"),

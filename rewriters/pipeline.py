@@ -86,9 +86,15 @@ class RewrittenQuery:
         # A fresh tree already: neither dialect() nor the generator needs to copy it.
         return dialect(statement, self.dialect, copy=False).sql(self.dialect, copy=False)
 
-    def measure_sql(self) -> str:
-        """The exact measurements alone (proxy noise mode), for the backend."""
-        return dialect(self.measure, self.dialect).sql(self.dialect, copy=False)
+    def measure_sql(self, consume: bool = False) -> str:
+        """The exact measurements alone (proxy noise mode), for the backend.
+
+        ``consume``: the caller renders the measurements once (a never-seen query shape) and
+        reads only the rest of this rewrite afterwards (its finish, its ids): the dialect's
+        changes are made in the tree itself instead of a copy of it (0.5 ms of a cold
+        prepare's 4.5 on DuckDB)."""
+        return dialect(self.measure, self.dialect, copy=not consume).sql(self.dialect,
+                                                                          copy=False)
 
 
 def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,

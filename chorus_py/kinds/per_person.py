@@ -108,7 +108,7 @@ class PerPersonKind:
         rewritten = dataclasses.replace(rewritten, measure=_splice(rewritten.measure,
                                                                    per_person))
         proxy = services.policy.privacy.noise != "sql"
-        sql = rewritten.measure_sql() if proxy else rewritten.sql_with_noise(plan)
+        sql = rewritten.measure_sql(consume=True) if proxy else rewritten.sql_with_noise(plan)
         services.statements.verify_outgoing(sql, services.release, query.tables)
         detail = AnalyticQuery(outer, plan, reads, rewritten if proxy else None, sql,
                                chosen=chosen)

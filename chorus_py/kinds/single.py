@@ -270,7 +270,7 @@ class SingleTableKind:
             rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked,
                                  whole=whole or twin_groups is not None, twin=twin,
                                  grouped=twin_groups, light_twin=light_twin)
-            sql = rewritten.measure_sql()
+            sql = rewritten.measure_sql(consume=True)  # only its finish is read again
         return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
 
     def _grouped_twin(self, query: AggregateQuery, ranked: tuple[str, str] | None
