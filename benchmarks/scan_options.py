@@ -400,9 +400,9 @@ def value_histogram(cells: Cells) -> np.ndarray:
 
 def exact_rows(plan: CellPlan, cells: Cells, final: Prepared) -> list[tuple[Any, ...]]:
     """The exact measurement rows of today's statement at the chosen cap and bound, summed from
-    the cells (keys, then the measurements in ``rewritten.measure_ids`` order)."""
+    the cells (keys, then the measurements in ``proxied.measure_ids`` order)."""
     query = final.detail.query
-    rewritten = final.detail.rewritten
+    rewritten = final.detail.proxied
     assert rewritten is not None
     k = query.stability
     kept = slice(1, k + 1)
@@ -483,7 +483,7 @@ def answer_from_cells(plan: CellPlan, selection: Selection, real_statements: Any
     chosen = selection.choose(statements, QueryRun(None))
     final = selection.apply(chosen)
     exact = exact_rows(plan, cells, final)
-    rewritten = final.detail.rewritten
+    rewritten = final.detail.proxied
     assert rewritten is not None
     statements.answer = ResultSet((*rewritten.key_ids, *rewritten.measure_ids), types, exact)
     return run_analytic(statements, final.detail, "proxy", QueryRun(None)), chosen, exact

@@ -97,6 +97,13 @@ class RewrittenQuery:
                                                                           copy=False)
 
 
+def measured_ids(query: AggregateQuery, plan: NoisePlan) -> tuple[str, ...]:
+    """The measurements the rewrite's statement returns after the group keys, in order: the
+    query's, then the key-release gate's own count when it has one."""
+    separate = plan.threshold is not None and plan.threshold.separate
+    return tuple(m.id for m in query.measurements) + ((THRESHOLD_ID,) if separate else ())
+
+
 def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestriction | None,
              dialect: str, sample: tuple[str, str] | None = None,
              restrictions: Mapping[str, BlockRestriction] | None = None,
@@ -196,7 +203,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
                                for k in query.keys]
     columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit), m.id, copy=False)
                 for m in query.measurements]
-    measure_ids = [m.id for m in query.measurements]
+    measure_ids = list(measured_ids(query, plan))
     if plan.threshold is not None and plan.threshold.separate:
         unit, gate_alias = tp.privacy_unit, alias
         if query.join is not None:
@@ -208,7 +215,6 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         gate = (exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=gate_alias)]))
                 if unit else exp.Count(this=exp.Star()))
         columns.append(exp.alias_(gate, THRESHOLD_ID, copy=False))
-        measure_ids.append(THRESHOLD_ID)
     if query.join is not None:
         measure = join_rows(query, restrictions or {}, samples, copies, covering).select(
             *columns, copy=False)

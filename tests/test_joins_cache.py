@@ -47,6 +47,12 @@ class Calls:
         monkeypatch.setattr(RewrittenQuery, "sql_with_noise", render)
 
 
+def _template(engine: Engine) -> JoinTemplate:
+    """The one join template the engine keeps (its rewrite: the details keep none)."""
+    (template,) = engine.join._templates._items.values()
+    return template
+
+
 def _consumed(engine: Engine, block: str) -> float:
     return next(b.epsilon_consumed for b in engine.ledger.blocks() if b.block_id == block)
 
@@ -60,8 +66,7 @@ def test_repeated_join_hits_the_cache_and_is_charged_each_time(
     assert (calls.pipeline, calls.renders) == (1, 1)
     again = engine.join.prepare(query, "a", 1.0, 1e-8).detail
     assert (calls.pipeline, calls.renders) == (1, 1)  # no rewrite, no rendering
-    assert again.sql is first.sql and again.plan is first.plan and again.rewritten is \
-        first.rewritten
+    assert again.sql is first.sql and again.plan is first.plan
     for i in (1, 2):
         result = engine.execute(SQL, epsilon=1.0, delta=1e-8)
         assert result.report.charged
@@ -82,7 +87,7 @@ def test_new_epsilon_reuses_the_rewrite_with_exact_scales(
         prepared = engine.join.prepare(query, "a", epsilon, delta).detail
         assert calls.pipeline == 0 and calls.renders == 0
         # The substituted text is character for character the full rendering of this plan.
-        assert prepared.sql == prepared.rewritten.sql_with_noise(prepared.plan)
+        assert prepared.sql == _template(engine).rewritten.sql_with_noise(prepared.plan)
         calls.renders = 0
         seen.add(prepared.sql)
     assert len(seen) == 4  # the scales differ, and so does the SQL
@@ -90,23 +95,25 @@ def test_new_epsilon_reuses_the_rewrite_with_exact_scales(
     q = proxy._analyse(SQL)
     for epsilon in (1.0, 2.0):
         prepared = proxy.join.prepare(q, "a", epsilon, 1e-8).detail
-        assert prepared.sql == prepared.rewritten.measure_sql()
+        assert prepared.sql == _template(proxy).rewritten.measure_sql()
+        assert prepared.proxied is _template(proxy).proxied  # its finish rendered once
 
 
 def test_template_equals_full_rendering_for_any_scales(
         joins: Callable[..., Engine]) -> None:  # noqa: F811
     engine = joins()
-    prepared = engine.join.prepare(engine._analyse(SQL), "a", 1.0, 1e-8).detail
-    template = JoinTemplate.build(prepared.rewritten, with_noise=True)
+    engine.join.prepare(engine._analyse(SQL), "a", 1.0, 1e-8)
+    rewritten = _template(engine).rewritten
+    template = JoinTemplate.build(rewritten, with_noise=True)
     assert template._holes is not None
-    ids = prepared.rewritten.measure_ids
+    ids = rewritten.measure_ids
 
     @settings(max_examples=60, deadline=None)
     @given(st.lists(scales, min_size=len(ids), max_size=len(ids)))
     def check(bs: list[float]) -> None:
         plan = NoisePlan({m: discrete_laplace_of_scale(b) for m, b in zip(ids, bs, strict=True)},
                          None, 1.0, 1e-8)
-        assert template.sql(plan) == prepared.rewritten.sql_with_noise(plan)
+        assert template.sql(plan) == rewritten.sql_with_noise(plan)
 
     check()
 
@@ -119,9 +126,10 @@ def test_analyst_literal_equal_to_a_placeholder_falls_back_to_full_rendering(
     prepared = engine.join.prepare(engine._analyse(sql), "a", 1.0, 1e-8).detail
     draws = iter([1234567.5, 2234567.5, 3234567.5])
     monkeypatch.setattr(joined.secrets.SystemRandom, "uniform", lambda self, a, b: next(draws))
-    template = JoinTemplate.build(prepared.rewritten, with_noise=True)
+    rewritten = _template(engine).rewritten
+    template = JoinTemplate.build(rewritten, with_noise=True)
     assert template._holes is None  # the analyst's '1234567.5' would be replaced too
-    assert template.sql(prepared.plan) == prepared.rewritten.sql_with_noise(prepared.plan)
+    assert template.sql(prepared.plan) == rewritten.sql_with_noise(prepared.plan)
     assert template.renders == 1
     assert "'1234567.5'" in prepared.sql  # the analyst's literal is intact
 

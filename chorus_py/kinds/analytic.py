@@ -10,7 +10,6 @@ the outputs (ratios, arithmetic, HAVING, ORDER BY) over the noisy values in its 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -66,11 +65,26 @@ _DUCKDB_TYPES = {"integer": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "dat
 
 
 @dataclass(frozen=True)
+class Proxied:
+    """What proxy noise needs of a rewrite: the columns its statement returns (group keys,
+    then exact measurements) and the finish (DuckDB SQL over the noisy values, reading
+    ``NOISY``: ``kinds.finish``)."""
+
+    key_ids: tuple[str, ...]
+    measure_ids: tuple[str, ...]
+    finish: str
+
+    @classmethod
+    def of(cls, rewritten: RewrittenQuery) -> Proxied:
+        """The parts of ``rewritten`` (its finish rendered now)."""
+        return cls(rewritten.key_ids, rewritten.measure_ids, rewritten.finish.sql("duckdb"))
+
+
+@dataclass(frozen=True)
 class AnalyticQuery:
     """The kind's state of a prepared analytic query (``Prepared.detail``).
 
-    ``rewritten``: the rewrite, kept when the proxy adds the noise (it finishes the outputs);
-    None for a one-table query noised in SQL, whose statement comes from a text template.
+    ``proxied``: what the proxy needs to noise and finish the answer (None: noise in SQL).
     ``cap_epsilon``: > 0 while the row cap (and bounds) are still to be chosen.
     ``resolved``: a join's smooth bound (None for one table).
     """
@@ -78,20 +92,13 @@ class AnalyticQuery:
     query: AggregateQuery
     plan: NoisePlan
     reads: BlocksRead | None
-    rewritten: RewrittenQuery | None
+    proxied: Proxied | None
     sql: str
     restriction: BlockRestriction | None = None
     sample: tuple[str, str] | None = None
     cap_epsilon: float = 0.0
     resolved: ResolvedJoin | None = None
     chosen: Choices | None = None  # the private choices the statement was made with
-
-    @functools.cached_property
-    def proxy_finish(self) -> str:
-        """Proxy noise: the finish of the rewrite (DuckDB SQL), rendered once for every run."""
-        rewritten = self.rewritten
-        assert rewritten is not None
-        return rewritten.finish.sql("duckdb")
 
 
 def run_analytic(statements: Statements, detail: AnalyticQuery, noise: str,
@@ -270,24 +277,24 @@ def portable(result: ResultSet) -> ResultSet:
 
 def _run_proxy_noise(statements: Statements, detail: AnalyticQuery, run: QueryRun) -> ResultSet:
     exact = statements.run(detail.sql, run)
-    rewritten, plan = detail.rewritten, detail.plan
-    assert rewritten is not None  # proxy noise always keeps the rewrite
+    proxied, plan = detail.proxied, detail.plan
+    assert proxied is not None  # proxy noise always keeps what it needs
     mechanisms = plan.all_mechanisms()
-    n_keys = len(rewritten.key_ids)
+    n_keys = len(proxied.key_ids)
     columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
         () for _ in exact.columns]
     noisy_columns: list[Sequence[Any]] = list(columns[:n_keys])
     # Counts (and the key-release count) are integers; everything else is a float.
     integral = _integral(detail.query)
-    for mid, values in zip(rewritten.measure_ids, columns[n_keys:], strict=True):
+    for mid, values in zip(proxied.measure_ids, columns[n_keys:], strict=True):
         raw = np.array(values if None not in values else [
             0.0 if v is None else v for v in values], dtype=float)
         noisy = mechanisms[mid].sample(raw)
         noisy_columns.append(noisy.astype(np.int64) if mid in integral else noisy)
     types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
-    types += ["BIGINT" if mid in integral else "DOUBLE" for mid in rewritten.measure_ids]
-    scratch = list(zip(rewritten.key_ids + rewritten.measure_ids, types, strict=True))
-    return finish_values(statements.scratch, scratch, detail.proxy_finish, noisy_columns)
+    types += ["BIGINT" if mid in integral else "DOUBLE" for mid in proxied.measure_ids]
+    scratch = list(zip(proxied.key_ids + proxied.measure_ids, types, strict=True))
+    return finish_values(statements.scratch, scratch, proxied.finish, noisy_columns)
 
 
 def _integral(query: AggregateQuery) -> set[str]:
@@ -302,15 +309,15 @@ def finish_plan(detail: AnalyticQuery) -> tuple[str, str] | None:
     The keys' types are inferred from the policy's column types; a key whose type cannot
     be inferred leaves the finish unchecked (None: a failure there then keeps the charge, as
     every failure after a statement read the data does)."""
-    rewritten = detail.rewritten
-    assert rewritten is not None
+    proxied = detail.proxied
+    assert proxied is not None
     keys = _key_types(detail.query)
     if keys is None:
         return None
     integral = _integral(detail.query)
-    columns = tuple(zip(rewritten.key_ids, keys, strict=True)) + tuple(
-        (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in rewritten.measure_ids)
-    return noisy_table(columns), detail.proxy_finish
+    columns = tuple(zip(proxied.key_ids, keys, strict=True)) + tuple(
+        (mid, "BIGINT" if mid in integral else "DOUBLE") for mid in proxied.measure_ids)
+    return noisy_table(columns), proxied.finish
 
 
 def _key_types(query: AggregateQuery) -> list[str] | None:

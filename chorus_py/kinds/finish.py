@@ -318,7 +318,10 @@ class PythonFinish:
     order: tuple[tuple[Compiled, bool], ...]  # (key, descending)
     limit: int | None
     offset: int | None
-    types: dict[tuple[str, ...], tuple[str, ...]] = dataclasses.field(
+    tree: exp.Select = dataclasses.field(compare=False)  # parsed from ``sql``, read only
+    # Per tuple of the columns' DuckDB types: the outputs' portable types, or None when DuckDB
+    # computes in DECIMAL what Python would compute otherwise (see :func:`_kind`).
+    types: dict[tuple[str, ...], tuple[str, ...] | None] = dataclasses.field(
         default_factory=dict, compare=False)
 
     @classmethod
@@ -354,7 +357,8 @@ class PythonFinish:
                 _compile(rest, position) if rest is not None else None,
                 tuple((_sorted_by(o.this, outputs, position), bool(o.args.get("desc")))
                       for o in (order.expressions if order is not None else ())),
-                _constant(finish.args.get("limit")), _constant(finish.args.get("offset")))
+                _constant(finish.args.get("limit")), _constant(finish.args.get("offset")),
+                finish)
         except _Unsupported:
             return None
 
@@ -365,12 +369,11 @@ class PythonFinish:
         a scratch connection (to ask DuckDB the outputs' types the first time these column
         types are seen)."""
         kinds = tuple(t for _, t in columns)
-        types = self.types.get(kinds)
+        if kinds not in self.types:
+            self.types[kinds] = self._types(columns, scratch)
+        types = self.types[kinds]
         if types is None:
-            try:
-                types = self.types[kinds] = _described(scratch(), columns, self.sql)
-            except Exception:  # duckdb.Error: the SQL finish reports it, without its detail
-                return None
+            return None
         checks = [_KEPT_AS_IS.get(t) for t in kinds]
         kept: np.ndarray | None = None  # the rows the key-release threshold keeps
         conditions = [self.where] if self.where is not None else []
@@ -412,9 +415,26 @@ class PythonFinish:
                         value = _typed(value, kind)
                     values.append(value)
                 out.append(tuple(values))
-        except (_InSQL, TypeError):  # TypeError: sort keys Python cannot compare
+        except (_InSQL, TypeError, ArithmeticError, ValueError):  # sort keys Python cannot
+            # compare, a literal too large for a double: DuckDB decides
             return None
         return ResultSet(tuple(name for name, _, _ in self.outputs), types, out)
+
+    def _types(self, columns: Sequence[Column], scratch: Callable[[], Any]
+               ) -> tuple[str, ...] | None:
+        """The outputs' portable types over ``columns``, as DuckDB says; None where Python
+        would not compute as DuckDB does (:func:`_kind`) or DuckDB cannot plan the finish."""
+        kinds = dict(columns)
+        try:
+            for node in self.tree.iter_expressions():
+                if not isinstance(node, exp.From | exp.Limit | exp.Offset):
+                    _kind(node, kinds)
+        except _Unsupported:
+            return None
+        try:
+            return _described(scratch(), columns, self.sql)
+        except Exception:  # duckdb.Error: the SQL finish reports it, without its detail
+            return None
 
 
 def _conditions(where: exp.Where | None, position: dict[str, int]
@@ -434,6 +454,43 @@ def _conditions(where: exp.Where | None, position: dict[str, int]
         else:
             rest.append(part)
     return tuple(gates), exp.and_(*rest) if rest else None
+
+
+def _kind(node: exp.Expr, kinds: dict[str, str]) -> str:
+    """What DuckDB computes ``node`` as, over columns of DuckDB types ``kinds`` (by name):
+    "int" (BIGINT), "decimal" (a literal such as 100.0, and BIGINT arithmetic with one),
+    "double", "bool" or "other".  Python computes a decimal as a double, which is DuckDB's
+    value but for the last bits, except where DuckDB multiplies or adds two decimals, whose
+    exact product may overflow its DECIMAL (100.0 * 7021.5702293802915 fails there): that is
+    left to DuckDB (``_Unsupported``)."""
+    if isinstance(node, exp.Paren | exp.Neg | exp.Nullif):
+        inner = _kind(node.this, kinds)
+        if isinstance(node, exp.Nullif):
+            _kind(node.expression, kinds)
+        return inner
+    if isinstance(node, exp.Column):
+        return {"BIGINT": "int", "DOUBLE": "double"}.get(kinds.get(node.name, ""), "other")
+    if isinstance(node, exp.Literal):
+        text = node.this
+        return "double" if "e" in text.lower() else "decimal" if "." in text else "int"
+    if isinstance(node, exp.Cast | exp.Sqrt | exp.Div):
+        for child in (node.this, node.args.get("expression")):
+            if child is not None:
+                _kind(child, kinds)
+        return "double"
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul):
+        both = (_kind(node.this, kinds), _kind(node.expression, kinds))
+        if "double" in both:
+            return "double"
+        if both == ("decimal", "decimal"):
+            raise _Unsupported
+        return "decimal" if "decimal" in both else "int" if both == ("int", "int") else "other"
+    if isinstance(node, exp.Greatest | exp.Least):
+        found = {_kind(n, kinds) for n in (node.this, *node.expressions)}
+        return next((k for k in ("double", "decimal", "other") if k in found), "int")
+    for child in node.iter_expressions():  # comparisons, AND, OR, NOT
+        _kind(child, kinds)
+    return "bool"
 
 
 def _sort_key(value: Any) -> Any:

@@ -29,6 +29,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import (
     AnalyticQuery,
+    Proxied,
     aggregate_report,
     answer_prepared,
     finish_plan,
@@ -195,6 +196,11 @@ class JoinTemplate:
         self._holes = holes  # measurement id -> quoted placeholder literal
         self.renders = 0  # full SQL renderings after the first (for tests)
 
+    @functools.cached_property
+    def proxied(self) -> Proxied:
+        """Proxy noise: the columns of the statement and the finish (rendered once)."""
+        return Proxied.of(self.rewritten)
+
     @classmethod
     def build(cls, rewritten: RewrittenQuery, with_noise: bool) -> JoinTemplate:
         """Render the SQL once (with placeholder scales when the database adds the noise)."""
@@ -338,7 +344,8 @@ class JoinKind:
                 self._templates.put(template_key, template)
         sql = template.sql(plan) if noise == "sql" or not query.thresholded \
             else template.rewritten.measure_sql()
-        detail = AnalyticQuery(resolved_query, plan, reads, template.rewritten, sql,
+        detail = AnalyticQuery(resolved_query, plan, reads,
+                               template.proxied if noise == "proxy" else None, sql,
                                resolved=resolved)
         report = aggregate_report(resolved_query, plan, reads, sql, noise)
         report = join_report(report, resolved_query, resolved, mf, noise)

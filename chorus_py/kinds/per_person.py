@@ -28,7 +28,13 @@ from analyses.query import AggregateQuery
 from budget.accounting import Event, events_for_plan
 from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
-from chorus_py.kinds.analytic import AnalyticQuery, aggregate_report, finish_plan, run_analytic
+from chorus_py.kinds.analytic import (
+    AnalyticQuery,
+    Proxied,
+    aggregate_report,
+    finish_plan,
+    run_analytic,
+)
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.join import join_blocks
 from chorus_py.kinds.selection import (
@@ -110,7 +116,7 @@ class PerPersonKind:
         proxy = services.policy.privacy.noise != "sql"
         sql = rewritten.measure_sql(consume=True) if proxy else rewritten.sql_with_noise(plan)
         services.statements.verify_outgoing(sql, services.release, query.tables)
-        detail = AnalyticQuery(outer, plan, reads, rewritten if proxy else None, sql,
+        detail = AnalyticQuery(outer, plan, reads, Proxied.of(rewritten) if proxy else None, sql,
                                chosen=chosen)
         report = _report(query, aggregate_report(outer, plan, reads, sql,
                                                  services.policy.privacy.noise), reads)

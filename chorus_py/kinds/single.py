@@ -25,6 +25,7 @@ from chorus_py.caches import LRU
 from chorus_py.errors import InvalidParameter
 from chorus_py.kinds.analytic import (
     AnalyticQuery,
+    Proxied,
     aggregate_report,
     answer_prepared,
     finish_plan,
@@ -43,14 +44,14 @@ from chorus_py.kinds.selection import (
     stored_counts,
     with_contribution,
 )
-from chorus_py.kinds.templates import one_table_sql
+from chorus_py.kinds.templates import one_table_sql, proxy_texts, split_proxy_texts
 from chorus_py.statements import QueryRun
 from mechanisms.key_release import threshold_warning
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
-from rewriters.pipeline import RewrittenQuery, adds_up_over_parts, pipeline
+from rewriters.pipeline import adds_up_over_parts, measured_ids, pipeline
 from rewriters.selection import clipped_arguments
 
 
@@ -224,7 +225,7 @@ class SingleTableKind:
             statements += tuple(sql for _, _, sql in histograms)
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
                         detail, statements=statements,
-                        finish=finish_plan(detail) if detail.rewritten is not None else None,
+                        finish=finish_plan(detail) if detail.proxied is not None else None,
                         answer_key=(asked.normalized_sql, epsilon, delta, report.blocks),
                         selection=selection)
 
@@ -248,7 +249,7 @@ class SingleTableKind:
         twin = ranked is not None and not whole and not grouped \
             and services.samples.twin(ranked[1]) and reads_twin(services, query, reads)
         light_twin = twin and light_reads_twin(services, query, reads)
-        rewritten: RewrittenQuery | None = None
+        proxied: Proxied | None = None
         sql_dialect = services.dialect
         if services.policy.privacy.noise == "sql":
             # Only the noise scales, caps and bounds change between calls of one query shape:
@@ -267,11 +268,22 @@ class SingleTableKind:
                                       light_twin=light_twin).sql_with_noise(p, consume=True),
                 sighting)
         else:
-            rewritten = pipeline(query, plan, restriction, sql_dialect, sample, ranked=ranked,
-                                 whole=whole or twin_groups is not None, twin=twin,
-                                 grouped=twin_groups, light_twin=light_twin)
-            sql = rewritten.measure_sql(consume=True)  # only its finish is read again
-        return AnalyticQuery(query, plan, reads, rewritten, sql, restriction, sample)
+            # The measurements' statement and the finish, rendered together from the shape's
+            # text template too (a new cap or bound: a substitution, not a rewrite).
+            def render(q: AggregateQuery, p: NoisePlan) -> str:
+                rewritten = pipeline(q, p, restriction, sql_dialect, sample, ranked=ranked,
+                                     whole=whole or twin_groups is not None, twin=twin,
+                                     grouped=twin_groups, light_twin=light_twin)
+                return proxy_texts(rewritten.measure_sql(consume=True),
+                                   rewritten.finish.sql("duckdb"))
+
+            sql, finish = split_proxy_texts(one_table_sql(
+                self._templates, ("proxy", query.normalized_sql, restriction, sample, ranked,
+                                  whole, twin, light_twin, twin_groups, sql_dialect),
+                query, plan, sql_dialect, sample is not None, render, sighting))
+            proxied = Proxied(tuple(k.id for k in query.keys), measured_ids(query, plan),
+                              finish)
+        return AnalyticQuery(query, plan, reads, proxied, sql, restriction, sample)
 
     def _grouped_twin(self, query: AggregateQuery, ranked: tuple[str, str] | None
                       ) -> tuple[str, str] | None:

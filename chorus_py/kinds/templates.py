@@ -270,6 +270,22 @@ def _bound_pair(draw: secrets.SystemRandom, lo: float, hi: float, centre: float 
     raise _Unfit
 
 
+#: Between the two texts of a proxy-noise query (its measurements' statement, its finish),
+#: rendered and templated as one: drawn from os.urandom, so no analyst's text holds it.
+_PROXY_SEPARATOR = f"\n-- chorus {secrets.token_hex(16)}\n"
+
+
+def proxy_texts(measure: str, finish: str) -> str:
+    """The measurements' statement and the finish of a proxy-noise query as one text."""
+    return f"{measure}{_PROXY_SEPARATOR}{finish}"
+
+
+def split_proxy_texts(text: str) -> tuple[str, str]:
+    """The two texts :func:`proxy_texts` joined."""
+    measure, finish = text.split(_PROXY_SEPARATOR)  # exactly once, or this raises
+    return measure, finish
+
+
 _NONE = object()  # cached: this shape has no exact template (render in full every time)
 _SEEN = object()  # cached: this shape was rendered once; its template is built when it returns
 
@@ -278,8 +294,9 @@ def one_table_sql(cache: Any, key: tuple[object, ...], query: AggregateQuery, pl
                   dialect: str, sampled: bool,
                   render: Callable[[AggregateQuery, NoisePlan], str],
                   sighting: bool = True) -> str:
-    """The database-noise SQL of a single-table query: from its shape's template when there is
-    one (``cache`` keeps them under ``key`` plus the values' signature), else rendered in full.
+    """The database-noise SQL of a single-table query (or, with proxy noise, its
+    :func:`proxy_texts`): from its shape's template when there is one (``cache`` keeps them
+    under ``key`` plus the values' signature), else rendered in full.
 
     ``sighting=False``: a rendering that does not count as a sighting of the shape (the
     statement at the limit of a query whose cap and bounds are chosen next: the same query's
