@@ -242,19 +242,22 @@ def test_the_sql_finish_takes_any_number_of_rows_and_its_own_ctes() -> None:
         assert own.rows == [(float(i),) for i in range(n)]
 
 
+# Each ORDER BY ends with the city: two noisy values may tie (a variance clamped to 0), and
+# SQL leaves the order of ties, and so what a LIMIT keeps, to the engine.
 QUERIES = [
     "SELECT COUNT(*) FROM trips",
     "SELECT AVG(fare) FROM trips",
-    "SELECT city, COUNT(*) AS n, AVG(fare) AS f FROM trips GROUP BY city ORDER BY n DESC",
+    "SELECT city, COUNT(*) AS n, AVG(fare) AS f FROM trips GROUP BY city ORDER BY n DESC, city",
     "SELECT city, SUM(fare) / COUNT(*) AS r FROM trips GROUP BY city",
-    "SELECT city, STDDEV(fare) FROM trips GROUP BY city ORDER BY 2 DESC LIMIT 2",
+    "SELECT city, STDDEV(fare) FROM trips GROUP BY city ORDER BY 2 DESC, 1 LIMIT 2",
     "SELECT city, VARIANCE(fare) AS v FROM trips GROUP BY city HAVING COUNT(*) > 5",
-    "SELECT city, COUNT(*) AS n FROM trips GROUP BY city HAVING SUM(fare) > 10 ORDER BY n",
+    "SELECT city, COUNT(*) AS n FROM trips GROUP BY city HAVING SUM(fare) > 10 "
+    "ORDER BY n, city",
     "SELECT -SUM(fare) AS s, COUNT(*) * 2 AS c FROM trips",
     # quantiles (their own finish) and a quantile with other aggregates (three finishes)
     "SELECT city, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY fare) AS m FROM trips "
-    "GROUP BY city ORDER BY m DESC",
-    "SELECT city, COUNT(*) AS n, MAX(fare) AS top FROM trips GROUP BY city ORDER BY n",
+    "GROUP BY city ORDER BY m DESC, city",
+    "SELECT city, COUNT(*) AS n, MAX(fare) AS top FROM trips GROUP BY city ORDER BY n, city",
 ]
 
 
