@@ -286,3 +286,40 @@ def test_every_answer_computed_in_python_is_duckdbs(
         result = engine.execute(sql, epsilon=5.0, **ALICE)
         assert result.rows, sql
         assert len(computed) == before + (3 if "MAX" in sql else 1), computed[before:]
+
+
+def test_the_gate_draws_other_measurements_for_released_groups_only(
+        backend_url: str, make_engine: Callable[..., Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys released by a threshold: the proxy draws the gate's noisy counts for every group,
+    and the other measurements' noise for the groups above tau only; the released groups are
+    exactly those (here with the noise taken away: those whose exact count is above tau)."""
+    from mechanisms.discrete_laplace import DiscreteLaplace
+    from mechanisms.snapping import Snapping
+
+    sizes: list[int] = []
+
+    def exact_counts(self: DiscreteLaplace, values: np.ndarray) -> np.ndarray:
+        sizes.append(len(values))
+        return np.rint(values).astype(np.int64)
+
+    def exact_sums(self: Snapping, values: np.ndarray) -> np.ndarray:
+        sizes.append(len(values))
+        return np.asarray(values, dtype=float)
+
+    monkeypatch.setattr(DiscreteLaplace, "sample", exact_counts)
+    monkeypatch.setattr(Snapping, "sample", exact_sums)
+    engine = make_engine(backend_url, noise="proxy")
+    sql = "SELECT visit_id, COUNT(*), SUM(seconds) FROM visits GROUP BY visit_id"
+    _, prepared = engine.prepare(sql, epsilon=1.0, delta=1e-8, **ALICE)
+    tau = prepared.detail.plan.threshold.threshold
+    result = engine.execute(sql, epsilon=1.0, delta=1e-8, **ALICE)
+    assert result.rows == []  # one visit per id: no group above tau
+    # the gate's count for the 1000 groups, then the SUM (and a separate gate's count, if
+    # any) for none
+    assert tau > 1 and sizes[0] == 1000 and len(sizes) >= 2 and set(sizes[1:]) == {0}
+    sizes.clear()
+    pages = engine.execute("SELECT page, COUNT(*), SUM(seconds) FROM visits GROUP BY page",
+                           epsilon=1.0, delta=1e-8, **ALICE)
+    assert sorted(r[0] for r in pages.rows) == ["about", "blog", "home"]
+    assert sizes[0] == 3 and set(sizes[1:]) == {3}

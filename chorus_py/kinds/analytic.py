@@ -281,16 +281,31 @@ def _run_proxy_noise(statements: Statements, detail: AnalyticQuery, run: QueryRu
     assert proxied is not None  # proxy noise always keeps what it needs
     mechanisms = plan.all_mechanisms()
     n_keys = len(proxied.key_ids)
-    columns = list(zip(*exact.rows, strict=True)) if exact.rows else [
+    columns: list[Sequence[Any]] = list(zip(*exact.rows, strict=True)) if exact.rows else [
         () for _ in exact.columns]
-    noisy_columns: list[Sequence[Any]] = list(columns[:n_keys])
     # Counts (and the key-release count) are integers; everything else is a float.
     integral = _integral(detail.query)
-    for mid, values in zip(proxied.measure_ids, columns[n_keys:], strict=True):
+
+    def noised(mid: str, values: Sequence[Any]) -> np.ndarray:
         raw = np.array(values if None not in values else [
             0.0 if v is None else v for v in values], dtype=float)
         noisy = mechanisms[mid].sample(raw)
-        noisy_columns.append(noisy.astype(np.int64) if mid in integral else noisy)
+        return noisy.astype(np.int64) if mid in integral else noisy
+
+    drawn: dict[str, np.ndarray] = {}
+    gate = plan.threshold
+    if gate is not None and gate.measurement_id in proxied.measure_ids:
+        # Keys released by a threshold (thousands of groups, most below it): the gate's noisy
+        # count first, then the other measurements of the released groups only.  The finish
+        # applies the same gate again (``noisy > tau``), to the same noisy counts.
+        at = n_keys + proxied.measure_ids.index(gate.measurement_id)
+        counts = noised(gate.measurement_id, columns[at])
+        kept = np.flatnonzero(counts > gate.threshold)
+        drawn[gate.measurement_id] = counts[kept]
+        columns = [[values[i] for i in kept] for values in columns]
+    noisy_columns: list[Sequence[Any]] = list(columns[:n_keys])
+    for mid, values in zip(proxied.measure_ids, columns[n_keys:], strict=True):
+        noisy_columns.append(drawn[mid] if mid in drawn else noised(mid, values))
     types = [_DUCKDB_TYPES.get(t, "VARCHAR") for t in exact.types[:n_keys]]
     types += ["BIGINT" if mid in integral else "DOUBLE" for mid in proxied.measure_ids]
     scratch = list(zip(proxied.key_ids + proxied.measure_ids, types, strict=True))
