@@ -91,9 +91,9 @@ def finish_rows(scratch: Callable[[], Any], columns: Sequence[Column], finish: s
 
 def finish_columns(con: Any, columns: Sequence[Column], finish: str,
                    values: Sequence[Sequence[Any]]) -> ResultSet:
-    """:func:`finish_rows` over the released values column by column (``values[i]`` holds
-    column ``i``: a list, or a NumPy array).  A failure is reported without DuckDB's detail,
-    which may quote a noisy value."""
+    """``finish`` run as DuckDB SQL on the scratch connection ``con`` (closed here) over the
+    released values of ``columns`` (``values[i]`` holds column ``i``: a list, or a NumPy
+    array).  A failure is reported without DuckDB's detail, which may quote a noisy value."""
     # DuckDB zips the UNNESTs of one SELECT (the lists have the same length) and keeps their
     # order; a column of no rows unnests to no row.
     unnested = ", ".join(f"UNNEST(CAST(? AS {t}[])) AS {n}" for n, t in columns)
@@ -305,7 +305,7 @@ class PythonFinish:
     DuckDB's semantics: NULL in, NULL out; GREATEST and LEAST ignore NULL arguments; / divides
     doubles.  Whatever it would compute otherwise than DuckDB (a NaN compared or sorted, a
     BIGINT overflow, a division by zero, a NULL sort key, a value of another type) sends the
-    finish to SQL instead (:meth:`rows` returns None).
+    finish to SQL instead (:meth:`run` returns None).
 
     ``outputs``: per output, its name, how it is computed, and the column it merely picks (or
     None); ``types`` maps the columns' DuckDB types to the outputs' (portable) types, which
