@@ -172,9 +172,10 @@ class _Pipelines:
         monkeypatch.setattr(engine_module, "pipeline", counted)
 
 
+@pytest.mark.parametrize("noise", ["sql", "proxy"])  # proxy: its statement and finish as one
 def test_new_cap_costs_no_rewrite(backend_url: str, make_engine: Callable[..., Engine],
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = make_engine(backend_url, contribution="auto")
+                                  monkeypatch: pytest.MonkeyPatch, noise: str) -> None:
+    engine = make_engine(backend_url, contribution="auto", noise=noise)
     sql = "SELECT COUNT(*) AS n, AVG(fare) AS a FROM trips WHERE pickup_time < '2026-01-03'"
     calls = _Pipelines(monkeypatch)
     # Caps of one shape of the row cap: on DuckDB the caps 4..20 number the kept rows with a

@@ -22,6 +22,7 @@ and hands the finish to SQL otherwise.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -37,6 +38,8 @@ from chorus_py.backends import ResultSet, portable_type
 from chorus_py.caches import LRU
 from chorus_py.errors import BackendError
 from rewriters.pipeline import NOISY
+
+log = logging.getLogger("chorus.engine")
 
 #: Up to this many rows (after the key-release threshold) the finish is computed in Python:
 #: an average's ordered by its count took 4.3 us a row, against DuckDB's 1.1 ms a statement
@@ -106,7 +109,8 @@ def finish_columns(con: Any, columns: Sequence[Column], finish: str,
     try:
         try:
             cur = con.execute(statement, [_listed(v) for v in values])
-        except Exception:  # duckdb.Error: the detail may quote a noisy value, not shown
+        except Exception as err:  # duckdb.Error: it may quote a noisy value: the log only
+            log.debug("proxy-noise finish error detail: %s", err)
             raise BackendError(
                 "the outputs of this query could not be computed from its noisy values",
                 hint="the budget of this query was charged, as it read the data; check the "

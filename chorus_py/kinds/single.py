@@ -51,7 +51,7 @@ from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays
 from rewriters.dialect import dialect
-from rewriters.pipeline import adds_up_over_parts, measured_ids, pipeline
+from rewriters.pipeline import RewrittenQuery, adds_up_over_parts, measured_ids, pipeline
 from rewriters.selection import clipped_arguments
 
 
@@ -249,38 +249,35 @@ class SingleTableKind:
         twin = ranked is not None and not whole and not grouped \
             and services.samples.twin(ranked[1]) and reads_twin(services, query, reads)
         light_twin = twin and light_reads_twin(services, query, reads)
-        proxied: Proxied | None = None
         sql_dialect = services.dialect
+        # Only the noise scales, caps and bounds change between calls of one query shape: its
+        # statement comes from its text template (kinds.templates); the tree is not kept.
+        # The heavy branch's shape follows the cap (counted_pays): in the key too, and fixed
+        # for the template's probes, whose caps are not the query's.
+        counted = counted_pays(sql_dialect, query.stability, twin)
+        key = (query.normalized_sql, restriction, sample, ranked, whole, twin, light_twin,
+               counted, twin_groups, sql_dialect)
+
+        def rewrite(q: AggregateQuery, p: NoisePlan) -> RewrittenQuery:
+            return pipeline(q, p, restriction, sql_dialect, sample, ranked=ranked,
+                            whole=whole or twin_groups is not None, twin=twin, counted=counted,
+                            grouped=twin_groups, light_twin=light_twin)
+
+        proxied: Proxied | None = None
         if services.policy.privacy.noise == "sql":
-            # Only the noise scales, caps and bounds change between calls of one query shape:
-            # filled into its text template (kinds.templates); the tree is not kept, only
-            # proxy noise reads it.
-            # The heavy branch's shape follows the cap (counted_pays): in the key too, and
-            # fixed for the template's probes, whose caps are not the query's.
-            counted = counted_pays(sql_dialect, query.stability, twin)
             sql = one_table_sql(
-                self._templates, (query.normalized_sql, restriction, sample, ranked, whole,
-                                  twin, light_twin, counted, twin_groups, sql_dialect),
-                query, plan, sql_dialect, sample is not None,
-                lambda q, p: pipeline(q, p, restriction, sql_dialect, sample,
-                                      ranked=ranked, whole=whole or twin_groups is not None,
-                                      twin=twin, counted=counted, grouped=twin_groups,
-                                      light_twin=light_twin).sql_with_noise(p, consume=True),
-                sighting)
+                self._templates, key, query, plan, sql_dialect, sample is not None,
+                lambda q, p: rewrite(q, p).sql_with_noise(p, consume=True), sighting)
         else:
-            # The measurements' statement and the finish, rendered together from the shape's
-            # text template too (a new cap or bound: a substitution, not a rewrite).
-            def render(q: AggregateQuery, p: NoisePlan) -> str:
-                rewritten = pipeline(q, p, restriction, sql_dialect, sample, ranked=ranked,
-                                     whole=whole or twin_groups is not None, twin=twin,
-                                     grouped=twin_groups, light_twin=light_twin)
+            # The measurements' statement and the finish, templated as one text.
+            def texts(q: AggregateQuery, p: NoisePlan) -> str:
+                rewritten = rewrite(q, p)
                 return proxy_texts(rewritten.measure_sql(consume=True),
                                    rewritten.finish.sql("duckdb"))
 
             sql, finish = split_proxy_texts(one_table_sql(
-                self._templates, ("proxy", query.normalized_sql, restriction, sample, ranked,
-                                  whole, twin, light_twin, twin_groups, sql_dialect),
-                query, plan, sql_dialect, sample is not None, render, sighting))
+                self._templates, ("proxy", *key), query, plan, sql_dialect, sample is not None,
+                texts, sighting))
             proxied = Proxied(tuple(k.id for k in query.keys), measured_ids(query, plan),
                               finish)
         return AnalyticQuery(query, plan, reads, proxied, sql, restriction, sample)
