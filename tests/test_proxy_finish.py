@@ -3,7 +3,9 @@ what DuckDB gives over the same released values, or steps aside (None) and DuckD
 
 from __future__ import annotations
 
+import inspect
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -209,6 +211,19 @@ def test_python_steps_aside_where_duckdb_differs() -> None:
     assert run(gated, values(list(range(many)), [1.0] * many)) is None
     gated = base.where(exp.column("m0") > exp.Literal.number(many - 3))
     assert run(gated, values(list(range(many)), [1.0] * many)).rows == [(1.0,), (1.0,)]
+    # nested deeper than Python recurses (an owner may allow deep expressions): never raises
+    too_deep = "SELECT " + "(" * 5000 + "m1" + " + 1)" * 5000 + " AS x FROM chorus_noisy"
+    assert PythonFinish.of(too_deep, NAMES) is None  # its parse recurses too deep
+    deep = "SELECT " + "(" * 150 + "m1" + " + 1)" * 150 + " AS x FROM chorus_noisy"
+    compiled = PythonFinish.of(deep, NAMES)
+    assert compiled is not None
+    assert compiled.run(COLUMNS, values([1], [1.0]), _scratch).rows == [(151.0,)]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 100)  # its evaluation recurses too deep
+    try:
+        assert compiled.run(COLUMNS, values([1], [1.0]), _scratch) is None
+    finally:
+        sys.setrecursionlimit(limit)
     # a key whose cast changes it (an int in a VARCHAR column)
     key = exp.select(exp.alias_(exp.column("k0"), "k")).from_(NOISY)
     assert run(key, values([1], [1.0], [5])) is None

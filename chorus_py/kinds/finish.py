@@ -337,7 +337,7 @@ class PythonFinish:
         an unparenthesised sum)."""
         try:
             finish = sqlglot.parse_one(sql, read="duckdb")
-        except sqlglot.errors.ParseError:
+        except (sqlglot.errors.ParseError, RecursionError):
             return None
         if not isinstance(finish, exp.Select) or set(
                 k for k, v in finish.args.items() if v) - {
@@ -363,7 +363,7 @@ class PythonFinish:
                       for o in (order.expressions if order is not None else ())),
                 _constant(finish.args.get("limit")), _constant(finish.args.get("offset")),
                 finish)
-        except _Unsupported:
+        except (_Unsupported, RecursionError):  # nested deeper than Python recurses
             return None
 
     def run(self, columns: Sequence[Column], values: Sequence[Sequence[Any]],
@@ -419,8 +419,10 @@ class PythonFinish:
                         value = _typed(value, kind)
                     values.append(value)
                 out.append(tuple(values))
-        except (_InSQL, TypeError, ArithmeticError, ValueError):  # sort keys Python cannot
-            # compare, a literal too large for a double: DuckDB decides
+        except (_InSQL, TypeError, ArithmeticError, ValueError, RecursionError):  # sort keys
+            # Python cannot compare, a literal too large for a double, an expression nested
+            # deeper than Python recurses (limits.max_expression_depth is the owner's): DuckDB
+            # decides
             return None
         return ResultSet(tuple(name for name, _, _ in self.outputs), types, out)
 
@@ -433,7 +435,7 @@ class PythonFinish:
             for node in self.tree.iter_expressions():
                 if not isinstance(node, exp.From | exp.Limit | exp.Offset):
                     _kind(node, kinds)
-        except _Unsupported:
+        except (_Unsupported, RecursionError):
             return None
         try:
             return _described(scratch(), columns, self.sql)
