@@ -22,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlglot import exp
-from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import OptimizeError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
-from analyses.trees import copy_tree
+from analyses.trees import copy_tree, dialect_named, sql_text
 from chorus_py.errors import QueryRefused, UndefinedTable
 
 CTE_PREFIX = "chorus_cte_"
@@ -57,7 +56,7 @@ def bind_tables(tree: exp.Select, dialect: str, known: frozenset[str]) -> Bound:
     >>> bind_tables(q, "duckdb", frozenset({"trips", "cities"})).tables
     ('trips', 'cities')
     """
-    dialect_ = Dialect.get_or_raise(dialect)
+    dialect_ = dialect_named(dialect)
     normal = normalize_identifiers(copy_tree(tree), dialect=dialect_)
     assert isinstance(normal, exp.Select)
     # Policy names are stored as the database spells them; compare the normalised forms.
@@ -136,7 +135,7 @@ class _Resolver:
         name = table.name
         qualifier = table.args.get("db") or table.args.get("catalog")
         if qualifier is not None or name.lower().startswith(_CATALOG_PREFIXES):
-            full = table.sql()
+            full = sql_text(table)
             if name.lower().startswith(_CATALOG_PREFIXES) or "catalog" in full.lower() or (
                 qualifier is not None and qualifier.name.lower().startswith(_CATALOG_PREFIXES)
             ):
@@ -149,7 +148,7 @@ class _Resolver:
                 hint=f"use the bare name '{name}'",
             )
         if not isinstance(table.this, exp.Identifier):
-            raise QueryRefused(f"table functions are not allowed ({table.sql()})",
+            raise QueryRefused(f"table functions are not allowed ({sql_text(table)})",
                                hint="query the tables the policy declares")
         if name in env:
             self.targets[id(table)] = ("cte", env[name])
@@ -201,4 +200,4 @@ def generated_sql(tree: exp.Select, tables: tuple[str, ...], dialect: str, schem
         if table.name not in tables:  # binding named every base table: never expected
             raise QueryRefused(f"the table reference '{table.name}' was not bound")
         table.set("db", exp.to_identifier(schema, quoted=True))
-    return out.sql(dialect)
+    return out.sql(dialect_named(dialect))

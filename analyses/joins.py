@@ -59,6 +59,7 @@ from analyses.elastic import (
     mul,
 )
 from analyses.elastic import add as add_terms
+from analyses.trees import sql_text
 from chorus_py.errors import NotSupportedError, QueryRefused
 from chorus_py.policy import Policy, TablePolicy
 
@@ -180,7 +181,7 @@ def _show(node: exp.Expr) -> str:
     plain = node.copy()
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
-    return plain.sql()
+    return sql_text(plain)
 
 
 def analyze_joins(flat: exp.Select, policy: Policy) -> JoinInfo:

@@ -31,6 +31,7 @@ from sqlglot.errors import ParseError, TokenError
 from analyses.aggregate_filters import filters_as_case
 from analyses.quantiles import is_quantile, parsed_to_read
 from analyses.query import display_sql, output_names
+from analyses.trees import dialect_named, sql_text
 from analyses.validate import AGGREGATES, check_node
 from chorus_py.errors import NotSupportedError
 from rewriters.pipeline import NOISY
@@ -116,7 +117,7 @@ class _Lifter:
                 raise NotSupportedError(
                     f"{display_sql(node)}: an aggregate inside another aggregate is not "
                     "supported", hint="aggregate the table's columns only")
-            text = node.sql()
+            text = sql_text(node)
             if is_quantile(target):
                 found, prefix = self.quantiles, "q"
             else:
@@ -135,7 +136,7 @@ class _Lifter:
 
 def _same(node: exp.Expr, key: exp.Expr) -> bool:
     """Whether ``node`` is the group key ``key``: the same text, or a bare column of its name."""
-    if node.sql() == key.sql():
+    if sql_text(node) == sql_text(key):
         return True
     return (isinstance(node, exp.Column) and isinstance(key, exp.Column) and not node.table
             and node.name == key.name)
@@ -166,7 +167,7 @@ def plain_percentile(node: exp.Expr) -> exp.Expr:
 def split_mixed(sql: str, dialect: str) -> MixedSplit:
     """Split a mixed query (see the module docstring); refusals raise and cost nothing."""
     try:
-        tree = filters_as_case(sqlglot.parse_one(sql, read=dialect))
+        tree = filters_as_case(sqlglot.parse_one(sql, read=dialect_named(dialect)))
     except (ParseError, TokenError) as err:  # asks_mixed parsed it: not expected
         raise NotSupportedError(f"syntax error: {err}") from None
     if not isinstance(tree, exp.Select):
@@ -213,7 +214,7 @@ def split_mixed(sql: str, dialect: str) -> MixedSplit:
             sub.set(arg, None)
         if dialect == "duckdb":
             sub = sub.transform(plain_percentile, copy=False)
-        return sub.sql(dialect)
+        return sub.sql(dialect_named(dialect))
 
     finish = exp.select(*[exp.alias_(o.copy(), n, quoted=True) for o, n in zip(outputs, names,
                                                                          strict=True)],
@@ -235,7 +236,7 @@ def split_mixed(sql: str, dialect: str) -> MixedSplit:
         tuple(isinstance(a.this if isinstance(a, exp.Filter) else a, exp.Count)
               for a in lifter.analytic.values()), tuple(outputs),
         tuple(_name(item, name) for item, name in zip(items, names, strict=True)), sources,
-        tuple(display_sql(item) for item in items), finish.sql("duckdb"))
+        tuple(display_sql(item) for item in items), finish.sql(dialect_named("duckdb")))
 
 
 def _name(item: exp.Expr, name: str) -> str:

@@ -45,7 +45,11 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    the reading SELECT's WHERE (the light units, whose k rows at most are all kept) or
    ``__chorus_rank <= k`` there (k rows per unit at most), or its row numbers partitioned by
    the copy's own ``__chorus_unit_rows`` then the unit (one count per unit: the same
-   partitions, ``_presorted``), or, for the selection histograms,
+   partitions, ``_presorted``), or, read directly, the streamed numbering of
+   ``rewriters.contribution.streamed_rank`` (``_streamed_numbering``: LAGs of one ``OVER ()``
+   window keep the first rows of each unit's run, and the statement fails unless the copy's
+   stored positions ``__chorus_pos`` grow along that window, which makes each unit one run),
+   or, for the selection histograms,
    each row weighted by ``1 / __chorus_unit_rows`` or marked by ``CASE WHEN __chorus_rank = 1
    THEN 1 ELSE 0 END`` in the reading SELECT, and only SUMs of such weights at the barrier (a
    unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
@@ -103,7 +107,8 @@ statement at the chosen cap and bounds are one text with other numbers.  The rul
 number's value only through ``_constant`` (the numerator and mark of rule 4 are 1, the mark's
 else 0, a per-person bound is finite), ``Literal.is_int`` of a literal compared to a column
 (rule 4's ``r <= k`` and ``r = 1``), whether such a literal is at most g (rule 4'', g given),
-whether one right after ``<=`` is at most the cap and each limit (rule 4) and the order of
+whether one right after ``<=``, or the offset of ``LAG(column, n``, is at most the cap and
+each limit (rule 4), and the order of
 the Ks of ``__chorus_unit_rows <= K`` and ``> K`` (the parts' ranges); no rule reads a string's
 value.  A rule that reads more of a literal must add it to ``_number_class``.
 """
@@ -127,6 +132,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
+from analyses.trees import sql_text
 from chorus_py.errors import InternalError
 from chorus_py.policy import Policy
 
@@ -147,6 +153,8 @@ _GROUPED_RANK = "__chorus_grank"
 _GROUPED_KEY = re.compile(r"__chorus_gk\d+")
 _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
+# A DuckDB ranked copy's row position in its twin's order (unit row count, unit, stored rank).
+_POSITION = "__chorus_pos"
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
     exp.StddevSamp)
@@ -190,6 +198,8 @@ _FLOAT_TEXT = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
 _KIND = {kind: i for i, kind in enumerate(TokenType)}
 _NUMBER, _STRING = TokenType.NUMBER, TokenType.STRING
 _ROW_COUNT_TESTS = frozenset({TokenType.LTE, TokenType.GT})
+_COMMA = TokenType.COMMA
+_NAME_TOKENS = frozenset({TokenType.VAR, TokenType.IDENTIFIER})
 _COMPARISONS = frozenset({TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE, TokenType.EQ,
                           TokenType.NEQ})
 
@@ -258,9 +268,11 @@ def literal_shape(cut: list[Token], groups: int | None = None,
     order = {v: r for r, v in enumerate(sorted({Fraction(texts[i]) for i in unit_rows}))}
     for i, kind in enumerate(kinds):
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
-            compared = i > 0 and kinds[i - 1] in _COMPARISONS
+            # ``LAG(column, n`` : rule 4's streamed numbering reads n as it reads a row cap.
+            offset = kinds[i - 1] is _COMMA and _lag_offset(kinds, texts, i)
+            compared = offset or (i > 0 and kinds[i - 1] in _COMPARISONS)
             texts[i] = _number_class(texts[i], compared, order if i in unit_rows else None,
-                                     groups, caps, compared and kinds[i - 1] is lte)
+                                     groups, caps, offset or (compared and kinds[i - 1] is lte))
             blanked.append(i)
         elif kind is string and _FLOAT_TEXT.fullmatch(texts[i]):
             texts[i] = ""
@@ -275,6 +287,19 @@ def literal_shape(cut: list[Token], groups: int | None = None,
     digest.update(repr([(i, token.comments) for i, token in enumerate(cut)
                         if token.comments]).encode())
     return digest.digest()
+
+
+def _lag_offset(kinds: list[TokenType], texts: list[str], i: int) -> bool:
+    """Whether the number token ``i`` is the offset of ``LAG(column, i ...``: its tokens
+    before are ``LAG (``, a column's names joined by dots, then a comma (the only form whose
+    offset rule 4 reads: ``_streamed_numbering`` refuses any other first argument)."""
+    j = i - 2
+    while j >= 0 and kinds[j] in _NAME_TOKENS:
+        if j == 0 or kinds[j - 1] is not TokenType.DOT:
+            break
+        j -= 2
+    return j >= 2 and kinds[j] in _NAME_TOKENS and kinds[j - 1] is TokenType.L_PAREN \
+        and kinds[j - 2] is TokenType.VAR and texts[j - 2].upper() == "LAG"
 
 
 def cap_bounds(rules: OutgoingRules, cap: int | None) -> tuple[int, ...]:
@@ -374,7 +399,7 @@ def _base_tables(tree: exp.Select, rules: OutgoingRules) -> list[tuple[exp.Table
             env = frozenset(names)
         if isinstance(node, exp.Table):
             if not isinstance(node.this, exp.Identifier):
-                raise Refused(f"a table function ({node.sql()})")
+                raise Refused(f"a table function ({sql_text(node)})")
             qualified = node.args.get("db") is not None or node.args.get("catalog") is not None
             if qualified or node.name.lower() not in env:
                 refs.append(node)
@@ -396,7 +421,7 @@ def _base_tables(tree: exp.Select, rules: OutgoingRules) -> list[tuple[exp.Table
 
 def _declared(table: exp.Table, rules: OutgoingRules) -> str:
     if table.args.get("catalog") is not None:
-        raise Refused(f"a catalog-qualified table ({table.sql()})")
+        raise Refused(f"a catalog-qualified table ({sql_text(table)})")
     db = table.args.get("db")
     name = table.name
     if db is not None and db.name == rules.private_schema:
@@ -404,14 +429,14 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
             base = name.split(marker)[0]
             if marker in name and base in rules.private:
                 return base
-        raise Refused(f"an unknown relation of the private schema ({table.sql()})")
+        raise Refused(f"an unknown relation of the private schema ({sql_text(table)})")
     if db is None or db.name != rules.schema:
         # The proxy generates every statement with each table qualified (wall 3): a bare name
         # is one a CTE or the search path could resolve to something else.
-        raise Refused(f"a table not qualified by the proxy's schema ({table.sql()})")
+        raise Refused(f"a table not qualified by the proxy's schema ({sql_text(table)})")
     if name in rules.public or name in rules.private:
         return name
-    raise Refused(f"a table the policy does not declare ({table.sql()})")
+    raise Refused(f"a table the policy does not declare ({sql_text(table)})")
 
 
 # -- 2-4. one private read -------------------------------------------------------------------
@@ -499,8 +524,8 @@ def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: Outgo
                 order = window.args.get("order")
                 traced = [_at_source(o.this, chain, i) for o in
                           (order.expressions if order is not None else [])]
-                ordered = {o.sql() for o in traced if o is not None}
-                if all(k is not None and k.sql() in ordered for k in keys):
+                ordered = {sql_text(o) for o in traced if o is not None}
+                if all(k is not None and sql_text(k) in ordered for k in keys):
                     return
     raise Refused(f"the rows of '{name}' are not bounded to {groups} groups per {spec.unit} "
                   "(DENSE_RANK() OVER (PARTITION BY unit ORDER BY ..., keys) <= g)")
@@ -605,7 +630,7 @@ def _names(select: exp.Select) -> list[str] | None:
 # stored quantile bins ``__chorus_bin<i>``, ``rewriters.bins``: a function of one row's
 # value, which no rule reads); any other ``__chorus_`` name is the rewriter's own, never a
 # column of a declared table.
-_COPY_COLUMNS = frozenset({_UNIT_ROWS, _STORED_RANK, "__chorus_rand"})
+_COPY_COLUMNS = frozenset({_UNIT_ROWS, _STORED_RANK, "__chorus_rand", _POSITION})
 _STORED_BIN = re.compile(r"__chorus_bin\d+")
 
 
@@ -870,8 +895,8 @@ def _check_barrier(barrier: exp.Select, name: str, allowed: tuple[type[exp.Expr]
         # that is not one is compared (the same outputs pass as when every one was compared).
         if group is not None:
             if keys is None:
-                keys = {k.sql() for k in group.expressions}
-            if value.sql() in keys:
+                keys = {sql_text(k) for k in group.expressions}
+            if sql_text(value) in keys:
                 continue
         raise Refused(refusal)
 
@@ -890,7 +915,7 @@ def _aggregated_output(value: exp.Expr, name: str,
     if any(isinstance(n, exp.Column | exp.Star | exp.Window) and id(n) not in inside
            for n in _local(value)):
         return (f"the aggregation over '{name}' outputs a value that is neither "
-                f"aggregated nor a group key ({value.sql()[:80]})")
+                f"aggregated nor a group key ({sql_text(value)[:80]})")
     return None
 
 
@@ -911,6 +936,10 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float,
                              and _presorted(item.this, unit, *copy))) and any(
                         _rank_filter(s.args.get("where"), item.alias, most)
                         for s in below[i + 1:]):
+                return True
+            if i == 0 and copy is not None and _streamed_numbering(select, item.this, unit,
+                                                                   most, *copy) and any(
+                    _rank_filter(s.args.get("where"), item.alias, most) for s in below[1:]):
                 return True
             if any(_weight(d, unit, copy=None) for d in _local(item.this)
                    if isinstance(d, exp.Div | exp.Case)):
@@ -955,6 +984,78 @@ def _numbers_rows(window: exp.Window) -> bool:
         and spec.args.get("end") == "CURRENT ROW" and not spec.args.get("end_side") \
         and not spec.args.get("exclude") and len(keys) == 1 \
         and isinstance(keys[0].this, exp.Column) and keys[0].this.name == _STORED_RANK
+
+
+def _streamed_numbering(select: exp.Select, value: exp.Expr, unit: str, most: float,
+                        alias: str, sole: bool) -> bool:
+    """Whether ``value``, an output of ``select`` (the direct reader of a ranked copy or its
+    twin ``alias``, its only source when ``sole``), is the streamed numbering of
+    ``rewriters.contribution.streamed_rank``, exactly::
+
+        CASE WHEN a.__chorus_pos <= LAG(a.__chorus_pos, 1[, literal]) OVER () THEN ERROR(..)
+             WHEN LAG(a.__chorus_pos, j[, literal]) OVER () > 0
+                  AND LAG(a.unit, k) OVER () IS NOT DISTINCT FROM a.unit THEN NULL
+             ELSE 1 END
+
+    with j and k int literals at most ``most``, and no other window in ``select``: 1 on at
+    most the first max(j, k) rows of each unit, NULL on the others, or the statement fails.
+    The LAGs are of one window, ``OVER ()``, one sequence of the rows; the first WHEN fails
+    the statement unless the copy's positions (distinct, >= 1, in the order unit row count,
+    unit, stored rank) strictly grow along it, so each unit's rows are one run there (runs
+    maximal: neighbouring runs differ in their unit, NULL or not), and a row of a run whose
+    row j places before exists (a position > 0) and whose row k places before has the same
+    unit is past the run's max(j, k)-th row.  A LAG of another offset than 1 in the check
+    compares only some pairs; one over a partition or an order is another sequence than the
+    others'; another column than the copy's own position is in no known order; a LAG back
+    more than the cap keeps more than the cap of a run (refused)."""
+    windows = [w for e in select.expressions for w in e.find_all(exp.Window)]
+    if not isinstance(value, exp.Case) or value.this is not None or len(windows) != 3:
+        return False
+    ifs = value.args.get("ifs") or []
+    default = value.args.get("default")
+    if len(ifs) != 2 or not (isinstance(default, exp.Literal) and default.is_int
+                             and int(default.this) == 1):
+        return False
+    check, back = ifs
+
+    def own(node: exp.Expr | None, name: str) -> bool:
+        return isinstance(node, exp.Column) and node.name == name \
+            and (node.table == alias or (sole and not node.table))
+
+    def lag(node: exp.Expr | None, name: str) -> exp.Lag | None:
+        if not isinstance(node, exp.Window) or any(
+                node.args.get(a) for a in ("partition_by", "order", "spec", "alias")):
+            return None
+        function = node.this
+        if not isinstance(function, exp.Lag) or not own(function.this, name):
+            return None
+        offset = function.args.get("offset")
+        return function if isinstance(offset, exp.Literal) and offset.is_int else None
+
+    test = check.this
+    error = check.args.get("true")
+    previous = lag(test.expression, _POSITION) if isinstance(test, exp.LTE) else None
+    if previous is None or not own(test.this, _POSITION) \
+            or int(previous.args["offset"].this) != 1 \
+            or not (previous.args.get("default") is None
+                    or isinstance(previous.args["default"], exp.Literal)) \
+            or not (isinstance(error, exp.Anonymous) and error.name.upper() == "ERROR"):
+        return False
+    both = back.this
+    if not isinstance(both, exp.And) or not isinstance(both.this, exp.GT) \
+            or not isinstance(both.expression, exp.NullSafeEQ):
+        return False
+    present, same = both.this, both.expression
+    there = lag(present.this, _POSITION)
+    earlier = lag(same.this, unit)
+    zero = present.expression
+    return there is not None and earlier is not None and own(same.expression, unit) \
+        and isinstance(zero, exp.Literal) and zero.is_int and int(zero.this) == 0 \
+        and (there.args.get("default") is None
+             or isinstance(there.args["default"], exp.Literal)) \
+        and isinstance(back.args.get("true"), exp.Null) \
+        and _int_at_most(there.args["offset"], most) \
+        and _int_at_most(earlier.args["offset"], most)
 
 
 def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str,
@@ -1259,10 +1360,10 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
     if group is not None and (any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets"))
                               or not all(isinstance(k, exp.Column) for k in group.expressions)):
         raise Refused("the sum of two aggregations groups by something other than columns")
-    keys = {k.sql() for k in group.expressions} if group is not None else set()
+    keys = {sql_text(k) for k in group.expressions} if group is not None else set()
     for item in combiner.expressions:
         value = item.this if isinstance(item, exp.Alias) else item
-        if isinstance(value, exp.Column) and value.sql() in keys:
+        if isinstance(value, exp.Column) and sql_text(value) in keys:
             continue
         total = value.this if isinstance(value, exp.Cast) else value
         if not isinstance(total, exp.Sum) or not isinstance(total.this, exp.Column):

@@ -42,6 +42,7 @@ from analyses.bounds import Interval, expression_bounds
 from analyses.joins import JoinInfo
 from analyses.query import AggregateQuery, PublicQuery, analyze_query
 from analyses.totality import ConstantCheck
+from analyses.trees import sql_text
 from analyses.validate import ParsedStatement
 from chorus_py.errors import NotSupportedError, QueryRefused
 from chorus_py.policy import ColumnPolicy, Policy, TablePolicy
@@ -95,7 +96,7 @@ class PerPersonQuery:
     def normalized_sql(self) -> str:
         """The analysed query, for caches: the inner rows and the outer query."""
         return self.rows.normalized_sql + " | " + self.outer.normalized_sql + " | " + \
-            ", ".join(f"{v.name}={v.expr.sql()}:[{v.lower:g},{v.upper:g}]" for v in self.values)
+            ", ".join(f"{v.name}={sql_text(v.expr)}:[{v.lower:g},{v.upper:g}]" for v in self.values)
 
 
 def analyze_per_person(parsed: ParsedStatement, policy: Policy, dialect: str,
@@ -266,12 +267,12 @@ def _values(inner: exp.Select, unit: str) -> tuple[list[tuple[str, exp.Expr]], s
         aggs = [n for n in expr.find_all(exp.AggFunc)]
         if not aggs:
             raise QueryRefused(
-                f"the per-person subquery outputs {item.sql()[:80]}, which is neither the "
+                f"the per-person subquery outputs {sql_text(item)[:80]}, which is neither the "
                 f"unit nor an aggregate of the person's rows",
                 hint="output aggregates such as COUNT(*) AS n or SUM(fare) AS spend")
         if not isinstance(item, exp.Alias):
-            raise QueryRefused(f"name the per-person value {expr.sql()[:80]}",
-                               hint=f"write {expr.sql()[:60]} AS some_name")
+            raise QueryRefused(f"name the per-person value {sql_text(expr)[:80]}",
+                               hint=f"write {sql_text(expr)[:60]} AS some_name")
         for node in expr.walk():
             inside = any(isinstance(a, exp.AggFunc) for a in _ancestors(node, expr))
             if inside:
@@ -448,7 +449,7 @@ def _bounded_value(name: str, expr: exp.Expr, stands: list[exp.Expr], rows: Aggr
     if found is None:
         raise QueryRefused(
             f"the per-person value {name} has no bound",
-            hint=f"clip it in the query, e.g. LEAST({expr.sql()[:40]}, 100) AS {name}")
+            hint=f"clip it in the query, e.g. LEAST({sql_text(expr)[:40]}, 100) AS {name}")
     lower, upper = found
     if lower == upper:
         raise QueryRefused(f"the per-person value {name} is always {lower:g}",
@@ -472,10 +473,11 @@ def _outside_aggregates(expr: exp.Expr) -> list[exp.Expr]:
 def _argument_bounds(rows: AggregateQuery, stand: exp.Expr) -> tuple[float, float]:
     """The declared bounds of a stand-in SUM's argument (``analyses.query`` found them)."""
     for m in rows.measurements:
-        if m.kind == "sum" and m.argument is not None and m.argument.sql() == stand.this.sql():
+        if (m.kind == "sum" and m.argument is not None
+                and sql_text(m.argument) == sql_text(stand.this)):
             assert m.lower is not None and m.upper is not None
             return m.lower, m.upper
-    raise AssertionError(f"no measurement for {stand.sql()}")
+    raise AssertionError(f"no measurement for {sql_text(stand)}")
 
 
 def _bounds(value: exp.Expr, leaves: dict[str, Interval]) -> Interval | None:

@@ -31,6 +31,7 @@ from analyses.join_groups import check_join_keys
 from analyses.keys import TableKeys
 from analyses.quantile_joins import check_quantile_join
 from analyses.query import AggregateQuery, OutputColumn, PublicQuery, display_sql
+from analyses.trees import dialect_named, sql_text
 from analyses.validate import AGGREGATES
 from chorus_py.errors import NotSupportedError, QueryRefused
 
@@ -80,13 +81,13 @@ class QuantileQuery:
         quantiles show there as the same marked SUMs, whatever their p) and each quantile's
         function, p and argument, and the output names.  Caches key on this."""
         return (self.query.normalized_sql,
-                tuple((q.function, q.p, q.argument.sql()) for q in self.quantiles),
+                tuple((q.function, q.p, sql_text(q.argument)) for q in self.quantiles),
                 tuple(o.name for o in self.query.outputs))
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The distinct quantiled expressions (their SQL), in order: one histogram each."""
-        return tuple(dict.fromkeys(q.argument.sql() for q in self.quantiles))
+        return tuple(dict.fromkeys(sql_text(q.argument) for q in self.quantiles))
 
 
 def asks_quantiles(sql: str, dialect: str) -> bool:
@@ -102,7 +103,8 @@ def parsed_to_read(sql: str, dialect: str) -> tuple[exp.Expr, ...] | None:
     the engine asks ``analyses.mixed.asks_mixed`` then :func:`asks_quantiles` of one text, which
     parsed it twice.  Shared between callers: never to be changed."""
     try:
-        return tuple(tree for tree in sqlglot.parse(sql, read=dialect) if tree is not None)
+        trees = sqlglot.parse(sql, read=dialect_named(dialect))
+        return tuple(tree for tree in trees if tree is not None)
     except (ParseError, TokenError, RecursionError, ValueError):
         return None
 
@@ -137,11 +139,11 @@ def substitute(tree: exp.Expr) -> tuple[exp.Expr, list[tuple[float, str, str]]]:
         if not is_quantile(node):
             return node
         value, p, name = _read(node)
-        index = seen.get((p, value.sql()))
+        index = seen.get((p, sql_text(value)))
         if index is None:
             if len(found) >= _MAX_QUANTILES:
                 raise QueryRefused(f"more than {_MAX_QUANTILES} quantiles in one query")
-            index = seen[(p, value.sql())] = len(found)
+            index = seen[(p, sql_text(value))] = len(found)
             found.append((p, name, display_sql(node)))
         marker = exp.Literal.number(_MARKER.format(index))
         return exp.Paren(this=exp.Add(this=exp.Sum(this=value.copy()), expression=marker))
@@ -196,11 +198,11 @@ def analyze_quantiles(sql: str, dialect: str,
     """Analyse a quantile query: ``analyse`` is the ordinary analysis (parse, validate, bind,
     ``analyses.query.analyze_query``) applied to the query with its quantiles substituted."""
     try:
-        tree = filters_as_case(sqlglot.parse_one(sql, read=dialect))
+        tree = filters_as_case(sqlglot.parse_one(sql, read=dialect_named(dialect)))
     except (ParseError, TokenError) as err:  # asks_quantiles parsed it: not expected
         raise QueryRefused(f"syntax error: {err}") from None
     replaced, found = substitute(tree)
-    analysis = analyse(replaced.sql(dialect))
+    analysis = analyse(replaced.sql(dialect_named(dialect)))
     if isinstance(analysis, PublicQuery):
         raise QueryRefused("quantiles of public tables need no privacy: the proxy answers "
                            "public tables exactly only with ordinary aggregates",

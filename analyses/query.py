@@ -39,7 +39,7 @@ from analyses.sensitivity import (
     sum_sensitivity,
 )
 from analyses.totality import ConstantCheck, RowContext, check_row, duckdb_constants
-from analyses.trees import copy_tree, sql_text
+from analyses.trees import copy_tree, dialect_named, sql_text
 from analyses.validate import AGGREGATES, ParsedStatement
 from chorus_py.errors import NotSupportedError, QueryRefused, UndefinedColumn
 from chorus_py.policy import ColumnPolicy, LimitsConfig, Policy, TablePolicy
@@ -384,7 +384,7 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
     mapping = _mapping_schema(tuple(sorted((t, tuple(c.items())) for t, c in schema.items())),
                               dialect)
     try:
-        flat = qualify(tree.copy(), schema=mapping, dialect=dialect,
+        flat = qualify(copy_tree(tree), schema=mapping, dialect=dialect_named(dialect),
                        validate_qualify_columns=True)
     except OptimizeError as err:
         text = str(err)
@@ -395,7 +395,7 @@ def _normalize(tree: exp.Select, table: str, tp: TablePolicy, dialect: str,
     flat = eliminate_ctes(merge_subqueries(eliminate_subqueries(flat)))
     assert isinstance(flat, exp.Select)
     # Types on every node, for the type checks of row-level expressions.
-    flat = annotate_types(flat, schema=mapping, dialect=dialect)
+    flat = annotate_types(flat, schema=mapping, dialect=dialect_named(dialect))
     nested = [s for s in flat.find_all(exp.Select) if s is not flat]
     if flat.args.get("joins") and any(s.args.get("group") or s.find(*AGGREGATES)
                                       for s in nested):
@@ -621,8 +621,9 @@ class _Reader:
         # centred) gives a measurement that ignores the data: sensitivity 0, nothing to protect.
         if (lo == hi == 0) or (lo == hi and not isinstance(node, exp.Sum)):
             raise QueryRefused(
-                f"{node.sql_name()}({display_sql(arg)}) does not depend on the data: {arg.sql()} "
-                f"is always {lo:g}", hint="compute the constant without an aggregate")
+                f"{node.sql_name()}({display_sql(arg)}) does not depend on the data: "
+                f"{sql_text(arg)} is always {lo:g}",
+                hint="compute the constant without an aggregate")
         if isinstance(node, exp.Sum):
             return self._measure("sum", arg, lo, hi)
         # AVG and VARIANCE measure the values centred on c = (l + u) / 2: x - c lies in
@@ -752,7 +753,7 @@ class _Reader:
                     "the policy",
                 )
             raise QueryRefused(
-                f"cannot bound the value of {arg.sql()} in {fname}",
+                f"cannot bound the value of {sql_text(arg)} in {fname}",
                 hint="use +, -, *, / by a constant, ABS, LEAST, GREATEST or CASE on bounded "
                 "columns",
             )
@@ -864,7 +865,7 @@ def display_sql(node: exp.Expr) -> str:
     plain = copy_tree(node)
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
-    return plain.sql(copy=False)  # a copy of its own already
+    return plain.sql(dialect_named(None), copy=False)  # a copy of its own already
 
 
 def _literal_int(flat: exp.Select, arg: str) -> int | None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from analyses.literals import literal_value
+from analyses.trees import sql_text
 from analyses.typecheck import check_row_types
 from chorus_py.errors import QueryRefused
 from chorus_py.policy import LimitsConfig
@@ -283,13 +284,13 @@ class _Totality:
         trailing = len(text) - len(text.rstrip("\\"))
         if trailing % 2:
             raise QueryRefused(
-                f"the LIKE pattern {node.expression.sql()} in {self.clause} ends with an escape "
-                "character (a backslash)", hint="write a literal backslash as '\\\\'")
+                f"the LIKE pattern {sql_text(node.expression)} in {self.clause} ends with an "
+                "escape character (a backslash)", hint="write a literal backslash as '\\\\'")
         literal = exp.Literal.string(text)
         kind = exp.ILike if isinstance(node, exp.ILike) else exp.Like
         for subject in (literal, exp.Literal.string("")):
             self._run(kind(this=subject.copy(), expression=literal.copy()),
-                      f"the LIKE pattern {node.expression.sql()}")
+                      f"the LIKE pattern {sql_text(node.expression)}")
 
     def _interval(self, node: exp.Interval) -> None:
         if literal_value(node.this) is None:
@@ -330,7 +331,7 @@ class _Totality:
             self._on_time_edges(cast, cast.this, f"the cast {_short(cast)}")
             return
         raise QueryRefused(
-            f"the cast {cast.sql()} in {self.clause} may fail on some rows",
+            f"the cast {sql_text(cast)} in {self.clause} may fail on some rows",
             hint="casts on rows may only go to TEXT, to DOUBLE from a number, or between "
             "DATE and TIMESTAMP")
 
@@ -349,7 +350,7 @@ class _Totality:
                     f"{self.clause}", hint=f"quote the value: '{text}'")
             if kind in ("int", "float") and form == "string":
                 raise QueryRefused(
-                    f"{_short(a)} is a number but is compared with the text {b.sql()} in "
+                    f"{_short(a)} is a number but is compared with the text {sql_text(b)} in "
                     f"{self.clause}", hint="write the number without quotes")
             if kind in ("date", "timestamp"):
                 if form == "number":
@@ -665,7 +666,7 @@ def _nonzero_digits(text: str) -> bool:
 
 
 def _short(node: exp.Expr) -> str:
-    text = node.sql()
+    text = sql_text(node)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -17,9 +17,11 @@ its metadata; the cached structural hash is left to be computed again, when aske
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TypeVar
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 
 E = TypeVar("E", bound=exp.Expr)
 
@@ -89,4 +91,20 @@ def sql_text(node: exp.Expr, dialect: str | None = None, **opts: object) -> str:
     >>> sql_text(parse_one("SELECT a FROM t WHERE b > 1"), "duckdb")
     'SELECT a FROM t WHERE b > 1'
     """
-    return copy_tree(node).sql(dialect, copy=False, **opts)  # type: ignore[arg-type]
+    return copy_tree(node).sql(dialect_named(dialect), copy=False,  # type: ignore[arg-type]
+                               **opts)
+
+
+@functools.cache
+def dialect_named(name: str | None) -> Dialect:
+    """sqlglot's dialect ``name`` (None: its generic one), made once per process.
+
+    ``Expr.sql("duckdb")`` makes a new Dialect on every call (it parses the name for settings,
+    then runs the class's ``__init__``): about 20 us, paid by every statement, report line and
+    check rendered, dozens per never-seen query.  Given an instance, sqlglot uses it as it is;
+    a Dialect keeps no state between calls (each rendering makes its own Generator).
+
+    >>> dialect_named("duckdb") is dialect_named("duckdb"), type(dialect_named(None)).__name__
+    (True, 'Dialect')
+    """
+    return Dialect.get_or_raise(name)

@@ -14,6 +14,7 @@ from typing import Literal
 from sqlglot import exp
 
 from analyses.literals import literal_value
+from analyses.trees import sql_text
 from chorus_py.errors import QueryRefused
 
 Family = Literal["number", "text", "time", "interval", "bool", "null", "unknown"]
@@ -155,5 +156,5 @@ def _describe(found: str) -> str:
 
 
 def _short(node: exp.Expr) -> str:
-    text = node.sql()
+    text = sql_text(node)
     return text if len(text) <= 60 else text[:57] + "..."

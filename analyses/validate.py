@@ -20,6 +20,7 @@ from sqlglot.errors import ParseError, TokenError
 from analyses.aggregate_filters import filters_as_case
 from analyses.binding import bind_tables
 from analyses.keys import as_extract
+from analyses.trees import dialect_named, sql_text
 from chorus_py.errors import NotSupportedError, QueryRefused, QuerySyntaxError
 
 # Structural nodes any accepted query may contain.
@@ -88,7 +89,8 @@ def parse_statement(sql: str, dialect: str, known_tables: frozenset[str]) -> Par
     if "\x00" in sql:
         raise QuerySyntaxError("the query contains a NUL character")
     try:
-        statements = [s for s in sqlglot.parse(sql, dialect=dialect) if s is not None]
+        parsed = sqlglot.parse(sql, dialect=dialect_named(dialect))
+        statements = [s for s in parsed if s is not None]
     except (ParseError, TokenError) as err:
         raise QuerySyntaxError(f"syntax error: {_first_line(err)}") from None
     except RecursionError:
@@ -136,7 +138,7 @@ def check_node(node: exp.Expr) -> None:
                                     "supported", hint="join tables with ON a.key = b.key")
         if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
             raise QueryRefused(
-                f"table functions are not allowed ({node.sql()})",
+                f"table functions are not allowed ({sql_text(node)})",
                 hint="query the tables the policy declares",
             )
         if isinstance(node, exp.Select) and node.args.get("into") is not None:

@@ -38,6 +38,7 @@ from budget.ledger import Claim, Ledger
 from chorus_py.backends import Backend, ResultSet, StatementFailed
 from chorus_py.caches import LRU, WeightedLRU
 from chorus_py.errors import BackendError, InternalError, QueryRefused, StatementCanceled
+from rewriters.contribution import STREAM_ORDER_ERROR
 
 log = logging.getLogger("chorus.engine")
 T = TypeVar("T")
@@ -269,6 +270,11 @@ class Statements:
             # The detail may quote data values: operators see it at debug level, analysts never.
             log.warning("backend error on a rewritten query (touched data: %s)", err.touched_data)
             log.debug("backend error detail: %s", err.detail)
+            if STREAM_ORDER_ERROR in str(err.detail):  # our own text: no data in it
+                log.error("DuckDB met a ranked copy's twin out of the twin's order: the query "
+                          "failed instead of keeping more rows per unit "
+                          "(rewriters.contribution.streamed_rank); please report it with "
+                          "the DuckDB version")
             run.failed(err.touched_data)
             refunded = run.refund_if_untouched(self.ledger)
             if err.cancelled is not None:

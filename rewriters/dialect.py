@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from analyses.trees import copy_tree
+from analyses.trees import copy_tree, dialect_named
 
 #: The named parameter of the per-statement key the Spark backend binds.
 SPARK_KEY = "chorus_key"
@@ -53,6 +53,18 @@ def dialect(node: exp.Expr, name: str, copy: bool = True) -> exp.Expr:
         return sub
 
     return (copy_tree(node) if copy else node).transform(visit, copy=False)
+
+
+def rendered(node: exp.Expr, name: str, copy: bool = False) -> str:
+    """The text of ``node`` adapted to the backend ``name`` (:func:`dialect`), in its SQL.
+    ``copy``: leave ``node`` as it was; by default the adaptation and the generator may change
+    it, for a tree built to be sent (no copy made).
+
+    >>> from sqlglot import parse_one
+    >>> rendered(parse_one("SELECT ROUND(AVG(x), 2) FROM t"), "postgres")
+    'SELECT ROUND(CAST(AVG(x) AS DECIMAL), 2) FROM t'
+    """
+    return dialect(node, name, copy=copy).sql(dialect_named(name), copy=False)
 
 
 def _for_spark(sub: exp.Expr) -> exp.Expr:

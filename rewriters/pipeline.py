@@ -39,8 +39,9 @@ from rewriters.contribution import (
     ranked_group_heavy,
     ranked_group_parts,
     stored_rank_contribution,
+    streamed_pays,
 )
-from rewriters.dialect import dialect
+from rewriters.dialect import rendered
 from rewriters.grouped_copy import first_of_group, group_key_column, stored_group_part
 from rewriters.groups import complete_groups, public_filter
 from rewriters.joins import join_rows
@@ -84,7 +85,7 @@ class RewrittenQuery:
                     materialized=True)
         ]))
         # A fresh tree already: neither dialect() nor the generator needs to copy it.
-        return dialect(statement, self.dialect, copy=False).sql(self.dialect, copy=False)
+        return rendered(statement, self.dialect)
 
     def measure_sql(self, consume: bool = False) -> str:
         """The exact measurements alone (proxy noise mode), for the backend.
@@ -93,8 +94,7 @@ class RewrittenQuery:
         reads only the rest of this rewrite afterwards (its finish, its ids): the dialect's
         changes are made in the tree itself instead of a copy of it (0.5 ms of a cold
         prepare's 4.5 on DuckDB)."""
-        return dialect(self.measure, self.dialect, copy=not consume).sql(self.dialect,
-                                                                          copy=False)
+        return rendered(self.measure, self.dialect, copy=not consume)
 
 
 def measured_ids(query: AggregateQuery, plan: NoisePlan) -> tuple[str, ...]:
@@ -189,11 +189,13 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     elif ranked is not None and dialect in SPLIT_DIALECTS and adds_up_over_parts(query):
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   running, light_twin, presorted_pays(dialect, twin))
+                                   running, light_twin, presorted_pays(dialect, twin),
+                                   streamed_pays(dialect, twin))
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin,
-                                   running, light_twin, presorted_pays(dialect, twin))
+                                   running, light_twin, presorted_pays(dialect, twin),
+                                   streamed_pays(dialect, twin))
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

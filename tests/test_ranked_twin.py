@@ -47,11 +47,11 @@ def engine(skewed: tuple[str, str], policy_engine: Callable[[str], Engine]) -> E
 
 
 def _kept(engine: Engine, copy: str, where: str, twin: bool, light_twin: bool = False,
-          presorted: bool = False) -> list[tuple[int, int]]:
+          presorted: bool = False, streamed: bool = False) -> list[tuple[int, int]]:
     """(id, person) of the rows ``ranked_contribution`` keeps of the copy's filtered rows."""
     rows = parse_one(f'SELECT c.* FROM {SCHEMA}."{copy}" AS c WHERE {where}')
     kept = ranked_contribution(rows, "c", "person", K, twin, light_twin=light_twin,
-                               presorted=presorted).sql(engine.dialect)
+                               presorted=presorted, streamed=streamed).sql(engine.dialect)
     return sorted(engine.backend.run(f"SELECT b.id, b.person FROM ({kept}) AS b").rows)
 
 
@@ -91,6 +91,8 @@ def test_the_twin_keeps_the_rows_the_copy_keeps(
     # with the heavy window partitioned by (unit rows, unit) (presorted_pays): the same.
     assert _kept(engine, copy, where, True, light_twin=True) == from_copy
     assert _kept(engine, copy, where, True, presorted=True) == from_copy
+    if engine.dialect == "duckdb":  # its copies store positions: the streamed heavy branch
+        assert _kept(engine, copy, where, True, streamed=True) == from_copy
     filtered = collections.Counter(p for _, p, v in _rows() if passing(v))
     kept = collections.Counter(p for _, p in from_twin)
     assert kept == {p: min(c, K) for p, c in filtered.items()}
@@ -183,7 +185,10 @@ def test_the_heavy_window_partitioned_by_the_copys_unit_rows_passes_and_nothing_
     # What the engine sends: presorted on Postgres only (DuckDB's window gains nothing).
     sent = f"PARTITION BY {table}.__chorus_unit_rows, {table}.person ORDER BY"
     assert (sent in heavy) == (engine.dialect == "postgres")
-    assert (f"PARTITION BY {table}.person ORDER BY" in heavy) == (engine.dialect == "duckdb")
+    # DuckDB's heavy branch keeps each unit's first rows in the twin's order, no window
+    # partitioned by the unit (streamed_pays: tests/test_streamed_rank.py).
+    assert (f"PARTITION BY {table}.person ORDER BY" in heavy) is False
+    assert ("LAG(" in heavy) == (engine.dialect == "duckdb")
     rows = parse_one(f'SELECT c.* FROM {SCHEMA}."{copy}" AS c WHERE c.v >= 2')
     kept = ranked_contribution(rows, "c", "person", K, True, presorted=True).sql(
         engine.dialect)

@@ -52,9 +52,13 @@ def test_rewritten_sql_reparses_and_is_protected(engine: Engine, sql: str) -> No
     if "trips" in tables:
         assert "pickup_time" in text and "2026-01-01 00:00:00" in text
         # User-level: rows are bounded per rider before aggregation (ranked per query, or by
-        # the stored ranks of the table's ranked copy when every row passes the filter).
+        # the stored ranks of the table's ranked copy when every row passes the filter, or
+        # a DuckDB twin's first rows of each rider: rewriters.contribution.streamed_rank).
         assert any(isinstance(w.this, exp.RowNumber) for w in tree.find_all(exp.Window)) \
-            or re.search(r"__ranked_\w+\"? AS \w+ WHERE .* AND \w+\.__chorus_rank <= \d+", text)
+            or re.search(r"__ranked_\w+\"? AS \w+ WHERE .* AND \w+\.__chorus_rank <= \d+", text) \
+            or (engine.dialect == "duckdb" and "LAG(trips.__chorus_pos, 1, 0) OVER ()" in text
+                and re.search(r"LAG\(trips\.rider_id, \d+\) OVER \(\) IS NOT DISTINCT FROM "
+                              r"trips\.rider_id THEN NULL", text))
     # Every summed value is clipped (LEAST(GREATEST(...)), or a column's comparisons); on
     # Postgres a ranked copy's branches are summed apart, then their sums added (those sums
     # of chorus_parts' columns are the clipped sums themselves, checked here too).

@@ -25,7 +25,7 @@ from analyses.blocks import BlocksRead
 from analyses.keys import calendar_values, check_grid_size
 from analyses.query import AggregateQuery, OutputColumn, display_sql
 from analyses.smoothing import ResolvedJoin
-from analyses.trees import sql_text
+from analyses.trees import dialect_named, sql_text
 from chorus_py.backends import ResultSet, portable_type
 from chorus_py.kinds.base import Answer, Prepared
 from chorus_py.kinds.finish import finish_values, noisy_table
@@ -77,7 +77,7 @@ class Proxied:
     @classmethod
     def of(cls, rewritten: RewrittenQuery) -> Proxied:
         """The parts of ``rewritten`` (its finish rendered now)."""
-        return cls(rewritten.key_ids, rewritten.measure_ids, rewritten.finish.sql("duckdb"))
+        return cls(rewritten.key_ids, rewritten.measure_ids, sql_text(rewritten.finish, "duckdb"))
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def _show_key(expr: exp.Expr) -> str:
     plain = expr.copy()
     for ident in plain.find_all(exp.Identifier):
         ident.set("quoted", False)
-    return plain.sql("postgres", copy=False)  # a copy of its own already
+    return plain.sql(dialect_named("postgres"), copy=False)  # a copy of its own already
 
 
 def listed_keys(query: AggregateQuery,
@@ -358,7 +358,7 @@ def _key_types(query: AggregateQuery) -> list[str] | None:
                 typed = annotate_types(expr).type
             except Exception:  # sqlglot cannot type it: leave the finish unchecked
                 return None
-            found = _DUCKDB_TYPES.get(portable_type(typed.sql("duckdb") if typed else ""))
+            found = _DUCKDB_TYPES.get(portable_type(sql_text(typed, "duckdb") if typed else ""))
         if found is None:
             return None
         out.append(found)

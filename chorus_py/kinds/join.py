@@ -23,6 +23,7 @@ from analyses.blocks import BlocksRead, interval_set, read_windows
 from analyses.joins import JoinInfo
 from analyses.query import AggregateQuery
 from analyses.smoothing import ResolvedJoin, resolve
+from analyses.trees import dialect_named
 from budget.accounting import Event
 from chorus_py.backends import SCHEMA
 from chorus_py.caches import LRU
@@ -241,7 +242,7 @@ def _scale_literals(dialect: str) -> int:
     """How often one discrete Laplace rendering quotes its scale (the same for every scale)."""
     probe = 1234567.25
     alone = exp.select(discrete_laplace_of_scale(probe).render_sql(exp.column("m"), dialect))
-    return alone.sql(dialect).count(f"'{probe!r}'")
+    return alone.sql(dialect_named(dialect)).count(f"'{probe!r}'")
 
 
 class JoinKind:

@@ -49,7 +49,7 @@ from chorus_py.statements import QueryRun
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction, blocks
 from rewriters.clipping import clipping
-from rewriters.dialect import dialect
+from rewriters.dialect import rendered
 from rewriters.pipeline import pipeline
 from rewriters.selection import clipped_arguments
 
@@ -144,8 +144,7 @@ class PerPersonKind:
         out = []
         for what, size, build in histogram_builders(outer, None, None):
             tree = _splice(build(), per_person)
-            sql = dialect(tree, self.services.dialect, copy=False).sql(self.services.dialect,
-                                                                       copy=False)
+            sql = rendered(tree, self.services.dialect)
             self.services.statements.verify_outgoing(sql, "noised_by_proxy", tables)
             out.append((what, size, sql))
         return tuple(out)

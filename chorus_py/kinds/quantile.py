@@ -43,6 +43,7 @@ from analyses.quantiles import (
     declared_type,
 )
 from analyses.query import AggregateQuery, PublicQuery, display_sql
+from analyses.trees import dialect_named, sql_text
 from budget.accounting import Event
 from chorus_py.backends import SCHEMA, ResultSet
 from chorus_py.caches import LRU, WeightedLRU
@@ -64,7 +65,7 @@ from mechanisms.thresholding import key_release_threshold
 from rewriters.bins import BINS, stored_bin
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays, presorted_pays
-from rewriters.dialect import dialect
+from rewriters.dialect import rendered
 from rewriters.keys import key_grid
 from rewriters.pipeline import SPLIT_DIALECTS
 from rewriters.quantiles import (
@@ -355,7 +356,7 @@ class QuantileKind:
         ids = ", ".join(k.id for k in keys)
         tree = exp.select(*[exp.column(k.id) for k in keys]).from_(grid.subquery("g"))
         services = self.services
-        sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+        sql = rendered(tree, services.dialect)
         public = tuple(s.table for s in query.join.sources if s.public) if query.join else ()
         services.statements.verify_outgoing(sql, "exact", public)
         result = services.statements.run(sql, None, public=True)
@@ -423,10 +424,10 @@ class QuantileKind:
         histograms = []
         remembered = set()
         for argument in analysis.arguments:
-            spec = next(q for q in analysis.quantiles if q.argument.sql() == argument)
+            spec = next(q for q in analysis.quantiles if sql_text(q.argument) == argument)
             tree = histogram(query, spec)
             kept = remembers(tree, ranked)  # before the dialect's rendering of RANDOM()
-            sql = dialect(tree, services.dialect, copy=False).sql(services.dialect, copy=False)
+            sql = rendered(tree, services.dialect)
             if kept:
                 remembered.add(sql)
             # Grouped by the keys, then the bins: the groups bound is the keys'.
@@ -436,7 +437,7 @@ class QuantileKind:
                                                 cap=query.stability)
             histograms.append((argument, sql))
         finish = quantile_finish(query.outputs, query.having, query.order, query.limit,
-                                 query.offset).sql("duckdb")
+                                 query.offset).sql(dialect_named("duckdb"))
         gate_sql = None
         if query.thresholded and (_counts_units(query) or (selects and chosen is None)):
             # The units gate's statement; at the limit too, before the choice, so that the
@@ -444,8 +445,7 @@ class QuantileKind:
             first = analysis.quantiles[0].argument
             gate_tree = quantile_group_units(query, first, restriction)
             kept = remembers(gate_tree, ranked)
-            gate_sql = dialect(gate_tree, services.dialect, copy=False).sql(
-                services.dialect, copy=False)
+            gate_sql = rendered(gate_tree, services.dialect)
             if kept:
                 remembered.add(gate_sql)
             services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables,
@@ -495,8 +495,7 @@ class QuantileKind:
         histograms = []
         for what, size, build in quantile_histograms(
                 query, restriction, stored_counts(query, restriction, windows, ranked)):
-            sql = dialect(build(), self.services.dialect, copy=False).sql(
-                self.services.dialect, copy=False)
+            sql = rendered(build(), self.services.dialect)
             # The selection noises it in the proxy.
             self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
             histograms.append((what, size, sql))
@@ -651,7 +650,7 @@ def _draw(detail: QuantileDetail, histograms: dict[str, np.ndarray],
     values = []
     cuts: dict[int, tuple[int, ...]] = {}  # one joint draw per column and group
     for spec, mechanism in zip(detail.analysis.quantiles, detail.mechanisms, strict=True):
-        argument = spec.argument.sql()
+        argument = sql_text(spec.argument)
         histogram = histograms[argument]
         if isinstance(mechanism, JointQuantiles):
             if id(mechanism) not in cuts:
@@ -674,7 +673,7 @@ def plan_quantiles(analysis: QuantileQuery, epsilon: float
     k = analysis.query.stability
     by_argument: dict[str, list[int]] = {}
     for i, q in enumerate(analysis.quantiles):
-        by_argument.setdefault(q.argument.sql(), []).append(i)
+        by_argument.setdefault(sql_text(q.argument), []).append(i)
     found: dict[int, ExponentialMechanism | JointQuantiles] = {}
     for indexes in by_argument.values():
         ps = tuple(sorted({analysis.quantiles[i].p for i in indexes}))
@@ -970,10 +969,10 @@ def _report(analysis: QuantileQuery,
             columns.append(ColumnReport(out.name, "group_key", out.source, ()))
         elif not out.measurements:
             columns.append(ColumnReport(out.name, "constant", out.source, ()))
-        elif out.expr.sql() in by_id:
+        elif sql_text(out.expr) in by_id:
             # scale: the mechanism's 2 Delta / epsilon (utility units, i.e. ranks); its 95%
             # error in values is data-dependent (not shown), in ranks it is in the note.
-            q, m = by_id[out.expr.sql()]
+            q, m = by_id[sql_text(out.expr)]
             columns.append(ColumnReport(
                 out.name, "aggregate", out.source, out.measurements, m.name,
                 2 * m.sensitivity / m.epsilon,
@@ -981,7 +980,7 @@ def _report(analysis: QuantileQuery,
         else:
             columns.append(ColumnReport(out.name, "derived", out.source, out.measurements,
                                         note="post-processing of DP quantiles: "
-                                        + out.expr.sql()))
+                                        + sql_text(out.expr)))
     joint = [m for m in _distinct(mechanisms) if isinstance(m, JointQuantiles)]
     eps_q = epsilon * (1 - GATE_SHARE) if gate is not None else epsilon
     notes = [f"exponential mechanism over {BINS} bins of the declared bounds, the bin drawn by "

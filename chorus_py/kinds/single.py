@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from analyses.blocks import BlocksRead, blocks_read
 from analyses.query import AggregateQuery
+from analyses.trees import sql_text
 from budget.accounting import Event, events_for_plan
 from chorus_py.backends import SCHEMA
 from chorus_py.caches import LRU
@@ -50,7 +51,7 @@ from mechanisms.key_release import threshold_warning
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
 from rewriters.contribution import counted_pays
-from rewriters.dialect import dialect
+from rewriters.dialect import rendered
 from rewriters.pipeline import RewrittenQuery, adds_up_over_parts, measured_ids, pipeline
 from rewriters.selection import clipped_arguments
 
@@ -273,7 +274,7 @@ class SingleTableKind:
             def texts(q: AggregateQuery, p: NoisePlan) -> str:
                 rewritten = rewrite(q, p)
                 return proxy_texts(rewritten.measure_sql(consume=True),
-                                   rewritten.finish.sql("duckdb"))
+                                   sql_text(rewritten.finish, "duckdb"))
 
             sql, finish = split_proxy_texts(one_table_sql(
                 self._templates, ("proxy", *key), query, plan, sql_dialect, sample is not None,
@@ -365,8 +366,7 @@ class SingleTableKind:
                    grouped, *what)
             sql = self._histograms.get(key)
             if sql is None:
-                sql = dialect(build(), self.services.dialect, copy=False).sql(
-                    self.services.dialect, copy=False)  # a fresh tree: no copies
+                sql = rendered(build(), self.services.dialect)  # a fresh tree: no copies
                 # The selection noises it in the proxy.
                 self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
                 self._histograms.put(key, sql)

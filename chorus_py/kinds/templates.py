@@ -32,6 +32,7 @@ from typing import Any
 from sqlglot import exp
 
 from analyses.query import AggregateQuery
+from analyses.trees import dialect_named
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.clipping import bound_literal  # the exact literal clipping prints
 
@@ -80,7 +81,7 @@ def _bound_text(value: float, dialect: str) -> str:
 @functools.lru_cache(maxsize=4096)
 def _printed(kind: str, cls: type, sign: float, value: float, dialect: str) -> str:
     node = exp.Literal.number(value) if kind == "number" else bound_literal(value)
-    return exp.select(node).sql(dialect)[len("SELECT "):]
+    return exp.select(node).sql(dialect_named(dialect))[len("SELECT "):]
 
 
 def _float_text(value: float) -> str:

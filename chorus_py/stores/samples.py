@@ -16,7 +16,10 @@ states are then hit one at a time instead of at random: 2-3x faster on 1M trips;
 sorts rows nearly sorted), and its ``__chorus_unit_rows > k`` reads only the twin's tail
 (DuckDB skips the row groups of lighter units by their min/max, Postgres reads the pages of
 its index on the count one after the other: a heavy branch at cap 28 over 1M demo trips took
-17 instead of 35 ms on DuckDB).
+17 instead of 35 ms on DuckDB).  On DuckDB the copy also stores each row's position in the
+twin's order (``__chorus_pos``, ``rewriters.contribution.ranked_table``'s ``positions``; part
+of the copy's name, so older copies are rebuilt), which the heavy branch checks as it keeps
+each unit's first k rows in one pass (``rewriters.contribution.streamed_rank``).
 The twin doubles the copy's storage; a Postgres table whose twin's name would exceed 63 bytes
 (Postgres would truncate it) has none.  Thresholded keys over the whole copy (a top-10 of
 drivers) read a grouped twin per key columns, ``<copy name>_g<digest>``
@@ -69,7 +72,14 @@ from chorus_py.stores.schedules import BlockCatalog
 from rewriters.bins import BINS, stored_bin_columns, stored_bins
 from rewriters.blocks import BlockRestriction
 from rewriters.blocks import blocks as restrict_blocks
-from rewriters.contribution import RANK, UNIT_ROWS, ranked_table, sample_table, unit_ordered
+from rewriters.contribution import (
+    POSITION,
+    RANK,
+    UNIT_ROWS,
+    ranked_table,
+    sample_table,
+    unit_ordered,
+)
 from rewriters.dialect import dialect as for_dialect
 from rewriters.grouped_copy import grouped_name, grouped_table
 
@@ -321,12 +331,19 @@ class BoundedSamples:
                     table, str(err).splitlines()[0] if str(err) else type(err).__name__,
                     SCHEMA)
 
+    def _positions(self) -> bool:
+        """Whether ranked copies store ``__chorus_pos`` (``rewriters.contribution.
+        streamed_pays``): on DuckDB."""
+        return self._backend.dialect == "duckdb"
+
     def _version(self, table: str, policy: TablePolicy, kind: str
                  ) -> tuple[str, BlockWindows | None]:
-        """The name of ``table``'s stored relation of ``kind`` for its current version."""
+        """The name of ``table``'s stored relation of ``kind`` for its current version (and
+        layout: a ranked copy with positions is another relation than one without)."""
         span = self._span(table, policy)
+        layout = "|positions" if kind == RANKED and self._positions() else ""
         digest = hmac.new(self._naming_key(),
-                          f"{self._fingerprint(table, policy, kind)}|{span}".encode(),
+                          f"{self._fingerprint(table, policy, kind)}|{span}{layout}".encode(),
                           hashlib.sha256).hexdigest()[:16]
         return f"{table}{kind}{digest}", span
 
@@ -440,8 +457,10 @@ class BoundedSamples:
                                     span.start, span.end,
                                     policy.columns[policy.block.column].type)
         if kind == RANKED:
+            # DuckDB's heavy branch checks the twin's order by the stored positions
+            # (``rewriters.contribution.streamed_rank``).
             select = ranked_table(table, policy.privacy_unit, where,
-                                  stored_bin_columns(policy, "t"))
+                                  stored_bin_columns(policy, "t"), positions=self._positions())
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
@@ -478,9 +497,11 @@ class BoundedSamples:
             # row counts (a unit's rows share it: each unit's rows stay together, and the
             # units above a cap k are the twin's tail).  Also added to a copy an older proxy
             # built without one.
+            order = f'"{POSITION}"' if self._positions() else \
+                f'"{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}"'
             statements.append(
                 f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{twin}" AS SELECT * FROM '
-                f'{SCHEMA}."{name}" ORDER BY "{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}"')
+                f'{SCHEMA}."{name}" ORDER BY {order}')
             if self._backend.dialect == "postgres":
                 # In the twin's own order: the heavy branch reads only units above k, often
                 # none (a COUNT at cap 200 over 1M demo trips scanned the whole twin, 73 of
