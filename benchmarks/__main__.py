@@ -41,6 +41,7 @@ BENCHMARKS = {
     "gc_serve": "issue 23: the garbage collector settings of `chorus serve`, through the server",
     "corpus": "issue 23: 36 analyst questions, DP / raw with the default policy",
     "noise_location": "issue 23: DuckDB's noise drawn in SQL or by the proxy, side by side",
+    "streamed": "issue 23: DuckDB's heavy branch streamed against the window it replaced",
     "fixed_costs": "issue 23: a warm query's fixed costs on DuckDB, against main",
     "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",
     "grouped_twin": "issue 23: thresholded keys with and without the copy's grouped twin",
