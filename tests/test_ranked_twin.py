@@ -269,3 +269,15 @@ def test_the_twin_is_read_when_the_query_reads_much_of_the_schedule(
         read: int, blocks: int, cap: int, limit: int, duckdb: bool, postgres: bool) -> None:
     assert twin_pays(read, blocks, cap, limit, "duckdb") is duckdb
     assert twin_pays(read, blocks, cap, limit, "postgres") is postgres
+
+
+@pytest.mark.parametrize("read, blocks, cap, reads", [
+    (90, 90, 200, True), (6, 90, 200, True),  # a sixteenth of the schedule and more, any cap
+    (6, 90, 2, True), (5, 90, 2, False),       # under it: the copy's skipped blocks win
+    (1, 1, 1, True), (0, 0, 1, False),         # no block column; no block at all
+])
+def test_a_streamed_heavy_branch_reads_the_twin_from_a_sixteenth_of_the_schedule(
+        read: int, blocks: int, cap: int, reads: bool) -> None:
+    """DuckDB's streamed heavy branch (one pass over the twin's heavy rows, whatever the share)
+    beats the window over the copy from about a sixteenth of the blocks on."""
+    assert twin_pays(read, blocks, cap, 200, "duckdb", streamed=True) is reads

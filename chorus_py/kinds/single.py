@@ -50,7 +50,7 @@ from chorus_py.statements import QueryRun
 from mechanisms.key_release import threshold_warning
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
 from rewriters.blocks import BlockRestriction
-from rewriters.contribution import counted_pays
+from rewriters.contribution import counted_pays, streamed_pays
 from rewriters.dialect import rendered
 from rewriters.pipeline import RewrittenQuery, adds_up_over_parts, measured_ids, pipeline
 from rewriters.selection import clipped_arguments
@@ -248,7 +248,8 @@ class SingleTableKind:
         # groups ranked (the light and middle units a plain scan: rewriters.grouped_copy).
         twin_groups = self._grouped_twin(query, ranked) if every_row and grouped else None
         twin = ranked is not None and not whole and not grouped \
-            and services.samples.twin(ranked[1]) and reads_twin(services, query, reads)
+            and services.samples.twin(ranked[1]) \
+            and reads_twin(services, query, reads, streamed=True)
         light_twin = twin and light_reads_twin(services, query, reads)
         sql_dialect = services.dialect
         # Only the noise scales, caps and bounds change between calls of one query shape: its
@@ -374,11 +375,14 @@ class SingleTableKind:
         return tuple(out)
 
 
-def reads_twin(services: Services, query: AggregateQuery, reads: BlocksRead | None) -> bool:
-    """``twin_pays`` for ``query`` (a one-table answer or a quantile histogram): the share of
-    the schedule's blocks it reads, with its cap."""
+def reads_twin(services: Services, query: AggregateQuery, reads: BlocksRead | None,
+               streamed: bool = False) -> bool:
+    """``twin_pays`` for ``query`` (a one-table answer, whose heavy branch over the twin is
+    ``streamed`` where ``rewriters.contribution.streamed_pays`` says so, or a quantile
+    histogram): the share of the schedule's blocks it reads, with its cap."""
     return twin_pays(*_share(services, query, reads), query.stability,
-                     query.table_policy.contribution_bound, services.dialect)
+                     query.table_policy.contribution_bound, services.dialect,
+                     streamed and streamed_pays(services.dialect, True))
 
 
 def light_reads_twin(services: Services, query: AggregateQuery, reads: BlocksRead | None
@@ -418,7 +422,8 @@ def light_twin_pays(read: int, blocks: int, dialect: str) -> bool:
     return dialect == "duckdb" and blocks > 0 and read == blocks
 
 
-def twin_pays(read: int, blocks: int, cap: int, limit: int, dialect: str) -> bool:
+def twin_pays(read: int, blocks: int, cap: int, limit: int, dialect: str,
+              streamed: bool = False) -> bool:
     """Whether a query that reads ``read`` of the schedule's ``blocks`` blocks at row cap
     ``cap`` (of the policy's ``limit``) reads its heavy rows from the ranked copy's twin in unit
     order rather than from the copy.  The twin spares the window most of its sort, but it is
@@ -428,13 +433,23 @@ def twin_pays(read: int, blocks: int, cap: int, limit: int, dialect: str) -> boo
     filtered row is then in the heavy branch: the ranking it speeds up is of most of the rows
     read).  Not that on Postgres, whose window sorts either way: the twin saves it less than
     the skipped blocks (1M demo trips, March of January-March at cap 2: 3.51x -> 3.54x and
-    4.32x -> 4.55x the raw query in two runs).  Measured: ``benchmarks.unit_order``.  Whatever
-    it says, the kept rows are the same.
+    4.32x -> 4.55x the raw query in two runs).  Measured: ``benchmarks.unit_order``.  A heavy
+    branch ``streamed`` over the twin (DuckDB, ``rewriters.contribution.streamed_rank``) costs
+    about one pass over the twin's heavy rows whatever the share, and the window over the
+    copy grows with the rows it ranks: the twin from a sixteenth of the blocks on (1M demo
+    trips, the heavy rows of the last d days alone, medians of 9, copy window / twin
+    streamed: d = 3 at caps 2, 9, 30: 4.6 / 7.0, 4.1 / 5.7, 2.6 / 3.3 ms; d = 7: 12.6 /
+    8.0, 7.8 / 5.9, 4.2 / 3.2; d = 22: 39.0 / 9.7, 34.7 / 7.4, 10.2 / 4.0).  Whatever it
+    says, the kept rows are the same.
 
     >>> twin_pays(90, 90, 200, 200, "duckdb"), twin_pays(31, 90, 2, 200, "duckdb")
     (True, True)
     >>> twin_pays(31, 90, 50, 200, "duckdb"), twin_pays(31, 90, 2, 200, "postgres")
     (False, False)
+    >>> twin_pays(7, 90, 50, 200, "duckdb", streamed=True)
+    True
     """
+    if streamed:
+        return blocks > 0 and 16 * read >= blocks
     quarter = dialect == "duckdb" and 8 * cap <= limit
     return blocks > 0 and (2 * read >= blocks or (quarter and 4 * read >= blocks))
