@@ -261,7 +261,9 @@ def streamed_pays(dialect: str, twin: bool) -> bool:
     rather than by a window partitioned by the unit: on DuckDB, whose copies store
     ``__chorus_pos`` (``chorus_py.stores.samples``).  Measured on 1M demo trips, the heavy
     rows of the corpus's filtered AVG / VARIANCE queries (caps 2-4, 340-440k rows): 31-35 ms
-    with ROW_NUMBER (DuckDB's per-unit top-k), 9.6-10.2 ms streamed, the same rows kept.
+    with ROW_NUMBER (DuckDB's per-unit top-k) against 9.6-10.2 ms streamed on a busy
+    machine, 14-25 against 10-15 ms (whole statements) on a quiet one
+    (``benchmarks.streamed``), the same rows kept.
 
     >>> streamed_pays("duckdb", True), streamed_pays("duckdb", False)
     (True, False)
