@@ -132,7 +132,6 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
-from analyses.trees import sql_text
 from chorus_py.errors import InternalError
 from chorus_py.policy import Policy
 
@@ -269,7 +268,7 @@ def literal_shape(cut: list[Token], groups: int | None = None,
     for i, kind in enumerate(kinds):
         if kind is number and _PLAIN_NUMBER.fullmatch(texts[i]):
             # ``LAG(column, n`` : rule 4's streamed numbering reads n as it reads a row cap.
-            offset = kinds[i - 1] is _COMMA and _lag_offset(kinds, texts, i)
+            offset = i > 0 and kinds[i - 1] is _COMMA and _lag_offset(kinds, texts, i)
             compared = offset or (i > 0 and kinds[i - 1] in _COMPARISONS)
             texts[i] = _number_class(texts[i], compared, order if i in unit_rows else None,
                                      groups, caps, offset or (compared and kinds[i - 1] is lte))
@@ -399,7 +398,7 @@ def _base_tables(tree: exp.Select, rules: OutgoingRules) -> list[tuple[exp.Table
             env = frozenset(names)
         if isinstance(node, exp.Table):
             if not isinstance(node.this, exp.Identifier):
-                raise Refused(f"a table function ({sql_text(node)})")
+                raise Refused(f"a table function ({node.sql()})")
             qualified = node.args.get("db") is not None or node.args.get("catalog") is not None
             if qualified or node.name.lower() not in env:
                 refs.append(node)
@@ -421,7 +420,7 @@ def _base_tables(tree: exp.Select, rules: OutgoingRules) -> list[tuple[exp.Table
 
 def _declared(table: exp.Table, rules: OutgoingRules) -> str:
     if table.args.get("catalog") is not None:
-        raise Refused(f"a catalog-qualified table ({sql_text(table)})")
+        raise Refused(f"a catalog-qualified table ({table.sql()})")
     db = table.args.get("db")
     name = table.name
     if db is not None and db.name == rules.private_schema:
@@ -429,14 +428,14 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
             base = name.split(marker)[0]
             if marker in name and base in rules.private:
                 return base
-        raise Refused(f"an unknown relation of the private schema ({sql_text(table)})")
+        raise Refused(f"an unknown relation of the private schema ({table.sql()})")
     if db is None or db.name != rules.schema:
         # The proxy generates every statement with each table qualified (wall 3): a bare name
         # is one a CTE or the search path could resolve to something else.
-        raise Refused(f"a table not qualified by the proxy's schema ({sql_text(table)})")
+        raise Refused(f"a table not qualified by the proxy's schema ({table.sql()})")
     if name in rules.public or name in rules.private:
         return name
-    raise Refused(f"a table the policy does not declare ({sql_text(table)})")
+    raise Refused(f"a table the policy does not declare ({table.sql()})")
 
 
 # -- 2-4. one private read -------------------------------------------------------------------
@@ -524,8 +523,8 @@ def _check_groups(table: exp.Table, name: str, barrier: exp.Select, rules: Outgo
                 order = window.args.get("order")
                 traced = [_at_source(o.this, chain, i) for o in
                           (order.expressions if order is not None else [])]
-                ordered = {sql_text(o) for o in traced if o is not None}
-                if all(k is not None and sql_text(k) in ordered for k in keys):
+                ordered = {o.sql() for o in traced if o is not None}
+                if all(k is not None and k.sql() in ordered for k in keys):
                     return
     raise Refused(f"the rows of '{name}' are not bounded to {groups} groups per {spec.unit} "
                   "(DENSE_RANK() OVER (PARTITION BY unit ORDER BY ..., keys) <= g)")
@@ -895,8 +894,8 @@ def _check_barrier(barrier: exp.Select, name: str, allowed: tuple[type[exp.Expr]
         # that is not one is compared (the same outputs pass as when every one was compared).
         if group is not None:
             if keys is None:
-                keys = {sql_text(k) for k in group.expressions}
-            if sql_text(value) in keys:
+                keys = {k.sql() for k in group.expressions}
+            if value.sql() in keys:
                 continue
         raise Refused(refusal)
 
@@ -915,7 +914,7 @@ def _aggregated_output(value: exp.Expr, name: str,
     if any(isinstance(n, exp.Column | exp.Star | exp.Window) and id(n) not in inside
            for n in _local(value)):
         return (f"the aggregation over '{name}' outputs a value that is neither "
-                f"aggregated nor a group key ({sql_text(value)[:80]})")
+                f"aggregated nor a group key ({value.sql()[:80]})")
     return None
 
 
@@ -1360,10 +1359,10 @@ def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]
     if group is not None and (any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets"))
                               or not all(isinstance(k, exp.Column) for k in group.expressions)):
         raise Refused("the sum of two aggregations groups by something other than columns")
-    keys = {sql_text(k) for k in group.expressions} if group is not None else set()
+    keys = {k.sql() for k in group.expressions} if group is not None else set()
     for item in combiner.expressions:
         value = item.this if isinstance(item, exp.Alias) else item
-        if isinstance(value, exp.Column) and sql_text(value) in keys:
+        if isinstance(value, exp.Column) and value.sql() in keys:
             continue
         total = value.this if isinstance(value, exp.Cast) else value
         if not isinstance(total, exp.Sum) or not isinstance(total.this, exp.Column):

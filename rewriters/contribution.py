@@ -255,6 +255,13 @@ def presorted_pays(dialect: str, twin: bool) -> bool:
     return twin and dialect == "postgres"
 
 
+def positions_stored(dialect: str) -> bool:
+    """Whether the ranked copies of ``dialect`` store ``__chorus_pos`` (``ranked_table``'s
+    ``positions``), which ``streamed_rank`` checks: DuckDB's.  (Postgres's heavy window
+    already reads the twin's index in order; a Postgres seq scan may start mid-table.)"""
+    return dialect == "duckdb"
+
+
 def streamed_pays(dialect: str, twin: bool) -> bool:
     """Whether the heavy branch, reading the ranked copy's ``twin``, keeps each unit's first k
     filtered rows by ``streamed_rank`` (one pass in the twin's order, no per-unit state)
@@ -270,7 +277,7 @@ def streamed_pays(dialect: str, twin: bool) -> bool:
     >>> streamed_pays("postgres", True)
     False
     """
-    return twin and dialect == "duckdb"
+    return twin and positions_stored(dialect)
 
 
 def streamed_rank(unit: exp.Column, position: exp.Column, k: int) -> exp.Case:

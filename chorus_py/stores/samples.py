@@ -76,6 +76,7 @@ from rewriters.contribution import (
     POSITION,
     RANK,
     UNIT_ROWS,
+    positions_stored,
     ranked_table,
     sample_table,
     unit_ordered,
@@ -331,17 +332,12 @@ class BoundedSamples:
                     table, str(err).splitlines()[0] if str(err) else type(err).__name__,
                     SCHEMA)
 
-    def _positions(self) -> bool:
-        """Whether ranked copies store ``__chorus_pos`` (``rewriters.contribution.
-        streamed_pays``): on DuckDB."""
-        return self._backend.dialect == "duckdb"
-
     def _version(self, table: str, policy: TablePolicy, kind: str
                  ) -> tuple[str, BlockWindows | None]:
         """The name of ``table``'s stored relation of ``kind`` for its current version (and
         layout: a ranked copy with positions is another relation than one without)."""
         span = self._span(table, policy)
-        layout = "|positions" if kind == RANKED and self._positions() else ""
+        layout = "|positions" if kind == RANKED and positions_stored(self._backend.dialect) else ""
         digest = hmac.new(self._naming_key(),
                           f"{self._fingerprint(table, policy, kind)}|{span}{layout}".encode(),
                           hashlib.sha256).hexdigest()[:16]
@@ -459,8 +455,9 @@ class BoundedSamples:
         if kind == RANKED:
             # DuckDB's heavy branch checks the twin's order by the stored positions
             # (``rewriters.contribution.streamed_rank``).
+            positions = positions_stored(self._backend.dialect)
             select = ranked_table(table, policy.privacy_unit, where,
-                                  stored_bin_columns(policy, "t"), positions=self._positions())
+                                  stored_bin_columns(policy, "t"), positions=positions)
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
@@ -497,7 +494,7 @@ class BoundedSamples:
             # row counts (a unit's rows share it: each unit's rows stay together, and the
             # units above a cap k are the twin's tail).  Also added to a copy an older proxy
             # built without one.
-            order = f'"{POSITION}"' if self._positions() else \
+            order = f'"{POSITION}"' if positions_stored(self._backend.dialect) else \
                 f'"{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}"'
             statements.append(
                 f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{twin}" AS SELECT * FROM '
