@@ -10,7 +10,7 @@ ANDs the OR of one such window per run.  Id-range blocks (User DP) compare integ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, time
 
 from sqlglot import exp
 
@@ -26,6 +26,57 @@ class BlockRestriction:
     start: datetime | date | int
     end: datetime | date | int
     windows: tuple[tuple[datetime | date | int, datetime | date | int], ...] = ()
+
+    def month(self) -> int | None:
+        """The calendar month every claimed window lies in, as ``month_number`` counts it
+        (None: they span several months, or the blocks are ids).  A ranked copy's month twin
+        holds each month's rows apart (``rewriters.contribution.segment_ordered``): a query
+        claiming blocks of one month reads only that month's rows there.
+
+        >>> BlockRestriction("ts", "timestamp", datetime(2026, 3, 1), datetime(2026, 4, 1)).month()
+        674
+        >>> BlockRestriction("ts", "timestamp", datetime(2026, 3, 1), datetime(2026, 4, 2)).month()
+        >>> BlockRestriction("d", "date", date(2026, 1, 30), date(2026, 2, 1)).month()
+        672
+        """
+        start, end = self.start, self.end
+        if self.column_type not in MONTHLY_TYPES or not isinstance(start, date) \
+                or not isinstance(end, date):
+            return None
+        month = month_number(start)
+        following = date(1970 + (month + 1) // 12, (month + 1) % 12 + 1, 1)
+        # end is exclusive: a claim up to the next month's first instant stays in this month.
+        limit = following if type(end) is date else datetime.combine(following, time())
+        return month if end <= limit else None
+
+
+#: Block column types whose values fall in calendar months (``month_number``, ``month_sql``).
+MONTHLY_TYPES = ("date", "timestamp")
+
+
+def month_number(point: date) -> int:
+    """Calendar months since January 1970 (0) of a date or naive timestamp: 2026-03 is 674.
+
+    >>> month_number(date(1970, 1, 31)), month_number(datetime(2026, 3, 31, 23, 59))
+    (0, 674)
+    """
+    return (point.year - 1970) * 12 + point.month - 1
+
+
+def month_sql(column: exp.Expr) -> exp.Expr:
+    """``month_number`` of ``column`` (a date or timestamp without time zone) in SQL, the same
+    integer on DuckDB and Postgres: ``CAST((EXTRACT(YEAR FROM c) - 1970) * 12 + EXTRACT(MONTH
+    FROM c) - 1 AS INT)``.  (Without a time zone the fields are those of the stored value.)
+
+    >>> month_sql(exp.column("ts", table="t")).sql("postgres")
+    'CAST((EXTRACT(YEAR FROM t.ts) - 1970) * 12 + EXTRACT(MONTH FROM t.ts) - 1 AS INT)'
+    """
+    year = exp.Extract(this=exp.var("YEAR"), expression=column)
+    month = exp.Extract(this=exp.var("MONTH"), expression=column.copy())
+    number = exp.Sub(this=exp.Add(this=exp.Mul(this=exp.Paren(this=exp.Sub(
+        this=year, expression=exp.Literal.number(1970))), expression=exp.Literal.number(12)),
+        expression=month), expression=exp.Literal.number(1))
+    return exp.cast(number, exp.DType.INT)  # type: ignore[arg-type]
 
 
 def blocks(where: exp.Expr | None, column: exp.Column, start: datetime | date | int,

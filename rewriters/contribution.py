@@ -27,6 +27,10 @@ POSITION = "__chorus_pos"
 GROUP_KEPT = "gk"  # the alias of a ranked copy's group-bounded rows (ranked_group_parts)
 #: A ranked copy's twin: the same rows and columns stored in unit order, ``<copy name>_u``.
 UNIT_ORDER = "_u"
+#: A ranked copy's calendar month of its row's block column (``rewriters.blocks.month_sql``).
+SEGMENT = "__chorus_seg"
+#: Its month twin: the same rows and columns stored by month, then in unit order.
+SEGMENT_ORDER = "_m"
 
 
 def unit_ordered(copy: str) -> str:
@@ -40,6 +44,21 @@ def unit_ordered(copy: str) -> str:
     'trips__ranked_0123456789abcdef_u'
     """
     return f"{copy}{UNIT_ORDER}"
+
+
+def segment_ordered(copy: str) -> str:
+    """The name of the month twin of the ranked copy ``copy``: the copy's rows (every column)
+    sorted by their month (``__chorus_seg``), then as the twin, by the unit's row count, unit
+    and stored rank (``chorus_py.stores.samples``).  In one month, each unit's rows are one run
+    in stored-rank order, as in the twin, and a month's rows lie together: the heavy branch of
+    a query over one month's blocks reads only them (``ranked_branches``' ``segment``), where
+    the twin holds every month's rows of a unit together and is read whole.  On DuckDB its
+    ``__chorus_pos`` numbers the rows in its own order (``streamed_rank`` checks it).
+
+    >>> segment_ordered("trips__ranked_0123456789abcdef")
+    'trips__ranked_0123456789abcdef_m'
+    """
+    return f"{copy}{SEGMENT_ORDER}"
 
 
 def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
@@ -151,14 +170,17 @@ def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -
 
 
 def ranked_table(table: str, unit: str, where: exp.Expr | None = None,
-                 bins: Sequence[exp.Expr] = (), positions: bool = False) -> exp.Select:
+                 bins: Sequence[exp.Expr] = (), positions: bool = False,
+                 segment: exp.Expr | None = None) -> exp.Select:
     """Every row of ``table`` (those satisfying ``where``, over alias ``t``) with its random rank
     in its unit (``__chorus_rank``, 1..n_u, a uniformly random order independent of the row
     contents) and its unit's row count n_u (``__chorus_unit_rows``), for the proxy to store
     once per table version (``chorus_py.stores.samples``, ranked copies); with ``bins``
     (``rewriters.bins.stored_bin_columns`` over ``t``), each row's quantile bins too; with
     ``positions``, each row's position 1..N in the order of the copy's twin (unit row count,
-    unit, stored rank: ``__chorus_pos``, distinct), which ``streamed_rank`` checks.
+    unit, stored rank: ``__chorus_pos``, distinct), which ``streamed_rank`` checks; with
+    ``segment`` (over ``t``: ``rewriters.blocks.month_sql`` of the block column), each row's
+    month as ``__chorus_seg``, by which the month twin is stored (``segment_ordered``).
 
     >>> print(ranked_table("trips", "rider_id").sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
     SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS
@@ -169,7 +191,8 @@ def ranked_table(table: str, unit: str, where: exp.Expr | None = None,
         exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
     if where is not None:
         rows = rows.where(where, copy=False)
-    randomised = rows.select(*bins, exp.alias_(exp.Rand(), RAND), copy=False)
+    months = [] if segment is None else [exp.alias_(segment, SEGMENT)]
+    randomised = rows.select(*bins, *months, exp.alias_(exp.Rand(), RAND), copy=False)
     partition = [exp.column(unit, table="r")]
     ranked = exp.select(
         exp.Column(this=exp.Star(), table=exp.to_identifier("r")),
@@ -363,7 +386,7 @@ def kept_rank(unit: exp.Column, rank: exp.Column, counted: bool,
 def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
                         twin: bool = False, counted: bool = False,
                         light_twin: bool = False, presorted: bool = False,
-                        streamed: bool = False) -> exp.Union:
+                        streamed: bool = False, segment: int | None = None) -> exp.Union:
     """Keep at most ``k`` rows per ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
     alias WHERE <filter>``, a copy made by ``ranked_table``) without sorting the light units.
 
@@ -379,7 +402,8 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     ``counted``: it numbers its rows by a running count (``kept_rank``, the same numbers);
     ``light_twin``: the light branch reads the twin too; ``presorted``: the heavy branch's
     window is partitioned by the unit's row count and the unit (``presorted_pays``);
-    ``streamed``: the heavy branch keeps its rows by ``streamed_rank`` (``streamed_pays``).
+    ``streamed``: the heavy branch keeps its rows by ``streamed_rank`` (``streamed_pays``);
+    ``segment``: it reads the month twin's rows of that month (``ranked_branches``).
 
     >>> from sqlglot import parse_one
     >>> print(ranked_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t WHERE t.fare > 3"),
@@ -390,13 +414,14 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     AS t WHERE t.fare > 3 AND t.__chorus_unit_rows > 5) AS b WHERE b.__chorus_krank <= 5
     """
     light, heavy = ranked_branches(rows, alias, unit, k, twin, counted, light_twin, presorted,
-                                   streamed)
+                                   streamed, segment)
     return exp.union(light, heavy, distinct=False, copy=False)
 
 
 def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool = False,
                     counted: bool = False, light_twin: bool = False, presorted: bool = False,
-                    streamed: bool = False) -> tuple[exp.Select, exp.Select]:
+                    streamed: bool = False, segment: int | None = None
+                    ) -> tuple[exp.Select, exp.Select]:
     """The light and the heavy branch of ``ranked_contribution``, apart: the rows of the units
     with n_u <= k in the copy, and the first k filtered rows of each heavier unit.  Each unit
     is in exactly one of them, so aggregates of the two can be combined group by group
@@ -415,7 +440,11 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     unit's row count and the unit (``presorted_pays``: the same partitions, in the order of
     the twin's index).  ``streamed``: the heavy branch reads the twin in its stored order and
     keeps the first k rows of each unit's run (``streamed_rank``: the same rows, no window
-    partitioned by the unit).
+    partitioned by the unit).  ``segment`` (with ``twin``): every row the query may read lies
+    in that calendar month (``rewriters.blocks.BlockRestriction.month``), so the heavy branch
+    reads the month twin (``segment_ordered``) with ``__chorus_seg = segment``: the month's
+    rows only, in the twin's order within it (a filter the claimed blocks already imply: the
+    same rows).
 
     >>> from sqlglot import parse_one
     >>> light, heavy = ranked_branches(parse_one("SELECT t.* FROM p.trips__ranked_x AS t "
@@ -434,14 +463,19 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
                          "streamed, only when the heavy branch reads the twin")
     if streamed and (counted or presorted):
         raise ValueError("a streamed heavy branch numbers its rows by no window")
+    if segment is not None and not twin:
+        raise ValueError("the heavy branch reads the month twin only where it reads a twin")
     light = copy_tree(rows).select(exp.alias_(exp.Literal.number(1), KEPT_RANK), copy=False).where(
         exp.LTE(this=size, expression=cap), copy=False)
     heavy = copy_tree(rows)
     on_twin = [heavy, light] if light_twin else [heavy] if twin else []
     for branch in on_twin:
         source = branch.args["from_"].this
-        source.set("this", exp.to_identifier(unit_ordered(source.name),
-                                             quoted=source.this.quoted))
+        ordered = segment_ordered if branch is heavy and segment is not None else unit_ordered
+        source.set("this", exp.to_identifier(ordered(source.name), quoted=source.this.quoted))
+    if segment is not None:
+        heavy.where(exp.EQ(this=exp.column(SEGMENT, table=alias),
+                           expression=exp.Literal.number(segment)), copy=False)
     numbered: exp.Expr
     if streamed:
         numbered = streamed_rank(exp.column(unit, table=alias),

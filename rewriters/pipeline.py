@@ -113,7 +113,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
              covering: Collection[str] = (), twin: bool = False,
              counted: bool | None = None,
              grouped: tuple[str, str] | None = None,
-             light_twin: bool = False) -> RewrittenQuery:
+             light_twin: bool = False, month: int | None = None) -> RewrittenQuery:
     """Rewrite ``query`` for ``dialect``; the same tree serves SQL and proxy noise modes.
 
     ``sample`` names (schema, table) of a stored bounded sample of the query's table: the query
@@ -130,7 +130,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     parts).  ``twin``: the heavy branch (without groups per unit) reads the copy's twin in unit
     order instead (``rewriters.contribution.ranked_branches``: the same rows, read in the order
     the window ranks them; ``kinds.single`` says when), and with ``light_twin`` the light
-    branch too (``kinds.single.light_twin_pays``).  The heavy branch numbers its rows by
+    branch too (``kinds.single.light_twin_pays``); with ``month`` (every row the query reads
+    lies in that calendar month, ``rewriters.blocks.BlockRestriction.month``) the heavy branch
+    reads the month twin's rows of that month instead (``ranked_branches``' ``segment``).
+    The heavy branch numbers its rows by
     a running count where that pays (``counted_pays``: DuckDB, 4 <= k <= 20, the copy; the same
     numbers as ROW_NUMBER, so the same rows); ``counted`` fixes that choice (a text template's
     probes render other caps in the shape of the query's own).  On the ``SPLIT_DIALECTS`` the light
@@ -190,12 +193,12 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         assert rows is not None and tp.privacy_unit is not None
         branches = ranked_branches(rows, alias, tp.privacy_unit, query.stability, twin,
                                    running, light_twin, presorted_pays(dialect, twin),
-                                   streamed_pays(dialect, twin))
+                                   streamed_pays(dialect, twin), month)
     elif ranked is not None:
         assert rows is not None and tp.privacy_unit is not None
         rows = ranked_contribution(rows, alias, tp.privacy_unit, query.stability, twin,
                                    running, light_twin, presorted_pays(dialect, twin),
-                                   streamed_pays(dialect, twin))
+                                   streamed_pays(dialect, twin), month)
     elif rows is not None and tp.privacy_unit is not None and sample is None:
         rows = contribution(rows, tp.privacy_unit, query.stability)
 

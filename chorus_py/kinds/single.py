@@ -112,7 +112,8 @@ class SingleTableKind:
         # The query's own (stability, normalised SQL) and the choices determine everything
         # below: look the plan up before copying the query's trees for the choices.
         # Whether the copy's twins may be read (built, and read_twins) changes the statement.
-        twin = ranked is not None and services.samples.twin(ranked[1])
+        twin = ranked is not None and (services.samples.twin(ranked[1]),
+                                       services.samples.month_twin(ranked[1]))
         grouped = services.samples.grouped_built(ranked[1]) if ranked is not None else 0
         key = (query.normalized_sql, query.stability, chosen, epsilon, delta, restriction,
                sample, ranked, twin, grouped, reused)
@@ -247,9 +248,14 @@ class SingleTableKind:
         # Thresholded keys over the whole copy: its grouped twin, once built, holds each unit's
         # groups ranked (the light and middle units a plain scan: rewriters.grouped_copy).
         twin_groups = self._grouped_twin(query, ranked) if every_row and grouped else None
+        # A query over one calendar month reads its heavy rows from the month twin: that
+        # month's rows alone, in the twin's order (``rewriters.contribution.segment_ordered``).
+        month = restriction.month() if ranked is not None and restriction is not None \
+            and not whole and not grouped and services.samples.month_twin(ranked[1]) else None
         twin = ranked is not None and not whole and not grouped \
             and services.samples.twin(ranked[1]) \
-            and reads_twin(services, query, reads, streamed=True)
+            and (month is not None or reads_twin(services, query, reads, streamed=True))
+        month = month if twin else None
         light_twin = twin and light_reads_twin(services, query, reads)
         sql_dialect = services.dialect
         # Only the noise scales, caps and bounds change between calls of one query shape: its
@@ -257,13 +263,13 @@ class SingleTableKind:
         # The heavy branch's shape follows the cap (counted_pays): in the key too, and fixed
         # for the template's probes, whose caps are not the query's.
         counted = counted_pays(sql_dialect, query.stability, twin)
-        key = (query.normalized_sql, restriction, sample, ranked, whole, twin, light_twin,
-               counted, twin_groups, sql_dialect)
+        key = (query.normalized_sql, restriction, sample, ranked, whole, twin, month,
+               light_twin, counted, twin_groups, sql_dialect)
 
         def rewrite(q: AggregateQuery, p: NoisePlan) -> RewrittenQuery:
             return pipeline(q, p, restriction, sql_dialect, sample, ranked=ranked,
                             whole=whole or twin_groups is not None, twin=twin, counted=counted,
-                            grouped=twin_groups, light_twin=light_twin)
+                            grouped=twin_groups, light_twin=light_twin, month=month)
 
         proxied: Proxied | None = None
         if services.policy.privacy.noise == "sql":

@@ -70,15 +70,17 @@ from chorus_py.policy import TablePolicy
 from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
 from rewriters.bins import BINS, stored_bin_columns, stored_bins
-from rewriters.blocks import BlockRestriction
+from rewriters.blocks import MONTHLY_TYPES, BlockRestriction, month_sql
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import (
     POSITION,
     RANK,
+    SEGMENT,
     UNIT_ROWS,
     positions_stored,
     ranked_table,
     sample_table,
+    segment_ordered,
     unit_ordered,
 )
 from rewriters.dialect import dialect as for_dialect
@@ -133,10 +135,13 @@ class BoundedSamples:
         # but never start a build they would have to wait for at exit.
         self._build_ranked_copies = build_ranked_copies
         self._twins: set[str] = set()  # ranked copies whose unit-ordered twin is there
+        self._month_twins: set[str] = set()  # and those whose month twin is there
         # Grouped twins: True when there, a thread while built, a time when a build failed.
         self._grouped: dict[str, bool | threading.Thread | float] = {}
         #: Whether queries may read the twins (benchmarks.unit_order compares both paths).
         self.read_twins = True
+        #: Whether queries over one month may read the month twins (benchmarks.month_twin).
+        self.read_month_twins = True
         #: Whether queries may read the grouped twins (benchmarks.grouped_twin, likewise).
         self.read_grouped_twins = True
 
@@ -188,6 +193,9 @@ class BoundedSamples:
                 there = name in owned
                 if there and unit_ordered(name) in owned and self._has_twin(name):
                     self._twins.add(name)
+                if there and segment_ordered(name) in owned \
+                        and self._has_month_twin(name, policy):
+                    self._month_twins.add(name)
                 self._current[(table, RANKED)] = (now, name if there else None)
                 return name if there else None
             if not self.build_in_background:  # built now, read by this very query
@@ -209,6 +217,12 @@ class BoundedSamples:
         (``rewriters.contribution.unit_ordered``) for queries to read."""
         with self._lock:
             return self.read_twins and copy in self._twins
+
+    def month_twin(self, copy: str) -> bool:
+        """Whether the ranked copy named ``copy`` has its month twin
+        (``rewriters.contribution.segment_ordered``) for queries to read."""
+        with self._lock:
+            return self.read_twins and self.read_month_twins and copy in self._month_twins
 
     def grouped(self, copy: str, unit: str, columns: tuple[str, ...], block: str | None
                 ) -> str | None:
@@ -299,6 +313,41 @@ class BoundedSamples:
             dialect == "postgres"
             and len(unit_ordered(name).encode()) <= POSTGRES_NAME_BYTES)
 
+    def _month_twin_statements(self, name: str, month_twin: str, unit: str) -> list[str]:
+        """Build the month twin ``month_twin`` of the ranked copy ``name`` from the copy itself:
+        the same rows, ranks, unit counts and months, sorted by month, then as the twin (unit
+        row count, unit, stored rank).  On DuckDB its positions are renumbered in that order
+        (``streamed_rank`` checks them as the heavy branch reads one month, whose rows come in
+        the twin's order within it); on Postgres it is indexed in that order, so a heavy branch
+        over one month reads its heavy units' rows through the index, already in the order of
+        its window (``presorted_pays``)."""
+        order = f'"{SEGMENT}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
+        target = f'{SCHEMA}."{month_twin}"'
+        if positions_stored(self._backend.dialect):
+            return [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM (SELECT * REPLACE '
+                    f'(ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
+                    f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
+        statements = [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {SCHEMA}."{name}" '
+                      f'ORDER BY {order}']
+        if self._backend.dialect == "postgres":
+            statements += [f'CREATE INDEX IF NOT EXISTS "{month_twin}_order" ON {target} '
+                           f'("{SEGMENT}", "{UNIT_ROWS}", "{unit}", "{RANK}")',
+                           f"ANALYZE {target}"]
+        return statements
+
+    def _months_stored(self, policy: TablePolicy) -> bool:
+        """Whether the table's ranked copies store each row's calendar month (``__chorus_seg``,
+        ``rewriters.blocks.month_sql``) for a month twin: on DuckDB and Postgres, when the
+        table's blocks are cut on a date or timestamp column."""
+        block = policy.block
+        return self._backend.dialect in ("duckdb", "postgres") and block is not None \
+            and policy.columns[block.column].type in MONTHLY_TYPES
+
+    def _has_month_twin(self, name: str, policy: TablePolicy) -> bool:
+        """Whether the ranked copy ``name`` also gets a month twin: where it gets a twin
+        (``_has_twin``: its name is as long) and stores its rows' months."""
+        return self._has_twin(name) and self._months_stored(policy)
+
     def wait(self) -> None:
         """Wait for the ranked copies (and grouped twins) being built (``chorus serve`` at
         start, tests, benchmarks)."""
@@ -338,6 +387,8 @@ class BoundedSamples:
         layout: a ranked copy with positions is another relation than one without)."""
         span = self._span(table, policy)
         layout = "|positions" if kind == RANKED and positions_stored(self._backend.dialect) else ""
+        if kind == RANKED and self._months_stored(policy):
+            layout += "|months"  # the copy stores each row's month for its month twin
         digest = hmac.new(self._naming_key(),
                           f"{self._fingerprint(table, policy, kind)}|{span}{layout}".encode(),
                           hashlib.sha256).hexdigest()[:16]
@@ -456,13 +507,20 @@ class BoundedSamples:
             # DuckDB's heavy branch checks the twin's order by the stored positions
             # (``rewriters.contribution.streamed_rank``).
             positions = positions_stored(self._backend.dialect)
+            months = None
+            if self._months_stored(policy):
+                assert policy.block is not None
+                months = month_sql(exp.column(policy.block.column, table="t", quoted=True))
             select = ranked_table(table, policy.privacy_unit, where,
-                                  stored_bin_columns(policy, "t"), positions=positions)
+                                  stored_bin_columns(policy, "t"), positions=positions,
+                                  segment=months)
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
         statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
         twin = unit_ordered(name) if kind == RANKED and self._has_twin(name) else None
+        month_twin = segment_ordered(name) if kind == RANKED \
+            and self._has_month_twin(name, policy) else None
         if not any(r[0] == name for r in existing):
             dialect = self._backend.dialect
             if policy.block is not None:
@@ -509,9 +567,13 @@ class BoundedSamples:
                     f'CREATE INDEX IF NOT EXISTS "{twin}_order" ON {SCHEMA}."{twin}" '
                     f'("{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}")')
                 statements.append(f'ANALYZE {SCHEMA}."{twin}"')
+        if month_twin is not None and not any(r[0] == month_twin for r in existing):
+            statements += self._month_twin_statements(name, month_twin, policy.privacy_unit)
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         if twin is not None:
             self._twins.add(name)
+        if month_twin is not None:
+            self._month_twins.add(name)
         # The copy's twins (``_u``, grouped ``_g...``) start with its name: kept with it.
         self._retire([r[0] for r in existing if not r[0].startswith(name)])
         log.info("%s of %s rebuilt as %s.%s in %.0f ms",
