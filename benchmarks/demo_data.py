@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -28,7 +29,6 @@ import psycopg
 from benchmarks.results import RESULTS
 from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
-from rewriters.contribution import UNIT_ORDER
 
 
 def demo_options(parser: argparse.ArgumentParser, database: str | None,
@@ -82,7 +82,7 @@ def open_engine(policy: Path) -> Engine:
 def ranked_copy(engine: Engine, table: str) -> str:
     """The name of ``table``'s ranked copy in the engine's schema (one, built)."""
     (copy,) = [t for t in engine.backend.owned_tables()
-               if t.startswith(f"{table}__ranked_") and not t.endswith(UNIT_ORDER)]
+               if re.fullmatch(rf"{re.escape(table)}__ranked_[0-9a-f]{{16}}", t)]
     return copy
 
 

@@ -10,7 +10,7 @@ ANDs the OR of one such window per run.  Id-range blocks (User DP) compare integ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, time
+from datetime import date, datetime
 
 from sqlglot import exp
 
@@ -44,10 +44,9 @@ class BlockRestriction:
                 or not isinstance(end, date):
             return None
         month = month_number(start)
-        following = date(1970 + (month + 1) // 12, (month + 1) % 12 + 1, 1)
+        following = month_start(month + 1)
         # end is exclusive: a claim up to the next month's first instant stays in this month.
-        limit = following if type(end) is date else datetime.combine(following, time())
-        return month if end <= limit else None
+        return month if end <= (following.date() if type(end) is date else following) else None
 
 
 #: Block column types whose values fall in calendar months (``month_number``, ``month_sql``).
@@ -61,6 +60,15 @@ def month_number(point: date) -> int:
     (0, 674)
     """
     return (point.year - 1970) * 12 + point.month - 1
+
+
+def month_start(month: int) -> datetime:
+    """The first instant of the calendar month ``month`` (``month_number``'s count).
+
+    >>> month_start(674), month_start(0)
+    (datetime.datetime(2026, 3, 1, 0, 0), datetime.datetime(1970, 1, 1, 0, 0))
+    """
+    return datetime(1970 + month // 12, month % 12 + 1, 1)
 
 
 def month_sql(column: exp.Expr) -> exp.Expr:

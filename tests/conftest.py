@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,7 +24,6 @@ from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from chorus_py.stores.samples import BoundedSamples
-from rewriters.contribution import UNIT_ORDER
 
 PG_ADMIN_URL = os.environ.get("CHORUS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TEST_ROWS = 4000
@@ -258,7 +258,7 @@ BACKENDS = ["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)]
 def ranked_copy_name(engine: Engine, table: str) -> str:
     """The name of ``table``'s ranked copy in the proxy's schema (built; not its twin)."""
     (copy,) = [t for t in engine.backend.owned_tables()
-               if t.startswith(f"{table}__ranked_") and not t.endswith(UNIT_ORDER)]
+               if re.fullmatch(rf"{re.escape(table)}__ranked_[0-9a-f]{{16}}", t)]
     return copy
 
 

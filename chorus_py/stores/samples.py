@@ -115,6 +115,29 @@ def covers_whole_copy(restriction: BlockRestriction | None, windows: BlockWindow
         and restriction.start == windows.start and restriction.end == windows.end
 
 
+def month_twin_statements(dialect: str, name: str, month_twin: str, unit: str) -> list[str]:
+    """Build the month twin ``month_twin`` of the ranked copy ``name`` (in the proxy's schema)
+    from the copy itself: the same rows, ranks, unit counts and months, sorted by month, then
+    as the twin (unit row count, unit, stored rank).  On DuckDB its positions are renumbered
+    in that order (``streamed_rank`` checks them as the heavy branch reads one month, whose
+    rows come in the twin's order within it); on Postgres it is indexed in that order, so a
+    heavy branch over one month reads its heavy units' rows through the index, already in
+    the order of its window (``presorted_pays``)."""
+    order = f'"{SEGMENT}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
+    target = f'{SCHEMA}."{month_twin}"'
+    if positions_stored(dialect):
+        return [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM (SELECT * REPLACE '
+                f'(ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
+                f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
+    statements = [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {SCHEMA}."{name}" '
+                  f'ORDER BY {order}']
+    if dialect == "postgres":
+        statements += [f'CREATE INDEX IF NOT EXISTS "{month_twin}_order" ON {target} '
+                       f'("{SEGMENT}", "{UNIT_ROWS}", "{unit}", "{RANK}")',
+                       f"ANALYZE {target}"]
+    return statements
+
+
 class BoundedSamples:
     """Keeps one up-to-date bounded sample per table (thread-safe)."""
 
@@ -312,28 +335,6 @@ class BoundedSamples:
         return dialect == "duckdb" or (
             dialect == "postgres"
             and len(unit_ordered(name).encode()) <= POSTGRES_NAME_BYTES)
-
-    def _month_twin_statements(self, name: str, month_twin: str, unit: str) -> list[str]:
-        """Build the month twin ``month_twin`` of the ranked copy ``name`` from the copy itself:
-        the same rows, ranks, unit counts and months, sorted by month, then as the twin (unit
-        row count, unit, stored rank).  On DuckDB its positions are renumbered in that order
-        (``streamed_rank`` checks them as the heavy branch reads one month, whose rows come in
-        the twin's order within it); on Postgres it is indexed in that order, so a heavy branch
-        over one month reads its heavy units' rows through the index, already in the order of
-        its window (``presorted_pays``)."""
-        order = f'"{SEGMENT}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
-        target = f'{SCHEMA}."{month_twin}"'
-        if positions_stored(self._backend.dialect):
-            return [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM (SELECT * REPLACE '
-                    f'(ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
-                    f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
-        statements = [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {SCHEMA}."{name}" '
-                      f'ORDER BY {order}']
-        if self._backend.dialect == "postgres":
-            statements += [f'CREATE INDEX IF NOT EXISTS "{month_twin}_order" ON {target} '
-                           f'("{SEGMENT}", "{UNIT_ROWS}", "{unit}", "{RANK}")',
-                           f"ANALYZE {target}"]
-        return statements
 
     def _months_stored(self, policy: TablePolicy) -> bool:
         """Whether the table's ranked copies store each row's calendar month (``__chorus_seg``,
@@ -568,7 +569,8 @@ class BoundedSamples:
                     f'("{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}")')
                 statements.append(f'ANALYZE {SCHEMA}."{twin}"')
         if month_twin is not None and not any(r[0] == month_twin for r in existing):
-            statements += self._month_twin_statements(name, month_twin, policy.privacy_unit)
+            statements += month_twin_statements(self._backend.dialect, name, month_twin,
+                                                policy.privacy_unit)
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         if twin is not None:
             self._twins.add(name)
