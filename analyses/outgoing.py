@@ -1010,10 +1010,11 @@ def _streamed_numbering(select: exp.Select, value: exp.Expr, unit: str, most: fl
     most the first max(j, k) rows of each unit, NULL on the others, or the statement fails.
     The LAGs are of one window, ``OVER ()``, one sequence of the rows; the first WHEN fails
     the statement unless the copy's positions (distinct, >= 1, in the order unit row count,
-    unit, stored rank) strictly grow along it, so each unit's rows are one run there (runs
-    maximal: neighbouring runs differ in their unit, NULL or not), and a row of a run whose
-    row j places before exists (a position > 0) and whose row k places before has the same
-    unit is past the run's max(j, k)-th row.  A LAG of another offset than 1 in the check
+    unit, stored rank; a month twin's in the order month, then those, and it is read one
+    month at a time: ``_one_month``) strictly grow along it, so each unit's rows are one run
+    there (runs maximal: neighbouring runs differ in their unit, NULL or not), and a row of a
+    run whose row j places before exists (a position > 0) and whose row k places before has
+    the same unit is past the run's max(j, k)-th row.  A LAG of another offset than 1 in the check
     compares only some pairs; one over a partition or an order is another sequence than the
     others'; another column than the copy's own position is in no known order; a LAG back
     more than the cap keeps more than the cap of a run (refused)."""

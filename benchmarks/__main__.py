@@ -42,6 +42,7 @@ BENCHMARKS = {
     "corpus": "issue 23: 36 analyst questions, DP / raw with the default policy",
     "noise_location": "issue 23: DuckDB's noise drawn in SQL or by the proxy, side by side",
     "streamed": "issue 23: DuckDB's heavy branch streamed against the window it replaced",
+    "month_twin": "issue 23: queries over one month with and without the copy's month twin",
     "fixed_costs": "issue 23: a warm query's fixed costs on DuckDB, against main",
     "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",
     "grouped_twin": "issue 23: thresholded keys with and without the copy's grouped twin",

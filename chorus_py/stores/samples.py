@@ -20,9 +20,16 @@ its index on the count one after the other: a heavy branch at cap 28 over 1M dem
 twin's order (``__chorus_pos``, ``rewriters.contribution.ranked_table``'s ``positions``; part
 of the copy's name, so older copies are rebuilt), which the heavy branch checks as it keeps
 each unit's first k rows in one pass (``rewriters.contribution.streamed_rank``).
-The twin doubles the copy's storage; a Postgres table whose twin's name would exceed 63 bytes
-(Postgres would truncate it) has none.  Thresholded keys over the whole copy (a top-10 of
-drivers) read a grouped twin per key columns, ``<copy name>_g<digest>``
+A table whose blocks are cut on a date or timestamp column also has a month twin, ``<copy
+name>_m`` (``rewriters.contribution.segment_ordered``): the copy stores each row's calendar
+month (``__chorus_seg``), and the month twin holds the same rows by month, then in the twin's
+order (on DuckDB with its own positions, on Postgres indexed so), which the heavy branch of a
+query over one month reads instead of every month's rows of the twin (``kinds.single.
+month_twin_pays``).
+The twin doubles the copy's storage (the month twin adds as much again); a Postgres table
+whose twin's name would exceed 63 bytes (Postgres would truncate it) has none.  Thresholded
+keys over the whole copy (a top-10 of drivers) read a grouped twin per key columns, ``<copy
+name>_g<digest>``
 (``rewriters.grouped_copy``): the copy's rows with each unit's groups ranked once, built in the
 background by the first such query, each another copy's worth of storage.
 
