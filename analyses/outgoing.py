@@ -45,11 +45,12 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    the reading SELECT's WHERE (the light units, whose k rows at most are all kept) or
    ``__chorus_rank <= k`` there (k rows per unit at most), or its row numbers partitioned by
    the copy's own ``__chorus_unit_rows`` then the unit (one count per unit: the same
-   partitions, ``_presorted``), or, read directly, the streamed numbering of
+   partitions, ``_presorted``), or, read directly, the streamed flag of
    ``rewriters.contribution.streamed_rank`` (``_streamed_numbering``: LAGs of one ``OVER ()``
-   window keep the first rows of each unit's run, and the statement fails unless the copy's
-   stored positions ``__chorus_pos`` grow along that window, which makes each unit one run),
-   or, for the selection histograms,
+   window flag the first k rows of each run of the copy's stored run number
+   ``__chorus_run``, the rows above keep the flagged ones, and the statement fails unless
+   the copy's stored positions ``__chorus_pos`` grow along that window, which makes each
+   unit one run), or, for the selection histograms,
    each row weighted by ``1 / __chorus_unit_rows`` or marked by ``CASE WHEN __chorus_rank = 1
    THEN 1 ELSE 0 END`` in the reading SELECT, and only SUMs of such weights at the barrier (a
    unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
@@ -161,6 +162,9 @@ _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
 # A DuckDB ranked copy's row position in its twin's order (unit row count, unit, stored rank).
 _POSITION = "__chorus_pos"
+# And the position of its unit's first row there (of a month twin: of its unit's first row
+# in that month): one number per run of a unit's rows, >= 1.
+_RUN = "__chorus_run"
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
     exp.StddevSamp)
@@ -946,9 +950,9 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float,
                         _rank_filter(s.args.get("where"), item.alias, most)
                         for s in below[i + 1:]):
                 return True
-            if i == 0 and copy is not None and _streamed_numbering(select, item.this, unit,
-                                                                   most, *copy) and any(
-                    _rank_filter(s.args.get("where"), item.alias, most) for s in below[1:]):
+            if i == 0 and copy is not None and _streamed_numbering(select, item.this, most,
+                                                                   *copy) and any(
+                    _flag_filter(s.args.get("where"), item.alias) for s in below[1:]):
                 return True
             if any(_weight(d, unit, copy=None) for d in _local(item.this)
                    if isinstance(d, exp.Div | exp.Case)):
@@ -995,38 +999,36 @@ def _numbers_rows(window: exp.Window) -> bool:
         and isinstance(keys[0].this, exp.Column) and keys[0].this.name == _STORED_RANK
 
 
-def _streamed_numbering(select: exp.Select, value: exp.Expr, unit: str, most: float,
-                        alias: str, sole: bool) -> bool:
+def _streamed_numbering(select: exp.Select, value: exp.Expr, most: float, alias: str,
+                        sole: bool) -> bool:
     """Whether ``value``, an output of ``select`` (the direct reader of a ranked copy or its
-    twin ``alias``, its only source when ``sole``), is the streamed numbering of
+    twin ``alias``, its only source when ``sole``), is the streamed flag of
     ``rewriters.contribution.streamed_rank``, exactly::
 
         CASE WHEN a.__chorus_pos <= LAG(a.__chorus_pos, 1[, literal]) OVER () THEN ERROR(..)
-             WHEN LAG(a.__chorus_pos, j[, literal]) OVER () > 0
-                  AND LAG(a.unit, k) OVER () IS NOT DISTINCT FROM a.unit THEN NULL
-             ELSE 1 END
+             ELSE LAG(a.__chorus_run, k[, literal]) OVER () <> a.__chorus_run END
 
-    with j and k int literals at most ``most``, and no other window in ``select``: 1 on at
-    most the first max(j, k) rows of each unit, NULL on the others, or the statement fails.
-    The LAGs are of one window, ``OVER ()``, one sequence of the rows; the first WHEN fails
-    the statement unless the copy's positions (distinct, >= 1, in the order unit row count,
-    unit, stored rank; a month twin's in the order month, then those, and it is read one
-    month at a time: ``_one_month``) strictly grow along it, so each unit's rows are one run
-    there (runs maximal: neighbouring runs differ in their unit, NULL or not), and a row of a
-    run whose row j places before exists (a position > 0) and whose row k places before has
-    the same unit is past the run's max(j, k)-th row.  A LAG of another offset than 1 in the check
-    compares only some pairs; one over a partition or an order is another sequence than the
-    others'; another column than the copy's own position is in no known order; a LAG back
-    more than the cap keeps more than the cap of a run (refused)."""
+    with k an int literal at most ``most``, and no other window in ``select``: TRUE on at most
+    the first k rows of each unit, or the statement fails.  The LAGs are of one window,
+    ``OVER ()``, one sequence of the rows; the WHEN fails the statement unless the copy's
+    positions (distinct, >= 1, in the order unit row count, unit, stored rank; a month
+    twin's in the order month, then those, and it is read one month at a time:
+    ``_one_month``) strictly grow along it, so each unit's rows are one run there, and every
+    row of a run carries the run's own number ``__chorus_run`` (the position of its first row:
+    one per unit, or per unit and month, distinct between runs).  A row whose row k places
+    before has the same number is past its run's k-th row: FALSE.  (A missing row reads the
+    default: were it the run's number, the row is dropped, never kept.)  A LAG of another
+    offset than 1 in the check compares only some pairs; one over a partition or an order is
+    another sequence than the others'; another column than the copy's own position is in no
+    known order, another than its run number numbers no runs; a LAG back more than the cap
+    keeps more than the cap of a run (refused)."""
     windows = [w for e in select.expressions for w in e.find_all(exp.Window)]
-    if not isinstance(value, exp.Case) or value.this is not None or len(windows) != 3:
+    if not isinstance(value, exp.Case) or value.this is not None or len(windows) != 2:
         return False
     ifs = value.args.get("ifs") or []
     default = value.args.get("default")
-    if len(ifs) != 2 or not (isinstance(default, exp.Literal) and default.is_int
-                             and int(default.this) == 1):
+    if len(ifs) != 1 or not isinstance(default, exp.NEQ):
         return False
-    check, back = ifs
 
     def own(node: exp.Expr | None, name: str) -> bool:
         return isinstance(node, exp.Column) and node.name == name \
@@ -1040,32 +1042,27 @@ def _streamed_numbering(select: exp.Select, value: exp.Expr, unit: str, most: fl
         if not isinstance(function, exp.Lag) or not own(function.this, name):
             return None
         offset = function.args.get("offset")
+        fallback = function.args.get("default")
+        if fallback is not None and not isinstance(fallback, exp.Literal):
+            return None
         return function if isinstance(offset, exp.Literal) and offset.is_int else None
 
+    check = ifs[0]
     test = check.this
     error = check.args.get("true")
     previous = lag(test.expression, _POSITION) if isinstance(test, exp.LTE) else None
     if previous is None or not own(test.this, _POSITION) \
             or int(previous.args["offset"].this) != 1 \
-            or not (previous.args.get("default") is None
-                    or isinstance(previous.args["default"], exp.Literal)) \
             or not (isinstance(error, exp.Anonymous) and error.name.upper() == "ERROR"):
         return False
-    both = back.this
-    if not isinstance(both, exp.And) or not isinstance(both.this, exp.GT) \
-            or not isinstance(both.expression, exp.NullSafeEQ):
-        return False
-    present, same = both.this, both.expression
-    there = lag(present.this, _POSITION)
-    earlier = lag(same.this, unit)
-    zero = present.expression
-    return there is not None and earlier is not None and own(same.expression, unit) \
-        and isinstance(zero, exp.Literal) and zero.is_int and int(zero.this) == 0 \
-        and (there.args.get("default") is None
-             or isinstance(there.args["default"], exp.Literal)) \
-        and isinstance(back.args.get("true"), exp.Null) \
-        and _int_at_most(there.args["offset"], most) \
-        and _int_at_most(earlier.args["offset"], most)
+    back = lag(default.this, _RUN)
+    return back is not None and own(default.expression, _RUN) \
+        and _int_at_most(back.args["offset"], most)
+
+
+def _flag_filter(where: exp.Expr | None, flag: str) -> bool:
+    """Whether WHERE ANDs the column ``flag`` itself (TRUE rows only)."""
+    return any(isinstance(c, exp.Column) and c.name == flag for c in _conjuncts(where))
 
 
 def _sums_of_weights(chain: list[exp.Select], barrier: int, unit: str,

@@ -12,8 +12,8 @@ after a first run (the choices, then reused by every round), ``--repeat`` rounds
 
 - raw: the analyst's SQL sent straight to DuckDB;
 - streamed: the engine's own measurement statement (proxy noise: the exact aggregates);
-- window: the same statement with its heavy branch numbered as before, ``ROW_NUMBER() OVER
-  (PARTITION BY rider_id ORDER BY __chorus_rank)`` (DuckDB plans it as a per-unit top-k
+- window: the same statement with its heavy branch flagged as before, ``ROW_NUMBER() OVER
+  (PARTITION BY rider_id ORDER BY __chorus_rank) <= k`` (DuckDB plans it as a per-unit top-k
   aggregate); the two must return the same rows, which is checked first;
 - DP: ``Engine.execute`` end to end (the ledger, the noise, the finish).
 
@@ -55,13 +55,13 @@ QUERIES = [
     "SELECT STDDEV(fare) FROM trips WHERE city = 'NYC'",
 ]
 
-# The streamed numbering as the rewriter prints it over the ``trips`` alias.
+# The streamed flag as the rewriter prints it over the ``trips`` alias (group 1: the cap).
 _STREAMED = re.compile(
     r"CASE WHEN trips\.__chorus_pos <= LAG\(trips\.__chorus_pos, 1, 0\) OVER \(\) THEN "
-    r"ERROR\('[^']*'\) WHEN LAG\(trips\.__chorus_pos, \d+, 0\) OVER \(\) > 0 AND "
-    r"LAG\(trips\.rider_id, \d+\) OVER \(\) IS NOT DISTINCT FROM trips\.rider_id THEN NULL "
-    r"ELSE 1 END")
-_WINDOW = "ROW_NUMBER() OVER (PARTITION BY trips.rider_id ORDER BY trips.__chorus_rank)"
+    r"ERROR\('[^']*'\) ELSE LAG\(trips\.__chorus_run, (\d+), 0\) OVER \(\) <> "
+    r"trips\.__chorus_run END")
+# The same flag from a window partitioned by the unit (as before the stream).
+_WINDOW = r"(ROW_NUMBER() OVER (PARTITION BY trips.rider_id ORDER BY trips.__chorus_rank) <= \1)"
 
 
 def statements(engine: Engine, sql: str) -> tuple[str, str] | None:

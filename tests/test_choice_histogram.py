@@ -547,7 +547,7 @@ def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
     weight of 1, per trip, unbounded per unit.  Refused for the selection's weights and for
     the answer's row cap alike (on Postgres the answer's heavy window is partitioned by the
     copy's unit row count and the unit: the trip is added after them; on DuckDB the answer's
-    heavy branch is streamed, and its LAG of the unit gets the partition instead)."""
+    heavy branch is streamed, and its LAG of the run number gets the partition instead)."""
     if query == SUM_FILTERED:
         _, sql = _selection_sql(trips, query)
         release = "noised_by_proxy"
@@ -558,9 +558,9 @@ def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
                       r"PARTITION BY \1.\2rider_id, \1.trip_id", sql)
     if trips.dialect == "duckdb" and query != SUM_FILTERED:  # rewriters.contribution.streamed_rank
         assert tampered == sql
-        tampered = re.sub(r"LAG\((\w+)\.rider_id, (\d+)\) OVER \(\)",
-                          r"LAG(\1.rider_id, \2) OVER (PARTITION BY \1.rider_id, \1.trip_id)",
-                          sql)
+        tampered = re.sub(r"LAG\((\w+)\.__chorus_run, (\d+), 0\) OVER \(\)",
+                          r"LAG(\1.__chorus_run, \2, 0) OVER (PARTITION BY \1.rider_id, "
+                          r"\1.trip_id)", sql)
     assert tampered != sql
     verify(sql, trips.dialect, trips.statements.outgoing, release, frozenset({"trips"}))
     with pytest.raises(Refused, match="without contribution bounding"):

@@ -57,8 +57,8 @@ def test_rewritten_sql_reparses_and_is_protected(engine: Engine, sql: str) -> No
         assert any(isinstance(w.this, exp.RowNumber) for w in tree.find_all(exp.Window)) \
             or re.search(r"__ranked_\w+\"? AS \w+ WHERE .* AND \w+\.__chorus_rank <= \d+", text) \
             or (engine.dialect == "duckdb" and "LAG(trips.__chorus_pos, 1, 0) OVER ()" in text
-                and re.search(r"LAG\(trips\.rider_id, \d+\) OVER \(\) IS NOT DISTINCT FROM "
-                              r"trips\.rider_id THEN NULL", text))
+                and re.search(r"LAG\(trips\.__chorus_run, \d+, 0\) OVER \(\) <> "
+                              r"trips\.__chorus_run END", text))
     # Every summed value is clipped (LEAST(GREATEST(...)), or a column's comparisons); on
     # Postgres a ranked copy's branches are summed apart, then their sums added (those sums
     # of chorus_parts' columns are the clipped sums themselves, checked here too).

@@ -1,7 +1,7 @@
 """The streamed heavy branch on DuckDB (``rewriters.contribution.streamed_rank``): each unit's
-first k filtered rows in the twin's stored order, kept by ``LAG(unit, k) OVER ()`` instead of
-a window partitioned by the unit, the statement failing unless the rows arrive in the order of
-the copy's stored positions.
+first k filtered rows in the twin's stored order, kept by ``LAG(run, k, 0) OVER () <> run``
+(the copy's stored number of each unit's run) instead of a window partitioned by the unit,
+the statement failing unless the rows arrive in the order of the copy's stored positions.
 
 What must hold: the very rows ``ROW_NUMBER() OVER (PARTITION BY unit ORDER BY rank) <= k``
 keeps (property test over random tables, NULL units and ties in every other column included,
@@ -87,6 +87,10 @@ def test_streamed_keeps_the_rows_row_number_keeps(units: list[int | None], value
     for (_, unit, _v) in (rows[i] for i in streamed):
         per_unit[unit] = per_unit.get(unit, 0) + 1
     assert all(n <= k for n in per_unit.values())
+    # Each unit's run number is the position of its first row in the twin: one per unit.
+    assert con.execute("SELECT COUNT(*) FROM (SELECT unit, MIN(__chorus_pos) AS f, "
+                       "MIN(__chorus_run) AS lo, MAX(__chorus_run) AS hi FROM p.c GROUP BY unit) "
+                       "WHERE lo <> f OR hi <> f").fetchone() == (0,)
 
 
 def test_several_row_groups_and_threads_keep_the_same_rows() -> None:
@@ -158,37 +162,40 @@ def _check(engine: Engine, table: str, text: str) -> None:
            frozenset({table}), cap=K)
 
 
-# A weaker form of the engine's streamed numbering (old text, new text), each refused.
+# A weaker form of the engine's streamed flag (old text, new text), each refused.
+_RUN_BACK = f"LAG(TABLE.__chorus_run, {K}, 0) OVER ()"
 _WEAKER = [
-    pytest.param(f"LAG(TABLE.person, {K}) OVER ()", f"LAG(TABLE.person, {K + 1}) OVER ()",
+    pytest.param(_RUN_BACK, f"LAG(TABLE.__chorus_run, {K + 1}, 0) OVER ()",
                  id="back-further-than-the-cap"),
     pytest.param("LAG(TABLE.__chorus_pos, 1, 0)", "LAG(TABLE.__chorus_pos, 2, 0)",
                  id="order-checked-every-other-row"),
     pytest.param("TABLE.__chorus_pos <= LAG(TABLE.__chorus_pos, 1, 0)",
                  "TABLE.v <= LAG(TABLE.v, 1, 0)", id="order-of-another-column"),
-    pytest.param("THEN ERROR('chorus: rows out of unit order')", "THEN 2",
+    pytest.param("TABLE.__chorus_pos <= LAG(", "TABLE.__chorus_pos < LAG(",
+                 id="repeated-positions-pass"),
+    pytest.param("THEN ERROR('chorus: rows out of unit order')", "THEN FALSE",
                  id="no-failure-out-of-order"),
-    pytest.param("IS NOT DISTINCT FROM TABLE.person THEN NULL",
-                 "IS NOT DISTINCT FROM TABLE.person THEN 1", id="later-rows-kept"),
-    pytest.param(f"LAG(TABLE.__chorus_pos, {K}, 0) OVER () > 0",
-                 f"LAG(TABLE.__chorus_pos, {K}, 0) OVER () > 9", id="first-rows-kept"),
-    pytest.param(f"LAG(TABLE.__chorus_pos, {K}, 0)", f"LAG(TABLE.__chorus_pos, {K + 1}, 0)",
-                 id="first-run-past-the-cap"),
-    pytest.param(f"LAG(TABLE.__chorus_pos, {K}, 0) OVER () > 0 AND ", "",
-                 id="no-presence-test"),
-    pytest.param("THEN NULL ELSE 1 END", "THEN NULL ELSE TABLE.v END", id="else-a-value"),
-    pytest.param(f"LAG(TABLE.person, {K}) OVER ()",
-                 f"LAG(TABLE.person, {K}) OVER (ORDER BY TABLE.v)", id="another-sequence"),
+    pytest.param(f"{_RUN_BACK} <> TABLE.__chorus_run", f"{_RUN_BACK} = TABLE.__chorus_run",
+                 id="later-rows-kept"),
+    pytest.param(f"{_RUN_BACK} <> TABLE.__chorus_run", "TRUE", id="every-row-kept"),
+    pytest.param(f"{_RUN_BACK} <> TABLE.__chorus_run", f"LAG(TABLE.v, {K}, 0) OVER () <> TABLE.v",
+                 id="runs-of-another-column"),
+    pytest.param(f"{_RUN_BACK} <> TABLE.__chorus_run", f"{_RUN_BACK} <> TABLE.__chorus_pos",
+                 id="run-against-a-position"),
+    pytest.param(_RUN_BACK, f"LAG(TABLE.__chorus_run, {K}, 0) OVER (ORDER BY TABLE.v)",
+                 id="another-sequence"),
     pytest.param("LAG(TABLE.__chorus_pos, 1, 0) OVER ()",
                  "LAG(TABLE.__chorus_pos, 1, 0) OVER (PARTITION BY TABLE.v)",
                  id="order-checked-per-partition"),
-    pytest.param(f"LAG(TABLE.person, {K}) OVER ()", f"LAG(TABLE.v, {K}) OVER ()",
-                 id="runs-of-another-column"),
-    pytest.param(f"LAG(TABLE.person, {K}) OVER ()", f"LAG(TABLE.person, {K} - 1) OVER ()",
+    pytest.param(_RUN_BACK, f"LAG(TABLE.__chorus_run, {K} - 1, 0) OVER ()",
                  id="offset-not-a-literal"),
-    pytest.param("ELSE 1 END AS __chorus_krank",
-                 "ELSE 1 END AS __chorus_krank, ROW_NUMBER() OVER (ORDER BY TABLE.v) AS z",
+    pytest.param(_RUN_BACK, f"LAG(TABLE.__chorus_run, {K}, TABLE.v) OVER ()",
+                 id="default-not-a-literal"),
+    pytest.param("END AS __chorus_krank",
+                 "END AS __chorus_krank, ROW_NUMBER() OVER (ORDER BY TABLE.v) AS z",
                  id="another-window-beside"),
+    pytest.param("WHERE b.__chorus_krank", "WHERE NOT b.__chorus_krank",
+                 id="the-flagged-rows-dropped"),
 ]
 
 
@@ -217,7 +224,8 @@ def test_a_verdict_never_carries_over_to_a_lag_past_the_cap(
     caps = (K, 100)
 
     def shape(offset: int) -> bytes:
-        text = statement.replace(f"LAG({table}.person, {K})", f"LAG({table}.person, {offset})")
+        text = statement.replace(f"LAG({table}.__chorus_run, {K}, 0)",
+                                 f"LAG({table}.__chorus_run, {offset}, 0)")
         cut = tokens(text, "duckdb")
         assert cut is not None
         return literal_shape(cut, caps=caps)

@@ -17,9 +17,10 @@ sorts rows nearly sorted), and its ``__chorus_unit_rows > k`` reads only the twi
 (DuckDB skips the row groups of lighter units by their min/max, Postgres reads the pages of
 its index on the count one after the other: a heavy branch at cap 28 over 1M demo trips took
 17 instead of 35 ms on DuckDB).  On DuckDB the copy also stores each row's position in the
-twin's order (``__chorus_pos``, ``rewriters.contribution.ranked_table``'s ``positions``; part
-of the copy's name, so older copies are rebuilt), which the heavy branch checks as it keeps
-each unit's first k rows in one pass (``rewriters.contribution.streamed_rank``).
+twin's order (``__chorus_pos``) and that of its unit's first row (``__chorus_run``,
+``rewriters.contribution.ranked_table``'s ``positions``; part of the copy's name, so older
+copies are rebuilt), which the heavy branch reads as it keeps each unit's first k rows in
+one pass (``rewriters.contribution.streamed_rank``).
 A table whose blocks are cut on a date or timestamp column also has a month twin, ``<copy
 name>_m`` (``rewriters.contribution.segment_ordered``): the copy stores each row's calendar
 month (``__chorus_seg``), and the month twin holds the same rows by month, then in the twin's
@@ -82,6 +83,7 @@ from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import (
     POSITION,
     RANK,
+    RUN,
     SEGMENT,
     UNIT_ROWS,
     positions_stored,
@@ -126,16 +128,19 @@ def month_twin_statements(dialect: str, name: str, month_twin: str, unit: str) -
     """Build the month twin ``month_twin`` of the ranked copy ``name`` (in the proxy's schema)
     from the copy itself: the same rows, ranks, unit counts and months, sorted by month, then
     as the twin (unit row count, unit, stored rank).  On DuckDB its positions are renumbered
-    in that order (``streamed_rank`` checks them as the heavy branch reads one month, whose
-    rows come in the twin's order within it); on Postgres it is indexed in that order, so a
-    heavy branch over one month reads its heavy units' rows through the index, already in
-    the order of its window (``presorted_pays``)."""
+    in that order, and its runs by month and unit (``streamed_rank`` reads them as the heavy
+    branch reads one month, whose rows come in the twin's order within it); on Postgres it
+    is indexed in that order, so a heavy branch over one month reads its heavy units' rows
+    through the index, already in the order of its window (``presorted_pays``)."""
     order = f'"{SEGMENT}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
     target = f'{SCHEMA}."{month_twin}"'
     if positions_stored(dialect):
-        return [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM (SELECT * REPLACE '
-                f'(ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
-                f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
+        positioned = (f'SELECT * REPLACE (ROW_NUMBER() OVER (ORDER BY {order}) AS '
+                      f'"{POSITION}") FROM {SCHEMA}."{name}"')
+        runs = (f'SELECT * REPLACE (MIN("{POSITION}") OVER (PARTITION BY "{SEGMENT}", "{unit}") '
+                f'AS "{RUN}") FROM ({positioned}) AS p')
+        return [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM ({runs}) AS s '
+                f'ORDER BY "{POSITION}"']
     statements = [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {SCHEMA}."{name}" '
                   f'ORDER BY {order}']
     if dialect == "postgres":
@@ -394,7 +399,7 @@ class BoundedSamples:
         """The name of ``table``'s stored relation of ``kind`` for its current version (and
         layout: a ranked copy with positions is another relation than one without)."""
         span = self._span(table, policy)
-        layout = "|positions" if kind == RANKED and positions_stored(self._backend.dialect) else ""
+        layout = "|runs" if kind == RANKED and positions_stored(self._backend.dialect) else ""
         if kind == RANKED and self._months_stored(policy):
             layout += "|months"  # the copy stores each row's month for its month twin
         digest = hmac.new(self._naming_key(),
