@@ -162,8 +162,8 @@ _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
 # A DuckDB ranked copy's row position in its twin's order (unit row count, unit, stored rank).
 _POSITION = "__chorus_pos"
-# And the position of its unit's first row there (of a month twin: of its unit's first row
-# in that month): one number per run of a unit's rows, >= 1.
+# And the position of its unit's first row there: one number per unit, >= 1 (a month twin
+# keeps it).
 _RUN = "__chorus_run"
 _BARRIER_AGGREGATES: tuple[type[exp.Expr], ...] = (
     exp.Count, exp.Sum, exp.Avg, exp.Variance, exp.VariancePop, exp.Stddev, exp.StddevPop,
@@ -1014,8 +1014,8 @@ def _streamed_numbering(select: exp.Select, value: exp.Expr, most: float, alias:
     positions (distinct, >= 1, in the order unit row count, unit, stored rank; a month
     twin's in the order month, then those, and it is read one month at a time:
     ``_one_month``) strictly grow along it, so each unit's rows are one run there, and every
-    row of a run carries the run's own number ``__chorus_run`` (the position of its first row:
-    one per unit, or per unit and month, distinct between runs).  A row whose row k places
+    row of a unit carries its unit's number ``__chorus_run`` (the position of its first row in
+    the twin: one per unit, distinct between units).  A row whose row k places
     before has the same number is past its run's k-th row: FALSE.  (A missing row reads the
     default: were it the run's number, the row is dropped, never kept.)  A LAG of another
     offset than 1 in the check compares only some pairs; one over a partition or an order is

@@ -2,15 +2,15 @@
 or part of one, with and without it, side by side.  Writes the ``month-twin`` section of
 benchmarks/RESULTS.md.
 
-    python -m benchmarks.month_twin [--rows 1000000] [--repeat 7] [--postgres URL]
-                                    [--database NAME] [--skip-postgres] [--skip-duckdb]
+    python -m benchmarks.month_twin [--rows 1000000] [--repeat 9]
 
 A query over one month of a quarter keeps its light units' rows by a scan of the copy, stored
 in block order (the other months' row groups skipped), but its heavy branch read every heavy
 row of the quarter from the twin in unit order, to keep the month's.  The month twin
 (``<copy>_m``, ``chorus_py.stores.samples``) holds the same rows by month, then in unit order:
 the heavy branch of a query whose claimed blocks lie in one month reads that month's rows only
-(``rewriters.contribution.segment_ordered``).  Per backend, the demo at ``--rows`` trips and
+(``rewriters.contribution.segment_ordered``).  DuckDB only (Postgres builds none:
+``chorus_py.stores.samples.BoundedSamples._months_stored``).  The demo at ``--rows`` trips and
 one engine on the demo's policy (``benchmarks.demo_data.open_engine``: the default policy, a
 budget no run exhausts); per query, after a first run of each path, ``--repeat`` rounds
 alternating the analyst's SQL straight to the database (raw), ``Engine.execute`` reading the
@@ -35,13 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.demo_data import (  # noqa: E402
-    demo_on,
-    demo_options,
-    drop_database,
-    open_engine,
-    ranked_copy,
-)
+from benchmarks.demo_data import demo_on, demo_options, open_engine, ranked_copy  # noqa: E402
 from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.backends import SCHEMA  # noqa: E402
@@ -94,70 +88,57 @@ def storage(engine: Engine) -> tuple[float, float, float]:
     copy = ranked_copy(engine, "trips")
     sizes = []
     for name in (copy, copy + UNIT_ORDER, copy + SEGMENT_ORDER):
-        if engine.dialect == "postgres":
-            found = engine.backend.run(
-                f"SELECT pg_total_relation_size('{SCHEMA}.\"{name}\"')").rows[0][0]
-        else:  # DuckDB: its blocks of 256 KiB, once written to the file
-            engine.backend.run_owned(["CHECKPOINT"])
-            found = engine.backend.run(
-                "SELECT COUNT(DISTINCT block_id) * 262144 FROM "
-                f"pragma_storage_info('{SCHEMA}.\"{name}\"')").rows[0][0]
+        engine.backend.run_owned(["CHECKPOINT"])  # its blocks of 256 KiB, once written
+        found = engine.backend.run(
+            "SELECT COUNT(DISTINCT block_id) * 262144 FROM "
+            f"pragma_storage_info('{SCHEMA}.\"{name}\"')").rows[0][0]
         sizes.append(found / 1e6)
     return sizes[0], sizes[1], sizes[2]
 
 
-def report(results: dict[str, dict[str, tuple[float, float, float]]],
-           sizes: dict[str, tuple[float, float, float]], args: argparse.Namespace,
-           load: tuple[float, float], when: str) -> str:
+def report(results: dict[str, tuple[float, float, float]], sizes: tuple[float, float, float],
+           args: argparse.Namespace, load: tuple[float, float], when: str) -> str:
     lines = [
         "## The ranked copy's month twin (issue 23): queries over one month side by side",
         "",
         f"Written by `python -m benchmarks.month_twin --rows {args.rows} --repeat "
         f"{args.repeat}` on {when} UTC; {platform.machine()}, {os.cpu_count()} cores shared "
         f"with other jobs (load average {load[0]:.1f} at the start, {load[1]:.1f} at the end), "
-        f"{args.rows:,} demo trips (January to March), the demo's default policy.  Medians of "
+        f"{args.rows:,} demo trips (January to March) on DuckDB, the demo's default policy.  "
+        "Medians of "
         f"{args.repeat} rounds alternating raw, DP reading the month twin where it applies "
         "(the default) and DP without it (`samples.read_month_twins = False`, as before); the "
         "same reused choices.",
         "",
-        "| backend | query | SQL | raw ms | DP ms, without | DP / raw, without | DP ms, "
-        "month twin | DP / raw, month twin |",
-        "|---|---|---|---|---|---|---|---|",
+        "| query | SQL | raw ms | DP ms, without | DP / raw, without | DP ms, month twin | "
+        "DP / raw, month twin |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for backend, cells in results.items():
-        for name, (raw, month, before) in cells.items():
-            lines.append(f"| {backend} | {name} | `{QUERIES[name]}` | {raw:.1f} | "
-                         f"{before:.1f} | {before / raw:.2f} | {month:.1f} | "
-                         f"{month / raw:.2f} |")
-    lines += ["", "| backend | ranked copy MB | twin MB | month twin MB |", "|---|---|---|---|"]
-    lines += [f"| {b} | {c:.1f} | {t:.1f} | {m:.1f} |" for b, (c, t, m) in sizes.items()]
+    for name, (raw, month, before) in results.items():
+        lines.append(f"| {name} | `{QUERIES[name]}` | {raw:.1f} | {before:.1f} | "
+                     f"{before / raw:.2f} | {month:.1f} | {month / raw:.2f} |")
+    lines += ["", "| ranked copy MB | twin MB | month twin MB |", "|---|---|---|",
+              "| {:.1f} | {:.1f} | {:.1f} |".format(*sizes)]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo_options(parser, "month_twin_bench")
-    parser.add_argument("--repeat", type=int, default=7)
+    demo_options(parser, None)
+    parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chorus-month-twin-"))
-    results: dict[str, dict[str, tuple[float, float, float]]] = {}
-    sizes: dict[str, tuple[float, float, float]] = {}
     try:
-        for label, skip in (("DuckDB", args.skip_duckdb), ("Postgres", args.skip_postgres)):
-            if skip:
-                continue
-            engine = open_engine(demo_on(label, work, args))
-            try:
-                results[label] = bench(engine, args.repeat)
-                sizes[label] = storage(engine)
-            finally:
-                engine.close()
+        engine = open_engine(demo_on("DuckDB", work, args))
+        try:
+            results = bench(engine, args.repeat)
+            sizes = storage(engine)
+        finally:
+            engine.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if not args.skip_postgres:
-            drop_database(args)
     text = report(results, sizes, args, (load_start, os.getloadavg()[0]),
                   f"{datetime.now(UTC):%Y-%m-%d %H:%M}")
     write_section("month-twin", text, args.out)

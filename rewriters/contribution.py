@@ -322,8 +322,8 @@ def streamed_rank(position: exp.Column, run: exp.Column, k: int) -> exp.Case:
 
     Why it bounds.  ``pos`` (the copy's ``__chorus_pos``) is each row's place in the order
     (unit row count, unit, stored rank), distinct; ``run`` (``__chorus_run``) the place of
-    its unit's first row there, one number per unit, >= 1 (in a month twin, per month and
-    unit: ``segment_ordered``).  Both LAGs are of one window, ``OVER ()``: one sequence of
+    its unit's first row there, one number per unit, >= 1 (a month twin, ``segment_ordered``,
+    numbers its own order by ``pos`` and keeps each unit's ``run``).  Both LAGs are of one window, ``OVER ()``: one sequence of
     the rows.  The first WHEN stops the statement unless ``pos`` strictly grows along it,
     i.e. unless the rows come in that order (a subsequence of it after the filter): then each
     unit's rows are one run, in stored-rank order.  In a run, the row k places before the
@@ -402,7 +402,8 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     the kept rows have the same distribution as ``contribution``'s (k random rows among the
     unit's filtered rows, or all of them when there are at most k): the same function of the
     data, the same stability k.  The branches are disjoint (n_u <= k, n_u > k) and both output
-    the copy's columns and a rank (1 in the light branch), so UNION ALL lines them up.
+    the copy's columns and a rank (1 in the light branch; a streamed heavy branch's TRUE
+    flag, and TRUE in the light branch), so UNION ALL lines them up.
     ``twin``: the heavy branch reads the copy's unit-ordered twin (``ranked_branches``);
     ``counted``: it numbers its rows by a running count (``kept_rank``, the same numbers);
     ``light_twin``: the light branch reads the twin too; ``presorted``: the heavy branch's

@@ -403,30 +403,23 @@ def reads_month_twin(services: Services, query: AggregateQuery, reads: BlocksRea
     windows = services.blocks.windows(query.table, policy.block)
     first = max(0, windows.index(month_start(month)))
     last = min(windows.count, windows.index(month_start(month + 1)))
-    return month_twin_pays(len(reads.ids), last - first, services.dialect)
+    return month_twin_pays(len(reads.ids), last - first)
 
 
-def month_twin_pays(read: int, blocks: int, dialect: str) -> bool:
+def month_twin_pays(read: int, blocks: int) -> bool:
     """Whether a query reading ``read`` of the ``blocks`` scheduled blocks of one calendar
-    month reads its heavy rows from the ranked copy's month twin
-    (``rewriters.contribution.segment_ordered``).  Its heavy branch then costs one pass over
-    the month's heavy rows, where the copy's window grows with the rows read.  On DuckDB from
-    a fifth of the month's blocks on; measured on 1M demo trips (January to March, the
-    default policy, DP end to end, medians of 7; before: the twin in unit order or the copy,
-    as ``twin_pays`` says): all of March (#13) 27.3 -> 19.2 ms, all of January 26.3 -> 18.4,
-    the last 7 days 16.3 -> 10.5, but the last 3 days 7.6 -> 10.8 and the last day 6.9 ->
-    11.1 (the copy's window over few rows wins).  On Postgres the whole month only: its
-    window over the month twin's index sorts nothing, but the index reads every heavy row of
-    the month (#13 461 -> 429 ms, January 466 -> 437, #17 208 -> 174; the last 7 days 112 ->
-    178).  The same rows whatever it says.
+    month reads its heavy rows from the ranked copy's month twin (DuckDB,
+    ``rewriters.contribution.segment_ordered``): from a fifth of the month's blocks on.  Its
+    heavy branch then costs one pass over the month's heavy rows, where the copy's window
+    grows with the rows read.  Measured on 1M demo trips (January to March, the default
+    policy, DP end to end, medians of 7; without: the twin in unit order or the copy, as
+    ``twin_pays`` says): all of March (#13) 27.3 -> 19.2 ms, all of January 26.3 -> 18.4, the
+    last 7 days 16.3 -> 10.5, but the last 3 days 7.6 -> 10.8 and the last day 6.9 -> 11.1
+    (the copy's window over few rows wins).  The same rows whatever it says.
 
-    >>> month_twin_pays(31, 31, "duckdb"), month_twin_pays(7, 31, "duckdb")
-    (True, True)
-    >>> month_twin_pays(3, 31, "duckdb"), month_twin_pays(30, 31, "postgres")
-    (False, False)
+    >>> month_twin_pays(31, 31), month_twin_pays(7, 31), month_twin_pays(3, 31)
+    (True, True, False)
     """
-    if dialect == "postgres":
-        return blocks > 0 and read >= blocks
     return blocks > 0 and 5 * read >= blocks
 
 

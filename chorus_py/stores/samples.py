@@ -24,9 +24,9 @@ one pass (``rewriters.contribution.streamed_rank``).
 A table whose blocks are cut on a date or timestamp column also has a month twin, ``<copy
 name>_m`` (``rewriters.contribution.segment_ordered``): the copy stores each row's calendar
 month (``__chorus_seg``), and the month twin holds the same rows by month, then in the twin's
-order (on DuckDB with its own positions, on Postgres indexed so), which the heavy branch of a
-query over one month reads instead of every month's rows of the twin (``kinds.single.
-month_twin_pays``).
+order with its own positions, which the heavy branch of a query over one month reads instead
+of every month's rows of the twin (``kinds.single.month_twin_pays``); DuckDB only
+(``BoundedSamples._months_stored`` says why).
 The twin doubles the copy's storage (the month twin adds as much again); a Postgres table
 whose twin's name would exceed 63 bytes (Postgres would truncate it) has none.  Thresholded
 keys over the whole copy (a top-10 of drivers) read a grouped twin per key columns, ``<copy
@@ -83,7 +83,6 @@ from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import (
     POSITION,
     RANK,
-    RUN,
     SEGMENT,
     UNIT_ROWS,
     positions_stored,
@@ -124,30 +123,17 @@ def covers_whole_copy(restriction: BlockRestriction | None, windows: BlockWindow
         and restriction.start == windows.start and restriction.end == windows.end
 
 
-def month_twin_statements(dialect: str, name: str, month_twin: str, unit: str) -> list[str]:
-    """Build the month twin ``month_twin`` of the ranked copy ``name`` (in the proxy's schema)
-    from the copy itself: the same rows, ranks, unit counts and months, sorted by month, then
-    as the twin (unit row count, unit, stored rank).  On DuckDB its positions are renumbered
-    in that order, and its runs by month and unit (``streamed_rank`` reads them as the heavy
-    branch reads one month, whose rows come in the twin's order within it); on Postgres it
-    is indexed in that order, so a heavy branch over one month reads its heavy units' rows
-    through the index, already in the order of its window (``presorted_pays``)."""
+def month_twin_statements(name: str, month_twin: str, unit: str) -> list[str]:
+    """Build the month twin ``month_twin`` of the DuckDB ranked copy ``name`` (in the proxy's
+    schema) from the copy itself: the same rows, ranks, unit counts and months, sorted by
+    month, then as the twin (unit row count, unit, stored rank), its positions renumbered in
+    that order (``streamed_rank`` checks them as the heavy branch reads one month, whose rows
+    come in the twin's order within it).  Each unit keeps its run number (the twin's
+    position of its first row: one number per unit, as in the copy)."""
     order = f'"{SEGMENT}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
-    target = f'{SCHEMA}."{month_twin}"'
-    if positions_stored(dialect):
-        positioned = (f'SELECT * REPLACE (ROW_NUMBER() OVER (ORDER BY {order}) AS '
-                      f'"{POSITION}") FROM {SCHEMA}."{name}"')
-        runs = (f'SELECT * REPLACE (MIN("{POSITION}") OVER (PARTITION BY "{SEGMENT}", "{unit}") '
-                f'AS "{RUN}") FROM ({positioned}) AS p')
-        return [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM ({runs}) AS s '
-                f'ORDER BY "{POSITION}"']
-    statements = [f'CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM {SCHEMA}."{name}" '
-                  f'ORDER BY {order}']
-    if dialect == "postgres":
-        statements += [f'CREATE INDEX IF NOT EXISTS "{month_twin}_order" ON {target} '
-                       f'("{SEGMENT}", "{UNIT_ROWS}", "{unit}", "{RANK}")',
-                       f"ANALYZE {target}"]
-    return statements
+    return [f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{month_twin}" AS SELECT * FROM (SELECT * '
+            f'REPLACE (ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
+            f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
 
 
 class BoundedSamples:
@@ -350,10 +336,15 @@ class BoundedSamples:
 
     def _months_stored(self, policy: TablePolicy) -> bool:
         """Whether the table's ranked copies store each row's calendar month (``__chorus_seg``,
-        ``rewriters.blocks.month_sql``) for a month twin: on DuckDB and Postgres, when the
-        table's blocks are cut on a date or timestamp column."""
+        ``rewriters.blocks.month_sql``) for a month twin: on DuckDB, when the table's blocks
+        are cut on a date or timestamp column.  Not on Postgres: there the month twin (sorted,
+        and indexed in that order) took the copy's build on 1M demo trips from 4.8 to 12.7 s,
+        for 7-16% off whole-month queries only (``benchmarks.month_twin``: #13 427 -> 384 ms,
+        #17 151 -> 143, January 429 -> 391; its window over the index reads every heavy row of
+        the month, 7 days of it 112 -> 178 ms); a build runs again on every change of the
+        table, and until it is there queries rank their rows themselves."""
         block = policy.block
-        return self._backend.dialect in ("duckdb", "postgres") and block is not None \
+        return self._backend.dialect == "duckdb" and block is not None \
             and policy.columns[block.column].type in MONTHLY_TYPES
 
     def _has_month_twin(self, name: str, policy: TablePolicy) -> bool:
@@ -581,8 +572,7 @@ class BoundedSamples:
                     f'("{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}")')
                 statements.append(f'ANALYZE {SCHEMA}."{twin}"')
         if month_twin is not None and not any(r[0] == month_twin for r in existing):
-            statements += month_twin_statements(self._backend.dialect, name, month_twin,
-                                                policy.privacy_unit)
+            statements += month_twin_statements(name, month_twin, policy.privacy_unit)
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         if twin is not None:
             self._twins.add(name)
