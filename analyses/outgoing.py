@@ -79,11 +79,11 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    ANDs ``__chorus_grank <= G`` (G <= g) and every key traces to one of those stored key
    columns (``_stored_group_ranks``).
    The copy's twin ``chorus_private.T__ranked_*_u`` (the same rows in unit order), its month
-   twin ``chorus_private.T__ranked_*_m`` (the same rows by calendar month ``__chorus_seg``,
+   twin ``chorus_private.T__ranked_*_m`` (the same rows by calendar month ``__chorus_month``,
    then in unit order, its ``__chorus_pos`` renumbered in that order) and its grouped twins
    count as the copy itself: their reads and the copy's make the occurrences of one
    relation.  A month twin is read one month at a time: its reader's WHERE ANDs
-   ``__chorus_seg = <int literal>`` (``_one_month``), in which each unit's rows are one run.
+   ``__chorus_month = <int literal>`` (``_one_month``), in which each unit's rows are one run.
 5. *Noise.*  A statement whose answer is released by the database (``noised_in_sql``) is
    ``WITH chorus_noisy AS MATERIALIZED (N) SELECT ... FROM chorus_noisy [WHERE ...]``: N reads
    only ``(E) AS chorus_exact``, every output of N is either a group key passed through or an
@@ -149,10 +149,10 @@ _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
 # A ranked copy's twin, ``<copy>_u``: the copy's rows in unit order, one occurrence with it.
 _TWIN_SUFFIX = "_u"
-# Its month twin, ``<copy>_m``: the copy's rows by calendar month (``__chorus_seg``), then in
+# Its month twin, ``<copy>_m``: the copy's rows by calendar month (``__chorus_month``), then in
 # unit order; its positions number that order.  Read one month at a time (``_one_month``).
-_MONTH_TWIN = re.compile(r".*__ranked_[0-9a-f]{16}_m")
-_SEGMENT = "__chorus_seg"
+_MONTH_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_m")
+_MONTH = "__chorus_month"
 # Its grouped twin over key columns, ``<copy>_g<8 hex>``: the copy's rows with each unit's
 # groups ranked (``__chorus_grank`` over ``__chorus_gk0, ...``), one occurrence with it too.
 _GROUPED_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_g[0-9a-f]{8}")
@@ -485,7 +485,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     copy = (alias, sole) if stored and not sample else None
     if stored and _MONTH_TWIN.fullmatch(table.name) \
             and not _one_month(reader.args.get("where"), alias, sole):
-        raise Refused(f"the month twin {table.name} is read without __chorus_seg = <month>")
+        raise Refused(f"the month twin {table.name} is read without __chorus_month = <month>")
     if spec.unit is not None and not sample and not light \
             and not _bounded(chain, index, spec.unit, most, copy):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
@@ -1250,13 +1250,13 @@ def _restricted(where: exp.Expr | None, alias: str, column: str, sole: bool) -> 
 
 
 def _one_month(where: exp.Expr | None, alias: str, sole: bool) -> bool:
-    """Whether WHERE ANDs ``alias.__chorus_seg = <int literal>``: one month of a month twin.
+    """Whether WHERE ANDs ``alias.__chorus_month = <int literal>``: one month of a month twin.
     The twin holds each unit's rows of one month as one run, in the order its positions
-    number (``rewriters.contribution.segment_ordered``); over several months a unit has a run
+    number (``rewriters.contribution.month_ordered``); over several months a unit has a run
     in each, so a streamed numbering (``_streamed_numbering``) would keep k rows of every
     one of them."""
     def is_month(n: exp.Expr) -> bool:
-        return isinstance(n, exp.Column) and n.name == _SEGMENT \
+        return isinstance(n, exp.Column) and n.name == _MONTH \
             and (n.table == alias or (sole and not n.table))
 
     return any(isinstance(c, exp.EQ) and (
@@ -1471,12 +1471,8 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
 def _copy_of(name: str) -> str:
     """The ranked copy a relation of the private schema holds the rows of: itself, or the
     copy whose twin (``_u``), month twin (``_m``) or grouped twin (``_g<8 hex>``) it is."""
-    grouped = _GROUPED_TWIN.fullmatch(name)
-    if grouped:
-        return grouped.group(1)
-    if _MONTH_TWIN.fullmatch(name):
-        return name.removesuffix("_m")
-    return name.removesuffix(_TWIN_SUFFIX)
+    twin = _GROUPED_TWIN.fullmatch(name) or _MONTH_TWIN.fullmatch(name)
+    return twin.group(1) if twin else name.removesuffix(_TWIN_SUFFIX)
 
 
 def _set_operation_below(table: exp.Table, barrier: exp.Select) -> exp.SetOperation | None:

@@ -9,7 +9,7 @@ in block order (the other months' row groups skipped), but its heavy branch read
 row of the quarter from the twin in unit order, to keep the month's.  The month twin
 (``<copy>_m``, ``chorus_py.stores.samples``) holds the same rows by month, then in unit order:
 the heavy branch of a query whose claimed blocks lie in one month reads that month's rows only
-(``rewriters.contribution.segment_ordered``).  DuckDB only (Postgres builds none:
+(``rewriters.contribution.month_ordered``).  DuckDB only (Postgres builds none:
 ``chorus_py.stores.samples.BoundedSamples._months_stored``).  The demo at ``--rows`` trips and
 one engine on the demo's policy (``benchmarks.demo_data.open_engine``: the default policy, a
 budget no run exhausts); per query, after a first run of each path, ``--repeat`` rounds
@@ -40,7 +40,7 @@ from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.backends import SCHEMA  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
-from rewriters.contribution import SEGMENT_ORDER, UNIT_ORDER  # noqa: E402
+from rewriters.contribution import MONTH_ORDER, UNIT_ORDER  # noqa: E402
 
 #: Queries over one month or part of one (the corpus's #13, #17 and #8, the held-out set's
 #: January AVG), then the last 7, 3 and 1 days of March.
@@ -87,7 +87,7 @@ def storage(engine: Engine) -> tuple[float, float, float]:
     """MB of the trips table's ranked copy, its twin and its month twin."""
     copy = ranked_copy(engine, "trips")
     sizes = []
-    for name in (copy, copy + UNIT_ORDER, copy + SEGMENT_ORDER):
+    for name in (copy, copy + UNIT_ORDER, copy + MONTH_ORDER):
         engine.backend.run_owned(["CHECKPOINT"])  # its blocks of 256 KiB, once written
         found = engine.backend.run(
             "SELECT COUNT(DISTINCT block_id) * 262144 FROM "

@@ -30,7 +30,7 @@ class BlockRestriction:
     def month(self) -> int | None:
         """The calendar month every claimed window lies in, as ``month_number`` counts it
         (None: they span several months, or the blocks are ids).  A ranked copy's month twin
-        holds each month's rows apart (``rewriters.contribution.segment_ordered``): a query
+        holds each month's rows apart (``rewriters.contribution.month_ordered``): a query
         claiming blocks of one month reads only that month's rows there.
 
         >>> BlockRestriction("ts", "timestamp", datetime(2026, 3, 1), datetime(2026, 4, 1)).month()

@@ -30,9 +30,9 @@ GROUP_KEPT = "gk"  # the alias of a ranked copy's group-bounded rows (ranked_gro
 #: A ranked copy's twin: the same rows and columns stored in unit order, ``<copy name>_u``.
 UNIT_ORDER = "_u"
 #: A ranked copy's calendar month of its row's block column (``rewriters.blocks.month_sql``).
-SEGMENT = "__chorus_seg"
+MONTH = "__chorus_month"
 #: Its month twin: the same rows and columns stored by month, then in unit order.
-SEGMENT_ORDER = "_m"
+MONTH_ORDER = "_m"
 
 
 def unit_ordered(copy: str) -> str:
@@ -48,19 +48,19 @@ def unit_ordered(copy: str) -> str:
     return f"{copy}{UNIT_ORDER}"
 
 
-def segment_ordered(copy: str) -> str:
+def month_ordered(copy: str) -> str:
     """The name of the month twin of the ranked copy ``copy``: the copy's rows (every column)
-    sorted by their month (``__chorus_seg``), then as the twin, by the unit's row count, unit
+    sorted by their month (``__chorus_month``), then as the twin, by the unit's row count, unit
     and stored rank (``chorus_py.stores.samples``).  In one month, each unit's rows are one run
     in stored-rank order, as in the twin, and a month's rows lie together: the heavy branch of
-    a query over one month's blocks reads only them (``ranked_branches``' ``segment``), where
+    a query over one month's blocks reads only them (``ranked_branches``' ``month``), where
     the twin holds every month's rows of a unit together and is read whole.  On DuckDB its
     ``__chorus_pos`` numbers the rows in its own order (``streamed_rank`` checks it).
 
-    >>> segment_ordered("trips__ranked_0123456789abcdef")
+    >>> month_ordered("trips__ranked_0123456789abcdef")
     'trips__ranked_0123456789abcdef_m'
     """
-    return f"{copy}{SEGMENT_ORDER}"
+    return f"{copy}{MONTH_ORDER}"
 
 
 def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
@@ -173,7 +173,7 @@ def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -
 
 def ranked_table(table: str, unit: str, where: exp.Expr | None = None,
                  bins: Sequence[exp.Expr] = (), positions: bool = False,
-                 segment: exp.Expr | None = None) -> exp.Select:
+                 month: exp.Expr | None = None) -> exp.Select:
     """Every row of ``table`` (those satisfying ``where``, over alias ``t``) with its random rank
     in its unit (``__chorus_rank``, 1..n_u, a uniformly random order independent of the row
     contents) and its unit's row count n_u (``__chorus_unit_rows``), for the proxy to store
@@ -182,8 +182,8 @@ def ranked_table(table: str, unit: str, where: exp.Expr | None = None,
     ``positions``, each row's position 1..N in the order of the copy's twin (unit row count,
     unit, stored rank: ``__chorus_pos``, distinct) and the position of its unit's first row
     there (``__chorus_run``), which ``streamed_rank`` reads; with
-    ``segment`` (over ``t``: ``rewriters.blocks.month_sql`` of the block column), each row's
-    month as ``__chorus_seg``, by which the month twin is stored (``segment_ordered``).
+    ``month`` (over ``t``: ``rewriters.blocks.month_sql`` of the block column), each row's
+    month as ``__chorus_month``, by which the month twin is stored (``month_ordered``).
 
     >>> print(ranked_table("trips", "rider_id").sql("duckdb"))  # doctest: +NORMALIZE_WHITESPACE
     SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS
@@ -194,7 +194,7 @@ def ranked_table(table: str, unit: str, where: exp.Expr | None = None,
         exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
     if where is not None:
         rows = rows.where(where, copy=False)
-    months = [] if segment is None else [exp.alias_(segment, SEGMENT)]
+    months = [] if month is None else [exp.alias_(month, MONTH)]
     randomised = rows.select(*bins, *months, exp.alias_(exp.Rand(), RAND), copy=False)
     partition = [exp.column(unit, table="r")]
     ranked = exp.select(
@@ -322,7 +322,7 @@ def streamed_rank(position: exp.Column, run: exp.Column, k: int) -> exp.Case:
 
     Why it bounds.  ``pos`` (the copy's ``__chorus_pos``) is each row's place in the order
     (unit row count, unit, stored rank), distinct; ``run`` (``__chorus_run``) the place of
-    its unit's first row there, one number per unit, >= 1 (a month twin, ``segment_ordered``,
+    its unit's first row there, one number per unit, >= 1 (a month twin, ``month_ordered``,
     numbers its own order by ``pos`` and keeps each unit's ``run``).  Both LAGs are of one window, ``OVER ()``: one sequence of
     the rows.  The first WHEN stops the statement unless ``pos`` strictly grows along it,
     i.e. unless the rows come in that order (a subsequence of it after the filter): then each
@@ -391,7 +391,7 @@ def kept_rank(unit: exp.Column, rank: exp.Column, counted: bool,
 def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
                         twin: bool = False, counted: bool = False,
                         light_twin: bool = False, presorted: bool = False,
-                        streamed: bool = False, segment: int | None = None) -> exp.Union:
+                        streamed: bool = False, month: int | None = None) -> exp.Union:
     """Keep at most ``k`` rows per ``unit`` of ``rows`` (``SELECT alias.* FROM <ranked copy> AS
     alias WHERE <filter>``, a copy made by ``ranked_table``) without sorting the light units.
 
@@ -409,7 +409,7 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     ``light_twin``: the light branch reads the twin too; ``presorted``: the heavy branch's
     window is partitioned by the unit's row count and the unit (``presorted_pays``);
     ``streamed``: the heavy branch keeps its rows by ``streamed_rank`` (``streamed_pays``);
-    ``segment``: it reads the month twin's rows of that month (``ranked_branches``).
+    ``month``: it reads the month twin's rows of that month (``ranked_branches``).
 
     >>> from sqlglot import parse_one
     >>> print(ranked_contribution(parse_one("SELECT t.* FROM p.trips__ranked_x AS t WHERE t.fare > 3"),
@@ -420,13 +420,13 @@ def ranked_contribution(rows: exp.Select, alias: str, unit: str, k: int,
     AS t WHERE t.fare > 3 AND t.__chorus_unit_rows > 5) AS b WHERE b.__chorus_krank <= 5
     """
     light, heavy = ranked_branches(rows, alias, unit, k, twin, counted, light_twin, presorted,
-                                   streamed, segment)
+                                   streamed, month)
     return exp.union(light, heavy, distinct=False, copy=False)
 
 
 def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool = False,
                     counted: bool = False, light_twin: bool = False, presorted: bool = False,
-                    streamed: bool = False, segment: int | None = None
+                    streamed: bool = False, month: int | None = None
                     ) -> tuple[exp.Select, exp.Select]:
     """The light and the heavy branch of ``ranked_contribution``, apart: the rows of the units
     with n_u <= k in the copy, and the first k filtered rows of each heavier unit.  Each unit
@@ -446,9 +446,9 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     unit's row count and the unit (``presorted_pays``: the same partitions, in the order of
     the twin's index).  ``streamed``: the heavy branch reads the twin in its stored order and
     keeps the first k rows of each unit's run (``streamed_rank``: the same rows, no window
-    partitioned by the unit).  ``segment`` (with ``twin``): every row the query may read lies
+    partitioned by the unit).  ``month`` (with ``twin``): every row the query may read lies
     in that calendar month (``rewriters.blocks.BlockRestriction.month``), so the heavy branch
-    reads the month twin (``segment_ordered``) with ``__chorus_seg = segment``: the month's
+    reads the month twin (``month_ordered``) with ``__chorus_month = month``: the month's
     rows only, in the twin's order within it (a filter the claimed blocks already imply: the
     same rows).
 
@@ -469,7 +469,7 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
                          "streamed, only when the heavy branch reads the twin")
     if streamed and (counted or presorted):
         raise ValueError("a streamed heavy branch numbers its rows by no window")
-    if segment is not None and not twin:
+    if month is not None and not twin:
         raise ValueError("the heavy branch reads the month twin only where it reads a twin")
     # A streamed heavy branch flags its kept rows TRUE; the light branch keeps all its rows.
     kept_all = exp.Boolean(this=True) if streamed else exp.Literal.number(1)
@@ -479,11 +479,11 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     on_twin = [heavy, light] if light_twin else [heavy] if twin else []
     for branch in on_twin:
         source = branch.args["from_"].this
-        ordered = segment_ordered if branch is heavy and segment is not None else unit_ordered
+        ordered = month_ordered if branch is heavy and month is not None else unit_ordered
         source.set("this", exp.to_identifier(ordered(source.name), quoted=source.this.quoted))
-    if segment is not None:
-        heavy.where(exp.EQ(this=exp.column(SEGMENT, table=alias),
-                           expression=exp.Literal.number(segment)), copy=False)
+    if month is not None:
+        heavy.where(exp.EQ(this=exp.column(MONTH, table=alias),
+                           expression=exp.Literal.number(month)), copy=False)
     numbered: exp.Expr
     if streamed:
         numbered = streamed_rank(exp.column(POSITION, table=alias), exp.column(RUN, table=alias),

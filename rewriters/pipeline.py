@@ -132,7 +132,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     the window ranks them; ``kinds.single`` says when), and with ``light_twin`` the light
     branch too (``kinds.single.light_twin_pays``); with ``month`` (every row the query reads
     lies in that calendar month, ``rewriters.blocks.BlockRestriction.month``) the heavy branch
-    reads the month twin's rows of that month instead (``ranked_branches``' ``segment``).
+    reads the month twin's rows of that month instead (``ranked_branches``' ``month``).
     The heavy branch numbers its rows by
     a running count where that pays (``counted_pays``: DuckDB, 4 <= k <= 20, the copy; the same
     numbers as ROW_NUMBER, so the same rows); ``counted`` fixes that choice (a text template's

@@ -1,6 +1,6 @@
-"""The ranked copy's month twin (``rewriters.contribution.segment_ordered``): the copy's rows
+"""The ranked copy's month twin (``rewriters.contribution.month_ordered``): the copy's rows
 by calendar month, then in unit order, which the heavy branch of a query over one month reads
-(that month's rows only, ``__chorus_seg = m``) instead of every month's rows of the twin.
+(that month's rows only, ``__chorus_month = m``) instead of every month's rows of the twin.
 
 What must hold: the month the proxy assigns a claim (``BlockRestriction.month``) contains every
 instant of the claim, and the month the database stores for a row (``month_sql``) is the one
@@ -34,11 +34,11 @@ from chorus_py.errors import BackendError
 from chorus_py.stores.samples import month_twin_statements
 from rewriters.blocks import BlockRestriction, month_number, month_sql, month_start
 from rewriters.contribution import (
+    MONTH,
     POSITION,
-    SEGMENT,
+    month_ordered,
     ranked_branches,
     ranked_table,
-    segment_ordered,
     unit_ordered,
 )
 from tests.conftest import ranked_copy_name, table_with_rows
@@ -143,7 +143,7 @@ def _copies(con: duckdb.DuckDBPyConnection,
     con.execute("CREATE OR REPLACE TABLE t (id BIGINT, unit BIGINT, v DOUBLE, ts TIMESTAMP)")
     con.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", rows)
     copy = ranked_table("t", "unit", positions=True,
-                        segment=month_sql(exp.column("ts", table="t"))).sql("duckdb")
+                        month=month_sql(exp.column("ts", table="t"))).sql("duckdb")
     con.execute(f'CREATE OR REPLACE TABLE {SCHEMA}."c" AS {copy}')
     con.execute(f'DROP TABLE IF EXISTS {SCHEMA}."c_m"')
     for statement in month_twin_statements("c", "c_m", "unit"):
@@ -158,7 +158,7 @@ def _kept(con: duckdb.DuckDBPyConnection, k: int, where: str, month: int | None)
         _, heavy = ranked_branches(rows, "c", "unit", k)
     else:
         _, heavy = ranked_branches(rows, "c", "unit", k, twin=True, streamed=True,
-                                   segment=month)
+                                   month=month)
     return sorted(r[0] for r in con.execute(
         f"SELECT b.id FROM ({heavy.sql('duckdb')}) AS b").fetchall())
 
@@ -263,7 +263,7 @@ def test_a_query_over_one_month_reads_its_rows_from_the_month_twin(
     if engine.dialect != "duckdb":
         month = None
     sql = f"SELECT COUNT(*), SUM(v), AVG(v) FROM {table} WHERE {where}"
-    twin = segment_ordered(ranked_copy_name(engine, table))
+    twin = month_ordered(ranked_copy_name(engine, table))
     assert (twin in engine.backend.owned_tables()) == (engine.dialect == "duckdb")
     statement = _statement(engine, sql, True)
     before = _statement(engine, sql, False)
@@ -272,7 +272,7 @@ def test_a_query_over_one_month_reads_its_rows_from_the_month_twin(
         assert twin not in statement and statement == before
     else:
         assert statement.count(f'"{twin}"') == 1
-        assert f"{SEGMENT} = {month}" in statement
+        assert f"{MONTH} = {month}" in statement
     assert _same(engine.backend.run(statement).rows, engine.backend.run(before).rows)
     # And end to end: an answer, charged once.
     assert engine.execute(sql, analyst="alice", epsilon=1.0, remaining=False).rows
@@ -286,18 +286,18 @@ def test_the_month_twin_holds_the_copys_rows_by_month(months: tuple[Engine, str]
     engine, table = months
     copy = ranked_copy_name(engine, table)
     owned = engine.backend.owned_tables()
-    assert unit_ordered(copy) in owned and segment_ordered(copy) in owned
-    columns = f"id, person, v, t, __chorus_rank, __chorus_unit_rows, {SEGMENT}"
+    assert unit_ordered(copy) in owned and month_ordered(copy) in owned
+    columns = f"id, person, v, t, __chorus_rank, __chorus_unit_rows, {MONTH}"
 
     def read(name: str, order: str) -> list[tuple[object, ...]]:
         return engine.backend.run(f'SELECT {columns} FROM {SCHEMA}."{name}" {order}').rows
 
-    assert read(segment_ordered(copy), "ORDER BY id") == read(copy, "ORDER BY id")
+    assert read(month_ordered(copy), "ORDER BY id") == read(copy, "ORDER BY id")
     assert all(r[6] == month_number(r[3]) for r in read(copy, ""))  # type: ignore[arg-type]
     # Stored by month, unit rows, unit, rank; numbered so; each unit keeps its run number.
     stored = engine.backend.run(
-        f'SELECT {SEGMENT}, __chorus_unit_rows, person IS NULL, person, __chorus_rank, '
-        f'{POSITION}, __chorus_run FROM {SCHEMA}."{segment_ordered(copy)}"').rows
+        f'SELECT {MONTH}, __chorus_unit_rows, person IS NULL, person, __chorus_rank, '
+        f'{POSITION}, __chorus_run FROM {SCHEMA}."{month_ordered(copy)}"').rows
     assert [r[:5] for r in stored] == sorted((r[:5] for r in stored),
                                              key=lambda r: (r[0], r[1], r[2], r[3] or 0, r[4]))
     assert [r[5] for r in stored] == list(range(1, len(stored) + 1))
@@ -313,8 +313,8 @@ def test_postgres_copies_store_no_months(months: tuple[Engine, str]) -> None:
     ``BoundedSamples._months_stored``), and the copy stores no months."""
     engine, table = months
     copy = ranked_copy_name(engine, table)
-    assert segment_ordered(copy) not in engine.backend.owned_tables()
-    assert SEGMENT not in engine.backend.run(f'SELECT * FROM {SCHEMA}."{copy}" LIMIT 1').columns
+    assert month_ordered(copy) not in engine.backend.owned_tables()
+    assert MONTH not in engine.backend.run(f'SELECT * FROM {SCHEMA}."{copy}" LIMIT 1').columns
 
 
 def test_no_month_twin_without_time_blocks(tmp_path: Path,
@@ -330,8 +330,8 @@ def test_no_month_twin_without_time_blocks(tmp_path: Path,
                                                    ranked="true"))
     engine.warm_up(wait=True)
     copy = ranked_copy_name(engine, "plain")
-    assert segment_ordered(copy) not in engine.backend.owned_tables()
-    assert SEGMENT not in engine.backend.run(f'SELECT * FROM {SCHEMA}."{copy}" LIMIT 1').columns
+    assert month_ordered(copy) not in engine.backend.owned_tables()
+    assert MONTH not in engine.backend.run(f'SELECT * FROM {SCHEMA}."{copy}" LIMIT 1').columns
 
 
 @pytest.mark.parametrize("months", _DUCKDB, indirect=True)
@@ -340,7 +340,7 @@ def test_the_engine_fails_closed_on_a_month_twin_out_of_order(
     engine, table = months
     sql = f"SELECT COUNT(*), SUM(v) FROM {table} WHERE t >= '2026-03-01'"
     assert engine.execute(sql, analyst="alice", epsilon=1.0, remaining=False).rows
-    twin = segment_ordered(ranked_copy_name(engine, table))
+    twin = month_ordered(ranked_copy_name(engine, table))
     engine.backend.run_owned([
         f'CREATE OR REPLACE TABLE {SCHEMA}."{twin}" AS SELECT * FROM {SCHEMA}."{twin}" '
         f"ORDER BY {POSITION} DESC"])
@@ -357,15 +357,16 @@ def _check(engine: Engine, table: str, text: str) -> None:
 
 #: A change to the engine's month statement (old text as a regex, new text), each refused.
 _UNPINNED = [
-    pytest.param(r" AND TABLE\.__chorus_seg = 674", "", id="no-month"),
-    pytest.param(r"TABLE\.__chorus_seg = 674", "TABLE.__chorus_seg >= 674", id="from-a-month-on"),
-    pytest.param(r"TABLE\.__chorus_seg = 674", "(TABLE.__chorus_seg = 674 OR TABLE.v > 0)",
+    pytest.param(r" AND TABLE\.__chorus_month = 674", "", id="no-month"),
+    pytest.param(r"TABLE\.__chorus_month = 674", "TABLE.__chorus_month >= 674",
+                 id="from-a-month-on"),
+    pytest.param(r"TABLE\.__chorus_month = 674", "(TABLE.__chorus_month = 674 OR TABLE.v > 0)",
                  id="or-another-test"),
-    pytest.param(r"TABLE\.__chorus_seg = 674", "TABLE.__chorus_seg = TABLE.__chorus_seg",
+    pytest.param(r"TABLE\.__chorus_month = 674", "TABLE.__chorus_month = TABLE.__chorus_month",
                  id="a-column-not-a-month"),
-    pytest.param(r"TABLE\.__chorus_seg = 674", "TABLE.__chorus_seg IN (673, 674)",
+    pytest.param(r"TABLE\.__chorus_month = 674", "TABLE.__chorus_month IN (673, 674)",
                  id="two-months"),
-    pytest.param(r"TABLE\.__chorus_seg = 674", "TABLE.v = 674", id="another-column"),
+    pytest.param(r"TABLE\.__chorus_month = 674", "TABLE.v = 674", id="another-column"),
 ]
 
 
@@ -396,4 +397,4 @@ def test_the_verifier_refuses_a_light_branch_from_the_month_twin(
     assert statement.count(light) == 1
     with pytest.raises(Refused, match="month twin"):
         _check(engine, table, statement.replace(
-            light, f'{SCHEMA}."{segment_ordered(copy)}" AS {table}'))
+            light, f'{SCHEMA}."{month_ordered(copy)}" AS {table}'))

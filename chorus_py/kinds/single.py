@@ -112,11 +112,11 @@ class SingleTableKind:
         # The query's own (stability, normalised SQL) and the choices determine everything
         # below: look the plan up before copying the query's trees for the choices.
         # Whether the copy's twins may be read (built, and read_twins) changes the statement.
-        twin = ranked is not None and (services.samples.twin(ranked[1]),
-                                       services.samples.month_twin(ranked[1]))
+        twins = ranked is not None and (services.samples.twin(ranked[1]),
+                                        services.samples.month_twin(ranked[1]))
         grouped = services.samples.grouped_built(ranked[1]) if ranked is not None else 0
         key = (query.normalized_sql, query.stability, chosen, epsilon, delta, restriction,
-               sample, ranked, twin, grouped, reused)
+               sample, ranked, twins, grouped, reused)
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = self._prepare_uncached(query, epsilon, delta, reads, restriction,
@@ -249,7 +249,7 @@ class SingleTableKind:
         # groups ranked (the light and middle units a plain scan: rewriters.grouped_copy).
         twin_groups = self._grouped_twin(query, ranked) if every_row and grouped else None
         # A query over one calendar month reads its heavy rows from the month twin: that
-        # month's rows alone, in the twin's order (``rewriters.contribution.segment_ordered``).
+        # month's rows alone, in the twin's order (``rewriters.contribution.month_ordered``).
         month = restriction.month() if ranked is not None and restriction is not None \
             and not whole and not grouped and services.samples.month_twin(ranked[1]) else None
         if month is not None and not reads_month_twin(services, query, reads, month):
@@ -409,7 +409,7 @@ def reads_month_twin(services: Services, query: AggregateQuery, reads: BlocksRea
 def month_twin_pays(read: int, blocks: int) -> bool:
     """Whether a query reading ``read`` of the ``blocks`` scheduled blocks of one calendar
     month reads its heavy rows from the ranked copy's month twin (DuckDB,
-    ``rewriters.contribution.segment_ordered``): from a fifth of the month's blocks on.  Its
+    ``rewriters.contribution.month_ordered``): from a fifth of the month's blocks on.  Its
     heavy branch then costs one pass over the month's heavy rows, where the copy's window
     grows with the rows read.  Measured on 1M demo trips (January to March, the default
     policy, DP end to end, medians of 7; without: the twin in unit order or the copy, as

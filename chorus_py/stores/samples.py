@@ -22,8 +22,8 @@ twin's order (``__chorus_pos``) and that of its unit's first row (``__chorus_run
 copies are rebuilt), which the heavy branch reads as it keeps each unit's first k rows in
 one pass (``rewriters.contribution.streamed_rank``).
 A table whose blocks are cut on a date or timestamp column also has a month twin, ``<copy
-name>_m`` (``rewriters.contribution.segment_ordered``): the copy stores each row's calendar
-month (``__chorus_seg``), and the month twin holds the same rows by month, then in the twin's
+name>_m`` (``rewriters.contribution.month_ordered``): the copy stores each row's calendar
+month (``__chorus_month``), and the month twin holds the same rows by month, then in the twin's
 order with its own positions, which the heavy branch of a query over one month reads instead
 of every month's rows of the twin (``kinds.single.month_twin_pays``); DuckDB only
 (``BoundedSamples._months_stored`` says why).
@@ -81,14 +81,14 @@ from rewriters.bins import BINS, stored_bin_columns, stored_bins
 from rewriters.blocks import MONTHLY_TYPES, BlockRestriction, month_sql
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import (
+    MONTH,
     POSITION,
     RANK,
-    SEGMENT,
     UNIT_ROWS,
+    month_ordered,
     positions_stored,
     ranked_table,
     sample_table,
-    segment_ordered,
     unit_ordered,
 )
 from rewriters.dialect import dialect as for_dialect
@@ -130,7 +130,7 @@ def month_twin_statements(name: str, month_twin: str, unit: str) -> list[str]:
     that order (``streamed_rank`` checks them as the heavy branch reads one month, whose rows
     come in the twin's order within it).  Each unit keeps its run number (the twin's
     position of its first row: one number per unit, as in the copy)."""
-    order = f'"{SEGMENT}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
+    order = f'"{MONTH}", "{UNIT_ROWS}", "{unit}" NULLS LAST, "{RANK}"'
     return [f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{month_twin}" AS SELECT * FROM (SELECT * '
             f'REPLACE (ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
             f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
@@ -214,7 +214,7 @@ class BoundedSamples:
                 there = name in owned
                 if there and unit_ordered(name) in owned and self._has_twin(name):
                     self._twins.add(name)
-                if there and segment_ordered(name) in owned \
+                if there and month_ordered(name) in owned \
                         and self._has_month_twin(name, policy):
                     self._month_twins.add(name)
                 self._current[(table, RANKED)] = (now, name if there else None)
@@ -241,7 +241,7 @@ class BoundedSamples:
 
     def month_twin(self, copy: str) -> bool:
         """Whether the ranked copy named ``copy`` has its month twin
-        (``rewriters.contribution.segment_ordered``) for queries to read."""
+        (``rewriters.contribution.month_ordered``) for queries to read."""
         with self._lock:
             return self.read_twins and self.read_month_twins and copy in self._month_twins
 
@@ -335,7 +335,7 @@ class BoundedSamples:
             and len(unit_ordered(name).encode()) <= POSTGRES_NAME_BYTES)
 
     def _months_stored(self, policy: TablePolicy) -> bool:
-        """Whether the table's ranked copies store each row's calendar month (``__chorus_seg``,
+        """Whether the table's ranked copies store each row's calendar month (``__chorus_month``,
         ``rewriters.blocks.month_sql``) for a month twin: on DuckDB, when the table's blocks
         are cut on a date or timestamp column.  Not on Postgres: there the month twin (sorted,
         and indexed in that order) took the copy's build on 1M demo trips from 4.8 to 12.7 s,
@@ -392,7 +392,7 @@ class BoundedSamples:
         span = self._span(table, policy)
         layout = "|runs" if kind == RANKED and positions_stored(self._backend.dialect) else ""
         if kind == RANKED and self._months_stored(policy):
-            layout += "|months"  # the copy stores each row's month for its month twin
+            layout += "|month"  # the copy stores each row's month (__chorus_month)
         digest = hmac.new(self._naming_key(),
                           f"{self._fingerprint(table, policy, kind)}|{span}{layout}".encode(),
                           hashlib.sha256).hexdigest()[:16]
@@ -517,13 +517,13 @@ class BoundedSamples:
                 months = month_sql(exp.column(policy.block.column, table="t", quoted=True))
             select = ranked_table(table, policy.privacy_unit, where,
                                   stored_bin_columns(policy, "t"), positions=positions,
-                                  segment=months)
+                                  month=months)
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
         statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
         twin = unit_ordered(name) if kind == RANKED and self._has_twin(name) else None
-        month_twin = segment_ordered(name) if kind == RANKED \
+        month_twin = month_ordered(name) if kind == RANKED \
             and self._has_month_twin(name, policy) else None
         if not any(r[0] == name for r in existing):
             dialect = self._backend.dialect
