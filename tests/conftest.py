@@ -184,6 +184,10 @@ def engine(backend_url: str, make_engine: Callable[..., Engine]) -> Engine:
     return make_engine(backend_url)
 
 
+_CREATED = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"
+                      r"(\w+)(?![\w.])", re.I)
+
+
 @pytest.fixture
 def scratch(backend_url: str, tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     """Engines on a table a test creates: ``scratch(table, statements, policy_text)``.
@@ -199,7 +203,11 @@ def scratch(backend_url: str, tmp_path: Path) -> Iterator[Callable[..., Engine]]
     tables: set[str] = set()
 
     def make(table: str, statements: list[str], policy_text: str) -> Engine:
-        tables.add(table)
+        # Every table the statements make is dropped too: the session's DuckDB file is shared
+        # by the tests of a worker, and a table left there would be another test's (the Spark
+        # suite copies the file, and its own statements' DROP would reach the copy).
+        tables.update([table, *(m.group(1) for s in statements
+                                for m in _CREATED.finditer(s))])
         admin.run_owned([f"DROP TABLE IF EXISTS {table}", *statements])
         path = tmp_path / f"scratch-{uuid.uuid4().hex[:6]}.toml"
         path.write_text(policy_text.format(url=backend_url))
