@@ -2,21 +2,23 @@
 or part of one, with and without it, side by side.  Writes the ``month-twin`` section of
 benchmarks/RESULTS.md.
 
-    python -m benchmarks.month_twin [--rows 1000000] [--repeat 9]
+    python -m benchmarks.month_twin [--rows 1000000] [--repeat 9] [--skip-postgres]
 
 A query over one month of a quarter keeps its light units' rows by a scan of the copy, stored
 in block order (the other months' row groups skipped), but its heavy branch read every heavy
-row of the quarter from the twin in unit order, to keep the month's.  The month twin
+row of the quarter from the twin in unit order, to keep the month's. The month twin
 (``<copy>_m``, ``chorus_py.stores.samples``) holds the same rows by month, then in unit order:
 the heavy branch of a query whose claimed blocks lie in one month reads that month's rows only
-(``rewriters.contribution.month_ordered``).  DuckDB only (Postgres builds none:
-``chorus_py.stores.samples.BoundedSamples._months_stored``).  The demo at ``--rows`` trips and
-one engine on the demo's policy (``benchmarks.demo_data.open_engine``: the default policy, a
-budget no run exhausts); per query, after a first run of each path, ``--repeat`` rounds
-alternating the analyst's SQL straight to the database (raw), ``Engine.execute`` reading the
-month twin (the default) and ``Engine.execute`` with ``samples.read_month_twins = False`` (as
-before).  Medians; the same choices serve both paths (reused by the identical query), so the
-paths differ in the answer statement only.  The storage of the copy and its twins is listed.
+(``rewriters.contribution.month_ordered``). On Postgres the month twin is a partition per
+month, in the twin's order and indexed so, which both branches read
+(``chorus_py.stores.samples.partitioned_month_twin_statements``). Per backend, the demo at
+``--rows`` trips and one engine on the demo's policy (``benchmarks.demo_data.open_engine``: the
+default policy, a budget no run exhausts); per query, after a first run of each path,
+``--repeat`` rounds alternating the analyst's SQL straight to the database (raw),
+``Engine.execute`` reading the month twin (the default) and ``Engine.execute`` with
+``samples.read_month_twins = False`` (as before). Medians; the same choices serve both paths
+(reused by the identical query), so the paths differ in the answer statement only. The storage
+of the copy and its twins is listed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.demo_data import demo_on, demo_options, open_engine, ranked_copy  # noqa: E402
+from benchmarks.demo_data import demo_engines, demo_options, ranked_copy  # noqa: E402
 from benchmarks.phases import timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from chorus_py.backends import SCHEMA  # noqa: E402
@@ -53,6 +55,7 @@ QUERIES = {
            "'2026-03-01' GROUP BY 1 ORDER BY 1",
     "#8": "SELECT SUM(fare) FROM trips WHERE city = 'NYC' AND pickup_time >= '2026-02-01' AND "
           "pickup_time < '2026-03-01'",
+    "14 days": "SELECT AVG(fare) FROM trips WHERE pickup_time >= '2026-03-18'",
     "7 days": "SELECT AVG(fare) FROM trips WHERE pickup_time >= '2026-03-25'",
     "3 days": "SELECT AVG(fare) FROM trips WHERE pickup_time >= '2026-03-29'",
     "1 day": "SELECT AVG(fare) FROM trips WHERE pickup_time >= '2026-03-31'",
@@ -84,59 +87,68 @@ def bench(engine: Engine, repeat: int) -> dict[str, tuple[float, float, float]]:
 
 
 def storage(engine: Engine) -> tuple[float, float, float]:
-    """MB of the trips table's ranked copy, its twin and its month twin."""
+    """MB of the trips table's ranked copy, its twin and its month twin (on Postgres with their
+    indexes, the month twin's partitions summed)."""
     copy = ranked_copy(engine, "trips")
     sizes = []
     for name in (copy, copy + UNIT_ORDER, copy + MONTH_ORDER):
-        engine.backend.run_owned(["CHECKPOINT"])  # its blocks of 256 KiB, once written
-        found = engine.backend.run(
-            "SELECT COUNT(DISTINCT block_id) * 262144 FROM "
-            f"pragma_storage_info('{SCHEMA}.\"{name}\"')").rows[0][0]
-        sizes.append(found / 1e6)
+        if engine.dialect == "postgres":
+            relation = f"'{SCHEMA}.\"{name}\"'::regclass"
+            found = engine.backend.run(
+                f"SELECT pg_total_relation_size({relation}) + COALESCE((SELECT "
+                f"SUM(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = "
+                f"{relation}), 0)").rows[0][0]
+        else:
+            engine.backend.run_owned(["CHECKPOINT"])  # its blocks of 256 KiB, once written
+            found = engine.backend.run(
+                "SELECT COUNT(DISTINCT block_id) * 262144 FROM "
+                f"pragma_storage_info('{SCHEMA}.\"{name}\"')").rows[0][0]
+        sizes.append(float(found) / 1e6)
     return sizes[0], sizes[1], sizes[2]
 
 
-def report(results: dict[str, tuple[float, float, float]], sizes: tuple[float, float, float],
-           args: argparse.Namespace, load: tuple[float, float], when: str) -> str:
+def report(results: dict[str, dict[str, tuple[float, float, float]]],
+           sizes: dict[str, tuple[float, float, float]], args: argparse.Namespace,
+           load: tuple[float, float], when: str) -> str:
     lines = [
         "## The ranked copy's month twin (issue 23): queries over one month side by side",
         "",
         f"Written by `python -m benchmarks.month_twin --rows {args.rows} --repeat "
         f"{args.repeat}` on {when} UTC; {platform.machine()}, {os.cpu_count()} cores shared "
         f"with other jobs (load average {load[0]:.1f} at the start, {load[1]:.1f} at the end), "
-        f"{args.rows:,} demo trips (January to March) on DuckDB, the demo's default policy.  "
-        "Medians of "
-        f"{args.repeat} rounds alternating raw, DP reading the month twin where it applies "
-        "(the default) and DP without it (`samples.read_month_twins = False`, as before); the "
-        "same reused choices.",
+        f"{args.rows:,} demo trips (January to March) per backend, the demo's default "
+        f"policy.  Medians of {args.repeat} rounds alternating raw, DP reading the month twin "
+        "where it applies (the default) and DP without it (`samples.read_month_twins = "
+        "False`, as before); the same reused choices.",
         "",
-        "| query | SQL | raw ms | DP ms, without | DP / raw, without | DP ms, month twin | "
-        "DP / raw, month twin |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | query | SQL | raw ms | DP ms, without | DP / raw, without | DP ms, month "
+        "twin | DP / raw, month twin |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, (raw, month, before) in results.items():
-        lines.append(f"| {name} | `{QUERIES[name]}` | {raw:.1f} | {before:.1f} | "
-                     f"{before / raw:.2f} | {month:.1f} | {month / raw:.2f} |")
-    lines += ["", "| ranked copy MB | twin MB | month twin MB |", "|---|---|---|",
-              "| {:.1f} | {:.1f} | {:.1f} |".format(*sizes)]
+    for label, rows in results.items():
+        for name, (raw, month, before) in rows.items():
+            lines.append(f"| {label} | {name} | `{QUERIES[name]}` | {raw:.1f} | {before:.1f} | "
+                         f"{before / raw:.2f} | {month:.1f} | {month / raw:.2f} |")
+    lines += ["", "| backend | ranked copy MB | twin MB | month twin MB |", "|---|---|---|---|"]
+    lines += ["| {} | {:.1f} | {:.1f} | {:.1f} |".format(label, *size)
+              for label, size in sizes.items()]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo_options(parser, None)
+    demo_options(parser, "chorus_month_twin")
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chorus-month-twin-"))
+    results, sizes = {}, {}
     try:
-        engine = open_engine(demo_on("DuckDB", work, args))
-        try:
-            results = bench(engine, args.repeat)
-            sizes = storage(engine)
-        finally:
-            engine.close()
+        for label, engine in demo_engines(args, work):
+            print(f"{label}:", file=sys.stderr)
+            results[label] = bench(engine, args.repeat)
+            sizes[label] = storage(engine)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = report(results, sizes, args, (load_start, os.getloadavg()[0]),

@@ -55,7 +55,8 @@ def month_ordered(copy: str) -> str:
     in stored-rank order, as in the twin, and a month's rows lie together: the heavy branch of
     a query over one month's blocks reads only them (``ranked_branches``' ``month``), where
     the twin holds every month's rows of a unit together and is read whole.  On DuckDB its
-    ``__chorus_pos`` numbers the rows in its own order (``streamed_rank`` checks it).
+    ``__chorus_pos`` numbers the rows in its own order (``streamed_rank`` checks it); on
+    Postgres it is partitioned by month, each partition in the twin's order and indexed so.
 
     >>> month_ordered("trips__ranked_0123456789abcdef")
     'trips__ranked_0123456789abcdef_m'
@@ -448,9 +449,9 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     keeps the first k rows of each unit's run (``streamed_rank``: the same rows, no window
     partitioned by the unit).  ``month`` (with ``twin``): every row the query may read lies
     in that calendar month (``rewriters.blocks.BlockRestriction.month``), so the heavy branch
-    reads the month twin (``month_ordered``) with ``__chorus_month = month``: the month's
-    rows only, in the twin's order within it (a filter the claimed blocks already imply: the
-    same rows).
+    (and the light one with ``light_twin``) reads the month twin (``month_ordered``) with
+    ``__chorus_month = month``: the month's rows only, in the twin's order within it (a
+    filter the claimed blocks already imply: the same rows).
 
     >>> from sqlglot import parse_one
     >>> light, heavy = ranked_branches(parse_one("SELECT t.* FROM p.trips__ranked_x AS t "
@@ -479,11 +480,11 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     on_twin = [heavy, light] if light_twin else [heavy] if twin else []
     for branch in on_twin:
         source = branch.args["from_"].this
-        ordered = month_ordered if branch is heavy and month is not None else unit_ordered
+        ordered = month_ordered if month is not None else unit_ordered
         source.set("this", exp.to_identifier(ordered(source.name), quoted=source.this.quoted))
-    if month is not None:
-        heavy.where(exp.EQ(this=exp.column(MONTH, table=alias),
-                           expression=exp.Literal.number(month)), copy=False)
+        if month is not None:
+            branch.where(exp.EQ(this=exp.column(MONTH, table=alias),
+                                expression=exp.Literal.number(month)), copy=False)
     numbered: exp.Expr
     if streamed:
         numbered = streamed_rank(exp.column(POSITION, table=alias), exp.column(RUN, table=alias),

@@ -25,8 +25,10 @@ A table whose blocks are cut on a date or timestamp column also has a month twin
 name>_m`` (``rewriters.contribution.month_ordered``): the copy stores each row's calendar
 month (``__chorus_month``), and the month twin holds the same rows by month, then in the twin's
 order with its own positions, which the heavy branch of a query over one month reads instead
-of every month's rows of the twin (``kinds.single.month_twin_pays``); DuckDB only
-(``BoundedSamples._months_stored`` says why).
+of every month's rows of the twin (``kinds.single.month_twin_pays``).  On Postgres the month
+twin is a table partitioned by month (``partitioned_month_twin_statements``): each month's rows
+sorted and indexed in the twin's order, which both branches of a query over one month read
+(the copy there stores no month: each partition's is a literal).
 The twin doubles the copy's storage (the month twin adds as much again); a Postgres table
 whose twin's name would exceed 63 bytes (Postgres would truncate it) has none.  Thresholded
 keys over the whole copy (a top-10 of drivers) read a grouped twin per key columns, ``<copy
@@ -69,6 +71,7 @@ import logging
 import secrets
 import threading
 import time
+from datetime import date, datetime, timedelta
 
 from sqlglot import exp
 
@@ -78,7 +81,13 @@ from chorus_py.policy import TablePolicy
 from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
 from rewriters.bins import BINS, stored_bin_columns, stored_bins
-from rewriters.blocks import MONTHLY_TYPES, BlockRestriction, month_sql
+from rewriters.blocks import (
+    MONTHLY_TYPES,
+    BlockRestriction,
+    month_number,
+    month_sql,
+    month_start,
+)
 from rewriters.blocks import blocks as restrict_blocks
 from rewriters.contribution import (
     MONTH,
@@ -106,6 +115,9 @@ POSTGRES_NAME_BYTES = 63
 #: queries start their builds, so a query over yet another set of key columns must not grow
 #: the proxy's schema without end; past it, queries rank their groups themselves.
 MAX_GROUPED_TWINS = 4
+#: A Postgres month twin has a partition per month of the schedule: at most this many (ten
+#: years); a longer schedule has none (its queries read the twin or the copy).
+MAX_MONTH_PARTITIONS = 120
 
 
 def ranked_copy_applies(policy: TablePolicy) -> bool:
@@ -134,6 +146,73 @@ def month_twin_statements(name: str, month_twin: str, unit: str) -> list[str]:
     return [f'CREATE TABLE IF NOT EXISTS {SCHEMA}."{month_twin}" AS SELECT * FROM (SELECT * '
             f'REPLACE (ROW_NUMBER() OVER (ORDER BY {order}) AS "{POSITION}") FROM '
             f'{SCHEMA}."{name}") AS s ORDER BY "{POSITION}"']
+
+
+def partitioned_month_twin_statements(name: str, month_twin: str, unit: str, block: str,
+                                      block_type: str, span: BlockWindows) -> list[str]:
+    """Build the month twin ``month_twin`` of the Postgres ranked copy ``name`` (in the proxy's
+    schema): a table partitioned by ``__chorus_month``, one partition per calendar month of the
+    schedule's ``span``, each the copy's rows of that month (read by the copy's index on the
+    block column ``block``) sorted as the twin (unit row count, unit, stored rank) and indexed
+    in that order.  A query over one month names its month as a literal, so the planner reads
+    that partition alone, with its own statistics: the heavy branch's window then runs over
+    the partition's index already in its order (no sort), the light branch reads the index's
+    first units (``__chorus_unit_rows <= k``, a few pages).  One table of all months sorted
+    the same way was not enough: the planner, multiplying the selectivities of the month and
+    of the query's time filter (the same rows), expected a third of them and sorted instead.
+
+    Each partition is built as a table of its own, then attached (re-running the statements
+    after another proxy ran them adds nothing: every ``CREATE`` is ``IF NOT EXISTS``, and a
+    partition already attached is left as it is).  The copy holds only the span's rows, so
+    the partitions hold every row of it, each in the month it lies in."""
+    schema, copy, parent = SCHEMA, f'{SCHEMA}."{name}"', f'{SCHEMA}."{month_twin}"'
+    statements = [f'CREATE TABLE IF NOT EXISTS {parent} (LIKE {copy}, "{MONTH}" INT) '
+                  f'PARTITION BY LIST ("{MONTH}")']
+    column = exp.column(block, table="c", quoted=True)
+    for month in span_months(span):
+        part = month_partition(month_twin, month)
+        start = max(span.start, _month_point(month, span.start))
+        end = min(span.end, _month_point(month + 1, span.start))
+        where = restrict_blocks(None, column, start, end, block_type).sql("postgres")
+        statements += [
+            f'CREATE TABLE IF NOT EXISTS {schema}."{part}" AS SELECT c.*, CAST({month} AS INT) '
+            f'AS "{MONTH}" FROM {copy} AS c WHERE {where} ORDER BY "{UNIT_ROWS}", "{unit}", '
+            f'"{RANK}"',
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = "
+            f"'{schema}.\"{part}\"'::regclass) THEN ALTER TABLE {parent} ATTACH PARTITION "
+            f'{schema}."{part}" FOR VALUES IN ({month}); END IF; END $$']
+    # On the parent: one index per partition, in the order of the twin's (its name is
+    # Postgres's, made from the partition's).
+    statements += [f'CREATE INDEX IF NOT EXISTS "{month_twin}_order" ON {parent} '
+                   f'("{UNIT_ROWS}", "{unit}", "{RANK}")',
+                   f"ANALYZE {parent}"]
+    return statements
+
+
+def span_months(span: BlockWindows) -> range:
+    """The calendar months (``rewriters.blocks.month_number``) a schedule's span [start, end)
+    has instants in.
+
+    >>> from datetime import date
+    >>> span_months(BlockWindows("t", date(2026, 1, 1), timedelta(days=1), 90))
+    range(672, 675)
+    >>> span_months(BlockWindows("t", datetime(2026, 1, 31), timedelta(days=1), 1))
+    range(672, 673)
+    """
+    last = span.end - (timedelta(days=1) if type(span.end) is date else timedelta(microseconds=1))
+    return range(month_number(span.start), month_number(last) + 1)
+
+
+def month_partition(month_twin: str, month: int) -> str:
+    """The name of the partition of the Postgres month twin ``month_twin`` holding ``month``."""
+    return f"{month_twin}_{month}"
+
+
+def _month_point(month: int, like: datetime | date) -> datetime | date:
+    """The first instant of ``month`` as a value of ``like``'s type (a schedule's bounds are
+    dates or datetimes: they compare only with their own kind)."""
+    start = month_start(month)
+    return start.date() if type(like) is date else start
 
 
 class BoundedSamples:
@@ -215,7 +294,7 @@ class BoundedSamples:
                 if there and unit_ordered(name) in owned and self._has_twin(name):
                     self._twins.add(name)
                 if there and month_ordered(name) in owned \
-                        and self._has_month_twin(name, policy):
+                        and self._has_month_twin(name, policy, span):
                     self._month_twins.add(name)
                 self._current[(table, RANKED)] = (now, name if there else None)
                 return name if there else None
@@ -337,20 +416,29 @@ class BoundedSamples:
     def _months_stored(self, policy: TablePolicy) -> bool:
         """Whether the table's ranked copies store each row's calendar month (``__chorus_month``,
         ``rewriters.blocks.month_sql``) for a month twin: on DuckDB, when the table's blocks
-        are cut on a date or timestamp column.  Not on Postgres: there the month twin (sorted,
-        and indexed in that order) took the copy's build on 1M demo trips from 4.8 to 12.7 s,
-        for 7-16% off whole-month queries only (``benchmarks.month_twin``: #13 427 -> 384 ms,
-        #17 151 -> 143, January 429 -> 391; its window over the index reads every heavy row of
-        the month, 7 days of it 112 -> 178 ms); a build runs again on every change of the
-        table, and until it is there queries rank their rows themselves."""
+        are cut on a date or timestamp column.  Postgres's month twin is partitioned by month,
+        each partition built from the copy's rows of its month (read by the copy's block
+        index) with the month as a literal: its copy stores none."""
         block = policy.block
         return self._backend.dialect == "duckdb" and block is not None \
             and policy.columns[block.column].type in MONTHLY_TYPES
 
-    def _has_month_twin(self, name: str, policy: TablePolicy) -> bool:
+    def _has_month_twin(self, name: str, policy: TablePolicy, span: BlockWindows | None
+                        ) -> bool:
         """Whether the ranked copy ``name`` also gets a month twin: where it gets a twin
-        (``_has_twin``: its name is as long) and stores its rows' months."""
-        return self._has_twin(name) and self._months_stored(policy)
+        (``_has_twin``: its name is as long) and, on DuckDB, stores its rows' months; on
+        Postgres, where its table's blocks are cut on a date or timestamp column, the schedule
+        (``span``, when known) has at most ``MAX_MONTH_PARTITIONS`` months, and the name of
+        each month's partition fits (``partitioned_month_twin_statements``)."""
+        if self._backend.dialect != "postgres":
+            return self._has_twin(name) and self._months_stored(policy)
+        block = policy.block
+        if block is None or policy.columns[block.column].type not in MONTHLY_TYPES \
+                or span is None or not self._has_twin(name):
+            return False
+        months = span_months(span)
+        return 0 < len(months) <= MAX_MONTH_PARTITIONS and len(month_partition(
+            month_ordered(name), months[-1]).encode()) <= POSTGRES_NAME_BYTES
 
     def wait(self) -> None:
         """Wait for the ranked copies (and grouped twins) being built (``chorus serve`` at
@@ -524,7 +612,7 @@ class BoundedSamples:
         statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
         twin = unit_ordered(name) if kind == RANKED and self._has_twin(name) else None
         month_twin = month_ordered(name) if kind == RANKED \
-            and self._has_month_twin(name, policy) else None
+            and self._has_month_twin(name, policy, span) else None
         if not any(r[0] == name for r in existing):
             dialect = self._backend.dialect
             if policy.block is not None:
@@ -572,7 +660,13 @@ class BoundedSamples:
                     f'("{UNIT_ROWS}", "{policy.privacy_unit}", "{RANK}")')
                 statements.append(f'ANALYZE {SCHEMA}."{twin}"')
         if month_twin is not None and not any(r[0] == month_twin for r in existing):
-            statements += month_twin_statements(name, month_twin, policy.privacy_unit)
+            if self._backend.dialect == "postgres":
+                assert policy.block is not None and span is not None
+                statements += partitioned_month_twin_statements(
+                    name, month_twin, policy.privacy_unit, policy.block.column,
+                    policy.columns[policy.block.column].type, span)
+            else:
+                statements += month_twin_statements(name, month_twin, policy.privacy_unit)
         self._backend.run_owned(serialised(self._backend.dialect, statements))
         if twin is not None:
             self._twins.add(name)
