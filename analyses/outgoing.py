@@ -157,6 +157,11 @@ _MONTH = "__chorus_month"
 # groups ranked (``__chorus_grank`` over ``__chorus_gk0, ...``), one occurrence with it too.
 _GROUPED_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_g[0-9a-f]{8}")
 _GROUPED_RANK = "__chorus_grank"
+# The only relations of a ranked copy read by name: the copy and its twins.  (A Postgres month
+# twin's partitions, ``<copy>_m_<month>``, hold one month of its rows each and are read only
+# through it, pinned to the month: a partition named directly would be a relation of its own
+# to rules 4 and 4', a second occurrence of the copy's rows beside the copy.)
+_RANKED_RELATION = re.compile(r"(.*)__ranked_[0-9a-f]{16}(?:_u|_m|_g[0-9a-f]{8})?")
 _GROUPED_KEY = re.compile(r"__chorus_gk\d+")
 _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
@@ -435,7 +440,10 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
     db = table.args.get("db")
     name = table.name
     if db is not None and db.name == rules.private_schema:
-        for marker in (*_SAMPLE_MARKERS, _RANKED_MARKER):
+        ranked = _RANKED_RELATION.fullmatch(name)
+        if ranked is not None and ranked.group(1) in rules.private:
+            return ranked.group(1)
+        for marker in _SAMPLE_MARKERS:
             base = name.split(marker)[0]
             if marker in name and base in rules.private:
                 return base

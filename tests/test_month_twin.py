@@ -422,3 +422,19 @@ def test_the_verifier_refuses_a_light_branch_from_the_month_twin(
     with pytest.raises(Refused, match="month twin"):
         _check(engine, table, statement.replace(
             light, f'{SCHEMA}."{month_ordered(copy)}" AS {table}'))
+
+
+@pytest.mark.parametrize("suffix", ["_m_674", "_m_673", "_x", "_uu", "_g1234"])
+def test_the_verifier_refuses_a_relation_of_the_copy_it_does_not_know(
+        months: tuple[Engine, str], suffix: str) -> None:
+    """A month twin's partition (Postgres: ``<copy>_m_<month>``, one month of its rows) or
+    any other name beside the copy's own relations, read by name in place of the month twin:
+    refused, as an unknown relation of the private schema."""
+    engine, table = months
+    statement = _statement(engine, f"SELECT COUNT(*), SUM(v) FROM {table} "
+                                   "WHERE t >= '2026-03-01'", True)
+    _check(engine, table, statement)
+    twin = f'"{month_ordered(ranked_copy_name(engine, table))}"'
+    assert twin in statement
+    with pytest.raises(Refused, match="unknown relation of the private schema"):
+        _check(engine, table, statement.replace(twin, twin[:-1] + suffix + '"'))
