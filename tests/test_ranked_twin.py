@@ -128,8 +128,11 @@ def _branches(engine: Engine, table: str) -> tuple[str, str, str, str]:
 
 
 def _other(twin: str) -> str:
-    """The twin of another copy of the table (another digest)."""
-    return twin.replace("__ranked_", "__ranked_0").replace("_u", "0_u")
+    """The twin of another copy of the table (another digest of 16 hex digits, as every copy's:
+    other names are no relation of a copy at all)."""
+    digest = re.search(r"__ranked_([0-9a-f]{16})", twin).group(1)  # type: ignore[union-attr]
+    other = "0123456789abcdef" if digest != "0123456789abcdef" else "fedcba9876543210"
+    return twin.replace(digest, other)
 
 
 def _check(engine: Engine, table: str, text: str) -> None:
