@@ -31,7 +31,8 @@ from analyses.outgoing import Refused, verify
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
 from chorus_py.errors import BackendError
-from chorus_py.stores.samples import month_twin_statements
+from chorus_py.stores.owned import serialised
+from chorus_py.stores.samples import month_twin_statements, partitioned_month_twin_statements
 from rewriters.blocks import BlockRestriction, month_number, month_sql, month_start
 from rewriters.contribution import (
     MONTH,
@@ -334,6 +335,28 @@ def test_the_postgres_month_twin_is_a_partition_per_month_in_twin_order(
     indexes = engine.backend.run(
         f"SELECT indexdef FROM pg_indexes WHERE tablename = '{twin}_674'").rows
     assert [i for (i,) in indexes if "(__chorus_unit_rows, person, __chorus_rank)" in i]
+
+
+@pytest.mark.parametrize("months", [p for p in _MONTHS if p.id.startswith("postgres")],
+                         indirect=True)
+def test_a_second_build_of_the_postgres_month_twin_adds_nothing(
+        months: tuple[Engine, str]) -> None:
+    """Another proxy sharing the database runs the same build statements after this one (both
+    found no month twin): every partition stays attached once, with the rows it had."""
+    engine, table = months
+    copy = ranked_copy_name(engine, table)
+    twin = month_ordered(copy)
+    policy = engine.policy.tables[table]
+    span = engine.samples._span(table, policy)
+    assert span is not None
+    count = f'SELECT COUNT(*), SUM(id) FROM {SCHEMA}."{twin}"'
+    before = engine.backend.run(count).rows
+    engine.backend.run_owned(serialised("postgres", partitioned_month_twin_statements(
+        copy, twin, "person", "t", policy.columns["t"].type, span)))
+    assert engine.backend.run(count).rows == before
+    assert engine.backend.run(
+        "SELECT COUNT(*) FROM pg_inherits WHERE inhparent = "
+        f"'{SCHEMA}.\"{twin}\"'::regclass").rows == [(3,)]
 
 
 def test_no_month_twin_without_time_blocks(tmp_path: Path,
