@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -81,6 +82,33 @@ _VISITS_SQL = [
     "INSERT INTO visits SELECT i, CASE WHEN i % 10 < 5 THEN 'home' WHEN i % 10 < 8 THEN 'about' "
     "ELSE 'blog' END, CAST(i % 700 AS DOUBLE PRECISION) FROM generate_series(1, 1000) AS s(i)",
 ]
+
+
+#: Ports handed out by :func:`free_port` in this process (never twice).
+_PORTS_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 for a server a test starts (or for nothing to listen on).
+
+    Not the OS's pick (``bind(("127.0.0.1", 0))``): that comes from the ephemeral range, where
+    another test worker's probe, or any client connection, may be handed the same port between
+    the probe and the server's bind (seen under pytest-xdist: a test read another worker's
+    server).  Each worker takes ports from its own thousand below the ephemeral range (20000 +
+    1000 x its number), each once, and only one it can bind now."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = 20_000 + 1000 * (int(worker) if worker.isdigit() else 0)
+    for port in range(base, base + 1000):
+        if port in _PORTS_GIVEN:
+            continue
+        _PORTS_GIVEN.add(port)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port left in {base}-{base + 999}")
 
 
 def _postgres_available() -> bool:

@@ -21,6 +21,7 @@ from chorus_py.backends import StatementFailed, duckdb_path
 from chorus_py.engine import Engine
 from chorus_py.errors import OperationalError, PolicyError
 from chorus_py.policy import load_policy
+from tests.conftest import free_port
 
 PUBLIC_ROWS = "SELECT city, state, population FROM cities ORDER BY city"
 
@@ -269,14 +270,11 @@ def test_duckdb_has_no_public_url(duckdb_data: str, write_policy: Callable[..., 
 def test_chorus_serve_prints_the_warnings(postgres_data: str,
                                           write_policy: Callable[..., Path]) -> None:
     """The data owner sees them where the server starts, not only in a log."""
-    import socket
     import subprocess
     import sys
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     chorus = Path(sys.executable).parent / "chorus"
     proc = subprocess.Popen([str(chorus), "serve", "--policy", str(write_policy(postgres_data)),
                              "--listen", f"127.0.0.1:{port}", "--rest", ""],

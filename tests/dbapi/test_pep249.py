@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import threading
 from decimal import Decimal
 
@@ -13,6 +12,7 @@ import chorus_py
 from chorus_py.clients import dbapi
 from chorus_py.errors import BudgetExhausted, QueryRefused, QuerySyntaxError, UndefinedTable
 from chorus_py.report import PrivacyReport
+from tests.conftest import free_port
 
 COUNT_STATES = "SELECT state, COUNT(*) AS n FROM cities GROUP BY state ORDER BY state"
 STATES = [("CA", 2), ("IL", 1), ("NY", 1), ("WA", 1)]
@@ -298,9 +298,7 @@ def test_remote_connection_errors(remote) -> None:
         chorus_py.connect(remote.url, token=BOB_TOKEN, analyst="alice")
     with chorus_py.connect(remote.url, token=BOB_TOKEN, analyst="bob") as conn:
         assert conn.analyst == "bob"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens on it
     with pytest.raises(dbapi.OperationalError, match="cannot reach"):
         chorus_py.connect(f"http://127.0.0.1:{port}", token="x", timeout=5)
 

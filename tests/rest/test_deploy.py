@@ -52,6 +52,7 @@ from chorus_py.cli import main as cli
 from chorus_py.demo import DEMO_TABLES, render_policy
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy, parse_policy
+from tests.conftest import free_port
 from tests.rest.harness import ALICE_TOKEN, policy_with_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,11 +76,6 @@ def _dockerfile() -> list[tuple[str, str]]:
             out.append((word.upper(), " ".join(rest.split())))
     return out
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_compose_file_follows_the_compose_specification() -> None:
@@ -203,7 +199,7 @@ def test_the_proxy_command_runs(duckdb_data: str, tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text(policy_with_tokens(f"duckdb:///{database}"))
     load_policy(policy)
-    wire, rest = _free_port(), _free_port()
+    wire, rest = free_port(), free_port()
     proxy = COMPOSE["services"]["proxy"]
     args = [_chorus(), *proxy["command"]]
     args[args.index(_option(args, "--policy"))] = str(policy)

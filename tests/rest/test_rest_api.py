@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chorus_py.engine import Engine
 from server.rest.listener import parse_listen, serve_rest
 from server.rest.problems import http_status
+from tests.conftest import free_port
 from tests.rest.harness import (
     ALICE_TOKEN,
     BOB_TOKEN,
@@ -374,9 +375,7 @@ def test_parse_listen() -> None:
 def test_serve_rest_inside_a_running_loop(duckdb_data: str, tmp_path: Path) -> None:
     """``serve_rest`` runs as one task of an existing loop and stops when cancelled."""
     engine = token_engine(tmp_path, duckdb_data)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     statuses: list[int] = []
 
     async def main() -> None:

@@ -17,14 +17,10 @@ import pytest
 
 from chorus_py.demo import generate_demo
 from server.pgwire.scram import verify_password
+from tests.conftest import free_port
 
 CHORUS = Path(sys.executable).parent / "chorus"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_passwd() -> None:
@@ -40,9 +36,9 @@ def test_passwd() -> None:
 
 def test_serve_the_demo(tmp_path: Path) -> None:
     policy = generate_demo(tmp_path, rows=2000)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(CHORUS), "serve", "--policy", str(policy), "--listen",
-                             f"127.0.0.1:{port}", "--rest", f"127.0.0.1:{_free_port()}"],
+                             f"127.0.0.1:{port}", "--rest", f"127.0.0.1:{free_port()}"],
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 60
@@ -78,7 +74,7 @@ def test_serve_names_the_address_it_cannot_listen_on(tmp_path: Path, door: str) 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = f"127.0.0.1:{taken.getsockname()[1]}"
-        free = f"127.0.0.1:{_free_port()}"
+        free = f"127.0.0.1:{free_port()}"
         addresses = {"--listen": busy, "--rest": free} if door == "--listen" else {
             "--listen": free, "--rest": busy}
         out = subprocess.run([str(CHORUS), "serve", "--policy", str(policy),
@@ -101,7 +97,7 @@ def test_serve_with_an_unreadable_certificate(tmp_path: Path) -> None:
     policy.write_text(text.replace("\n[server]\n", '\n[server]\ntls_cert = "missing.pem"\n'
                                                   'tls_key = "missing.key"\n'))
     out = subprocess.run([str(CHORUS), "serve", "--policy", str(policy), "--listen",
-                          f"127.0.0.1:{_free_port()}", "--rest", ""],
+                          f"127.0.0.1:{free_port()}", "--rest", ""],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 1, out.stderr
     assert "[server] tls_cert / tls_key: cannot load" in out.stderr

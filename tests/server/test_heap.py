@@ -18,19 +18,15 @@ import pytest
 from chorus_py.clients.dbapi import connect
 from chorus_py.demo import generate_demo
 from chorus_py.engine import Engine
+from tests.conftest import free_port
 
 CHORUS = Path(sys.executable).parent / "chorus"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _serve_log(policy: Path, **env: str) -> str:
     """Start `chorus serve` (wire protocol only), wait until it listens, stop it: its log."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(CHORUS), "serve", "--policy", str(policy), "--listen",
                              f"127.0.0.1:{port}", "--rest", "", "--pid-file", ""],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **env})

@@ -32,7 +32,7 @@ from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
 from server.metrics import Metrics
 from server.pgwire.scram import make_verifier
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import PG_ADMIN_URL, free_port
 from tests.rest.harness import ALICE_TOKEN, OWNER_TOKEN, policy_with_tokens, serve_engine
 
 pytestmark = pytest.mark.postgres
@@ -41,11 +41,6 @@ CHORUS = Path(sys.executable).parent / "chorus"
 ANSWERED = "SELECT COUNT(*) FROM trips WHERE fare > 12.5"
 REFUSED = "SELECT fare FROM trips WHERE fare > 12.5"  # raw rows: refused by the policy
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(port: int, proc: subprocess.Popen[str]) -> None:
@@ -79,7 +74,7 @@ def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 def test_serve_logs_json_and_counts_every_door(postgres_data: str, tmp_path: Path) -> None:
     policy = _policy(tmp_path, postgres_data)
-    wire_port, rest_port = _free_port(), _free_port()
+    wire_port, rest_port = free_port(), free_port()
     proc = subprocess.Popen(
         [str(CHORUS), "serve", "--policy", str(policy), "--listen", f"127.0.0.1:{wire_port}",
          "--rest", f"127.0.0.1:{rest_port}", "--log-format", "json"],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,15 +19,11 @@ import psycopg
 import pytest
 
 from server.pgwire.scram import make_verifier
+from tests.conftest import free_port
 
 CHORUS = Path(sys.executable).parent / "chorus"
 pytestmark = pytest.mark.postgres
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chorus(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,7 +35,7 @@ class Served:
     """A running `chorus serve`: its ports and everything it printed on stderr so far."""
 
     def __init__(self, policy: Path, *options: str) -> None:
-        self.policy, self.wire, self.rest = policy, _free_port(), _free_port()
+        self.policy, self.wire, self.rest = policy, free_port(), free_port()
         self.proc = subprocess.Popen(
             [str(CHORUS), "serve", "--policy", str(policy), "--listen",
              f"127.0.0.1:{self.wire}", "--rest", f"127.0.0.1:{self.rest}", *options],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -25,6 +24,7 @@ import pytest
 from chorus_py.backends.duckdb import duckdb_path
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
+from tests.conftest import free_port
 
 SPARK_URL = "spark://local"
 # Every table of the test DuckDB file that the Spark tests read.
@@ -80,9 +80,7 @@ def connect_url(spark_data: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     import pyspark
 
     home = Path(pyspark.__file__).parent
-    with socket.socket() as probe:  # a free port (the server binds it a moment later)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # the server binds it a moment later
     directory = tmp_path_factory.mktemp("connect-server")
     log = directory / "server.log"
     command = [str(home / "bin" / "spark-submit"),

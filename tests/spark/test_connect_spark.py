@@ -6,7 +6,6 @@ the private database and the naming key on the cluster's side)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from chorus_py.backends.spark import _SESSION_CONF, SparkBackend
 from chorus_py.engine import Engine
 from chorus_py.errors import ChorusError, OperationalError
 from chorus_py.policy import SparkConfig, load_policy, parse_policy
-from tests.conftest import POLICY_TEMPLATE, nothing_spent, tolerance
+from tests.conftest import POLICY_TEMPLATE, free_port, nothing_spent, tolerance
 from tests.spark.conftest import TABLES, spark_block
 from tests.spark.test_backend_spark import (  # noqa: F401  (collected here with Connect)
     _policy,
@@ -172,9 +171,7 @@ def _connect_config(spark_data: Path) -> SparkConfig:
 
 
 def test_a_server_that_is_not_there_is_told_at_start(spark_data: Path) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens on it
     started = time.monotonic()
     with pytest.raises(OperationalError, match="cannot connect to Spark"):
         SparkBackend(_connect_config(spark_data), remote=f"sc://127.0.0.1:{port}")
