@@ -148,7 +148,6 @@ EXACT = "chorus_exact"       # its source (rewriters.noise)
 _SAMPLE_MARKERS = ("__bounded_", "__attr_")
 _RANKED_MARKER = "__ranked_"   # a ranked copy: all of T's rows, not bounded (rule 4)
 # A ranked copy's twin, ``<copy>_u``: the copy's rows in unit order, one occurrence with it.
-_TWIN_SUFFIX = "_u"
 # Its month twin, ``<copy>_m``: the copy's rows by calendar month (``__chorus_month``), then in
 # unit order; its positions number that order.  Read one month at a time (``_one_month``).
 _MONTH_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_m")
@@ -157,11 +156,11 @@ _MONTH = "__chorus_month"
 # groups ranked (``__chorus_grank`` over ``__chorus_gk0, ...``), one occurrence with it too.
 _GROUPED_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_g[0-9a-f]{8}")
 _GROUPED_RANK = "__chorus_grank"
-# The only relations of a ranked copy read by name: the copy and its twins.  (A Postgres month
-# twin's partitions, ``<copy>_m_<month>``, hold one month of its rows each and are read only
-# through it, pinned to the month: a partition named directly would be a relation of its own
-# to rules 4 and 4', a second occurrence of the copy's rows beside the copy.)
-_RANKED_RELATION = re.compile(r"(.*)__ranked_[0-9a-f]{16}(?:_u|_m|_g[0-9a-f]{8})?")
+# The only relations of a ranked copy read by name: the copy (group 1; its table, group 2) and
+# its twins.  (A Postgres month twin's partitions, ``<copy>_m_<month>``, hold one month of its
+# rows each and are read only through it, pinned to the month: a partition named directly
+# would be a relation of its own to rules 4 and 4', a second occurrence of the copy's rows.)
+_RANKED_RELATION = re.compile(r"((.*)__ranked_[0-9a-f]{16})(?:_u|_m|_g[0-9a-f]{8})?")
 _GROUPED_KEY = re.compile(r"__chorus_gk\d+")
 _UNIT_ROWS = "__chorus_unit_rows"
 _STORED_RANK = "__chorus_rank"  # a ranked copy's random rank of a row in its unit, 1..n_u
@@ -441,8 +440,8 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
     name = table.name
     if db is not None and db.name == rules.private_schema:
         ranked = _RANKED_RELATION.fullmatch(name)
-        if ranked is not None and ranked.group(1) in rules.private:
-            return ranked.group(1)
+        if ranked is not None and ranked.group(2) in rules.private:
+            return ranked.group(2)
         for marker in _SAMPLE_MARKERS:
             base = name.split(marker)[0]
             if marker in name and base in rules.private:
@@ -1478,9 +1477,10 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
 
 def _copy_of(name: str) -> str:
     """The ranked copy a relation of the private schema holds the rows of: itself, or the
-    copy whose twin (``_u``), month twin (``_m``) or grouped twin (``_g<8 hex>``) it is."""
-    twin = _GROUPED_TWIN.fullmatch(name) or _MONTH_TWIN.fullmatch(name)
-    return twin.group(1) if twin else name.removesuffix(_TWIN_SUFFIX)
+    copy whose twin (``_u``), month twin (``_m``) or grouped twin (``_g<8 hex>``) it is
+    (``_declared`` accepted no other name)."""
+    relation = _RANKED_RELATION.fullmatch(name)
+    return relation.group(1) if relation else name
 
 
 def _set_operation_below(table: exp.Table, barrier: exp.Select) -> exp.SetOperation | None:

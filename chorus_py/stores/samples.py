@@ -165,22 +165,22 @@ def partitioned_month_twin_statements(name: str, month_twin: str, unit: str, blo
     after another proxy ran them adds nothing: every ``CREATE`` is ``IF NOT EXISTS``, and a
     partition already attached is left as it is).  The copy holds only the span's rows, so
     the partitions hold every row of it, each in the month it lies in."""
-    schema, copy, parent = SCHEMA, f'{SCHEMA}."{name}"', f'{SCHEMA}."{month_twin}"'
+    copy, parent = f'{SCHEMA}."{name}"', f'{SCHEMA}."{month_twin}"'
     statements = [f'CREATE TABLE IF NOT EXISTS {parent} (LIKE {copy}, "{MONTH}" INT) '
                   f'PARTITION BY LIST ("{MONTH}")']
     column = exp.column(block, table="c", quoted=True)
     for month in span_months(span):
-        part = month_partition(month_twin, month)
+        part = f'{SCHEMA}."{month_partition(month_twin, month)}"'
         start = max(span.start, _month_point(month, span.start))
         end = min(span.end, _month_point(month + 1, span.start))
         where = restrict_blocks(None, column, start, end, block_type).sql("postgres")
         statements += [
-            f'CREATE TABLE IF NOT EXISTS {schema}."{part}" AS SELECT c.*, CAST({month} AS INT) '
+            f'CREATE TABLE IF NOT EXISTS {part} AS SELECT c.*, CAST({month} AS INT) '
             f'AS "{MONTH}" FROM {copy} AS c WHERE {where} ORDER BY "{UNIT_ROWS}", "{unit}", '
             f'"{RANK}"',
             "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = "
-            f"'{schema}.\"{part}\"'::regclass) THEN ALTER TABLE {parent} ATTACH PARTITION "
-            f'{schema}."{part}" FOR VALUES IN ({month}); END IF; END $$']
+            f"'{part}'::regclass) THEN ALTER TABLE {parent} ATTACH PARTITION {part} "
+            f"FOR VALUES IN ({month}); END IF; END $$"]
     # On the parent: one index per partition, in the order of the twin's (its name is
     # Postgres's, made from the partition's).
     statements += [f'CREATE INDEX IF NOT EXISTS "{month_twin}_order" ON {parent} '
@@ -206,6 +206,13 @@ def span_months(span: BlockWindows) -> range:
 def month_partition(month_twin: str, month: int) -> str:
     """The name of the partition of the Postgres month twin ``month_twin`` holding ``month``."""
     return f"{month_twin}_{month}"
+
+
+def _monthly_blocks(policy: TablePolicy) -> bool:
+    """Whether the table's blocks are cut on a date or timestamp column (whose rows fall in
+    calendar months)."""
+    block = policy.block
+    return block is not None and policy.columns[block.column].type in MONTHLY_TYPES
 
 
 def _month_point(month: int, like: datetime | date) -> datetime | date:
@@ -419,9 +426,7 @@ class BoundedSamples:
         are cut on a date or timestamp column.  Postgres's month twin is partitioned by month,
         each partition built from the copy's rows of its month (read by the copy's block
         index) with the month as a literal: its copy stores none."""
-        block = policy.block
-        return self._backend.dialect == "duckdb" and block is not None \
-            and policy.columns[block.column].type in MONTHLY_TYPES
+        return self._backend.dialect == "duckdb" and _monthly_blocks(policy)
 
     def _has_month_twin(self, name: str, policy: TablePolicy, span: BlockWindows | None
                         ) -> bool:
@@ -432,9 +437,7 @@ class BoundedSamples:
         each month's partition fits (``partitioned_month_twin_statements``)."""
         if self._backend.dialect != "postgres":
             return self._has_twin(name) and self._months_stored(policy)
-        block = policy.block
-        if block is None or policy.columns[block.column].type not in MONTHLY_TYPES \
-                or span is None or not self._has_twin(name):
+        if not _monthly_blocks(policy) or span is None or not self._has_twin(name):
             return False
         months = span_months(span)
         return 0 < len(months) <= MAX_MONTH_PARTITIONS and len(month_partition(
