@@ -42,7 +42,12 @@ from rewriters.contribution import (
     streamed_pays,
 )
 from rewriters.dialect import rendered
-from rewriters.grouped_copy import first_of_group, group_key_column, stored_group_part
+from rewriters.grouped_copy import (
+    first_kept_of_group,
+    first_of_group,
+    group_key_column,
+    stored_group_part,
+)
 from rewriters.groups import complete_groups, public_filter
 from rewriters.joins import join_rows
 from rewriters.keys import key_grid
@@ -143,7 +148,10 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     (``rewriters.joins.join_rows``).  ``grouped`` names (schema, table) of the ranked copy's
     grouped twin over the query's key columns, for thresholded keys with g groups per unit
     over the ``whole`` copy: its light and middle units are then one scan of it
-    (``rewriters.grouped_copy``), its heavy ones the per-query path, added up.
+    (``rewriters.grouped_copy``), its heavy ones the per-query path, added up; without groups
+    per unit, its rows of stored rank <= k, each group's distinct units counted by the mark of
+    the first row of each (unit, group) instead of COUNT(DISTINCT unit)
+    (``first_kept_of_group``).
     """
     tp = query.table_policy
     alias = query.alias
@@ -171,7 +179,16 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
         assert tp.privacy_unit is not None
         rows = group_bound(rows, tp.privacy_unit, keys, g)
     running = counted_pays(dialect, query.stability, twin) if counted is None else counted
-    if grouped is not None:
+    # No groups per unit over the whole copy: its grouped twin's rows of stored rank <= k,
+    # each group's distinct units counted by marks (``first_kept_of_group``).
+    marked = grouped is not None and g is None
+    if marked:
+        if ranked is None or not whole or not query.thresholded:
+            raise ValueError("a grouped twin without groups per unit serves thresholded keys "
+                             "over a whole ranked copy")
+        rows = stored_rank_contribution(filtered_rows(query, restriction, None, grouped),
+                                        alias, query.stability)
+    elif grouped is not None:
         if ranked is None or g is None or not whole or not adds_up_over_parts(query):
             raise ValueError("a grouped twin serves thresholded keys over a whole ranked copy")
         assert rows is not None and tp.privacy_unit is not None
@@ -206,7 +223,9 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     # safety() and _measure_sql() build fresh trees: the builders need not copy them.
     columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id, copy=False)
                                for k in query.keys]
-    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit), m.id, copy=False)
+    columns += [exp.alias_(first_kept_of_group(alias, tp.privacy_unit)
+                           if marked and tp.privacy_unit and _counts_units(m)
+                           else _measure_sql(m, alias, tp.privacy_unit), m.id, copy=False)
                 for m in query.measurements]
     measure_ids = list(measured_ids(query, plan))
     if plan.threshold is not None and plan.threshold.separate:
@@ -217,7 +236,8 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
             first = query.join.private_sources[0]
             unit, gate_alias = first.policy.privacy_unit, first.alias
             assert isinstance(unit, str)
-        gate = (exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=gate_alias)]))
+        gate = (first_kept_of_group(alias, unit) if marked and unit else
+                exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=gate_alias)]))
                 if unit else exp.Count(this=exp.Star()))
         columns.append(exp.alias_(gate, THRESHOLD_ID, copy=False))
     if query.join is not None:
@@ -323,8 +343,7 @@ def _stored_group_measure(query: AggregateQuery, rows: exp.Select, columns: Sequ
     measurement, the key-release gate) as the sum of the one mark per (unit, group); the
     other measurements as in the other parts."""
     alias = query.alias
-    counts_units = {m.id for m in query.measurements
-                    if m.kind == "count_units" and m.argument is None}
+    counts_units = {m.id for m in query.measurements if _counts_units(m)}
     if len(measure_ids) > len(query.measurements):  # the gate: COUNT(DISTINCT unit)
         counts_units.add(THRESHOLD_ID)
     out: list[exp.Expr] = [exp.alias_(group_key_column(alias, i), k.id, copy=False)
@@ -334,6 +353,12 @@ def _stored_group_measure(query: AggregateQuery, rows: exp.Select, columns: Sequ
                    if column.alias in counts_units else column.copy())
     return exp.select(*out).from_(rows.subquery(alias, copy=False), copy=False).group_by(
         *[group_key_column(alias, i) for i in range(len(query.keys))], copy=False)
+
+
+def _counts_units(m: Measurement) -> bool:
+    """Whether ``m`` is the COUNT(DISTINCT unit) of one table's rows (a join names the unit
+    column it counts: not this)."""
+    return m.kind == "count_units" and m.argument is None
 
 
 def adds_up_over_parts(query: AggregateQuery) -> bool:

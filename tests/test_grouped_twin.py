@@ -17,7 +17,11 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlglot import exp, parse_one
 
 from analyses.outgoing import Refused, verify
 from analyses.query import AggregateQuery
@@ -26,7 +30,8 @@ from chorus_py.engine import Engine
 from chorus_py.kinds.selection import Choices, histogram
 from chorus_py.stores.samples import MAX_GROUPED_TWINS
 from mechanisms.caps import cap_bins
-from rewriters.grouped_copy import grouped_name
+from rewriters.contribution import stored_rank_contribution
+from rewriters.grouped_copy import first_kept_of_group, grouped_name, grouped_table
 from rewriters.pipeline import pipeline
 from tests.test_ranked_groups import SIZES, groups_engine
 
@@ -248,3 +253,103 @@ def test_the_groups_histogram_reads_the_twin(made: tuple[Engine, str],
 
     monkeypatch.setattr(engine.backend, "run", unreachable)
     assert list(histogram(engine.statements, None, size, text, stored=True)) == expected
+
+
+# -- no groups per unit: the twin's marks count each group's units ---------------------------
+def _kept_by_rank(engine: Engine, table: str, k: int) -> list[tuple[object, ...]]:
+    """(grp, rows, distinct persons, SUM(v)) per group of the copy's rows of stored rank <=
+    k, computed here from the stored ranks."""
+    stored = engine.backend.run(f'SELECT person, grp, v, __chorus_rank FROM {SCHEMA}.'
+                                f'"{_copy(engine, table)}"').rows
+    kept = [(p, grp, v) for p, grp, v, rank in stored if rank <= k]
+    groups = {grp for _, grp, _ in kept}
+    return sorted(((grp, sum(1 for _, g2, _ in kept if g2 == grp),
+                    len({p for p, g2, _ in kept if g2 == grp}),
+                    sum(v for _, g2, v in kept if g2 == grp)) for grp in groups),
+                  key=lambda r: tuple(map(str, r)))
+
+
+@pytest.mark.parametrize("k", [1, 2, K, LIMIT])
+def test_without_groups_per_unit_the_twin_counts_units_by_marks(made: tuple[Engine, str],
+                                                               k: int) -> None:
+    """Keys released by a threshold with only the row cap bounding them (no g): the twin's
+    rows of stored rank <= k, each group's distinct units (the gate and the analyst's
+    COUNT(DISTINCT person)) counted by the first row of each (unit, group): the hand counts
+    (NULL keys a group of their own), and what the copy's COUNT(DISTINCT) gives."""
+    engine, table = made
+    sql = f"SELECT grp, COUNT(*), COUNT(DISTINCT person), SUM(v) FROM {table} GROUP BY grp"
+    marked = _measure(engine, table, sql, None, k, True)
+    assert "DISTINCT" not in marked.upper() and "__chorus_gscore" in marked
+    assert f"__chorus_rank <= {k}" in marked and "__chorus_unit_rows" not in marked
+    twin = _run(engine, marked)
+    copy = _run(engine, _measure(engine, table, sql, None, k, False))
+    expected = _kept_by_rank(engine, table, k)
+    # (grp, COUNT(*), COUNT(DISTINCT person), SUM(v)[, the gate when it is a count of its
+    # own, persons too]).
+    assert [r[:3] for r in twin] == [r[:3] for r in expected] == [r[:3] for r in copy]
+    assert [r[3] for r in twin] == pytest.approx([r[3] for r in expected])
+    assert [r[4:] for r in twin] == [r[4:] for r in copy]
+    assert all(gate == e[2] for r, e in zip(twin, expected, strict=True) for gate in r[4:])
+
+
+def test_the_engine_counts_units_by_marks_at_a_chosen_cap(made: tuple[Engine, str]) -> None:
+    """A top-k query whose groups per unit come out at k or more (no group bound): its final
+    statement reads the twin's rows of rank <= k with the marks, passes the verifier (in
+    ``apply``) and runs."""
+    engine, table = made
+    sql = f"SELECT grp, COUNT(*) AS n FROM {table} GROUP BY grp ORDER BY n DESC LIMIT 3"
+    _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
+    assert prepared.selection is not None
+    final = prepared.selection.apply(Choices(cap=K, bounds=(), groups=K))
+    statement = final.statements[0]
+    assert grouped_name(_copy(engine, table), ["grp"]) in statement
+    assert "__chorus_gscore" in statement and "DISTINCT" not in statement.upper()
+    assert {r[0] for r in engine.backend.run(statement).rows} <= {0, 1, 2, 3, None}
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda sql: re.sub(r"\w+\.__chorus_rank <= 4\b", "TRUE", sql, count=1),
+    lambda sql: re.sub(r"(\w+\.__chorus_rank <= )4\b", r"\g<1>5", sql, count=1),
+], ids=["no rank bound", "rank above k"])
+def test_near_misses_of_the_marked_twin_are_refused(made: tuple[Engine, str],
+                                                    tamper: Callable[[str], str]) -> None:
+    """The twin read without its stored rank bounded by the cap keeps more than k rows per
+    unit: refused, as a read of the copy would be."""
+    engine, table = made
+    sql = _measure(engine, table, f"SELECT grp, COUNT(*) FROM {table} GROUP BY grp", None, K,
+                   True)
+    tampered = tamper(sql)
+    assert tampered != sql
+    with pytest.raises(Refused):
+        verify(tampered, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+               frozenset({table}), cap=K)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 5)),
+                               st.one_of(st.none(), st.integers(0, 3))), min_size=1,
+                     max_size=60),
+       k=st.integers(1, 6))
+def test_marks_count_the_distinct_units_of_the_kept_rows(
+        rows: list[tuple[int | None, int | None]], k: int) -> None:
+    """For any table (NULL units and keys included) and cap: the twin built by
+    ``grouped_table`` from a copy's stored ranks, its rows of rank <= k, counted by
+    ``first_kept_of_group``, give each group's COUNT(DISTINCT unit) of the copy's rows of rank
+    <= k (DuckDB)."""
+    con = duckdb.connect(":memory:")
+    con.execute("CREATE SCHEMA p")
+    con.execute("CREATE TABLE raw (id INTEGER, u INTEGER, g INTEGER)")
+    con.executemany("INSERT INTO raw VALUES (?, ?, ?)",
+                    [(i, u, g) for i, (u, g) in enumerate(rows)])
+    # A copy's stored ranks: each unit's rows numbered 1..n_u (NULL units one unit).
+    con.execute("CREATE TABLE p.c AS SELECT *, ROW_NUMBER() OVER (PARTITION BY u ORDER BY "
+                "hash(id)) AS __chorus_rank FROM raw")
+    con.execute("CREATE TABLE p.c_g AS " + grouped_table("p", "c", "u", ["g"]).sql("duckdb"))
+    marked = exp.select(exp.column("g", table="t"), first_kept_of_group("t", "u")).from_(
+        stored_rank_contribution(parse_one("SELECT t.* FROM p.c_g AS t"), "t", k).subquery(
+            "t")).group_by(exp.column("g", table="t"))
+    distinct = (f"SELECT g, COUNT(DISTINCT u) FROM p.c WHERE __chorus_rank <= {k} "
+                "GROUP BY g")
+    key = lambda r: tuple(map(str, r))  # noqa: E731
+    assert sorted(con.execute(marked.sql("duckdb")).fetchall(), key=key) == \
+        sorted(con.execute(distinct).fetchall(), key=key)

@@ -246,8 +246,11 @@ class SingleTableKind:
         every_row = ranked is not None and self._stored_counts(query, ranked) is not None
         whole = every_row and not grouped
         # Thresholded keys over the whole copy: its grouped twin, once built, holds each unit's
-        # groups ranked (the light and middle units a plain scan: rewriters.grouped_copy).
-        twin_groups = self._grouped_twin(query, ranked) if every_row and grouped else None
+        # groups ranked (the light and middle units a plain scan: rewriters.grouped_copy);
+        # without groups per unit, the first row of each (unit, group) marked, which counts a
+        # group's units instead of COUNT(DISTINCT unit) (``first_kept_of_group``).
+        twin_groups = self._grouped_twin(query, ranked) \
+            if every_row and (grouped or query.thresholded) else None
         # A query over one calendar month reads its heavy rows from the month twin: that
         # month's rows alone, in the twin's order (``rewriters.contribution.month_ordered``).
         month = restriction.month() if ranked is not None and restriction is not None \
@@ -298,7 +301,7 @@ class SingleTableKind:
     def _grouped_twin(self, query: AggregateQuery, ranked: tuple[str, str] | None
                       ) -> tuple[str, str] | None:
         """(schema, name) of the grouped twin of the ranked copy ``ranked`` over the keys of
-        ``query`` (thresholded, g < k groups per unit, every row of the copy read), when its
+        ``query`` (thresholded, every row of the copy read), when its
         keys are columns of the table and its measurements add up over parts; None otherwise
         or while it is built (``BoundedSamples.grouped``)."""
         unit = query.table_policy.privacy_unit

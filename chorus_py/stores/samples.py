@@ -34,7 +34,8 @@ whose twin's name would exceed 63 bytes (Postgres would truncate it) has none.  
 keys over the whole copy (a top-10 of drivers) read a grouped twin per key columns, ``<copy
 name>_g<digest>``
 (``rewriters.grouped_copy``): the copy's rows with each unit's groups ranked once, built in the
-background by the first such query, each another copy's worth of storage.
+background by the first such query, each another copy's worth of storage; with no bound on
+groups per unit, its marks count each group's distinct units (``first_kept_of_group``).
 
 Bounded samples (``bounding = "materialized"``):
 
