@@ -31,11 +31,34 @@ def clipping(value: exp.Expr, lower: float, upper: float, consume: bool = False)
     >>> clipping(parse_one("t.fare"), -1, 200).sql()
     'CASE WHEN t.fare < -1 THEN -1 WHEN t.fare > 200 THEN 200 ELSE t.fare END'
 
+    A CASE whose every branch is a number or NULL (a conditional count, ``SUM(CASE WHEN fare
+    > 30 THEN 1 ELSE 0 END)``) is clipped branch by branch, ``CASE WHEN c THEN clip(1) ELSE
+    clip(0) END``: the value a row gets is the one branch the CASE picks for it, clipped, so
+    every row's result is the same as clipping the whole CASE (a missing ELSE is NULL, which
+    stays NULL either way), and each branch is now a constant expression, which the database
+    computes once per statement instead of per row.  Its structure does not depend on the
+    bounds' values, as text templates need (``kinds.templates``).  (1M demo trips, that SUM
+    over the ranked copy, [0, 1]: DuckDB 6.4 -> 2.5 ms, raw 2.1; Postgres 92 -> 76 ms, raw
+    50.)  A CASE with a column branch keeps the clip around it: DuckDB ran the comparisons
+    nested in a CASE branch slower than LEAST and GREATEST around the CASE (``AVG(CASE WHEN
+    city = 'SF' THEN fare END)``'s sum 7.7 -> 8.6 ms).
+
+    >>> clipping(parse_one("CASE WHEN t.c THEN 1 END"), 0, 0.5).sql()
+    'CASE WHEN t.c THEN CASE WHEN 1 IS NULL THEN NULL ELSE LEAST(GREATEST(1, 0), 0.5) END END'
+
     ``consume``: ``value`` is the caller's fresh tree, placed in the result as it is (one copy
     fewer of what may be a large expression).
     """
     if lower > upper:
         raise ValueError("lower must be <= upper")
+    inner = value.this if isinstance(value, exp.Paren) else value  # (CASE ... END) alike
+    if isinstance(inner, exp.Case) and _constant_branches(inner):
+        case = inner if consume else copy_tree(inner)
+        for branch in case.args.get("ifs") or []:
+            branch.set("true", _clipped_branch(branch.args["true"], lower, upper))
+        if case.args.get("default") is not None:
+            case.set("default", _clipped_branch(case.args["default"], lower, upper))
+        return case
     if isinstance(value, exp.Column):
         return exp.Case(ifs=[
             exp.If(this=exp.LT(this=copy_tree(value), expression=bound_literal(lower)),
@@ -53,6 +76,23 @@ def clipping(value: exp.Expr, lower: float, upper: float, consume: bool = False)
     clipped = exp.Least(this=low, expressions=[bound_literal(upper)], ignore_nulls=True)
     return exp.Case(ifs=[exp.If(this=exp.Is(this=copy_tree(value), expression=exp.Null()),
                                 true=exp.Null())], default=clipped)
+
+
+def _constant_branches(case: exp.Case) -> bool:
+    """Whether every value ``case`` may take is a number literal (negated or not) or NULL."""
+    values = [branch.args["true"] for branch in case.args.get("ifs") or []]
+    if case.args.get("default") is not None:
+        values.append(case.args["default"])
+    return all(isinstance(v, exp.Null) or (isinstance(v, exp.Literal) and v.is_number)
+               or (isinstance(v, exp.Neg) and isinstance(v.this, exp.Literal)
+                   and v.this.is_number) for v in values)
+
+
+def _clipped_branch(value: exp.Expr, lower: float, upper: float) -> exp.Expr:
+    """A CASE branch's value clipped (a NULL stays as it is: it is NULL clipped)."""
+    if isinstance(value, exp.Null):
+        return value
+    return clipping(value, lower, upper, consume=True)
 
 
 def bound_literal(value: float) -> exp.Expr:

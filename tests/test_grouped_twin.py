@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -204,11 +205,22 @@ def test_a_plan_made_before_the_twin_is_made_again_once_it_is_built(
     without it; the same query once it is built reads it (no stale cached plan)."""
     engine, table = made
     monkeypatch.setattr(engine.samples, "build_in_background", True)
+    # The build waits until the first plan is made (the statement at the limit cap already
+    # asks for the twin, so a quick build could otherwise be there before it).
+    built = threading.Event()
+    build = engine.samples._build_grouped
+
+    def held(*args: object) -> None:
+        built.wait(60)
+        build(*args)
+
+    monkeypatch.setattr(engine.samples, "_build_grouped", held)
     sql = f"SELECT grp, COUNT(*) AS n FROM {table} GROUP BY grp ORDER BY n DESC LIMIT 3"
     name = grouped_name(_copy(engine, table), ["grp"])
     _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
     assert prepared.selection is not None
     first = prepared.selection.apply(Choices(cap=K, bounds=(), groups=G))
+    built.set()
     engine.samples.wait()
     _, prepared = engine.prepare(sql, "alice", 1.0, 1e-6)
     assert prepared.selection is not None

@@ -15,7 +15,7 @@ import pytest
 import sqlglot
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlglot import exp
+from sqlglot import exp, parse_one
 
 from chorus_py.engine import Engine
 from rewriters.clipping import clipping
@@ -142,6 +142,43 @@ def test_a_column_clamp_agrees_with_least_greatest_on_every_value(engine: Engine
     got = engine.backend.run(f"SELECT {by_case}, {by_least} FROM (VALUES {rows}) AS v(x)").rows
     expected = [200.0, 200.0, -1.0, None, -1.0, 0.0, 3.5, 200.0, 200.0, -1e-320]
     assert [r[0] for r in got] == expected and [r[1] for r in got] == expected
+
+
+#: CASEs of a double x and a condition c (each a NULL now and then), as an analyst writes them.
+CASES = [
+    "CASE WHEN v.c THEN v.x END",
+    "CASE WHEN v.c THEN v.x ELSE 0 END",
+    "CASE WHEN v.c THEN 1 ELSE 0 END",
+    "CASE WHEN v.c THEN 500 ELSE -7 END",
+    "CASE WHEN v.c THEN 0.25 WHEN NOT v.c THEN NULL END",
+    "CASE WHEN v.c THEN v.x / 2 WHEN v.x > 3 THEN NULL ELSE v.x END",
+    "CASE v.x WHEN 0 THEN 1 WHEN 3.5 THEN 250 ELSE v.x END",
+    "CASE WHEN v.c THEN CASE WHEN v.x > 0 THEN v.x ELSE -9 END ELSE 2.5 END",
+    "(CASE WHEN NOT v.c THEN v.x END)",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_case_clipped_branch_by_branch_is_the_case_clipped_whole(engine: Engine,
+                                                                   case: str) -> None:
+    """A CASE of constants is clipped in each of its branches (``rewriters.clipping``), any
+    other around it: on the backend itself, every row gets the value of the whole CASE
+    clipped (NULL kept NULL, NaN and infinities included), each value within the bounds."""
+    flavour = engine.dialect
+    lower, upper = -1, 200
+    tree = parse_one(case)
+    branchwise = clipping(tree, lower, upper).sql(flavour)
+    # Only a CASE of constants is clipped in its branches (a column's stays around it).
+    assert branchwise.startswith("CASE WHEN v.c THEN CASE") == ("v.x" not in case)
+    whole = tree.sql(flavour)
+    by_hand = (f"CASE WHEN ({whole}) IS NULL THEN NULL ELSE LEAST(GREATEST(({whole}), {lower}), "
+               f"{upper}) END")
+    rows = ", ".join(f"(CAST({v} AS DOUBLE PRECISION), {c})" for v in SPECIAL
+                     for c in ("TRUE", "FALSE", "CAST(NULL AS BOOLEAN)"))
+    got = engine.backend.run(f"SELECT {branchwise}, {by_hand} FROM (VALUES {rows}) AS v(x, c)"
+                             ).rows
+    assert all(a == b or (a != a and b != b) for a, b in got), got
+    assert all(a is None or lower <= a <= upper for a, _ in got)
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.none(),
