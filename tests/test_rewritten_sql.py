@@ -132,16 +132,20 @@ SPECIAL = ["'NaN'", "'Infinity'", "'-Infinity'", "NULL", "-5", "0", "3.5", "200"
 
 def test_a_column_clamp_agrees_with_least_greatest_on_every_value(engine: Engine) -> None:
     """The two clip forms (``rewriters.clipping``) give the same value for every double,
-    NaN and infinities included, on the backend itself: NaN sorts above every number there."""
+    NaN and infinities included, on the backend itself: NaN sorts above every number there.
+    Comparisons for a column and for arithmetic, LEAST/GREATEST around a CASE."""
     flavour = engine.dialect
     column = exp.column("x", table="v")
     by_case = clipping(column, -1, 200).sql(flavour)
-    by_least = clipping(exp.Paren(this=column.copy()), -1, 200).sql(flavour)  # not a column
-    assert "LEAST" not in by_case and "LEAST" in by_least
+    compound = clipping(parse_one("v.x * 1"), -1, 200).sql(flavour)
+    by_least = clipping(parse_one("COALESCE(CASE WHEN TRUE THEN v.x END, v.x)"), -1,
+                        200).sql(flavour)
+    assert "LEAST" not in by_case and "LEAST" not in compound and "LEAST" in by_least
     rows = ", ".join(f"(CAST({v} AS DOUBLE PRECISION))" for v in SPECIAL)
-    got = engine.backend.run(f"SELECT {by_case}, {by_least} FROM (VALUES {rows}) AS v(x)").rows
+    got = engine.backend.run(f"SELECT {by_case}, {compound}, {by_least} FROM (VALUES {rows}) "
+                             "AS v(x)").rows
     expected = [200.0, 200.0, -1.0, None, -1.0, 0.0, 3.5, 200.0, 200.0, -1e-320]
-    assert [r[0] for r in got] == expected and [r[1] for r in got] == expected
+    assert [list(r) for r in got] == [[e, e, e] for e in expected]
 
 
 #: CASEs of a double x and a condition c (each a NULL now and then), as an analyst writes them.
