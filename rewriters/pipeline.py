@@ -223,9 +223,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     # safety() and _measure_sql() build fresh trees: the builders need not copy them.
     columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id, copy=False)
                                for k in query.keys]
-    columns += [exp.alias_(first_kept_of_group(alias, tp.privacy_unit)
-                           if marked and tp.privacy_unit and _counts_units(m)
-                           else _measure_sql(m, alias, tp.privacy_unit), m.id, copy=False)
+    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit, marked), m.id, copy=False)
                 for m in query.measurements]
     measure_ids = list(measured_ids(query, plan))
     if plan.threshold is not None and plan.threshold.separate:
@@ -236,9 +234,7 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
             first = query.join.private_sources[0]
             unit, gate_alias = first.policy.privacy_unit, first.alias
             assert isinstance(unit, str)
-        gate = (first_kept_of_group(alias, unit) if marked and unit else
-                exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=gate_alias)]))
-                if unit else exp.Count(this=exp.Star()))
+        gate = _distinct_units(gate_alias, unit, marked) if unit else exp.Count(this=exp.Star())
         columns.append(exp.alias_(gate, THRESHOLD_ID, copy=False))
     if query.join is not None:
         measure = join_rows(query, restrictions or {}, samples, copies, covering).select(
@@ -434,12 +430,22 @@ def cap_histogram(query: AggregateQuery, restriction: BlockRestriction | None,
             .group_by(bin_index.copy(), copy=False))
 
 
-def _measure_sql(m: Measurement, alias: str, unit: str | None) -> exp.Expr:
+def _distinct_units(alias: str, unit: str, marked: bool) -> exp.Expr:
+    """``COUNT(DISTINCT alias.unit)``; ``marked`` (the grouped twin's rows of stored rank
+    <= k, ``pipeline``'s marked path): the same number from its marks
+    (``first_kept_of_group``)."""
+    if marked:
+        return first_kept_of_group(alias, unit)
+    return exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
+
+
+def _measure_sql(m: Measurement, alias: str, unit: str | None, marked: bool = False
+                 ) -> exp.Expr:
     if m.kind == "count_units" and m.argument is not None:  # a join: the unit column it names
         return exp.Count(this=exp.Distinct(expressions=[safety(m.argument)]))
     if m.kind == "count_units":
         assert unit is not None
-        return exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
+        return _distinct_units(alias, unit, marked)
     if m.kind == "count":
         return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument))
     assert m.argument is not None and m.lower is not None and m.upper is not None
