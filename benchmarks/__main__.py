@@ -6,11 +6,11 @@
 
 Each benchmark is its own process (its own interpreter, as the proxy runs in production) with its
 default arguments; run one directly for its options (``python -m benchmarks.pgwire --help``).
-Postgres must be up for ``run``, ``corpus``, ``pgwire`` and ``rest`` (``CHORUS_TEST_PG``, default
-``postgresql://postgres@127.0.0.1:5432/test``); ``spark`` needs pyspark and Java 17 (the
-``spark`` extra) and makes its 10M-trip Parquet demo once, under the system's temp directory.
-``peers`` (opt-in: about 15 minutes more, and its first run installs SmartNoise SQL and Qrlew
-in ``.venv-peers``) also needs Postgres.
+Postgres must be up for ``run``, ``corpus``, ``floors``, ``pgwire`` and ``rest``
+(``CHORUS_TEST_PG``, default ``postgresql://postgres@127.0.0.1:5432/test``); ``spark`` needs
+pyspark and Java 17 (the ``spark`` extra) and makes its 10M-trip Parquet demo once, under the
+system's temp directory. ``peers`` (opt-in: about 15 minutes more, and its first run installs
+SmartNoise SQL and Qrlew in ``.venv-peers``) also needs Postgres.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ BENCHMARKS = {
     "group_parts": "issue 23: thresholded keys in two parts of the ranked copy against three",
     "grouped_twin": "issue 23: thresholded keys with and without the copy's grouped twin",
     "stored_bins": "issue 23: quantile histograms, the copy's stored bins against computed",
+    "floors": "issue 23: what no statement removes (DuckDB fixed costs, Postgres windows)",
 }
 #: Run only when named: too long for the default sweep, or needing more than the project's
 #: own environment.

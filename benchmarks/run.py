@@ -111,6 +111,33 @@ def bench_end_to_end(engine: Engine, label: str, repeat: int) -> tuple[list[str]
     return rows, ratios
 
 
+def policy_variants(demo_policy: str) -> dict[str, str]:
+    """The demo's policy text under the variants this benchmark compares (name -> text), its
+    budget per block raised so that no run exhausts it.
+
+    The same data under three policies: a fixed cap of 10 trips per rider bounded per query
+    or from the stored sample, and the shipped default (automatic caps <= 200 and clipping
+    bounds, which runs histogram queries first and keeps far more rows)."""
+    text = demo_policy.replace("epsilon_per_block = 10.0", "epsilon_per_block = 1e9")
+    # Fixed: the cap and the declared clipping bounds (no histogram query before the answer).
+    fixed = text.replace('contribution = "auto"', 'contribution = "fixed"').replace(
+        "max_rows_per_unit = 200", "max_rows_per_unit = 10").replace(
+        'clipping = "auto"', 'clipping = "fixed"')
+    return {
+        "fixed cap 10, per-query bounding": fixed,
+        "fixed cap 10, materialized bounding": fixed.replace(
+            'bounding = "per-query"', 'bounding = "materialized"'),
+        # (The demo's policy spells out the default, ranked_copy = true.)
+        "automatic cap <= 200, per-query bounding, no ranked copy": text.replace(
+            "ranked_copy = true", "ranked_copy = false"),
+        "automatic cap <= 200, per-query bounding (default)": text,
+        # Every run chooses again (at epsilon 0.01 a noise-dominated choice is never
+        # reused anyway, so with reuse on the timings mix runs with and without choices).
+        "automatic cap <= 200, per-query bounding (default, choices not reused)":
+            text.replace("choice_reuse_seconds = 600", "choice_reuse_seconds = 0"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,27 +169,7 @@ def main() -> None:
                                              rows=args.rows)
     engines = {}
     for label, path in policies.items():
-        # The same data under three policies: a fixed cap of 10 trips per rider bounded per
-        # query or from the stored sample, and the shipped default (automatic caps <= 200 and
-        # clipping bounds, which runs histogram queries first and keeps far more rows).
-        text = path.read_text().replace("epsilon_per_block = 10.0", "epsilon_per_block = 1e9")
-        # Fixed: the cap and the declared clipping bounds (no histogram query before the answer).
-        fixed = text.replace('contribution = "auto"', 'contribution = "fixed"').replace(
-            "max_rows_per_unit = 200", "max_rows_per_unit = 10").replace(
-            'clipping = "auto"', 'clipping = "fixed"')
-        variants = {
-            "fixed cap 10, per-query bounding": fixed,
-            "fixed cap 10, materialized bounding": fixed.replace(
-                'bounding = "per-query"', 'bounding = "materialized"'),
-            # (The demo's policy spells out the default, ranked_copy = true.)
-            "automatic cap <= 200, per-query bounding, no ranked copy": text.replace(
-                "ranked_copy = true", "ranked_copy = false"),
-            "automatic cap <= 200, per-query bounding (default)": text,
-            # Every run chooses again (at epsilon 0.01 a noise-dominated choice is never
-            # reused anyway, so with reuse on the timings mix runs with and without choices).
-            "automatic cap <= 200, per-query bounding (default, choices not reused)":
-                text.replace("choice_reuse_seconds = 600", "choice_reuse_seconds = 0"),
-        }
+        variants = policy_variants(path.read_text())
         for name, content in variants.items():
             if args.variants not in name:
                 continue

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import collections
 import re
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlglot import parse_one
 
@@ -70,11 +72,19 @@ def test_the_twin_holds_the_copys_rows_in_unit_order(skewed: tuple[str, str],
     if engine.dialect == "duckdb":  # stored (and scanned) by unit rows, unit, stored rank
         stored = [(r[4], r[1], r[3]) for r in read(unit_ordered(copy), "")]
         assert stored == sorted(stored)
-    else:  # indexed in its own order: a heavy branch over few units reads few, presorted
+    else:  # indexed in its own order: a heavy branch over few units reads few, presorted;
+        # the index covers every other column (samples.covering_index): no heap page read
         (definition,) = engine.backend.run(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = 'chorus_private' "
             f"AND tablename = '{unit_ordered(copy)}'").rows[0]
-        assert definition.endswith("(__chorus_unit_rows, person, __chorus_rank)")
+        others = [c for (c,) in engine.backend.run(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_schema = "
+            f"'chorus_private' AND table_name = '{unit_ordered(copy)}' ORDER BY "
+            "ordinal_position").rows if c not in ("__chorus_unit_rows", "person",
+                                                  "__chorus_rank")]
+        assert "id" in others and "v" in others
+        assert definition.endswith(f"(__chorus_unit_rows, person, __chorus_rank) INCLUDE "
+                                   f"({', '.join(others)})")
 
 
 @pytest.mark.parametrize("where, passing", FILTERS)
@@ -148,8 +158,9 @@ def test_the_verifier_pairs_a_twin_only_with_its_own_copy(skewed: tuple[str, str
     _, table = skewed
     _, twin, light, heavy = _branches(engine, table)
     assert heavy.count(twin) == 1
-    # On DuckDB a query over the whole schedule reads its light rows from the twin too.
-    assert (twin in light) == (engine.dialect == "duckdb")
+    # A query over the whole schedule reads its light rows from the twin too (both backends,
+    # ``kinds.single.light_twin_pays``).
+    assert twin in light
     _check(engine, table, f"{light} UNION ALL {heavy}")
     with pytest.raises(Refused, match="ranked copy"):
         _check(engine, table, f"{light} UNION ALL {heavy.replace(twin, _other(twin))}")
@@ -286,3 +297,69 @@ def test_a_streamed_heavy_branch_reads_the_twin_from_a_sixteenth_of_the_schedule
     """DuckDB's streamed heavy branch (one pass over the twin's heavy rows, whatever the share)
     beats the window over the copy from about a sixteenth of the blocks on."""
     assert twin_pays(read, blocks, cap, 200, "duckdb", streamed=True) is reads
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
+def pg_skewed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The skewed table on Postgres alone."""
+    with table_with_rows(request, tmp_path, "twin", COLUMNS, _rows()) as made:
+        yield made
+
+
+def _twin_scans(engine: Engine, sql: str, twin: str) -> list[dict[str, object]]:
+    """The plan nodes reading ``twin`` when Postgres runs the engine's statement for ``sql``
+    with index paths preferred (the test table is small enough for a sequential scan)."""
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    with psycopg.connect(engine.policy.backend.url) as con:
+        con.execute("SET LOCAL enable_seqscan = off")
+        con.execute("SET LOCAL enable_bitmapscan = off")
+        (plan,), = con.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {prepared.detail.sql}").fetchall()
+
+    def nodes(node: dict[str, object]) -> Iterator[dict[str, object]]:
+        yield node
+        for child in node.get("Plans", []):  # type: ignore[attr-defined]
+            yield from nodes(child)
+
+    return [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == twin]
+
+
+def test_the_postgres_twin_is_read_by_an_index_only_scan_with_no_heap_page(
+        pg_skewed: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    """Both branches of a whole-schedule filtered query read the twin through its covering
+    index, and the twin was vacuumed once built (``Backend.settle_owned``): no heap page."""
+    _, table = pg_skewed
+    engine = ranked_engine(policy_engine, pg_skewed)
+    twin = unit_ordered(ranked_copy_name(engine, table))
+    scans = _twin_scans(engine, f"SELECT COUNT(*), SUM(v) FROM {table} WHERE v >= 2", twin)
+    assert len(scans) == 2  # the light and the heavy branch
+    assert {n["Node Type"] for n in scans} == {"Index Only Scan"}
+    assert [n["Heap Fetches"] for n in scans] == [0, 0]
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres)])
+def wide_row(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A Postgres table one of whose rows holds a text too long for a B-tree entry (8,000
+    random hex digits, which compression cannot bring under Postgres's ~2.7 kB)."""
+    rows = [(i, p, v, secrets.token_hex(4000) if i == 1 else "short") for i, p, v in _rows()]
+    with table_with_rows(request, tmp_path, "wide", f"{COLUMNS}, note TEXT", rows) as made:
+        yield made
+
+
+def test_a_twin_too_wide_to_cover_keeps_the_index_on_its_order(
+        wide_row: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    """Its copy and twin are built all the same, the twin indexed on its order alone, and a
+    filtered query keeps min(c_u, k) rows of each unit as ever."""
+    _, table = wide_row
+    engine = ranked_engine(policy_engine, wide_row)
+    twin = unit_ordered(ranked_copy_name(engine, table))
+    indexes = [d for (d,) in engine.backend.run(
+        f"SELECT indexdef FROM pg_indexes WHERE tablename = '{twin}'").rows]
+    assert len(indexes) == 1
+    assert f"{twin}_order" in indexes[0] and "INCLUDE" not in indexes[0]
+    assert indexes[0].endswith("(__chorus_unit_rows, person, __chorus_rank)")
+    sql = f"SELECT COUNT(*) FROM {table} WHERE v >= 2"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    assert twin in prepared.detail.sql
+    filtered = collections.Counter(p for _, p, v in _rows() if v >= 2)
+    assert _exact(engine, sql)[0][0] == sum(min(c, K) for c in filtered.values())

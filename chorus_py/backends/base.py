@@ -84,6 +84,12 @@ class Backend(ABC):
         owns, such as bounded samples, in a schema analysts cannot name.
         """
 
+    def settle_owned(self, tables: Sequence[str]) -> None:
+        """After the proxy built ``tables`` in its schema: whatever makes them fastest to read
+        that cannot run in ``run_owned``'s transaction.  Nothing on DuckDB and Spark; Postgres
+        vacuums them (``PostgresBackend.settle_owned``)."""
+        return None
+
     def owned_key(self, create: Sequence[str]) -> bytes:
         """The proxy's secret naming key (``chorus_py.stores.samples``): ``create`` makes the
         table ``chorus_private.chorus_key`` holding it (once, whichever proxy comes first)."""

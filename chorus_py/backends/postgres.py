@@ -227,6 +227,16 @@ class PostgresBackend(Backend):
                     continue
                 cur.execute(statement.encode(), prepare=False)
 
+    def settle_owned(self, tables: Sequence[str]) -> None:
+        """VACUUM the proxy's new ``tables``: a table made by CREATE TABLE AS has an empty
+        visibility map until a VACUUM (autovacuum's comes a minute or more later), and until
+        then an index-only scan reads every row's heap page too
+        (``chorus_py.stores.samples.covering_index``).  Outside a transaction, as VACUUM must
+        run; the tables are the proxy's own, so its role owns them."""
+        with psycopg.connect(self._url, connect_timeout=10, autocommit=True) as con:
+            for table in tables:
+                con.execute(f'VACUUM {SCHEMA}."{table}"'.encode(), prepare=False)
+
     def table_columns(self) -> dict[str, dict[str, str]]:
         result = self.run(
             "SELECT table_name::text, column_name::text, data_type::text "
