@@ -58,7 +58,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
+from benchmarks.demo_data import (  # noqa: E402
+    RawQueries,
+    demo_on,
+    demo_options,
+    drop_database,
+    open_engine,
+)
 from benchmarks.phases import Phases, Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import percentile  # noqa: E402
@@ -295,37 +301,48 @@ def bench(label: str, engine: Engine, recorder: Recorder, args: argparse.Namespa
     """Every question of the set on one backend: a first run, then alternating rounds (a
     refused question is added to ``refused`` and left out)."""
     cells: dict[str, Cell] = {}
-    for query in QUESTIONS[args.questions]:
-        sql = query.sql
-        engine.backend.run(sql)  # the raw query's buffers and plan, as the DP run's
-        try:
-            with recorder.measure() as first:
-                engine.execute(sql, remaining=False)
-        except ChorusError as err:
-            refused.append(f"- {label}: `{sql}`: refused: {type(err).__name__}: {err}.")
-            continue
-        # (No first run at LOW_EPSILON: a median of >= 3 rounds absorbs its one new rewrite,
-        # and the 1M run stays short.)
-        cell = cells[query.name] = Cell(first)
-        # The rounds measure the steady state: a stored relation the first run asked for (a
-        # grouped twin, built in the background: seconds on 1M rows) is built before them, as
-        # a server would have built it by the time the query is asked again a while later.
-        engine.samples.wait()
-        started = time.perf_counter()
-        for done in range(1, args.repeat + 1):
-            cell.raw.append(timed(engine.backend.run, sql))
-            with recorder.measure() as phases:
-                engine.execute(sql, remaining=False)
-            cell.dp.append(phases)
-            with recorder.measure() as phases:
-                engine.execute(sql, epsilon=LOW_EPSILON, remaining=False)
-            cell.low.append(phases)
-            if done >= args.min_repeat and time.perf_counter() - started > args.query_seconds:
-                break
-        print(f"{label} {query.name}: raw {cell.raw_ms:.1f} ms, DP {cell.dp_ms():.1f} "
-              f"({cell.ratio():.2f}x), at {LOW_EPSILON} {cell.dp_ms(True):.1f} ms "
-              f"({cell.ratio(True):.2f}x), {len(cell.raw)} rounds", file=sys.stderr)
+    raw = RawQueries(engine)
+    try:
+        for query in QUESTIONS[args.questions]:
+            _bench_query(label, engine, recorder, args, refused, raw, query, cells)
+    finally:
+        raw.close()
     return cells
+
+
+def _bench_query(label: str, engine: Engine, recorder: Recorder, args: argparse.Namespace,
+                 refused: list[str], raw: RawQueries, query: Query,
+                 cells: dict[str, Cell]) -> None:
+    """``bench`` of one question: its cell added to ``cells``, or its refusal to ``refused``."""
+    sql = query.sql
+    raw.run(sql)  # the raw query's buffers and plan, as the DP run's
+    try:
+        with recorder.measure() as first:
+            engine.execute(sql, remaining=False)
+    except ChorusError as err:
+        refused.append(f"- {label}: `{sql}`: refused: {type(err).__name__}: {err}.")
+        return
+    # (No first run at LOW_EPSILON: a median of >= 3 rounds absorbs its one new rewrite,
+    # and the 1M run stays short.)
+    cell = cells[query.name] = Cell(first)
+    # The rounds measure the steady state: a stored relation the first run asked for (a
+    # grouped twin, built in the background: seconds on 1M rows) is built before them, as
+    # a server would have built it by the time the query is asked again a while later.
+    engine.samples.wait()
+    started = time.perf_counter()
+    for done in range(1, args.repeat + 1):
+        cell.raw.append(timed(raw.run, sql))
+        with recorder.measure() as phases:
+            engine.execute(sql, remaining=False)
+        cell.dp.append(phases)
+        with recorder.measure() as phases:
+            engine.execute(sql, epsilon=LOW_EPSILON, remaining=False)
+        cell.low.append(phases)
+        if done >= args.min_repeat and time.perf_counter() - started > args.query_seconds:
+            break
+    print(f"{label} {query.name}: raw {cell.raw_ms:.1f} ms, DP {cell.dp_ms():.1f} "
+          f"({cell.ratio():.2f}x), at {LOW_EPSILON} {cell.dp_ms(True):.1f} ms "
+          f"({cell.ratio(True):.2f}x), {len(cell.raw)} rounds", file=sys.stderr)
 
 
 def refusals(label: str, engine: Engine) -> list[str]:

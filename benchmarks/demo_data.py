@@ -10,7 +10,9 @@ kept_rank, group_parts): made the same way in each, so here once.
   ``chorus serve`` starts;
 - :func:`ranked_copy`: the name of a table's ranked copy (not its twin in unit order);
 - :func:`demo_engines`: one warmed-up engine per backend not skipped, each on its own demo,
-  closed (and its database dropped) before the next.
+  closed (and its database dropped) before the next;
+- :class:`RawQueries`: the analyst's SQL straight to an engine's database, the raw side of a
+  DP / raw ratio.
 
 Each takes what it needs from the benchmark's ``argparse`` namespace (``rows``, ``postgres``,
 ``database``); a benchmark keeps its own other options and its database's name.
@@ -23,6 +25,7 @@ import contextlib
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -102,3 +105,32 @@ def demo_engines(args: argparse.Namespace, work: Path,
                 done.callback(drop_database, args)
             done.callback(engine.close)
             yield label, engine
+
+
+class RawQueries:
+    """The analyst's SQL sent straight to an engine's database: the raw side of every DP /
+    raw ratio.
+
+    On DuckDB through the engine's backend (each statement in the read-only transaction every
+    DP statement has too).  On Postgres on a connection of its own with the server's
+    settings: the engine's connections plan with a lower ``random_page_cost``
+    (``chorus_py.backends.postgres.RANDOM_PAGE_COST``, for the proxy's own twins), which
+    changes the plans of some of the analyst's queries (a corpus question's raw time 421 ->
+    686 ms): the raw side is what the analyst would get without the proxy."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._con: psycopg.Connection | None = None
+        if engine.backend.dialect == "postgres":
+            self._con = psycopg.connect(engine.policy.backend.url, autocommit=True)
+            self._con.execute("SET default_transaction_read_only = on")
+
+    def run(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of ``sql``."""
+        if self._con is None:
+            return self._engine.backend.run(sql).rows
+        return self._con.execute(sql.encode()).fetchall()
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()

@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.corpus import HELDOUT  # noqa: E402
 from benchmarks.demo_data import (  # noqa: E402
+    RawQueries,
     demo_on,
     demo_options,
     drop_database,
@@ -73,6 +74,7 @@ from benchmarks.demo_data import (  # noqa: E402
 from benchmarks.phases import Recorder, timed  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import E2E_QUERIES, policy_variants  # noqa: E402
+from chorus_py.backends.postgres import RANDOM_PAGE_COST  # noqa: E402
 from chorus_py.demo import generate_demo  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
 
@@ -195,6 +197,8 @@ def postgres_floors(work: Path, args: argparse.Namespace) -> list[str]:
         twin = copy[:-1] + '_u"'
         stream, persons = "chorus_private.floors_stream", "chorus_private.floors_persons"
         with psycopg.connect(url, autocommit=True) as con:
+            # The statement forms are planned as the engine's connections plan them.
+            con.execute(f"SET random_page_cost = {RANDOM_PAGE_COST}")
             # Scratch tables: the twin with stored positions and runs, in its order (serial
             # scans only: a parallel scan would interleave it), and its persons.
             con.execute(f"CREATE TABLE {stream} WITH (parallel_workers = 0) AS SELECT t.*, "
@@ -221,11 +225,15 @@ def postgres_floors(work: Path, args: argparse.Namespace) -> list[str]:
                       "| question | cap | raw ms | answer statement ms | heavy branch: "
                       "window ms | streamed ms | LATERAL ms | answer / raw | best heavy "
                       "branch / raw |", "|---|---|---|---|---|---|---|---|---|"]
-            for question in (q for q in HELDOUT if q.name in WORST):
-                lines.append(heavy_row(engine, con, question.sql, twin, stream, persons,
-                                       args.rounds))
-            lines.append(heavy_row(engine, con, HELDOUT_FARE_RANGE, twin, stream, persons,
-                                   args.rounds, cap=LARGE_CAP))
+            raw = RawQueries(engine)
+            try:
+                for question in (q for q in HELDOUT if q.name in WORST):
+                    lines.append(heavy_row(engine, con, raw, question.sql, twin, stream,
+                                           persons, args.rounds))
+                lines.append(heavy_row(engine, con, raw, HELDOUT_FARE_RANGE, twin, stream,
+                                       persons, args.rounds, cap=LARGE_CAP))
+            finally:
+                raw.close()
     finally:
         engine.close()
         drop_database(args)
@@ -251,10 +259,11 @@ def answer_statement(engine: Engine, sql: str) -> str:
     return sent[-1]
 
 
-def heavy_row(engine: Engine, con: psycopg.Connection, sql: str, twin: str, stream: str,
-              persons: str, rounds: int, cap: int | None = None) -> str:
-    """One row of table b: ``sql``'s raw time, its answer statement's, and its heavy branch in
-    each form at the engine's cap (or ``cap``: the heavy branch alone, no answer)."""
+def heavy_row(engine: Engine, con: psycopg.Connection, raw: RawQueries, sql: str, twin: str,
+              stream: str, persons: str, rounds: int, cap: int | None = None) -> str:
+    """One row of table b: ``sql``'s raw time (``raw``), its answer statement's, and its heavy
+    branch in each form on ``con`` at the engine's cap (or ``cap``: the heavy branch alone,
+    no answer)."""
     where = sql.split(" WHERE ", 1)[1]
     answer = None if cap is not None else answer_statement(engine, sql)
     if answer is not None:
@@ -267,7 +276,7 @@ def heavy_row(engine: Engine, con: psycopg.Connection, sql: str, twin: str, stre
     kept = {name: con.execute(form).fetchone() for name, form in forms.items()}
     if len(set(kept.values())) != 1:
         raise SystemExit(f"{sql}: the forms keep different rows: {kept}")
-    calls: dict[str, Callable[[], Any]] = {"raw": lambda: con.execute(sql).fetchall()}
+    calls: dict[str, Callable[[], Any]] = {"raw": lambda: raw.run(sql)}
     if answer is not None:
         calls["answer"] = lambda: engine.backend.run(answer)
     for name, form in forms.items():

@@ -55,7 +55,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.corpus import QUESTIONS, Query  # noqa: E402
-from benchmarks.demo_data import demo_on, demo_options, drop_database, open_engine  # noqa: E402
+from benchmarks.demo_data import (  # noqa: E402
+    RawQueries,
+    demo_on,
+    demo_options,
+    drop_database,
+    open_engine,
+)
 from benchmarks.results import write_section  # noqa: E402
 from benchmarks.run import percentile  # noqa: E402
 from chorus_py.engine import Engine  # noqa: E402
@@ -278,7 +284,7 @@ def timed_ms(fn: Any, *args: Any) -> tuple[float, Any]:
     return (time.perf_counter() - started) * 1000, out
 
 
-def run_once(tool: str, sql: str, engine: Engine, worker: Worker
+def run_once(tool: str, sql: str, engine: Engine, raw: RawQueries, worker: Worker
              ) -> tuple[float | None, list[str], str | None, Any]:
     """(ms, first row as strings, error's first line, SmartNoise's spend) of one run."""
     if tool in PEERS:
@@ -288,17 +294,26 @@ def run_once(tool: str, sql: str, engine: Engine, worker: Worker
         return reply["ms"], reply["row"], None, reply.get("spent")
     try:
         if tool == "raw":
-            ms, result = timed_ms(engine.backend.run, sql)
+            ms, rows = timed_ms(raw.run, sql)
         else:
             ms, result = timed_ms(lambda: engine.execute(sql, remaining=False))
+            rows = result.rows
     except Exception as err:  # ChorusError and the rest: one failure never stops the run
         text = str(err).strip().splitlines()
         return None, [], f"{type(err).__name__}: {text[0] if text else ''}"[:300], None
-    rows = result.rows
     return ms, ([str(v) for v in rows[0]] if rows else []), None, None
 
 
 def bench(queries: tuple[Query, ...], engine: Engine, worker: Worker, repeat: int) -> Results:
+    raw = RawQueries(engine)
+    try:
+        return _bench(queries, engine, raw, worker, repeat)
+    finally:
+        raw.close()
+
+
+def _bench(queries: tuple[Query, ...], engine: Engine, raw_queries: RawQueries,
+           worker: Worker, repeat: int) -> Results:
     results: Results = {}
     for query in queries:
         cells = results[query.name] = {tool: Cell() for tool in TOOLS}
@@ -306,13 +321,13 @@ def bench(queries: tuple[Query, ...], engine: Engine, worker: Worker, repeat: in
         for tool in TOOLS:
             cell = cells[tool]
             cell.first_ms, cell.first_row, cell.error, cell.spent = run_once(
-                tool, query.sql, engine, worker)
+                tool, query.sql, engine, raw_queries, worker)
         for _ in range(repeat):
             for tool in TOOLS:  # alternating, round by round
                 cell = cells[tool]
                 if cell.error is not None:
                     continue
-                ms, _row, error, _ = run_once(tool, query.sql, engine, worker)
+                ms, _row, error, _ = run_once(tool, query.sql, engine, raw_queries, worker)
                 if error is not None:  # failed in a later round (a timeout): refused
                     cell.error, cell.ms = f"(round {len(cell.ms) + 1}) {error}", []
                 else:
@@ -494,8 +509,8 @@ def report(args: argparse.Namespace, queries: tuple[Query, ...], results: Result
         "",
         "Settings (the demo policy, as far as each tool can express it):",
         "",
-        "- Raw: the analyst's SQL through chorus's Postgres connection "
-        "(`engine.backend.run`, as `benchmarks.corpus`).",
+        "- Raw: the analyst's SQL on a Postgres connection of its own with the server's "
+        "settings (`benchmarks.demo_data.RawQueries`, as `benchmarks.corpus`).",
         f"- Chorus: `Engine.execute` with the demo policy unchanged but for a budget per block "
         f"no run exhausts: epsilon {epsilon:g}, delta {delta:g} (its defaults), privacy unit "
         "rider_id, automatic cap <= 200 trips per rider and automatic clipping bounds inside "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chorus_py.backends import StatementFailed
+from chorus_py.backends import PostgresBackend, StatementFailed
+from chorus_py.backends.postgres import RANDOM_PAGE_COST
 from chorus_py.engine import Engine
 from chorus_py.errors import BackendError, InternalError
 from chorus_py.statements import QueryRun
@@ -107,3 +108,21 @@ def test_postgres_prepares_repeated_queries_and_survives_a_replaced_table(
         assert result.rows == [("a",)] and result.types == ("text",)
         owner.execute("DROP TABLE replaced")
     backend.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("server, planned", [(None, RANDOM_PAGE_COST), (4.0, RANDOM_PAGE_COST),
+                                             (0.5, 0.5)])
+def test_postgres_connections_plan_with_a_random_page_cost_no_higher_than_ssds(
+        postgres_url: str, server: float | None, planned: float) -> None:
+    """The proxy's connections lower random_page_cost to 1.1 (its twins' indexes are read in
+    order: ``chorus_py.backends.postgres``) and never raise a lower one the server (here the
+    connection's options) already has."""
+    url = postgres_url if server is None else \
+        f"{postgres_url}?options=-c%20random_page_cost%3D{server}"
+    backend = PostgresBackend(url, statement_timeout_s=30)
+    try:
+        (cost,) = backend.run("SELECT current_setting('random_page_cost')::float8").rows[0]
+        assert cost == planned
+    finally:
+        backend.close()

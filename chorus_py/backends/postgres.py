@@ -25,6 +25,11 @@ from chorus_py.errors import OperationalError
 
 log = logging.getLogger("chorus.backends")
 
+#: The random page cost the proxy's connections plan with (``PostgresBackend._connect``):
+#: the value usually advised for solid-state storage.
+RANDOM_PAGE_COST = 1.1
+
+
 class PostgresBackend(Backend):
     """Postgres through a small pool of psycopg connections, each in read-only mode
     (``default_transaction_read_only``: every statement runs in a read-only transaction)."""
@@ -58,6 +63,16 @@ class PostgresBackend(Backend):
         with con.cursor() as cur:
             cur.execute("SET default_transaction_read_only = on")
             cur.execute(f"SET statement_timeout = {self._timeout_ms}")
+            # The proxy reads its twins through indexes built in one pass, in the order their
+            # windows want: their leaf pages follow one another on disk.  Postgres's default
+            # random_page_cost (4, for spinning disks) prices each as a random read, and for
+            # a covering index as large as its table (``chorus_py.stores.samples.
+            # covering_index``) chose to sort 300,000 rows on disk instead (1M demo trips,
+            # held-out STDDEV of one city: 322 -> 232 ms at 1.1).  Only ever lowered.
+            (cost,) = cur.execute("SELECT current_setting('random_page_cost')::float8"
+                                  ).fetchone()  # type: ignore[misc]
+            if cost > RANDOM_PAGE_COST:
+                cur.execute(f"SET random_page_cost = {RANDOM_PAGE_COST}")
         return con
 
     @contextmanager
