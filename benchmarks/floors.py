@@ -29,14 +29,16 @@ below, on the demo at ``--rows`` trips.
       that is parallel safe, of a filtered scan of the twin, of the same with the window, and
       with a per-person ``LATERAL (... ORDER BY rank LIMIT k)``.
    b. For the held-out questions with the highest DP / raw on Postgres, at the cap the engine
-      chose: ``--rounds`` rounds alternating raw, the engine's answer statement, and the
-      heavy branch alone in three forms that keep the same rows (checked: count and sum of
-      ``trip_id``): the window (the engine's), streamed (``LAG(run, k) OVER ()`` over a scratch
-      copy of the twin with stored positions, read by a serial scan in stored order: the
-      DuckDB form) and per person ``LATERAL ... LIMIT k`` (over a scratch table of the persons);
-      and the streamed form at a large cap (few heavy rows), where its whole-table scan loses
-      to the window's index range.  The heavy branch alone over raw bounds DP / raw from
-      below for any answer statement that holds it.
+      chose: ``--rounds`` rounds alternating raw (on a connection with the server's settings,
+      ``benchmarks.demo_data.RawQueries``), the engine's answer statement, and the heavy
+      branch alone (planned as the engine's connections plan, ``random_page_cost``) in three
+      forms that keep the same rows (checked: count and sum of ``trip_id``): the window (the
+      engine's, over the twin's covering index), streamed (``LAG(run, k) OVER ()`` over a
+      scratch copy of the twin with stored positions, read by a serial scan in stored order:
+      the DuckDB form) and per person ``LATERAL ... LIMIT k`` (over a scratch table of the
+      persons); and the forms at a large cap (few heavy rows), where the streamed form's
+      whole-table scan loses to the window's index range.  The heavy branch alone over raw
+      bounds DP / raw from below for any answer statement that holds it.
 
 Shared, noisy machine: read the ratios measured side by side, and medians.
 """
