@@ -24,7 +24,7 @@ import pytest
 from chorus_py.backends.duckdb import duckdb_path
 from chorus_py.engine import Engine
 from chorus_py.policy import load_policy
-from tests.conftest import free_port
+from tests.conftest import _CREATED, free_port
 
 SPARK_URL = "spark://local"
 # Every table of the test DuckDB file that the Spark tests read.
@@ -167,6 +167,15 @@ def scratch(duckdb_data: str, spark_data: Path, tmp_path: Path, backend_url: str
     engines: list[Engine] = []
 
     def make(table: str, statements: list[str], policy_text: str) -> Engine:
+        # The statements' unqualified names must reach the test's own tables: a table of the
+        # same name in the copy (left in the session's file by another test) would take an
+        # unqualified DROP to the read-only copy.  Dropped from the copy, attached again.
+        ours = {table, *(m.group(1) for s in statements for m in _CREATED.finditer(s))}
+        con.execute("DETACH src")
+        with duckdb.connect(str(source)) as writable:
+            for name in ours:
+                writable.execute(f"DROP TABLE IF EXISTS {name}")
+        con.execute(f"ATTACH '{source}' AS src (READ_ONLY)")
         con.execute(f"DROP TABLE IF EXISTS memory.main.{table}")
         for statement in statements:
             con.execute(statement)
