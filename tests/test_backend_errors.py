@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from chorus_py.backends import PostgresBackend, StatementFailed
@@ -111,18 +112,20 @@ def test_postgres_prepares_repeated_queries_and_survives_a_replaced_table(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("server, planned", [(None, RANDOM_PAGE_COST), (4.0, RANDOM_PAGE_COST),
-                                             (0.5, 0.5)])
+@pytest.mark.parametrize("options", [None, 4.0, 0.5])
 def test_postgres_connections_plan_with_a_random_page_cost_no_higher_than_ssds(
-        postgres_url: str, server: float | None, planned: float) -> None:
+        postgres_url: str, options: float | None) -> None:
     """The proxy's connections lower random_page_cost to 1.1 (its twins' indexes are read in
-    order: ``chorus_py.backends.postgres``) and never raise a lower one the server (here the
-    connection's options) already has."""
-    url = postgres_url if server is None else \
-        f"{postgres_url}?options=-c%20random_page_cost%3D{server}"
+    order: ``chorus_py.backends.postgres``) and never raise a lower one the server (here also
+    the connection's options) already has; public queries keep the server's."""
+    url = postgres_url if options is None else \
+        f"{postgres_url}?options=-c%20random_page_cost%3D{options}"
+    setting = "SELECT current_setting('random_page_cost')::float8"
+    with psycopg.connect(url) as plain:
+        (server,) = plain.execute(setting).fetchone()  # type: ignore[misc]
     backend = PostgresBackend(url, statement_timeout_s=30)
     try:
-        (cost,) = backend.run("SELECT current_setting('random_page_cost')::float8").rows[0]
-        assert cost == planned
+        assert backend.run(setting).rows == [(min(server, RANDOM_PAGE_COST),)]
+        assert backend.run_public(setting).rows == [(server,)]
     finally:
         backend.close()

@@ -32,13 +32,22 @@ RANDOM_PAGE_COST = 1.1
 
 class PostgresBackend(Backend):
     """Postgres through a small pool of psycopg connections, each in read-only mode
-    (``default_transaction_read_only``: every statement runs in a read-only transaction)."""
+    (``default_transaction_read_only``: every statement runs in a read-only transaction).
+
+    ``page_cost``: the ``random_page_cost`` its connections plan with, when lower than the
+    server's (the proxy's statements, :data:`RANDOM_PAGE_COST`); None keeps the server's, as
+    for public queries, which are the analyst's own SQL (:meth:`run_public`)."""
 
     dialect = "postgres"
 
-    def __init__(self, url: str, statement_timeout_s: float, pool_size: int = 8) -> None:
+    def __init__(self, url: str, statement_timeout_s: float, pool_size: int = 8,
+                 page_cost: float | None = RANDOM_PAGE_COST) -> None:
         self._url = url
         self._timeout_ms = int(statement_timeout_s * 1000)
+        self._page_cost = page_cost
+        # Public queries without a role of their own: the same URL, the server's planner
+        # settings (made on the first one).
+        self._as_server: PostgresBackend | None = None
         self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue(maxsize=pool_size)
         # The restricted backend of public queries (backend.public_url), once configured.
         self._public: PostgresBackend | None = None
@@ -69,10 +78,11 @@ class PostgresBackend(Backend):
             # a covering index as large as its table (``chorus_py.stores.samples.
             # covering_index``) chose to sort 300,000 rows on disk instead (1M demo trips,
             # held-out STDDEV of one city: 322 -> 232 ms at 1.1).  Only ever lowered.
-            (cost,) = cur.execute("SELECT current_setting('random_page_cost')::float8"
-                                  ).fetchone()  # type: ignore[misc]
-            if cost > RANDOM_PAGE_COST:
-                cur.execute(f"SET random_page_cost = {RANDOM_PAGE_COST}")
+            if self._page_cost is not None:
+                (cost,) = cur.execute("SELECT current_setting('random_page_cost')::float8"
+                                      ).fetchone()  # type: ignore[misc]
+                if cost > self._page_cost:
+                    cur.execute(f"SET random_page_cost = {float(self._page_cost)}")
         return con
 
     @contextmanager
@@ -144,7 +154,8 @@ class PostgresBackend(Backend):
         Also warns when the main connection's role can write or read undeclared tables."""
         warnings = list(self._write_warnings(list(public) + list(private)))
         if public_url is not None:
-            self._public = PostgresBackend(public_url, self._timeout_ms / 1000, pool_size=4)
+            self._public = PostgresBackend(public_url, self._timeout_ms / 1000, pool_size=4,
+                                           page_cost=None)
             self._public_tables, self._public_ttl = tuple(public), refresh_seconds
             try:
                 _check_public_role(self._public, public)
@@ -166,7 +177,11 @@ class PostgresBackend(Backend):
     def run_public(self, sql: str) -> ResultSet:
         public = self._public
         if public is None:
-            return self.run(sql)
+            with self._public_lock:
+                if self._as_server is None:
+                    self._as_server = PostgresBackend(self._url, self._timeout_ms / 1000,
+                                                      pool_size=2, page_cost=None)
+            return self._as_server.run(sql)
         self._recheck_public(public)
         refused = self._public_refused
         if refused is not None:
@@ -261,8 +276,9 @@ class PostgresBackend(Backend):
         return group_columns(result.rows)
 
     def close(self) -> None:
-        if self._public is not None:
-            self._public.close()
+        for other in (self._public, self._as_server):
+            if other is not None:
+                other.close()
         while True:
             try:
                 self._pool.get_nowait().close()
