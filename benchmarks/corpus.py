@@ -44,6 +44,7 @@ Shared, noisy machine: read ratios and medians; the load average is in the resul
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -301,12 +302,9 @@ def bench(label: str, engine: Engine, recorder: Recorder, args: argparse.Namespa
     """Every question of the set on one backend: a first run, then alternating rounds (a
     refused question is added to ``refused`` and left out)."""
     cells: dict[str, Cell] = {}
-    raw = RawQueries(engine)
-    try:
+    with contextlib.closing(RawQueries(engine)) as raw:
         for query in QUESTIONS[args.questions]:
             _bench_query(label, engine, recorder, args, refused, raw, query, cells)
-    finally:
-        raw.close()
     return cells
 
 

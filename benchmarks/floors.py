@@ -46,6 +46,7 @@ Shared, noisy machine: read the ratios measured side by side, and medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -227,15 +228,12 @@ def postgres_floors(work: Path, args: argparse.Namespace) -> list[str]:
                       "| question | cap | raw ms | answer statement ms | heavy branch: "
                       "window ms | streamed ms | LATERAL ms | answer / raw | best heavy "
                       "branch / raw |", "|---|---|---|---|---|---|---|---|---|"]
-            raw = RawQueries(engine)
-            try:
+            with contextlib.closing(RawQueries(engine)) as raw:
                 for question in (q for q in HELDOUT if q.name in WORST):
                     lines.append(heavy_row(engine, con, raw, question.sql, twin, stream,
                                            persons, args.rounds))
                 lines.append(heavy_row(engine, con, raw, HELDOUT_FARE_RANGE, twin, stream,
                                        persons, args.rounds, cap=LARGE_CAP))
-            finally:
-                raw.close()
     finally:
         engine.close()
         drop_database(args)

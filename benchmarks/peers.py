@@ -35,6 +35,7 @@ Shared, noisy machine: read ratios and medians; the load average is in the resul
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -305,44 +306,36 @@ def run_once(tool: str, sql: str, engine: Engine, raw: RawQueries, worker: Worke
 
 
 def bench(queries: tuple[Query, ...], engine: Engine, worker: Worker, repeat: int) -> Results:
-    raw = RawQueries(engine)
-    try:
-        return _bench(queries, engine, raw, worker, repeat)
-    finally:
-        raw.close()
-
-
-def _bench(queries: tuple[Query, ...], engine: Engine, raw_queries: RawQueries,
-           worker: Worker, repeat: int) -> Results:
     results: Results = {}
-    for query in queries:
-        cells = results[query.name] = {tool: Cell() for tool in TOOLS}
-        # The first run of each: never-seen text for every tool (and cold buffers for raw).
-        for tool in TOOLS:
-            cell = cells[tool]
-            cell.first_ms, cell.first_row, cell.error, cell.spent = run_once(
-                tool, query.sql, engine, raw_queries, worker)
-        for _ in range(repeat):
-            for tool in TOOLS:  # alternating, round by round
+    with contextlib.closing(RawQueries(engine)) as raw_queries:
+        for query in queries:
+            cells = results[query.name] = {tool: Cell() for tool in TOOLS}
+            # The first run of each: never-seen text for every tool (and cold buffers for raw).
+            for tool in TOOLS:
                 cell = cells[tool]
-                if cell.error is not None:
-                    continue
-                ms, _row, error, _ = run_once(tool, query.sql, engine, raw_queries, worker)
-                if error is not None:  # failed in a later round (a timeout): refused
-                    cell.error, cell.ms = f"(round {len(cell.ms) + 1}) {error}", []
-                else:
-                    cell.ms.append(ms)  # type: ignore[arg-type]
-        raw = cells["raw"]
-        parts = []
-        for tool in TOOLS:
-            c = cells[tool]
-            if c.error is not None:
-                parts.append(f"{tool} refused ({c.error[:80]})")
-            elif tool == "raw":
-                parts.append(f"raw {c.median:.1f} ms")
-            elif raw.error is None:
-                parts.append(f"{tool} {c.median:.1f} ms ({c.median / raw.median:.2f}x)")
-        print(f"{query.name}: " + ", ".join(parts), file=sys.stderr, flush=True)
+                cell.first_ms, cell.first_row, cell.error, cell.spent = run_once(
+                    tool, query.sql, engine, raw_queries, worker)
+            for _ in range(repeat):
+                for tool in TOOLS:  # alternating, round by round
+                    cell = cells[tool]
+                    if cell.error is not None:
+                        continue
+                    ms, _row, error, _ = run_once(tool, query.sql, engine, raw_queries, worker)
+                    if error is not None:  # failed in a later round (a timeout): refused
+                        cell.error, cell.ms = f"(round {len(cell.ms) + 1}) {error}", []
+                    else:
+                        cell.ms.append(ms)  # type: ignore[arg-type]
+            raw = cells["raw"]
+            parts = []
+            for tool in TOOLS:
+                c = cells[tool]
+                if c.error is not None:
+                    parts.append(f"{tool} refused ({c.error[:80]})")
+                elif tool == "raw":
+                    parts.append(f"raw {c.median:.1f} ms")
+                elif raw.error is None:
+                    parts.append(f"{tool} {c.median:.1f} ms ({c.median / raw.median:.2f}x)")
+            print(f"{query.name}: " + ", ".join(parts), file=sys.stderr, flush=True)
     return results
 
 

@@ -14,6 +14,7 @@ Machines here are shared and noisy: read ratios and medians, not absolute times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
 import sys
@@ -94,23 +95,22 @@ def bench_latency(engine: Engine, rounds: int) -> list[str]:
 def bench_end_to_end(engine: Engine, label: str, repeat: int) -> tuple[list[str], list[float]]:
     rows = []
     ratios = []
-    queries = RawQueries(engine)
-    for sql in E2E_QUERIES:
-        engine.execute(sql, epsilon=0.01, delta=1e-9)  # warm caches and the buffer pool
-        queries.run(sql)
-        raw: list[float] = []
-        dp: list[float] = []
-        for _ in range(repeat):
-            start = time.perf_counter()
+    with contextlib.closing(RawQueries(engine)) as queries:
+        for sql in E2E_QUERIES:
+            engine.execute(sql, epsilon=0.01, delta=1e-9)  # warm caches and the buffer pool
             queries.run(sql)
-            raw.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            engine.execute(sql, epsilon=0.01, delta=1e-9)
-            dp.append(time.perf_counter() - start)
-        r, d = statistics.median(raw) * 1000, statistics.median(dp) * 1000
-        ratios.append(d / r)
-        rows.append(f"| {label} | `{sql}` | {r:.1f} | {d:.1f} | {d / r:.2f} |")
-    queries.close()
+            raw: list[float] = []
+            dp: list[float] = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                queries.run(sql)
+                raw.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                engine.execute(sql, epsilon=0.01, delta=1e-9)
+                dp.append(time.perf_counter() - start)
+            r, d = statistics.median(raw) * 1000, statistics.median(dp) * 1000
+            ratios.append(d / r)
+            rows.append(f"| {label} | `{sql}` | {r:.1f} | {d:.1f} | {d / r:.2f} |")
     return rows, ratios
 
 

@@ -459,14 +459,14 @@ class BoundedSamples:
         log.info("grouped twin of %s over %s built as %s.%s in %.0f ms", copy,
                  ", ".join(columns), SCHEMA, name, (time.perf_counter() - started) * 1000)
 
-    def _settle(self, table: str) -> None:
-        """``Backend.settle_owned`` for a table just built; a failure (another proxy dropped it
-        meanwhile) only leaves it slower to read."""
+    def _settle(self, tables: list[str]) -> None:
+        """``Backend.settle_owned`` for tables just built (one connection for all); a failure
+        (another proxy dropped one meanwhile) only leaves them slower to read."""
         try:
-            self._backend.settle_owned([table])
+            self._backend.settle_owned(tables)
         except Exception as err:
-            log.warning("%s.%s not vacuumed (%s): its index-only scans read heap pages until "
-                        "autovacuum passes", SCHEMA, table,
+            log.warning("%s not vacuumed (%s): their index-only scans read heap pages until "
+                        "autovacuum passes", ", ".join(f"{SCHEMA}.{t}" for t in tables),
                         str(err).splitlines()[0] if str(err) else type(err).__name__)
 
     def _has_twin(self, name: str) -> bool:
@@ -732,9 +732,9 @@ class BoundedSamples:
             else:
                 statements += month_twin_statements(name, month_twin, policy.privacy_unit)
         self._backend.run_owned(serialised(self._backend.dialect, statements))
-        for built in (twin if new_twin else None, month_twin if new_month_twin else None):
-            if built is not None:
-                self._settle(built)
+        built = [t for t, new in ((twin, new_twin), (month_twin, new_month_twin)) if new]
+        if built:
+            self._settle(built)
         if twin is not None:
             self._twins.add(name)
         if month_twin is not None:
