@@ -52,8 +52,13 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    the copy's stored positions ``__chorus_pos`` grow along that window, which makes each
    unit one run), or, for the selection histograms,
    each row weighted by ``1 / __chorus_unit_rows`` or marked by ``CASE WHEN __chorus_rank = 1
-   THEN 1 ELSE 0 END`` in the reading SELECT, and only SUMs of such weights at the barrier (a
-   unit's rows weigh at most 1 in all, per SUM).  A weight's numerator, and a mark's number
+   THEN 1 ELSE 0 END`` in the reading SELECT, or there weighted by ``1 / COUNT(...) OVER
+   (PARTITION BY unit)`` and marked by ``CASE WHEN __chorus_rank = MIN(__chorus_rank) OVER
+   (PARTITION BY unit) THEN 1 ELSE 0 END`` (both ranks the copy's own, the window whole: a
+   unit's stored ranks are distinct, so one of the rows the reader keeps holds their least),
+   either window also partitioned by the copy's own ``__chorus_unit_rows`` then the unit,
+   and only SUMs of such weights at the barrier (a unit's rows weigh at most 1 in all, per
+   SUM).  A weight's numerator, and a mark's number
    and value, must be the literal 1.  Within one aggregation, the reads of one copy make
    occurrences of its table, each a read bounded by itself or the light and heavy branches
    (``<= K``, ``> K``, one K) as the two sides of one UNION ALL, or the three parts of
@@ -1132,7 +1137,11 @@ def _mark(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -
     n numbers each unit's rows 1, 2, ... once each, so exactly one row of a unit is marked:
     ``ROW_NUMBER() OVER (PARTITION BY unit ...)`` (the unit alone: more columns would mark a
     row per sub-partition), or, with ``copy``, a ranked copy's ``__chorus_rank`` (1..n_u, each
-    once per unit), a column ``copy`` says is the copy's, read by its direct reader."""
+    once per unit), a column ``copy`` says is the copy's, read by its direct reader.
+
+    Or, with ``copy``, ``CASE WHEN r = MIN(r) OVER (PARTITION BY unit) THEN 1 ELSE 0 END``, r
+    the copy's own ``__chorus_rank`` both times (``_least_rank``): the ranks of a unit's rows
+    are distinct, so of the rows the reader keeps exactly one holds their least."""
     if not isinstance(value, exp.Case) or value.this is not None:
         return False
     ifs = value.args.get("ifs") or []
@@ -1141,16 +1150,50 @@ def _mark(value: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None) -
             default is None or isinstance(default, exp.Null) or _constant(default) == 0):
         return False
     test = ifs[0].this
-    if not isinstance(test, exp.EQ) or not isinstance(test.expression, exp.Literal) \
-            or not test.expression.is_int or _constant(test.expression) != 1:
+    if not isinstance(test, exp.EQ):
+        return False
+    if copy is not None and _least_rank(test, unit, copy):
+        return True
+    if not isinstance(test.expression, exp.Literal) or not test.expression.is_int \
+            or _constant(test.expression) != 1:
         return False
     return _per_unit(test.this, unit, copy, exp.RowNumber, _STORED_RANK)
 
 
+def _least_rank(test: exp.EQ, unit: str, copy: Callable[[exp.Expr], bool]) -> bool:
+    """Whether ``test`` is ``r = MIN(r) OVER (PARTITION BY unit)`` (or the copy's presorted
+    partition, ``_partition_of``), both r the copy's own ``__chorus_rank`` (``copy`` says
+    which columns are), the window over the whole partition: no ORDER BY, no frame (a running
+    MIN in another order than the rank's would be met anew by every row that lowers it)."""
+    rank, least = test.this, test.expression
+    return _own_rank(rank, copy) and isinstance(least, exp.Window) \
+        and isinstance(least.this, exp.Min) and _own_rank(least.this.this, copy) \
+        and not (least.args.get("order") or least.args.get("spec")) \
+        and _partition_of(least, unit, copy)
+
+
+def _own_rank(node: exp.Expr, copy: Callable[[exp.Expr], bool]) -> bool:
+    """Whether ``node`` is the ranked copy's own ``__chorus_rank`` column."""
+    return isinstance(node, exp.Column) and node.name == _STORED_RANK and copy(node)
+
+
+def _partition_of(window: exp.Window, unit: str, copy: Callable[[exp.Expr], bool] | None
+                  ) -> bool:
+    """Whether ``window`` is partitioned by the unit alone, or, with ``copy``, by the copy's
+    own ``__chorus_unit_rows`` then the unit (the same partitions: ``_presorted``)."""
+    if _partitioned_by(window, unit):
+        return True
+    parts = window.args.get("partition_by") or []
+    return copy is not None and len(parts) == 2 and all(
+        isinstance(p, exp.Column) for p in parts) and parts[0].name == _UNIT_ROWS \
+        and copy(parts[0]) and parts[1].name == unit
+
+
 def _per_unit(node: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None,
               function: type[exp.Expr], stored: str) -> bool:
-    """Whether ``node`` is ``function`` over a window partitioned by the unit alone, or, with
-    ``copy``, the ranked copy's own column ``stored`` that holds the same per unit.
+    """Whether ``node`` is ``function`` over a window partitioned by the unit alone (with
+    ``copy``, or by the copy's own unit row count then the unit), or, with ``copy``, the ranked
+    copy's own column ``stored`` that holds the same per unit.
 
     A COUNT (a weight's denominator) must count the whole partition: no ORDER BY and no
     frame.  ``COUNT(*) OVER (PARTITION BY unit ORDER BY x)`` is a running count 1, 2, .., n,
@@ -1160,7 +1203,7 @@ def _per_unit(node: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None
     if isinstance(node, exp.Window):
         whole = not (node.args.get("order") or node.args.get("spec")) \
             or function is not exp.Count
-        return isinstance(node.this, function) and _partitioned_by(node, unit) and whole
+        return isinstance(node.this, function) and _partition_of(node, unit, copy) and whole
     return copy is not None and copy(node) and isinstance(node, exp.Column) \
         and node.name == stored
 

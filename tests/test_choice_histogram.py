@@ -139,6 +139,14 @@ def _clip(exact: dict[tuple[str, ...], np.ndarray], column: str) -> np.ndarray:
     return vector
 
 
+def _reading(engine: Engine, twin: bool) -> Engine:
+    """``engine`` once its ranked copy and twins are built, reading the twins or not."""
+    engine.warm_up(wait=True)
+    engine.samples.read_twins = twin
+    return engine
+
+
+@pytest.mark.parametrize("twin", [False, True])
 @pytest.mark.parametrize("where, passing, shape", [
     ("", lambda r: True, STORED),
     ("WHERE v >= 2", lambda r: r[2] is not None and r[2] >= 2, COPIED),
@@ -147,8 +155,12 @@ def _clip(exact: dict[tuple[str, ...], np.ndarray], column: str) -> np.ndarray:
 ])
 def test_one_statement_gives_the_hand_computed_histograms(
         scratch: Callable[..., Engine], where: str, passing: Callable[[Row], bool],
-        shape: int) -> None:
-    engine = _engine(scratch)
+        shape: int, twin: bool) -> None:
+    """Over the stored counts, the copy's filtered rows, or those of its twin in unit order
+    (``twin``: its windows partitioned by the stored unit row count then the unit)."""
+    engine = _reading(_engine(scratch), twin)
+    _, statement, _ = _statement(engine, f"SELECT SUM(v) FROM choice_t {where}")
+    assert (f"{UNIT_ORDER}\"" in statement) == (twin and shape == COPIED)
     got_shape, exact = _cells(engine, f"SELECT SUM(v) FROM choice_t {where}")
     cap, values = _reference(SIZES, passing, stored=shape == STORED)
     assert got_shape == shape
@@ -281,20 +293,26 @@ def test_the_cap_histogram_is_counted_in_whole_units(scratch: Callable[..., Engi
 # -- a filtered query's cells over the ranked copy (COPIED) ----------------------------------
 def _both_sources(engine: Engine, sql: str
                   ) -> list[dict[tuple[str, ...], np.ndarray]]:
-    """The exact histograms of ``sql``'s cells statement over the copy's filtered rows, then
-    over the table's."""
+    """The exact histograms of ``sql``'s cells statement over the copy's filtered rows, over
+    its twin's in unit order, then over the table's."""
+    engine.warm_up(wait=True)  # the copy and its twin
     _, prepared = engine.prepare(sql, "alice", epsilon=10.0)
     assert prepared.selection is not None
     detail, clipped = prepared.detail, parts(prepared.selection.query)[1]
     copy, = [t for t in engine.backend.owned_tables()  # the copy, not its twin in unit order
              if t.startswith("choice_t__ranked_") and not t.endswith(UNIT_ORDER)]
     out = []
-    for source in ((SCHEMA, copy), None):
+    for source, presorted in (((SCHEMA, copy), False), ((SCHEMA, copy + UNIT_ORDER), True),
+                              (None, False)):
         (what, shape, build), = histogram_builders(detail.query, detail.restriction, None,
-                                                   one_statement=True, copy=source)
+                                                   one_statement=True, copy=source,
+                                                   presorted=presorted)
         assert what == CELLS and shape == (COPIED if source else WINDOWED)
         statement = dialect(build(), engine.dialect).sql(engine.dialect)
         assert ("__ranked_" in statement) == (source is not None)
+        assert ("MIN(" in statement) == (source is not None)  # else ROW_NUMBER's mark
+        verify(statement, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
+               frozenset({"choice_t"}))
         out.append(cells(engine.statements, None, statement, LIMIT, clipped, stored=False))
     return out
 
@@ -303,17 +321,18 @@ def _both_sources(engine: Engine, sql: str
                                    "WHERE id % 3 <> 0 AND w > -20"])
 def test_the_copy_gives_the_histograms_of_the_table(scratch: Callable[..., Engine],
                                                     where: str) -> None:
-    """The same histograms: the copy's filtered rows are the table's (every scheduled row,
-    two more columns), so the marks add up to the same integers and the weights to the same
-    sums.  (A single cell may differ: which row of a unit bears its mark is arbitrary, and
+    """The same histograms: the copy's filtered rows (and its twin's) are the table's (every
+    scheduled row, more columns), so the marks add up to the same integers and the weights to
+    the same sums.  (A single cell may differ: which row of a unit bears its mark is arbitrary, and
     the mark lands in that row's bins; only its count of rows reaches the cap marginal.)"""
     engine = _engine(scratch)
-    over_copy, over_table = _both_sources(engine,
-                                          f"SELECT SUM(v), AVG(w) FROM choice_t {where}")
-    assert set(over_copy) == set(over_table)
-    assert over_copy[("cap",)].tolist() == over_table[("cap",)].tolist()
-    for what in over_copy:
-        np.testing.assert_allclose(over_copy[what], over_table[what], rtol=1e-12, atol=1e-12)
+    over_copy, over_twin, over_table = _both_sources(
+        engine, f"SELECT SUM(v), AVG(w) FROM choice_t {where}")
+    for over in (over_copy, over_twin):
+        assert set(over) == set(over_table)
+        assert over[("cap",)].tolist() == over_table[("cap",)].tolist()
+        for what in over:
+            np.testing.assert_allclose(over[what], over_table[what], rtol=1e-12, atol=1e-12)
 
 
 def _spied(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -407,10 +426,10 @@ def _brute_force(rows: list[tuple[int, int, float | None, float | None]],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(units=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 10_000)), min_size=1,
                       max_size=7),
-       which=st.integers(0, len(FILTERS) - 1))
+       which=st.integers(0, len(FILTERS) - 1), twin=st.booleans())
 def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine],
                                                   units: list[tuple[int, int]],
-                                                  which: int) -> None:
+                                                  which: int, twin: bool) -> None:
     """Units of 1 to 40 rows (the limit is 10), NULLs, signed values beyond the bounds and
     filters that drop whole units: the statement's cells, summed by ``cells``, give exactly
     the hand count of units per cap bin and, up to floating point, the hand weights."""
@@ -430,12 +449,14 @@ def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine]
         f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION, "
         f"w DOUBLE PRECISION)", f"INSERT INTO {table} VALUES {values}"],
         POLICY.replace("choice_t", table))
+    _reading(engine, twin)  # a filtered query's cells over the copy, or over its twin
     where, passing = FILTERS[which]
     _, prepared = engine.prepare(f"SELECT SUM(v), AVG(w) FROM {table} {where}", "alice",
                                  epsilon=10.0)
     assert prepared.selection is not None
     (_, shape, statement), = prepared.selection.histograms
     assert shape == (STORED if not where else COPIED)
+    assert (f"{UNIT_ORDER}\"" in statement) == (twin and bool(where))
     exact = cells(engine.statements, None, statement, LIMIT,
                   parts(prepared.selection.query)[1], stored=shape == STORED)
     cap, vectors = _brute_force(rows, passing, stored=shape == STORED)
@@ -453,9 +474,14 @@ SUM_TODAY = ("SELECT city, SUM(fare) FROM trips WHERE fare > 30 "
              "AND pickup_time < CURRENT_TIMESTAMP GROUP BY city")
 
 
-@pytest.fixture
-def trips(backend_url: str, make_engine: Callable[..., Engine]) -> Engine:
-    return make_engine(backend_url, contribution="auto")
+@pytest.fixture(params=[True, False], ids=["twin", "copy"])
+def trips(request: pytest.FixtureRequest, backend_url: str,
+          make_engine: Callable[..., Engine]) -> Engine:
+    """The demo trips with automatic caps; a filtered query's cells read the copy's twin in
+    unit order (built: ``make_engine`` waits for it) or the copy itself."""
+    engine = make_engine(backend_url, contribution="auto")
+    engine.samples.read_twins = request.param
+    return engine
 
 
 def _selection_sql(engine: Engine, query: str) -> tuple[int, str]:
@@ -556,7 +582,8 @@ def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
         release = "noised_in_sql"
     tampered = re.sub(r"PARTITION BY (\w+)\.((?:__chorus_unit_rows, \w+\.)?)rider_id",
                       r"PARTITION BY \1.\2rider_id, \1.trip_id", sql)
-    if trips.dialect == "duckdb" and query != SUM_FILTERED:  # rewriters.contribution.streamed_rank
+    if trips.dialect == "duckdb" and query != SUM_FILTERED and trips.samples.read_twins:
+        # rewriters.contribution.streamed_rank over the twin
         assert tampered == sql
         tampered = re.sub(r"LAG\((\w+)\.__chorus_run, (\d+), 0\) OVER \(\)",
                           r"LAG(\1.__chorus_run, \2, 0) OVER (PARTITION BY \1.rider_id, "
@@ -569,18 +596,36 @@ def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
 
 
 #: Tampered marks (the cap weight, one row per unit), each refused: (query, pattern,
-#: replacement), over the windowed mark (ROW_NUMBER, a filtered query) or the stored one (the
-#: copy's rank, a query without a filter), or both.
-BOTH = (SUM_ALL, SUM_FILTERED)
+#: replacement), over the windowed mark (ROW_NUMBER, a filter that keeps other rows another
+#: day), the least stored rank among a unit's filtered rows (a filtered query over the copy or
+#: its twin) or the stored rank 1 (a query without a filter), or all three.
+ALL_THREE = (SUM_ALL, SUM_FILTERED, SUM_TODAY)
+LEAST = r"(\w+)\.__chorus_rank = MIN\((\w+)\.__chorus_rank\) OVER \(PARTITION BY ([^)]*)\)"
 MARK_MUTATIONS = {
-    "partitioned by more than the unit": ((SUM_FILTERED,),
+    "partitioned by more than the unit": ((SUM_TODAY,),
         r"ROW_NUMBER\(\) OVER \(PARTITION BY (\w+)\.rider_id\)",
         r"ROW_NUMBER() OVER (PARTITION BY \1.rider_id, \1.trip_id)"),
-    "every row marked": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc", r"= 1 THEN 1 ELSE 1 END AS wc"),
-    "marked twice": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc", r"<= 2 THEN 1 ELSE 0 END AS wc"),
-    "weighs more than 1": (BOTH, r"= 1 THEN 1 ELSE 0 END AS wc",
-                           r"= 1 THEN 3 ELSE 0 END AS wc"),
-    "mark dropped": (BOTH, r"CASE WHEN [^,]*? = 1 THEN 1 ELSE 0 END AS wc", r"1 AS wc"),
+    "least partitioned by more than the unit": ((SUM_FILTERED,), LEAST,
+        r"\1.__chorus_rank = MIN(\2.__chorus_rank) OVER (PARTITION BY \3, \1.trip_id)"),
+    "least partitioned by another column": ((SUM_FILTERED,), LEAST,
+        r"\1.__chorus_rank = MIN(\2.__chorus_rank) OVER (PARTITION BY \1.city)"),
+    "a running least": ((SUM_FILTERED,), LEAST,
+        r"\1.__chorus_rank = MIN(\2.__chorus_rank) OVER (PARTITION BY \3 ORDER BY \1.fare)"),
+    "the least of a column that ties": ((SUM_FILTERED,), LEAST,
+        r"\1.fare = MIN(\2.fare) OVER (PARTITION BY \3)"),
+    "the least of a column not the rank": ((SUM_FILTERED,), LEAST,
+        r"\1.trip_id = MIN(\2.trip_id) OVER (PARTITION BY \3)"),
+    "the least rank of another relation": ((SUM_FILTERED,), LEAST,
+        r"other.__chorus_rank = MIN(other.__chorus_rank) OVER (PARTITION BY \3)"),
+    "the most, not the least, next to the rank": ((SUM_FILTERED,), LEAST,
+        r"\1.__chorus_rank = MIN(\2.__chorus_rank) OVER (PARTITION BY \3) + 1"),
+    "least of two ranks apart": ((SUM_FILTERED,), LEAST,
+        r"\1.__chorus_rank <= MIN(\2.__chorus_rank) OVER (PARTITION BY \3) + 1"),
+    "every row marked": (ALL_THREE, r"THEN 1 ELSE 0 END AS wc", r"THEN 1 ELSE 1 END AS wc"),
+    "marked twice": ((SUM_ALL, SUM_TODAY), r"= 1 THEN 1 ELSE 0 END AS wc",
+                     r"<= 2 THEN 1 ELSE 0 END AS wc"),
+    "weighs more than 1": (ALL_THREE, r"THEN 1 ELSE 0 END AS wc", r"THEN 3 ELSE 0 END AS wc"),
+    "mark dropped": (ALL_THREE, r"CASE WHEN (?:(?!CASE).)*? THEN 1 ELSE 0 END AS wc", r"1 AS wc"),
     "a number that is not a rank": ((SUM_ALL,), r"CASE WHEN (\w+)\.__chorus_rank = 1",
                                     r"CASE WHEN \1.__chorus_unit_rows = 1"),
     "the rank of another relation": ((SUM_ALL,), r"CASE WHEN (\w+)\.__chorus_rank = 1",
@@ -593,7 +638,9 @@ MARK_MUTATIONS = {
                                               for query in queries])
 def test_tampered_marks_are_refused(trips: Engine, mutation: str, query: str) -> None:
     """The cap weight passes only as a mark of one row per unit: a ROW_NUMBER partitioned by
-    the unit alone or the copy's own stored rank, equal to 1, worth 1, else 0."""
+    the unit alone, the copy's own stored rank equal to 1, or equal to its least over the
+    unit's whole partition (by the unit, or the copy's own row count then the unit), worth 1,
+    else 0."""
     _, pattern, replacement = MARK_MUTATIONS[mutation]
     _, sql = _selection_sql(trips, query)
     tampered = re.sub(pattern, replacement, sql)
@@ -603,11 +650,18 @@ def test_tampered_marks_are_refused(trips: Engine, mutation: str, query: str) ->
 
 def test_the_mark_shares_the_unit_counts_window(trips: Engine) -> None:
     """Over filtered rows every window of the choice statement is the same one, partitioned by
-    the unit alone (the mark is unordered: one WindowAgg on Postgres, not two); Spark gets the
-    mark ordered by the unit (rewriters.dialect), as it refuses ROW_NUMBER without ORDER BY."""
+    the unit alone, or over the twin by its stored unit row count then the unit (the mark is
+    the unit's least stored rank, a MIN over that window, or, over the table, an unordered
+    ROW_NUMBER: one WindowAgg on Postgres, not two); Spark gets the ROW_NUMBER ordered by the
+    unit (rewriters.dialect), as it refuses ROW_NUMBER without ORDER BY."""
     _, sql = _selection_sql(trips, SUM_FILTERED)
     windows = set(re.findall(r"OVER \(([^)]*)\)", sql))
-    assert windows == {"PARTITION BY trips.rider_id"}, windows
+    twin = trips.samples.read_twins  # presorted: by the stored row count, then the unit
+    assert windows == {"PARTITION BY trips.__chorus_unit_rows, trips.rider_id" if twin
+                       else "PARTITION BY trips.rider_id"}, windows
+    assert len(re.findall(r"MIN\(", sql)) == 1 and "ROW_NUMBER" not in sql
+    _, sql = _selection_sql(trips, SUM_TODAY)  # the table's rows: ROW_NUMBER marks
+    assert set(re.findall(r"OVER \(([^)]*)\)", sql)) == {"PARTITION BY trips.rider_id"}
     spark = dialect(sqlglot.parse_one(sql, read=trips.dialect), "spark").sql("spark")
     assert "ROW_NUMBER() OVER (PARTITION BY trips.rider_id ORDER BY trips.rider_id)" in spark
 
