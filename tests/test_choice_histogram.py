@@ -161,6 +161,8 @@ def test_one_statement_gives_the_hand_computed_histograms(
     engine = _reading(_engine(scratch), twin)
     _, statement, _ = _statement(engine, f"SELECT SUM(v) FROM choice_t {where}")
     assert (f"{UNIT_ORDER}\"" in statement) == (twin and shape == COPIED)
+    # v's magnitude digit as the copy stored it (a plain column at its declared bounds).
+    assert "__chorus_mag" in statement and "ABS(" not in statement
     got_shape, exact = _cells(engine, f"SELECT SUM(v) FROM choice_t {where}")
     cap, values = _reference(SIZES, passing, stored=shape == STORED)
     assert got_shape == shape
@@ -457,6 +459,7 @@ def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine]
     (_, shape, statement), = prepared.selection.histograms
     assert shape == (STORED if not where else COPIED)
     assert (f"{UNIT_ORDER}\"" in statement) == (twin and bool(where))
+    assert statement.count("__chorus_mag") == 2  # v's and w's digits, as the copy stored them
     exact = cells(engine.statements, None, statement, LIMIT,
                   parts(prepared.selection.query)[1], stored=shape == STORED)
     cap, vectors = _brute_force(rows, passing, stored=shape == STORED)

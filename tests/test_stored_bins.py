@@ -1,4 +1,5 @@
-"""The quantile bins a ranked copy stores (``rewriters.bins``, issue 23).
+"""The quantile bins and magnitude digits a ranked copy stores (``rewriters.bins``,
+``rewriters.selection.stored_digit_columns``, issue 23).
 
 A histogram over the ranked copy groups the copy's stored bin of a plain column at its
 declared bounds instead of computing each row's bin.  It must be the very bin the histogram
@@ -6,7 +7,10 @@ would compute: checked row by row against the per-row CASE (done by hand here) o
 backends, with negative bounds, an integer column, values at, between and beyond the bounds,
 the infinities, NaN, the largest doubles and NULL; and the histogram statement that reads it
 against the cells counted by hand.  Which columns are stored, when a histogram may read one,
-and that other declared bounds make another copy (never a stale bin) are checked too.
+and that other declared bounds make another copy (never a stale bin) are checked too.  The
+magnitude digit of the choices' cells (the bin of |clip(v)| over the declared bounds' edges,
+or the NULL digit) likewise, against a hand computation and against the database computing
+the cells' own expression over the same rows.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from chorus_py.engine import Engine
 from chorus_py.errors import ChorusError
 from chorus_py.kinds.quantile import QuantileDetail
 from chorus_py.policy import TablePolicy
+from mechanisms.clip_bounds import magnitude_edges
 from rewriters.bins import BINS, stored_bin, stored_bins
+from rewriters.selection import magnitude_digit, stored_digit
 from tests.conftest import table_with_rows
 
 POLICY = """
@@ -159,7 +165,60 @@ def test_other_declared_bounds_make_another_copy(
     assert stored == _bin(v, -40, 50) != _bin(v, -50, 50)
 
 
+def _digit(x: float | None, lower: float, upper: float) -> int:
+    """The cells' magnitude digit by hand: NULL is len(edges) + 1; else |clip(x)| (NaN clips
+    to upper, as both databases order it above every number) in the first bin j with
+    magnitude >= edges[j], or len(edges) below the last edge."""
+    edges = magnitude_edges(max(abs(lower), abs(upper)))
+    if x is None:
+        return len(edges) + 1
+    magnitude = abs(upper if math.isnan(x) else min(max(x, lower), upper))
+    return next((j for j, e in enumerate(edges) if magnitude >= e), len(edges))
+
+
+def test_a_cells_statement_reads_a_stored_digit_only_where_it_is_the_same_digit() -> None:
+    policy = _policy()
+    v = parse_one("t.v")
+    assert stored_digit(policy, v, "t", -50, 50) == "__chorus_mag1"
+    assert stored_digit(policy, parse_one("t.n"), "t", 0, 20) == "__chorus_mag0"
+    assert stored_digit(policy, v, "t", -50, 40) is None  # other bounds
+    assert stored_digit(policy, v, "u", -50, 50) is None  # another table's column
+    assert stored_digit(policy, parse_one("t.v * 2"), "t", -100, 100) is None
+    assert stored_digit(policy, parse_one("t.w"), "t", 0, 1) is None  # not stored
+
+
+def test_the_copy_stores_the_digit_the_cells_compute(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    """Each row's stored digit is the hand one and the one the database computes with the
+    cells' own expression over the same row (``magnitude_digit`` of |clip(v)|, as
+    ``choice_histogram`` writes it for a column it finds no digit of)."""
+    from rewriters.clipping import clipping
+    from rewriters.dialect import dialect
+    from sqlglot import exp
+
+    engine = _engine(table, policy_engine)
+    name = table[1]
+    copy = engine.samples.ranked(name, engine.policy.tables[name])
+    assert copy is not None
+
+    def computed(column: str, lower: float, upper: float) -> str:
+        tree = magnitude_digit(lambda: exp.Abs(this=clipping(
+            exp.column(column, table="c"), lower, upper, consume=True)),
+            magnitude_edges(max(abs(lower), abs(upper))))
+        return dialect(tree, engine.dialect).sql(engine.dialect)
+
+    rows = engine.backend.run(
+        f'SELECT v, "__chorus_mag1", {computed("v", -50, 50)}, n, "__chorus_mag0", '
+        f'{computed("n", 0, 20)} FROM {SCHEMA}."{copy}" AS c').rows
+    assert len(rows) == len(_rows())
+    for v, v_digit, v_computed, n, n_digit, n_computed in rows:
+        assert v_digit == v_computed == _digit(v, -50, 50), v
+        assert n_digit == n_computed == _digit(None if n is None else float(n), 0, 20), n
+
+
 @pytest.mark.parametrize("sql", [
+    "SELECT SUM(__chorus_mag1) FROM {t}",
+    "SELECT COUNT(*) FROM {t} WHERE __chorus_mag0 > 3",
     "SELECT SUM(__chorus_bin1) FROM {t}",
     "SELECT MAX(__chorus_bin0) FROM {t}",
     "SELECT COUNT(*) FROM {t} WHERE __chorus_bin1 > 5000",

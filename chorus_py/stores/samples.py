@@ -82,6 +82,7 @@ from chorus_py.backends import SCHEMA, Backend
 from chorus_py.policy import TablePolicy
 from chorus_py.stores.owned import serialised
 from chorus_py.stores.schedules import BlockCatalog
+from mechanisms.clip_bounds import STEPS
 from rewriters.bins import BINS, stored_bin_columns, stored_bins
 from rewriters.blocks import (
     MONTHLY_TYPES,
@@ -104,6 +105,7 @@ from rewriters.contribution import (
 )
 from rewriters.dialect import dialect as for_dialect
 from rewriters.grouped_copy import grouped_name, grouped_table
+from rewriters.selection import stored_digit_columns
 
 log = logging.getLogger("chorus.materialize")
 
@@ -599,9 +601,11 @@ class BoundedSamples:
         if kind == RANKED:  # every row, whatever the cap: engines of any k share it
             # and the bins it stores (rewriters.bins): other declared bounds, another copy;
             # "order": its twin's index is in the twin's order (a copy whose twin was indexed
-            # on the row count alone is built again, with it).
+            # on the row count alone is built again, with it); "digits": it stores the
+            # magnitude digits of the choices' cells (rewriters.selection.stored_digit_columns,
+            # over the same columns and bounds, STEPS + 1 edges each).
             return (f"{row}|{policy.privacy_unit}|ranked|bins {BINS} {stored_bins(policy)}"
-                    "|order")
+                    f"|order|digits {STEPS}")
         # The cap is part of the version: a new max_rows_per_unit needs a new sample; so is
         # its layout ("ordered": in block order, indexed), so that older samples are rebuilt.
         return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered"
@@ -665,8 +669,9 @@ class BoundedSamples:
                 assert policy.block is not None
                 months = month_sql(exp.column(policy.block.column, table="t", quoted=True))
             select = ranked_table(table, policy.privacy_unit, where,
-                                  stored_bin_columns(policy, "t"), positions=positions,
-                                  month=months)
+                                  [*stored_bin_columns(policy, "t"),
+                                   *stored_digit_columns(policy, "t")],
+                                  positions=positions, month=months)
         else:
             select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
