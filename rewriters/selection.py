@@ -248,6 +248,9 @@ def choice_histogram(query: AggregateQuery,
     unit_ordered``) with ``presorted``: every window is then partitioned by the copy's own
     ``__chorus_unit_rows`` then the unit, the same partitions in the twin's stored order, which
     Postgres reads from the twin's index without sorting them (``kinds.single.cells_twin_pays``).
+    Over the copy or its twin (``stored`` too), an argument that is a plain column at its
+    declared bounds reads the magnitude digit the copy stored for it
+    (``stored_digit_columns``: the same expression, evaluated when the copy was built).
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
