@@ -43,7 +43,7 @@ from rewriters.contribution import (
 )
 from rewriters.groups import public_filter
 from rewriters.joins import join_rows
-from rewriters.pipeline import NOISY, combine_branches, filtered_rows
+from rewriters.pipeline import combine_branches, filtered_rows, noisy_table
 from rewriters.safety import safety
 
 
@@ -360,7 +360,7 @@ def quantile_finish(outputs: Sequence[OutputColumn], having: exp.Expr | None,
     """The outputs, HAVING, ORDER BY, LIMIT over the table ``chorus_noisy`` of key ids and
     quantile ids (post-processing, in the proxy's scratch DuckDB)."""
     finish = exp.select(*[exp.alias_(o.expr.copy(), o.name, quoted=True)
-                          for o in outputs]).from_(NOISY)
+                          for o in outputs]).from_(noisy_table(), copy=False)
     if having is not None:
         finish = finish.where(having.copy(), copy=False)
     if order:

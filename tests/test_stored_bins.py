@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlglot import parse_one
+from sqlglot import exp, parse_one
 
 from chorus_py.backends import SCHEMA
 from chorus_py.engine import Engine
@@ -30,6 +30,8 @@ from chorus_py.kinds.quantile import QuantileDetail
 from chorus_py.policy import TablePolicy
 from mechanisms.clip_bounds import magnitude_edges
 from rewriters.bins import BINS, stored_bin, stored_bins
+from rewriters.clipping import clipping
+from rewriters.dialect import dialect
 from rewriters.selection import magnitude_digit, stored_digit
 from tests.conftest import table_with_rows
 
@@ -192,10 +194,6 @@ def test_the_copy_stores_the_digit_the_cells_compute(
     """Each row's stored digit is the hand one and the one the database computes with the
     cells' own expression over the same row (``magnitude_digit`` of |clip(v)|, as
     ``choice_histogram`` writes it for a column it finds no digit of)."""
-    from rewriters.clipping import clipping
-    from rewriters.dialect import dialect
-    from sqlglot import exp
-
     engine = _engine(table, policy_engine)
     name = table[1]
     copy = engine.samples.ranked(name, engine.policy.tables[name])
