@@ -48,6 +48,7 @@ BENCHMARKS = {
     "grouped_twin": "issue 23: thresholded keys with and without the copy's grouped twin",
     "stored_bins": "issue 23: quantile histograms, the copy's stored bins against computed",
     "floors": "issue 23: what no statement removes (DuckDB fixed costs, Postgres windows)",
+    "choice_cells": "issue 23: a filtered query's choices statement in its forms, side by side",
 }
 #: Run only when named: too long for the default sweep, or needing more than the project's
 #: own environment.

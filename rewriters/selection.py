@@ -190,8 +190,8 @@ def choice_histogram(query: AggregateQuery,
                      starts: Sequence[int], restriction: BlockRestriction | None,
                      sample: tuple[str, str] | None,
                      stored: tuple[str, str] | None = None,
-                     copy: tuple[str, str] | None = None, presorted: bool = False
-                     ) -> exp.Select:
+                     copy: tuple[str, str] | None = None, presorted: bool = False,
+                     digits: bool = True) -> exp.Select:
     """The cap histogram and the clipping histograms of ``arguments`` (each with its bin edges,
     largest first) in ONE statement: one pass over the query's filtered rows instead of one
     per histogram (issue 23).
@@ -250,7 +250,9 @@ def choice_histogram(query: AggregateQuery,
     Postgres reads from the twin's index without sorting them (``kinds.single.cells_twin_pays``).
     Over the copy or its twin (``stored`` too), an argument that is a plain column at its
     declared bounds reads the magnitude digit the copy stored for it
-    (``stored_digit_columns``: the same expression, evaluated when the copy was built).
+    (``stored_digit_columns``: the same expression, evaluated when the copy was built);
+    ``digits=False`` computes it per row instead (the same cells: ``benchmarks.choice_cells``
+    compares the two).
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -275,14 +277,15 @@ def choice_histogram(query: AggregateQuery,
     values = [safety(a.argument) for a, _ in arguments]
     # The magnitude digit a ranked copy stores for a plain column at its declared bounds
     # (``stored_digit_columns``): read instead of computed per row.
-    digits = [stored_digit(query.table_policy, a.argument, alias, a.lower, a.upper)
-              if stored is not None or copy is not None else None for a, _ in arguments]
+    found = [stored_digit(query.table_policy, a.argument, alias, a.lower, a.upper)
+             if digits and (stored is not None or copy is not None) else None
+             for a, _ in arguments]
     # Every tree placed below is built here and placed once: no builder needs to copy it.
     magnitudes = [exp.alias_(exp.column(digit, table=alias), f"d{i}", copy=False)
                   if digit is not None else
                   exp.alias_(exp.Abs(this=clipping(copy_tree(v), a.lower, a.upper, consume=True)),
                              f"m{i}", copy=False)
-                  for i, (v, (a, _), digit) in enumerate(zip(values, arguments, digits,
+                  for i, (v, (a, _), digit) in enumerate(zip(values, arguments, found,
                                                              strict=True))]
     if stored is not None:
         size: exp.Expr = exp.column(UNIT_ROWS, table=alias)
@@ -343,7 +346,7 @@ def choice_histogram(query: AggregateQuery,
     key: exp.Expr = exp.Least(this=exp.column("n", table="r"),
                               expressions=[exp.Literal.number(starts[-1])], ignore_nulls=True)
     for i, (_, edges) in enumerate(arguments):
-        if digits[i] is not None:  # the copy's own: read as it was stored
+        if found[i] is not None:  # the copy's own: read as it was stored
             digit: exp.Expr = exp.column(f"d{i}", table="r")
         else:
             digit = magnitude_digit(lambda i=i: exp.column(f"m{i}", table="r"), edges)

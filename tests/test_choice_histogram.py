@@ -295,8 +295,9 @@ def test_the_cap_histogram_is_counted_in_whole_units(scratch: Callable[..., Engi
 # -- a filtered query's cells over the ranked copy (COPIED) ----------------------------------
 def _both_sources(engine: Engine, sql: str
                   ) -> list[dict[tuple[str, ...], np.ndarray]]:
-    """The exact histograms of ``sql``'s cells statement over the copy's filtered rows, over
-    its twin's in unit order, then over the table's."""
+    """The exact histograms of ``sql``'s cells statement over the copy's filtered rows (its
+    magnitude digits computed, then read as the copy stored them), over its twin's in unit
+    order, then over the table's."""
     engine.warm_up(wait=True)  # the copy and its twin
     _, prepared = engine.prepare(sql, "alice", epsilon=10.0)
     assert prepared.selection is not None
@@ -304,15 +305,19 @@ def _both_sources(engine: Engine, sql: str
     copy, = [t for t in engine.backend.owned_tables()  # the copy, not its twin in unit order
              if t.startswith("choice_t__ranked_") and not t.endswith(UNIT_ORDER)]
     out = []
-    for source, presorted in (((SCHEMA, copy), False), ((SCHEMA, copy + UNIT_ORDER), True),
-                              (None, False)):
+    for source, presorted, digits in (((SCHEMA, copy), False, False),
+                                      ((SCHEMA, copy), False, True),
+                                      ((SCHEMA, copy + UNIT_ORDER), True, True),
+                                      (None, False, True)):
         (what, shape, build), = histogram_builders(detail.query, detail.restriction, None,
                                                    one_statement=True, copy=source,
-                                                   presorted=presorted)
+                                                   presorted=presorted, digits=digits)
         assert what == CELLS and shape == (COPIED if source else WINDOWED)
         statement = dialect(build(), engine.dialect).sql(engine.dialect)
         assert ("__ranked_" in statement) == (source is not None)
         assert ("MIN(" in statement) == (source is not None)  # else ROW_NUMBER's mark
+        # v's and w's magnitude digits as the copy stored them, or computed per row.
+        assert statement.count("__chorus_mag") == (2 if source and digits else 0)
         verify(statement, engine.dialect, engine.statements.outgoing, "noised_by_proxy",
                frozenset({"choice_t"}))
         out.append(cells(engine.statements, None, statement, LIMIT, clipped, stored=False))
@@ -328,9 +333,9 @@ def test_the_copy_gives_the_histograms_of_the_table(scratch: Callable[..., Engin
     the same sums.  (A single cell may differ: which row of a unit bears its mark is arbitrary, and
     the mark lands in that row's bins; only its count of rows reaches the cap marginal.)"""
     engine = _engine(scratch)
-    over_copy, over_twin, over_table = _both_sources(
+    *over_copies, over_table = _both_sources(
         engine, f"SELECT SUM(v), AVG(w) FROM choice_t {where}")
-    for over in (over_copy, over_twin):
+    for over in over_copies:
         assert set(over) == set(over_table)
         assert over[("cap",)].tolist() == over_table[("cap",)].tolist()
         for what in over:
