@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sqlglot import exp
 from sqlglot.errors import OptimizeError
@@ -194,7 +194,7 @@ class AggregateQuery:
         for m in self.measurements:
             sens, why = _derive(m.kind, k, m.lower, m.upper, m.center, self.privacy_unit,
                                 self.keys, self.max_groups)
-            rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
+            rescaled.append(_replaced(m, sensitivity=sens, derivation=why))
         return dataclasses.replace(self, stability=k, measurements=tuple(rescaled))
 
     def with_groups(self, g: int | None) -> AggregateQuery:
@@ -208,7 +208,7 @@ class AggregateQuery:
         for m in self.measurements:
             sens, why = _derive(m.kind, self.stability, m.lower, m.upper, m.center,
                                 self.privacy_unit, self.keys, g)
-            rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
+            rescaled.append(_replaced(m, sensitivity=sens, derivation=why))
         return dataclasses.replace(bounded, measurements=tuple(rescaled))
 
     def with_key_values(self, values: dict[str, tuple[object, ...]]) -> AggregateQuery:
@@ -224,7 +224,7 @@ class AggregateQuery:
         for m in self.measurements:
             sens, why = _derive(m.kind, self.stability, m.lower, m.upper, m.center,
                                 self.privacy_unit, keys, self.max_groups)
-            rescaled.append(dataclasses.replace(m, sensitivity=sens, derivation=why))
+            rescaled.append(_replaced(m, sensitivity=sens, derivation=why))
         return dataclasses.replace(listed, measurements=tuple(rescaled))
 
     def calendar_keys(self) -> dict[str, CalendarKeys]:
@@ -255,7 +255,7 @@ class AggregateQuery:
                 centres[m.id] = (m.center, center)
             sens, why = _derive(m.kind, self.stability, lo, hi, center, self.privacy_unit,
                                 self.keys, self.max_groups)
-            rescaled.append(dataclasses.replace(m, lower=lo, upper=hi, center=center,
+            rescaled.append(_replaced(m, lower=lo, upper=hi, center=center,
                                                 sensitivity=sens, derivation=why))
 
         def recentre(node: exp.Expr) -> exp.Expr:
@@ -280,6 +280,16 @@ class AggregateQuery:
                                   nulls_first=o.args.get("nulls_first")) for o in self.order)
         return dataclasses.replace(self, measurements=tuple(rescaled), outputs=outputs,
                                    having=having, order=order)
+
+
+def _replaced(m: Measurement, **changes: Any) -> Measurement:
+    """``dataclasses.replace(m, **changes)``, keeping ``m``'s rendered ``argument_sql`` (a
+    function of its argument alone, which a cap, bounds or key values leave as it is): every
+    rescaled copy would render it again (several renderings per never-seen query)."""
+    new = dataclasses.replace(m, **changes)
+    if "argument" not in changes and "argument_sql" in m.__dict__:
+        new.__dict__["argument_sql"] = m.__dict__["argument_sql"]
+    return new
 
 
 @dataclass(frozen=True)

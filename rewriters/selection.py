@@ -332,9 +332,10 @@ def choice_histogram(query: AggregateQuery,
                 rows.subquery(alias, copy=False), copy=False)
     for i, (value, weight) in enumerate(zip(values, weights, strict=True)):
         # A NULL value has no weight (nor bin): its unit's other values share the 1.  The CASE
-        # also keeps 1 / COUNT(x) from being evaluated for a unit with no value (0).
+        # also keeps 1 / COUNT(x) from being evaluated for a unit with no value (0).  The
+        # value's last use: placed as it is (``safety`` made it for this statement).
         reader = reader.select(exp.alias_(exp.Case(
-            ifs=[exp.If(this=exp.Is(this=copy_tree(value), expression=exp.Null()),
+            ifs=[exp.If(this=exp.Is(this=value, expression=exp.Null()),
                         true=exp.Null())], default=weight), value_weight(i), copy=False),
             copy=False)
     # One integer key per cell, min(c_u, limit) then each argument's bin as digits (radix

@@ -208,3 +208,20 @@ def test_text_template_replaces_whole_tokens_only() -> None:
     cut = TextTemplate("SELECT 12, 0.125, x12, 12.5, -12, '12.0' FROM t WHERE 12 < k", ["12"])
     assert cut.count("12") == 3
     assert cut.fill({"12": "7"}) == "SELECT 7, 0.125, x12, 12.5, -7, '12.0' FROM t WHERE 7 < k"
+
+
+def test_a_rescaled_measurement_keeps_its_rendered_argument(
+        analysed: dict[tuple[str, str], AggregateQuery]) -> None:
+    """A cap, bounds or key values copy each measurement (``dataclasses.replace``): the text of
+    its argument, the key of its clipping bounds and a function of the argument alone, is
+    carried to the copy, not rendered again, and still equals a fresh rendering."""
+    from analyses.trees import sql_text
+
+    query = analysed[("duckdb", SHAPES[3])]  # STDDEV(fare) and AVG(fare)
+    assert all(m.argument_sql for m in query.measurements if m.argument is not None)
+    moved = query.with_cap(3).with_bounds({'"trips"."fare"': (1.0, 50.0)})
+    assert {m.upper for m in moved.measurements if m.upper is not None} == {50.0}
+    for m in moved.measurements:
+        if m.argument is not None:
+            assert "argument_sql" in m.__dict__  # carried over, not computed on this read
+            assert m.argument_sql == sql_text(m.argument) == '"trips"."fare"'

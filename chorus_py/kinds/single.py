@@ -292,9 +292,9 @@ class SingleTableKind:
         else:
             # The measurements' statement and the finish, templated as one text.
             def texts(q: AggregateQuery, p: NoisePlan) -> str:
-                rewritten = rewrite(q, p)
+                rewritten = rewrite(q, p)  # rendered once, then dropped: no copies
                 return proxy_texts(rewritten.measure_sql(consume=True),
-                                   sql_text(rewritten.finish, "duckdb"))
+                                   sql_text(rewritten.finish, "duckdb", consume=True))
 
             sql, finish = split_proxy_texts(one_table_sql(
                 self._templates, ("proxy", *key), query, plan, sql_dialect, sample is not None,
