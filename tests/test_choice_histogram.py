@@ -482,14 +482,20 @@ SUM_TODAY = ("SELECT city, SUM(fare) FROM trips WHERE fare > 30 "
              "AND pickup_time < CURRENT_TIMESTAMP GROUP BY city")
 
 
-@pytest.fixture(params=[True, False], ids=["twin", "copy"])
+@pytest.fixture
 def trips(request: pytest.FixtureRequest, backend_url: str,
           make_engine: Callable[..., Engine]) -> Engine:
     """The demo trips with automatic caps; a filtered query's cells read the copy's twin in
-    unit order (built: ``make_engine`` waits for it) or the copy itself."""
+    unit order (built: ``make_engine`` waits for it), or, parametrized indirectly with False
+    (``BOTH_READS``), the copy itself."""
     engine = make_engine(backend_url, contribution="auto")
-    engine.samples.read_twins = request.param
+    engine.samples.read_twins = getattr(request, "param", True)
     return engine
+
+
+#: The tests that see both statements over filtered rows: over the twin, over the copy.
+BOTH_READS = pytest.mark.parametrize("trips", [True, False], ids=["twin", "copy"],
+                                     indirect=True)
 
 
 def _selection_sql(engine: Engine, query: str) -> tuple[int, str]:
@@ -503,6 +509,7 @@ def _refused(engine: Engine, sql: str, match: str) -> None:
                frozenset({"trips"}))
 
 
+@BOTH_READS
 @pytest.mark.parametrize("query, shape", [(SUM_ALL, STORED), (SUM_FILTERED, COPIED),
                                           (SUM_TODAY, WINDOWED)])
 def test_real_selection_statements_pass(trips: Engine, query: str, shape: int) -> None:
@@ -574,6 +581,7 @@ def test_stored_weights_of_another_relation_are_refused(trips: Engine) -> None:
     _refused(trips, tampered, "without contribution bounding")
 
 
+@BOTH_READS
 @pytest.mark.parametrize("query", [SUM_FILTERED, "SELECT COUNT(*) FROM trips WHERE fare > 3"])
 def test_a_window_partitioned_by_more_than_the_unit_is_refused(trips: Engine,
                                                                query: str) -> None:
@@ -641,6 +649,7 @@ MARK_MUTATIONS = {
 }
 
 
+@BOTH_READS
 @pytest.mark.parametrize("mutation, query", [(name, query)
                                               for name, (queries, *_) in MARK_MUTATIONS.items()
                                               for query in queries])
@@ -656,6 +665,7 @@ def test_tampered_marks_are_refused(trips: Engine, mutation: str, query: str) ->
     _refused(trips, tampered, "without contribution bounding")
 
 
+@BOTH_READS
 def test_the_mark_shares_the_unit_counts_window(trips: Engine) -> None:
     """Over filtered rows every window of the choice statement is the same one, partitioned by
     the unit alone, or over the twin by its stored unit row count then the unit (the mark is
