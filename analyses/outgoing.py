@@ -959,7 +959,7 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float,
             if isinstance(item.this, exp.Window) and _numbers_rows(item.this) \
                     and (_partitioned_by(item.this, unit)
                          or (i == 0 and copy is not None
-                             and _presorted(item.this, unit, *copy))) and any(
+                             and _presorted(item.this, unit, _owned_by(*copy)))) and any(
                         _rank_filter(s.args.get("where"), item.alias, most)
                         for s in below[i + 1:]):
                 return True
@@ -1182,12 +1182,7 @@ def _partition_of(window: exp.Window, unit: str, copy: Callable[[exp.Expr], bool
                   ) -> bool:
     """Whether ``window`` is partitioned by the unit alone, or, with ``copy``, by the copy's
     own ``__chorus_unit_rows`` then the unit (the same partitions: ``_presorted``)."""
-    if _partitioned_by(window, unit):
-        return True
-    parts = window.args.get("partition_by") or []
-    return copy is not None and len(parts) == 2 and all(
-        isinstance(p, exp.Column) for p in parts) and parts[0].name == _UNIT_ROWS \
-        and copy(parts[0]) and parts[1].name == unit
+    return _partitioned_by(window, unit) or (copy is not None and _presorted(window, unit, copy))
 
 
 def _per_unit(node: exp.Expr, unit: str, copy: Callable[[exp.Expr], bool] | None,
@@ -1217,10 +1212,7 @@ def _stored_weights(chain: list[exp.Select], barrier: int, alias: str, sole: boo
     THEN 1 ELSE 0 END``: one row per unit at most, whatever the filter keeps), and the barrier
     only sums such weights (a COUNT there would count the rows themselves): the selection
     histograms over the stored counts (``rewriters.selection.choice_histogram``)."""
-    def own(column: exp.Expr) -> bool:  # a column of this very copy, read by this SELECT
-        return isinstance(column, exp.Column) and (column.table == alias
-                                                   or (sole and not column.table))
-
+    own = _owned_by(alias, sole)  # a column of this very copy, read by this SELECT
     if unit is None:
         return False
     weighted = any(_weight(d, unit, own) for item in chain[0].expressions
@@ -1253,19 +1245,28 @@ def _partitioned_by(window: exp.Window, unit: str) -> bool:
     return len(parts) == 1 and isinstance(parts[0], exp.Column) and parts[0].name == unit
 
 
-def _presorted(window: exp.Window, unit: str, alias: str, sole: bool) -> bool:
-    """Whether ``window``, in the direct reader of a ranked copy (or its twin) ``alias``, is
-    partitioned by that copy's ``__chorus_unit_rows`` then the unit, nothing else
-    (``rewriters.contribution.presorted_pays``).  The copy stores each unit's count of rows on
-    every row of the unit (``COUNT(*) OVER (PARTITION BY unit)`` when it is built), so the
-    partitions are the units' rows exactly, as by the unit alone.  A count from anywhere else
-    (another relation, a derived column) could differ between a unit's rows and is refused."""
+def _presorted(window: exp.Window, unit: str, copy: Callable[[exp.Expr], bool]) -> bool:
+    """Whether ``window``, in the direct reader of a ranked copy (or its twin), is partitioned
+    by that copy's ``__chorus_unit_rows`` (a column ``copy`` says is the copy's own) then the
+    unit, nothing else (``rewriters.contribution.presorted_pays``).  The copy stores each
+    unit's count of rows on every row of the unit (``COUNT(*) OVER (PARTITION BY unit)`` when
+    it is built), so the partitions are the units' rows exactly, as by the unit alone.  A count
+    from anywhere else (another relation, a derived column) could differ between a unit's rows
+    and is refused."""
     parts = window.args.get("partition_by") or []
     if len(parts) != 2 or not all(isinstance(p, exp.Column) for p in parts):
         return False
     size, by = parts
-    return size.name == _UNIT_ROWS and (size.table == alias or (sole and not size.table)) \
-        and by.name == unit
+    return size.name == _UNIT_ROWS and copy(size) and by.name == unit
+
+
+def _owned_by(alias: str, sole: bool) -> Callable[[exp.Expr], bool]:
+    """Whether a column is the ranked copy's own, read by its direct reader as ``alias``
+    (``sole``: its only source, so an unqualified column is the copy's too)."""
+    def own(column: exp.Expr) -> bool:
+        return isinstance(column, exp.Column) and (column.table == alias
+                                                   or (sole and not column.table))
+    return own
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:

@@ -256,7 +256,7 @@ class AggregateQuery:
             sens, why = _derive(m.kind, self.stability, lo, hi, center, self.privacy_unit,
                                 self.keys, self.max_groups)
             rescaled.append(_replaced(m, lower=lo, upper=hi, center=center,
-                                                sensitivity=sens, derivation=why))
+                                      sensitivity=sens, derivation=why))
 
         def recentre(node: exp.Expr) -> exp.Expr:
             # The AVG shape built by _Reader._aggregate: Add(c, Div(m_sum, GREATEST(m_n, 1))).

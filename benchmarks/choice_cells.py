@@ -78,14 +78,14 @@ def statements(engine: Engine, sql: str) -> dict[str, str]:
     _, prepared = engine.prepare(sql, "demo", 0.5, 1e-8)
     detail = prepared.detail
     copy = ranked_copy(engine, "trips")
-    sources: dict[str, tuple[tuple[str, str] | None, bool, bool]] = {
-        "table": (None, False, False), "copy, digits computed": ((SCHEMA, copy), False, False),
-        "copy": ((SCHEMA, copy), False, True), "twin": ((SCHEMA, copy + UNIT_ORDER), True, True)}
+    sources: dict[str, tuple[tuple[str, str] | None, bool]] = {
+        "table": (None, False), "copy, digits computed": ((SCHEMA, copy), False),
+        "copy": ((SCHEMA, copy), True), "twin": ((SCHEMA, copy + UNIT_ORDER), True)}
     out = {}
-    for form, (source, presorted, digits) in sources.items():
+    for form, (source, digits) in sources.items():
         (build,) = [b for what, _, b in histogram_builders(
             detail.query, detail.restriction, None, one_statement=True, copy=source,
-            presorted=presorted, digits=digits) if what == CELLS]
+            digits=digits) if what == CELLS]
         out[form] = dialect(build(), engine.dialect).sql(engine.dialect)
     return out
 

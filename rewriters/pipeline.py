@@ -55,16 +55,6 @@ from rewriters.noise import noise
 from rewriters.safety import safety
 
 NOISY = "chorus_noisy"
-
-
-def noisy_table() -> exp.Table:
-    """The relation ``NOISY`` as a FROM source: built, where ``from_(NOISY)`` parses the name
-    with sqlglot's parser on every rewrite (a few percent of a never-seen query's proxy CPU).
-
-    >>> exp.select("m0").from_(noisy_table()).sql()
-    'SELECT m0 FROM chorus_noisy'
-    """
-    return exp.Table(this=exp.to_identifier(NOISY))
 PARTS = "chorus_parts"  # the ranked copy's parts' per-group aggregates (combine_branches)
 # Where the ranked copy's light and heavy branches are aggregated apart and combined
 # (``combine_branches``).  Postgres runs ``light UNION ALL heavy`` under one aggregate serially (the
@@ -110,6 +100,16 @@ class RewrittenQuery:
         changes are made in the tree itself instead of a copy of it (0.5 ms of a cold
         prepare's 4.5 on DuckDB)."""
         return rendered(self.measure, self.dialect, copy=not consume)
+
+
+def noisy_table() -> exp.Table:
+    """The relation ``NOISY`` as a FROM source: built, where ``from_(NOISY)`` parses the name
+    with sqlglot's parser on every rewrite (a few percent of a never-seen query's proxy CPU).
+
+    >>> exp.select("m0").from_(noisy_table()).sql()
+    'SELECT m0 FROM chorus_noisy'
+    """
+    return exp.Table(this=exp.to_identifier(NOISY))
 
 
 def measured_ids(query: AggregateQuery, plan: NoisePlan) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from mechanisms.clip_bounds import magnitude_edges
 from rewriters.bins import stored_bins
 from rewriters.blocks import BlockRestriction
 from rewriters.clipping import clipping
-from rewriters.contribution import RANK, UNIT_ROWS
+from rewriters.contribution import RANK, UNIT_ORDER, UNIT_ROWS
 from rewriters.pipeline import filtered_rows
 from rewriters.safety import safety
 
@@ -190,8 +190,8 @@ def choice_histogram(query: AggregateQuery,
                      starts: Sequence[int], restriction: BlockRestriction | None,
                      sample: tuple[str, str] | None,
                      stored: tuple[str, str] | None = None,
-                     copy: tuple[str, str] | None = None, presorted: bool = False,
-                     digits: bool = True) -> exp.Select:
+                     copy: tuple[str, str] | None = None, digits: bool = True
+                     ) -> exp.Select:
     """The cap histogram and the clipping histograms of ``arguments`` (each with its bin edges,
     largest first) in ONE statement: one pass over the query's filtered rows instead of one
     per histogram (issue 23).
@@ -245,7 +245,7 @@ def choice_histogram(query: AggregateQuery,
     END``: the ranks 1..n_u are distinct within a unit, so exactly one of its filtered rows
     holds their minimum, and the MIN is a partition-wide aggregate like the counts.  ``copy``
     may name the copy's twin in unit order (the same rows, ``rewriters.contribution.
-    unit_ordered``) with ``presorted``: every window is then partitioned by the copy's own
+    unit_ordered``): every window is then partitioned by the copy's own
     ``__chorus_unit_rows`` then the unit, the same partitions in the twin's stored order, which
     Postgres reads from the twin's index without sorting them (``kinds.single.cells_twin_pays``).
     Over the copy or its twin (``stored`` too), an argument that is a plain column at its
@@ -302,7 +302,7 @@ def choice_histogram(query: AggregateQuery,
         # the same partitions (the count is the same on every row of a unit), in the order the
         # twin is stored (Postgres reads its index in that order and sorts nothing).
         partition = [exp.column(unit, table=alias)]
-        if presorted:
+        if copy is not None and copy[1].endswith(UNIT_ORDER):  # the twin (copies: 16 hex)
             partition.insert(0, exp.column(UNIT_ROWS, table=alias))
 
         def by_unit(agg: exp.Expr) -> exp.Window:

@@ -305,13 +305,11 @@ def _both_sources(engine: Engine, sql: str
     copy, = [t for t in engine.backend.owned_tables()  # the copy, not its twin in unit order
              if t.startswith("choice_t__ranked_") and not t.endswith(UNIT_ORDER)]
     out = []
-    for source, presorted, digits in (((SCHEMA, copy), False, False),
-                                      ((SCHEMA, copy), False, True),
-                                      ((SCHEMA, copy + UNIT_ORDER), True, True),
-                                      (None, False, True)):
+    for source, digits in (((SCHEMA, copy), False), ((SCHEMA, copy), True),
+                           ((SCHEMA, copy + UNIT_ORDER), True), (None, True)):
         (what, shape, build), = histogram_builders(detail.query, detail.restriction, None,
                                                    one_statement=True, copy=source,
-                                                   presorted=presorted, digits=digits)
+                                                   digits=digits)
         assert what == CELLS and shape == (COPIED if source else WINDOWED)
         statement = dialect(build(), engine.dialect).sql(engine.dialect)
         assert ("__ranked_" in statement) == (source is not None)

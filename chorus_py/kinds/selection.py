@@ -300,8 +300,7 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
                        sample: tuple[str, str] | None, one_statement: bool = False,
                        stored: tuple[str, str] | None = None,
                        copy: tuple[str, str] | None = None, dialect: str | None = None,
-                       grouped: tuple[str, str] | None = None, presorted: bool = False,
-                       digits: bool = True
+                       grouped: tuple[str, str] | None = None, digits: bool = True
                        ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
     them: (what, bins, a function building its tree) each.
@@ -309,8 +308,8 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
     ``one_statement``: the cap histogram and up to ``CELLS_ARGUMENTS`` clipping histograms
     come from one statement (``CELLS``, ``rewriters.selection.choice_histogram``), over the
     ranked copy ``stored`` (its row counts, no window) when it is given, else over the filtered
-    rows of the ranked copy ``copy`` (windows, a result remembered: ``cells``; or of its twin
-    in unit order, ``presorted``) when it is given; ``digits``: read the magnitude digits
+    rows of the ranked copy ``copy`` (windows, a result remembered: ``cells``; ``copy`` may
+    name its twin in unit order) when it is given; ``digits``: read the magnitude digits
     the copy stores (``rewriters.selection.stored_digit_columns``), else compute them.  The
     groups histogram keeps its own statement (one aggregation per unit on the ``dialect``s
     of ``DISTINCT_GROUPS_DIALECTS``; over the grouped twin ``grouped`` of a query that reads
@@ -342,7 +341,7 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
                        else WINDOWED,
                        lambda: choice_histogram(query, arguments, starts, restriction, sample,
                                                 stored, copy if over_copy else None,
-                                                presorted and over_copy, digits)))
+                                                digits)))
         return builds
     for arg in clipped:
         edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))

@@ -215,15 +215,14 @@ class SingleTableKind:
             # (the same rows), so that their exact result is remembered by the copy's name.
             copy = ranked if stored is None and copy_cells(query) else None
             # Or from the copy's twin in unit order, once built, when that pays.
-            presorted = copy is not None and services.samples.twin(copy[1]) \
-                and cells_twin_pays(*_share(services, query, reads))
-            if presorted:
+            if copy is not None and services.samples.twin(copy[1]) \
+                    and cells_twin_pays(*_share(services, query, reads)):
                 copy = (copy[0], unit_ordered(copy[1]))
             # Groups per unit over every row of the copy: from its grouped twin, once built
             # (a result kept in memory, like the stored counts').
             grouped = self._grouped_twin(query, ranked) \
                 if stored is not None and bounds_groups(query) else None
-            histograms = self._selection_statements(detail, stored, copy, grouped, presorted)
+            histograms = self._selection_statements(detail, stored, copy, grouped)
             selection = Selection(
                 detail.query, detail.plan, open_epsilon, histograms,
                 (asked.normalized_sql, epsilon, delta, restriction),
@@ -370,20 +369,19 @@ class SingleTableKind:
 
     def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None,
                               copy: tuple[str, str] | None = None,
-                              grouped: tuple[str, str] | None = None,
-                              presorted: bool = False
+                              grouped: tuple[str, str] | None = None
                               ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
         """The selection histograms: (what, bins, SQL) each, in the order the selection reads
         them; the cap and clipping histograms in one statement (over the ranked copy's stored
-        row counts when ``stored`` names it, over its filtered rows when ``copy`` does, or its
-        twin's, ``presorted``).  Each
-        SQL depends only on the query and the copy: built and verified once per query shape."""
+        row counts when ``stored`` names it, over its filtered rows when ``copy`` names it or
+        its twin in unit order).  Each SQL depends only on the query and the copy: built and
+        verified once per query shape."""
         query = detail.query
         out = []
         for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
                                                     one_statement=True, stored=stored,
                                                     copy=copy, dialect=self.services.dialect,
-                                                    grouped=grouped, presorted=presorted):
+                                                    grouped=grouped):
             key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy,
                    grouped, *what)
             sql = self._histograms.get(key)

@@ -205,7 +205,7 @@ def covering_index(twin: str, unit: str) -> str:
     alone, and the whole answer 369 -> 293 ms with the light branch from the twin
     (``kinds.single.light_twin_pays``); over the month twin, by-city AVG of January 215 ->
     202 ms, VARIANCE of March 230 -> 207, a filtered AVG of February 128 -> 109 (medians of
-    7).  The index is about the twin's size (90 MB for 112).
+    7).  The index is about the twin's size (90 MB for the 1M demo trips).
     A B-tree entry holds at most about 2.7 kB and an index 32 columns: for a table with a
     longer row (a long text value) or more columns, the index on the order alone, as before.
     The twin's columns are read from the catalog when the statement runs, in the same
