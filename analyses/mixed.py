@@ -29,7 +29,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from analyses.aggregate_filters import filters_as_case
-from analyses.quantiles import is_quantile, parsed_to_read
+from analyses.quantiles import is_quantile, may_ask_quantiles, parsed_to_read
 from analyses.query import display_sql, output_names
 from analyses.trees import dialect_named, sql_text
 from analyses.validate import AGGREGATES, check_node
@@ -65,6 +65,8 @@ class MixedSplit:
 def asks_mixed(sql: str, dialect: str) -> bool:
     """Whether ``sql`` holds both a quantile (MEDIAN, percentile, MIN, MAX) and another
     aggregate (a cheap parse; False if it does not parse)."""
+    if not may_ask_quantiles(sql):
+        return False
     trees = parsed_to_read(sql, dialect)
     return trees is not None and any(_has_quantile(tree) and _has_other(tree) for tree in trees)
 

@@ -112,3 +112,31 @@ def dialect_named(name: str | None) -> Dialect:
     (True, 'Dialect')
     """
     return Dialect.get_or_raise(name)
+
+
+def select_star(source: exp.Expr) -> exp.Select:
+    """``SELECT * FROM source``, placing ``source`` as it is (the caller's fresh tree).
+
+    ``exp.select("*")`` parses its ``*`` and ``Select.join(..., join_type=...)`` its join
+    type, each a run of sqlglot's tokenizer and parser: 5% of a never-seen grouped query's
+    proxy CPU, where a constructor costs a microsecond.
+
+    >>> select_star(exp.to_table("t")).sql()
+    'SELECT * FROM t'
+    """
+    return exp.Select(expressions=[exp.Star()], from_=exp.From(this=source))
+
+
+def join_to(select: exp.Select, source: exp.Expr, *, side: str | None = None,
+            kind: str | None = None, on: exp.Expr | None = None) -> exp.Select:
+    """``select`` with ``[side] [kind] JOIN source [ON on]`` appended, in place (the caller's
+    fresh trees, placed without copies or parsing: :func:`select_star`).
+
+    >>> join_to(select_star(exp.to_table("a")), exp.to_table("b"), kind="CROSS").sql()
+    'SELECT * FROM a CROSS JOIN b'
+    >>> join_to(select_star(exp.to_table("a")), exp.to_table("b"), side="LEFT",
+    ...         on=exp.column("x", table="a").eq(exp.column("x", table="b"))).sql()
+    'SELECT * FROM a LEFT JOIN b ON a.x = b.x'
+    """
+    select.append("joins", exp.Join(this=source, side=side, kind=kind, on=on))
+    return select

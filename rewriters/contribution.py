@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from analyses.trees import copy_tree
+from analyses.trees import copy_tree, select_star
 
 RAND = "__chorus_rand"
 RANK = "__chorus_rank"
@@ -88,8 +88,7 @@ def contribution(rows: exp.Select, unit: str, k: int) -> exp.Select:
         ),
     ).from_(randomised.subquery("r", copy=False), copy=False)
     return (
-        exp.select("*")
-        .from_(ranked.subquery("b", copy=False), copy=False)
+        select_star(ranked.subquery("b", copy=False))
         .where(exp.column(RANK, table="b") <= exp.Literal.number(k), copy=False)
     )
 
@@ -122,7 +121,7 @@ def group_bound(rows: exp.Select, unit: str, keys: Sequence[exp.Expr], g: int,
     if g < 1:
         raise ValueError("g must be >= 1")
     ranked = group_ranks(rows, unit, keys, draw)
-    return (exp.select("*").from_(ranked.subquery("gb", copy=False), copy=False)
+    return (select_star(ranked.subquery("gb", copy=False))
             .where(exp.column(GROUP_RANK, table="gb") <= exp.Literal.number(g), copy=False))
 
 
@@ -495,7 +494,7 @@ def ranked_branches(rows: exp.Select, alias: str, unit: str, k: int, twin: bool 
     heavy = heavy.select(exp.alias_(numbered, KEPT_RANK), copy=False).where(
         exp.GT(this=size.copy(), expression=cap.copy()), copy=False)
     flag = exp.column(KEPT_RANK, table="b")
-    kept = (exp.select("*").from_(heavy.subquery("b", copy=False), copy=False)
+    kept = (select_star(heavy.subquery("b", copy=False))
             .where(flag if streamed else flag <= cap.copy(), copy=False))
     return light, kept
 
@@ -641,5 +640,5 @@ def _row_capped(grouped: exp.Select, unit: str, k: int) -> exp.Select:
                               partition_by=[exp.column(unit, table=GROUP_KEPT)], order=order),
                    KEPT_RANK, copy=False),
     ).from_(grouped.subquery(GROUP_KEPT, copy=False), copy=False)
-    return (exp.select("*").from_(capped.subquery("b", copy=False), copy=False)
+    return (select_star(capped.subquery("b", copy=False))
             .where(exp.column(KEPT_RANK, table="b") <= exp.Literal.number(k), copy=False))

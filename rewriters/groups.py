@@ -15,6 +15,8 @@ from datetime import date, datetime
 
 from sqlglot import exp
 
+from analyses.trees import join_to, select_star
+
 GRID = "chorus_keys"
 
 
@@ -38,10 +40,9 @@ def public_grid(keys: Sequence[tuple[str, Sequence[object]]],
         parts.append(exp.Values(expressions=rows, alias=exp.TableAlias(
             this=exp.to_identifier(f"g{i}"), columns=[exp.to_identifier(kid)])))
     parts += [t.subquery(f"g{len(keys) + i}") for i, t in enumerate(tables)]
-    select = exp.select("*")
-    for i, part in enumerate(parts):  # fresh parts: neither they nor the SELECT need copies
-        select = select.from_(part, copy=False) if i == 0 \
-            else select.join(part, join_type="cross", copy=False)
+    select = select_star(parts[0])  # fresh parts: placed without copies
+    for part in parts[1:]:
+        join_to(select, part, kind="CROSS")
     return select
 
 
@@ -74,11 +75,8 @@ def complete_groups(exact: exp.Select, key_ids: Sequence[str], measure_ids: Sequ
     ]
     # ``exact`` and ``grid`` are the caller's fresh trees (rewriters.pipeline): placed as
     # they are, not copied (the measurements are most of the statement).
-    return (
-        exp.select(*columns)
-        .from_(grid.subquery(GRID, copy=False), copy=False)
-        .join(exact.subquery("e", copy=False), on=on, join_type="left", copy=False)
-    )
+    select = exp.Select(expressions=columns, from_=exp.From(this=grid.subquery(GRID, copy=False)))
+    return join_to(select, exact.subquery("e", copy=False), side="LEFT", on=on)
 
 
 def public_filter(key: exp.Expr, values: Sequence[object]) -> exp.Expr:

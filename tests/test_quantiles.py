@@ -8,7 +8,10 @@ import math
 from collections.abc import Callable, Iterator
 
 import pytest
+import sqlglot
 
+from analyses.quantiles import is_quantile, may_ask_quantiles
+from analyses.trees import dialect_named
 from chorus_py.engine import Engine
 from chorus_py.errors import InvalidParameter, NotSupportedError, QueryRefused
 from tests.conftest import nothing_spent
@@ -414,3 +417,37 @@ def test_a_thresholded_key_needs_delta(skew: Engine) -> None:
         skew.execute("SELECT h, MEDIAN(v) FROM skew GROUP BY h", epsilon=1.0, delta=0.0,
                      **ALICE)
     assert nothing_spent(skew)
+
+
+@pytest.mark.parametrize("dialect", ["duckdb", "postgres", "spark"])
+def test_every_quantile_function_passes_the_routings_word_filter(dialect: str) -> None:
+    """The routing skips its parse for a text holding none of the words of
+    ``analyses.quantiles.may_ask_quantiles``: every function name sqlglot reads as a quantile,
+    MEDIAN, MIN or MAX (is_quantile), in any of its argument forms, holds one of them."""
+    parser = dialect_named(dialect).parser_class
+    names = {*parser.FUNCTIONS, *parser.FUNCTION_PARSERS}
+    forms = ("SELECT {}(x) FROM t", "SELECT {}(x, 0.5) FROM t", "SELECT {}(0.5, x) FROM t",
+             "SELECT {}(0.5) WITHIN GROUP (ORDER BY x) FROM t")
+    found = set()
+    for name in names:
+        for form in forms:
+            try:
+                tree = sqlglot.parse_one(form.format(name), read=dialect)
+            except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError,
+                    TypeError, IndexError, KeyError, AttributeError):
+                continue
+            if any(is_quantile(node) for node in tree.walk()):
+                found.add(name)
+                assert may_ask_quantiles(form.format(name)), (name, form)
+    # The search does find them: the filter is tested on the names that matter.
+    assert {"MIN", "MAX", "PERCENTILE_CONT"} <= found
+
+
+def test_the_word_filter_turns_away_only_texts_without_quantiles() -> None:
+    """A text the filter turns away holds no quantile (the corpus' and held-out questions)."""
+    from benchmarks.corpus import CORPUS, HELDOUT
+
+    for query in (*CORPUS, *HELDOUT):
+        if not may_ask_quantiles(query.sql):
+            tree = sqlglot.parse_one(query.sql, read="postgres")
+            assert not any(is_quantile(node) for node in tree.walk()), query.sql
