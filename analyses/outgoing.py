@@ -64,8 +64,9 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    (``<= K``, ``> K``, one K) as the two sides of one UNION ALL, or the three parts of
    thresholded keys (``<= g``; ``> g AND <= k``; ``> k``) as the sides of one UNION ALL: the
    parts' ranges of ``__chorus_unit_rows`` cut the whole range at their Ks; a light branch is
-   never read alone; several occurrences of one copy (a self-join) are distinct sources of
-   one join.
+   never read alone, unless the aggregation sums only weights and marks of the copy's rows
+   (``_weighed_read``: a selection histogram's part, whose comparison keeps whole units);
+   several occurrences of one copy (a self-join) are distinct sources of one join.
    Every such k and K (``r <= k``, ``__chorus_rank <= k``, ``__chorus_unit_rows <= K``) is an
    int at most the statement's cap (the rows per unit its noise assumes, when the caller
    passes it) and at most the table's limit (the policy's ``max_rows_per_unit``): a bound
@@ -1508,7 +1509,8 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
                               "operation")
             if len(group) > 1:
                 _disjoint_parts([[t] for t in group], rules)
-            elif not paired and _unit_rows_bounds(group[0])[0]:
+            elif not paired and _unit_rows_bounds(group[0])[0] \
+                    and not _weighed_read(group[0], barrier, rules):
                 raise Refused(f"a light branch of the ranked copy {name} (__chorus_unit_rows "
                               "<= K) is read without its heavy branch")
         if len(groups) > 1:
@@ -1518,6 +1520,22 @@ def _copy_occurrences(barrier: exp.Select, tables: list[exp.Table], rules: Outgo
                     or len({id(h[1]) for h in holders if h is not None}) != len(holders):
                 raise Refused(f"the ranked copy {name} is read {len(groups)} times by one "
                               "aggregation, not as distinct sources of one join")
+
+
+def _weighed_read(table: exp.Table, barrier: exp.Select, rules: OutgoingRules) -> bool:
+    """Whether ``barrier``, the aggregation over the read ``table`` of a ranked copy (or its
+    twin), sums only per-unit weights and marks of that copy's rows (``_sums_of_weights``: a
+    unit's rows add at most 1 to each sum, whichever of them its reader's WHERE keeps).  A
+    ``__chorus_unit_rows`` comparison in that WHERE then keeps or drops whole units and bounds
+    nothing: not a light branch, but a part of the choices' cells
+    (``rewriters.selection.choice_histogram``'s ``part``)."""
+    chain = _select_ancestors(table)
+    index = next((i for i, s in enumerate(chain) if s is barrier), None)
+    unit = rules.private[_declared(table, rules)].unit
+    if index is None or unit is None:
+        return False
+    own = _owned_by(table.alias_or_name, not chain[0].args.get("joins"))
+    return _sums_of_weights(chain, index, unit, own)
 
 
 def _copy_of(name: str) -> str:

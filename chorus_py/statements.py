@@ -320,8 +320,20 @@ class Statements:
             run.read()
         return hit
 
+    def run_parts(self, parts: Sequence[str], run: QueryRun | None) -> ResultSet:
+        """Run the ``parts`` of one statement side by side (``Backend.run_side_by_side``): the
+        rows of all, in order, as one result.  Each part returns the same columns, and the
+        caller's reading of the rows must add up over them (the choices' cells: a part keeps
+        whole units).  Failures are handled as :meth:`run` handles them."""
+        def joined() -> ResultSet:
+            results = self.backend.run_side_by_side(parts)
+            return ResultSet(results[0].columns, results[0].types,
+                             [row for result in results for row in result.rows])
+        return self._guarded(joined, run)
+
     def run_remembered(self, sql: str, run: QueryRun | None, what: Hashable,
-                       derive: Callable[[Any], T], integers: bool = False) -> T:
+                       derive: Callable[[Any], T], integers: bool = False,
+                       parts: Sequence[str] = ()) -> T:
         """:meth:`run_stored_as` that keeps only the derived value, not the result: for a
         statement over stored relations whose text the analyst shapes (a filter), so that
         many texts hold many small derived values (a selection's marginals, a quantile's
@@ -329,10 +341,16 @@ class Statements:
         result (of its integer columns, :meth:`run_integers`, with ``integers``); its value is
         shared by every later call (the caller must not change it: arrays read-only).  The
         values kept are bounded by their bytes (``REMEMBERED_BYTES``).  A value read from
-        memory counts as rows read, as in :meth:`run_stored`."""
+        memory counts as rows read, as in :meth:`run_stored`.  ``parts``: ``sql`` cut into
+        statements whose rows together are its rows (:meth:`run_parts`), run instead of it
+        (not with ``integers``); the value is remembered under ``sql``."""
         hit = self._remembered.get((sql, what))
         if hit is None:
-            value = derive(self.run_integers(sql, run) if integers else self.run(sql, run))
+            if parts:
+                result: Any = self.run_parts(parts, run)
+            else:
+                result = self.run_integers(sql, run) if integers else self.run(sql, run)
+            value = derive(result)
             self._remembered.put((sql, what), (value,), _footprint(value))
             return value
         if run is not None:

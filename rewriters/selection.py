@@ -190,8 +190,8 @@ def choice_histogram(query: AggregateQuery,
                      starts: Sequence[int], restriction: BlockRestriction | None,
                      sample: tuple[str, str] | None,
                      stored: tuple[str, str] | None = None,
-                     copy: tuple[str, str] | None = None, digits: bool = True
-                     ) -> exp.Select:
+                     copy: tuple[str, str] | None = None, digits: bool = True,
+                     part: tuple[bool, int] | None = None) -> exp.Select:
     """The cap histogram and the clipping histograms of ``arguments`` (each with its bin edges,
     largest first) in ONE statement: one pass over the query's filtered rows instead of one
     per histogram (issue 23).
@@ -253,6 +253,13 @@ def choice_histogram(query: AggregateQuery,
     (``stored_digit_columns``: the same expression, evaluated when the copy was built);
     ``digits=False`` computes it per row instead (the same cells: ``benchmarks.choice_cells``
     compares the two).
+
+    ``part`` = (above, K): only the units of the copy with ``__chorus_unit_rows > K``
+    (``above``) or ``<= K``, a conjunct of the copy's direct reader.  The stored count is the
+    same on every row of a unit, so a part keeps or drops whole units: each unit's windows,
+    mark and weights are those of the whole statement, and the two parts' cells add up to
+    its cells (``kinds.selection.cells``; Postgres runs them side by side, a window being one
+    process's work there).  Over the twin each part is one range of its index.
 
     >>> from sqlglot import parse_one
     >>> from chorus_py.policy import TablePolicy
@@ -325,6 +332,14 @@ def choice_histogram(query: AggregateQuery,
         weights = [exp.Div(this=one.copy(), expression=by_unit(exp.Count(this=copy_tree(v))))
                    for v in values]
         rows = filtered_rows(query, restriction, sample, copy)
+        if part is not None:
+            if copy is None:
+                raise ValueError("a part of the cells reads the ranked copy's stored counts")
+            above, middle = part
+            size = exp.column(UNIT_ROWS, table=alias)
+            middle_literal = exp.Literal.number(middle)
+            rows = rows.where(exp.GT(this=size, expression=middle_literal) if above
+                              else exp.LTE(this=size, expression=middle_literal), copy=False)
         if copy is not None:
             reader = rows.select(*per_unit, *magnitudes, copy=False, append=False)
         else:

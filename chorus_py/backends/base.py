@@ -76,6 +76,14 @@ class Backend(ABC):
             else [()] * len(result.columns)
         return tuple(integer_column(c) for c in columns)
 
+    def run_side_by_side(self, statements: Sequence[str]) -> list[ResultSet]:
+        """Run ``statements``, which do not depend on one another, at once where the backend
+        gains by it (Postgres: each on a connection of its own), else one after the other
+        (here); their results in their order.  Raise :class:`StatementFailed` as :meth:`run`
+        does once every statement has ended, ``touched_data`` when any of them may have read
+        a row."""
+        return [self.run(sql) for sql in statements]
+
     @abstractmethod
     def run_owned(self, statements: Sequence[str]) -> None:
         """Run statements that write the proxy's own schema, in one transaction.

@@ -3,6 +3,7 @@ restricted to the public tables for public-only queries."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import re
@@ -20,7 +21,7 @@ from chorus_py.backends.base import (
     StatementFailed,
     group_columns,
 )
-from chorus_py.backends.cancel import cancellable
+from chorus_py.backends.cancel import cancellable, interrupt
 from chorus_py.errors import OperationalError
 
 log = logging.getLogger("chorus.backends")
@@ -56,6 +57,8 @@ class PostgresBackend(Backend):
         self._public_checked = 0.0  # time.monotonic() of the last check of its role
         self._public_refused: OperationalError | None = None  # what the last check found
         self._public_lock = threading.Lock()
+        self._helpers: concurrent.futures.ThreadPoolExecutor | None = None  # side by side
+        self._helpers_lock = threading.Lock()
         with self._connection():  # fail at start-up, not on the first query
             pass
 
@@ -117,6 +120,85 @@ class PostgresBackend(Backend):
                 if attempt == 2 or "cached plan must not change result type" not in str(err):
                     raise StatementFailed(_pg_touched(err), str(err)) from None
         raise AssertionError("unreachable")
+
+    def run_side_by_side(self, statements: Sequence[str]) -> list[ResultSet]:
+        """:meth:`Backend.run_side_by_side`: the first statement in this thread, the others
+        each on a connection of the pool in a helper thread.  Postgres runs a window in one
+        process (no parallel plan holds one: benchmarks/RESULTS.md, "The floors"), so the
+        choices' cells cut in two halves run in about half the time on two cores.
+
+        The others are the query's too: a cancel of this thread's statement (a client's
+        cancel request, a front door's timeout, ``cancellable``) reaches them, sent again
+        every 0.1 s while they run (one could be about to start); a failure of one cancels
+        the others; the error raised, once all have ended, is the first failure's, with
+        ``touched_data`` when any statement may have read a row (one that ran to its end
+        did)."""
+        if len(statements) < 2:
+            return [self.run(sql) for sql in statements]
+        helpers = self._helper_threads()
+        threads: dict[int, int] = {}  # the helper thread of each statement, once started
+        stopping: list[str] = []  # why the others are cancelled, once they are
+
+        def helper(index: int, sql: str) -> ResultSet:
+            threads[index] = threading.get_ident()
+            if stopping:
+                raise StatementFailed(False, "not started: another part failed",
+                                      cancelled=stopping[0])
+            return self.run(sql)
+
+        def stop_others(reason: str) -> None:
+            if not stopping:
+                stopping.append(reason)
+            for ident in list(threads.values()):
+                interrupt(ident, stopping[0])
+
+        futures = [helpers.submit(helper, i, sql) for i, sql in enumerate(statements[1:], 1)]
+        results: list[ResultSet | None] = [None] * len(statements)
+        failures: list[StatementFailed] = []
+        unexpected: list[Exception] = []
+        try:
+            results[0] = self.run(statements[0])
+        except StatementFailed as err:
+            failures.append(err)
+            stop_others(err.cancelled or "another part failed")
+        except Exception as err:
+            unexpected.append(err)
+            stop_others("another part failed")
+        # While the others run, this thread's cancel is theirs.
+        with cancellable(lambda: stop_others("user request")) as stop:
+            for index, future in enumerate(futures, 1):
+                while True:
+                    try:
+                        results[index] = future.result(timeout=0.1)
+                    except concurrent.futures.TimeoutError:
+                        if stopping or stop.reason:
+                            stop_others(stop.reason or stopping[0])
+                        continue
+                    except StatementFailed as err:
+                        failures.append(err)
+                        stop_others(err.cancelled or "another part failed")
+                    except Exception as err:  # e.g. no connection to be had: not a statement's
+                        unexpected.append(err)
+                        stop_others("another part failed")
+                    break
+        if failures:
+            # The first failure seen is the cause; the others were cancelled because of it.
+            first = failures[0]
+            touched = any(f.touched_data for f in failures) or any(
+                r is not None for r in results)
+            raise StatementFailed(touched, first.detail,
+                                  cancelled=first.cancelled or stop.reason)
+        if unexpected:
+            raise unexpected[0]
+        return [r for r in results if r is not None]
+
+    def _helper_threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads of :meth:`run_side_by_side`'s other statements, started on first use."""
+        with self._helpers_lock:
+            if self._helpers is None:
+                self._helpers = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="chorus-side-by-side")
+            return self._helpers
 
     def _run(self, query: bytes) -> ResultSet:
         with self._connection() as con:
@@ -276,6 +358,8 @@ class PostgresBackend(Backend):
         return group_columns(result.rows)
 
     def close(self) -> None:
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
         for other in (self._public, self._as_server):
             if other is not None:
                 other.close()

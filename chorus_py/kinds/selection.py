@@ -94,6 +94,9 @@ class Selection:
     # Histograms over stored relations only (the groups histogram over a grouped twin):
     # their exact result is kept in memory (``Statements.run_stored``), noised afresh.
     stored: frozenset[tuple[str, ...]] = frozenset()
+    # The cells statement (``CELLS``) cut into parts that keep whole units, run side by side
+    # instead of it (``rewriters.selection.choice_histogram``'s ``part``); () runs it whole.
+    parts: tuple[str, ...] = ()
 
     def kept(self, chosen: Choices) -> tuple[tuple[tuple[object, ...], Choices], ...]:
         """The choices under ``key`` when they may be reused."""
@@ -111,7 +114,8 @@ class Selection:
         by_groups = bounds_groups(query)
         eps_h = self.epsilon / (int(with_rows) + int(by_groups) + len(clipped))
         sized = {what: (size, sql) for what, size, sql in self.histograms}
-        exact_of = _exact_histograms(statements, run, sized, query, clipped, self.stored)
+        exact_of = _exact_histograms(statements, run, sized, query, clipped, self.stored,
+                                     self.parts)
         per_unit = None
         groups_fell_back = False
         if by_groups:  # g first: the histogram of distinct groups per unit (sensitivity 1)
@@ -167,11 +171,13 @@ def _bias_text(bias: SelectionBias | None, what: str) -> str | None:
 def _exact_histograms(statements: Statements, run: QueryRun,
                       sized: dict[tuple[str, ...], tuple[int, str]], query: AggregateQuery,
                       clipped: tuple[ClippedArgument, ...],
-                      stored: frozenset[tuple[str, ...]] = frozenset()
+                      stored: frozenset[tuple[str, ...]] = frozenset(),
+                      parts: tuple[str, ...] = ()
                       ) -> Callable[[tuple[str, ...]], np.ndarray]:
     """A function giving each exact histogram of the selection by its name: run on its own, or
     read from the one statement of cells (``CELLS``) that holds the cap histogram and the
-    clipping histograms, run once, the first time one of them is asked for."""
+    clipping histograms, run once (as its ``parts`` when given), the first time one of them is
+    asked for."""
     split: dict[tuple[str, ...], np.ndarray] = {}
 
     def exact_of(what: tuple[str, ...]) -> np.ndarray:
@@ -180,7 +186,8 @@ def _exact_histograms(statements: Statements, run: QueryRun,
         if not split:
             size, sql = sized[CELLS]
             split.update(cells(statements, run, sql, query.table_policy.contribution_bound,
-                               clipped, stored=size == STORED, copied=size == COPIED))
+                               clipped, stored=size == STORED, copied=size == COPIED,
+                               parts=parts))
         return split[what]
     return exact_of
 
@@ -213,8 +220,8 @@ CELLS_ARGUMENTS = 2
 
 
 def cells(statements: Statements, run: QueryRun | None, sql: str, limit: int,
-          clipped: tuple[ClippedArgument, ...], stored: bool, copied: bool = False
-          ) -> dict[tuple[str, ...], np.ndarray]:
+          clipped: tuple[ClippedArgument, ...], stored: bool, copied: bool = False,
+          parts: Sequence[str] = ()) -> dict[tuple[str, ...], np.ndarray]:
     """Run ``rewriters.selection.choice_histogram``'s statement and sum its cells into the
     exact cap histogram and the exact clipping histogram of every argument.
 
@@ -233,13 +240,22 @@ def cells(statements: Statements, run: QueryRun | None, sql: str, limit: int,
     later query noises them afresh: the same exact histograms, each use its own noise and its
     own charge, as when the statement runs again.  Over filtered rows only the marginals are
     kept (``Statements.run_remembered``): analysts write the filters, so there may be many.
+
+    ``parts`` (``copied`` only): the statement cut into parts over disjoint sets of units
+    (``choice_histogram``'s ``part``), run side by side instead of it: a unit's rows, mark
+    and weights are all in one part, so the parts' cells together are the statement's cells,
+    summed into the same marginals (``np.add.at`` adds a cell key met in both parts twice:
+    the same sums, up to the order of floating-point additions), remembered under its text.
     """
     def marginals(result: ResultSet) -> dict[tuple[str, ...], np.ndarray]:
         return _marginals(result.rows, limit, clipped)
 
     if copied:
         return statements.run_remembered(sql, run, (limit, tuple(a.key for a in clipped)),
-                                         lambda result: _read_only(marginals(result)))
+                                         lambda result: _read_only(marginals(result)),
+                                         parts=parts)
+    if parts:
+        raise ValueError("the cells run in parts only over the ranked copy's filtered rows")
     if not stored:
         return marginals(statements.run(sql, run))
     # The statement reads only the ranked copy, which never changes under its name: its exact
@@ -300,7 +316,8 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
                        sample: tuple[str, str] | None, one_statement: bool = False,
                        stored: tuple[str, str] | None = None,
                        copy: tuple[str, str] | None = None, dialect: str | None = None,
-                       grouped: tuple[str, str] | None = None, digits: bool = True
+                       grouped: tuple[str, str] | None = None, digits: bool = True,
+                       part: tuple[bool, int] | None = None
                        ) -> list[tuple[tuple[str, ...], int, Callable[[], Any]]]:
     """The selection histograms of ``query``, in the order :meth:`Selection.choose` reads
     them: (what, bins, a function building its tree) each.
@@ -310,7 +327,8 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
     ranked copy ``stored`` (its row counts, no window) when it is given, else over the filtered
     rows of the ranked copy ``copy`` (windows, a result remembered: ``cells``; ``copy`` may
     name its twin in unit order) when it is given; ``digits``: read the magnitude digits
-    the copy stores (``rewriters.selection.stored_digit_columns``), else compute them.  The
+    the copy stores (``rewriters.selection.stored_digit_columns``), else compute them;
+    ``part``: the cells statement's part (``choice_histogram``), over ``copy`` only.  The
     groups histogram keeps its own statement (one aggregation per unit on the ``dialect``s
     of ``DISTINCT_GROUPS_DIALECTS``; over the grouped twin ``grouped`` of a query that reads
     every row of the copy, the sum of its marks per unit), and so does a cap histogram alone
@@ -341,7 +359,7 @@ def histogram_builders(query: AggregateQuery, restriction: BlockRestriction | No
                        else WINDOWED,
                        lambda: choice_histogram(query, arguments, starts, restriction, sample,
                                                 stored, copy if over_copy else None,
-                                                digits)))
+                                                digits, part if over_copy else None)))
         return builds
     for arg in clipped:
         edges = magnitude_edges(max(abs(arg.lower), abs(arg.upper)))

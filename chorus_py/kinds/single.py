@@ -35,6 +35,8 @@ from chorus_py.kinds.analytic import (
 )
 from chorus_py.kinds.base import Answer, Prepared, Services
 from chorus_py.kinds.selection import (
+    CELLS,
+    COPIED,
     Choices,
     Selection,
     bounds_groups,
@@ -214,21 +216,27 @@ class SingleTableKind:
             # A filtered query's cells read the copy's filtered rows instead of the table's
             # (the same rows), so that their exact result is remembered by the copy's name.
             copy = ranked if stored is None and copy_cells(query) else None
-            # Or from the copy's twin in unit order, once built, when that pays.
+            # Or from the copy's twin in unit order, once built, when that pays; on Postgres
+            # cut in two at the twin's middle, run side by side (``choice_histogram``'s part).
+            middle = None
             if copy is not None and services.samples.twin(copy[1]) \
                     and cells_twin_pays(*_share(services, query, reads)):
+                middle = services.samples.middle(copy[1])
                 copy = (copy[0], unit_ordered(copy[1]))
             # Groups per unit over every row of the copy: from its grouped twin, once built
             # (a result kept in memory, like the stored counts').
             grouped = self._grouped_twin(query, ranked) \
                 if stored is not None and bounds_groups(query) else None
-            histograms = self._selection_statements(detail, stored, copy, grouped)
+            histograms, parts = self._selection_statements(detail, stored, copy, grouped,
+                                                           middle)
             selection = Selection(
                 detail.query, detail.plan, open_epsilon, histograms,
                 (asked.normalized_sql, epsilon, delta, restriction),
                 lambda chosen: self._prepare(asked, epsilon, delta, chosen),
-                frozenset({("groups",)}) if grouped is not None else frozenset())
-            statements += tuple(sql for _, _, sql in histograms)
+                frozenset({("groups",)}) if grouped is not None else frozenset(), parts)
+            # What is sent: the cells' parts instead of the whole when cut.
+            statements += tuple(sql for what, _, sql in histograms
+                                if not (parts and what == CELLS)) + parts
         return Prepared(report, reads.ids if reads is not None else (query.table,), events,
                         detail, statements=statements,
                         finish=finish_plan(detail) if detail.proxied is not None else None,
@@ -369,29 +377,44 @@ class SingleTableKind:
 
     def _selection_statements(self, detail: AnalyticQuery, stored: tuple[str, str] | None,
                               copy: tuple[str, str] | None = None,
-                              grouped: tuple[str, str] | None = None
-                              ) -> tuple[tuple[tuple[str, ...], int, str], ...]:
+                              grouped: tuple[str, str] | None = None,
+                              middle: int | None = None
+                              ) -> tuple[tuple[tuple[tuple[str, ...], int, str], ...],
+                                         tuple[str, ...]]:
         """The selection histograms: (what, bins, SQL) each, in the order the selection reads
         them; the cap and clipping histograms in one statement (over the ranked copy's stored
         row counts when ``stored`` names it, over its filtered rows when ``copy`` names it or
-        its twin in unit order).  Each SQL depends only on the query and the copy: built and
-        verified once per query shape."""
+        its twin in unit order).  Then, with the twin's ``middle``, that statement's two parts
+        (its units of at most ``middle`` stored rows, then the others) that run side by side
+        instead of it; () otherwise.  Each SQL depends only on the query and the copy: built
+        and verified once per query shape, each part as any statement sent."""
         query = detail.query
-        out = []
-        for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
-                                                    one_statement=True, stored=stored,
-                                                    copy=copy, dialect=self.services.dialect,
-                                                    grouped=grouped):
-            key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy,
-                   grouped, *what)
-            sql = self._histograms.get(key)
-            if sql is None:
-                sql = rendered(build(), self.services.dialect)  # a fresh tree: no copies
-                # The selection noises it in the proxy.
-                self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
-                self._histograms.put(key, sql)
-            out.append((what, size, sql))
-        return tuple(out)
+
+        def texts(part: tuple[bool, int] | None) -> list[tuple[tuple[str, ...], int, str]]:
+            out = []
+            for what, size, build in histogram_builders(
+                    query, detail.restriction, detail.sample, one_statement=True,
+                    stored=stored, copy=copy, dialect=self.services.dialect,
+                    grouped=grouped, part=part):
+                if part is not None and what != CELLS:
+                    continue
+                key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy,
+                       grouped, part, *what)
+                sql = self._histograms.get(key)
+                if sql is None:
+                    sql = rendered(build(), self.services.dialect)  # a fresh tree: no copies
+                    # The selection noises it in the proxy.
+                    self.services.statements.verify_outgoing(sql, "noised_by_proxy",
+                                                             query.tables)
+                    self._histograms.put(key, sql)
+                out.append((what, size, sql))
+            return out
+
+        whole = tuple(texts(None))
+        if middle is None or not any(w == CELLS and size == COPIED for w, size, _ in whole):
+            return whole, ()
+        return whole, tuple(sql for above in (False, True)
+                            for _, _, sql in texts((above, middle)))
 
 
 def reads_twin(services: Services, query: AggregateQuery, reads: BlocksRead | None,

@@ -295,6 +295,8 @@ class BoundedSamples:
         self._month_twins: set[str] = set()  # and those whose month twin is there
         # Grouped twins: True when there, a thread while built, a time when a build failed.
         self._grouped: dict[str, bool | threading.Thread | float] = {}
+        # Each twin's middle stored count (``middle``), read once: None when that failed.
+        self._middles: dict[str, int | None] = {}
         #: Whether queries may read the twins (benchmarks.unit_order compares both paths).
         self.read_twins = True
         #: Whether queries over one month may read the month twins (benchmarks.month_twin).
@@ -374,6 +376,35 @@ class BoundedSamples:
         (``rewriters.contribution.unit_ordered``) for queries to read."""
         with self._lock:
             return self.read_twins and copy in self._twins
+
+    def middle(self, copy: str) -> int | None:
+        """The stored row count ``__chorus_unit_rows`` of the middle row of ``copy``'s twin in
+        unit order (sorted by that count first): the cut K that splits the choices' cells of
+        a query reading the twin into two parts of about half its rows each
+        (``rewriters.selection.choice_histogram``'s ``part``), which Postgres runs side by
+        side.  Read once per twin, on Postgres, from the twin's index (90 ms for 1M demo
+        trips; the twin never changes under its name).  None without a twin, elsewhere, or
+        when the read failed (logged; the cells then run whole: the same cells).  Only the
+        parts' running time depends on it: their cells add up to the whole statement's
+        whatever K is."""
+        with self._lock:
+            if copy in self._middles:
+                return self._middles[copy]
+        if self._backend.dialect != "postgres" or not self.twin(copy):
+            return None
+        twin = f'{SCHEMA}."{unit_ordered(copy)}"'
+        try:
+            rows = self._backend.run(
+                f"SELECT {UNIT_ROWS} FROM {twin} ORDER BY {UNIT_ROWS} LIMIT 1 "
+                f"OFFSET (SELECT COUNT(*) / 2 FROM {twin})").rows
+            found = int(rows[0][0]) if rows and rows[0][0] is not None else None
+        except Exception as err:
+            log.warning("the middle of %s not read (%s): its cells run whole", twin,
+                        str(err).splitlines()[0] if str(err) else type(err).__name__)
+            found = None
+        with self._lock:
+            self._middles[copy] = found
+        return found
 
     def month_twin(self, copy: str) -> bool:
         """Whether the ranked copy named ``copy`` has its month twin
@@ -527,6 +558,9 @@ class BoundedSamples:
         with self._lock:
             self._building.pop(table, None)
             self._current[(table, RANKED)] = (time.monotonic(), name)
+        # Its twin's middle, read here in the background rather than by the first query whose
+        # cells it cuts in two.
+        self.middle(name)
 
     def _ranked_failed(self, table: str, err: Exception) -> None:
         """Remember (for the TTL) that ``table`` has no ranked copy; the caller holds the lock."""
