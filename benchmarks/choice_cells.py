@@ -19,10 +19,13 @@ to the database (raw) and the statement in each form, medians:
 - copy: the same, reading the magnitude digits the copy stores
   (``rewriters.selection.stored_digit_columns``);
 - twin: the same over the copy's twin in unit order, partitioned by the stored unit row
-  count then the unit (``kinds.single.cells_twin_pays`` picks it from half of the schedule).
+  count then the unit (``kinds.single.cells_twin_pays`` picks it from half of the schedule);
+- twin, two parts (Postgres): the same cut at the twin's middle stored count
+  (``BoundedSamples.middle``) into the units of at most that many rows and the others, the two
+  statements run side by side on two connections (``PostgresBackend.run_side_by_side``).
 
-Every form gives the same marginals (tests/test_choice_histogram.py); the engine runs the
-last form that applies.
+Every form gives the same marginals (tests/test_choice_histogram.py,
+tests/test_cells_parts.py); the engine runs the last form that applies.
 """
 
 from __future__ import annotations
@@ -70,23 +73,31 @@ QUERIES = [
     ("last week", 7, "SELECT AVG(fare) FROM trips WHERE pickup_time >= '2026-03-25' "
                      "AND distance_km > 1"),
 ]
-FORMS = ("table", "copy, digits computed", "copy", "twin")
+FORMS = ("table", "copy, digits computed", "copy", "twin", "twin, two parts")
+SPLIT = "twin, two parts"
 
 
-def statements(engine: Engine, sql: str) -> dict[str, str]:
-    """The cells statement of ``sql`` in each form of ``FORMS``."""
+def statements(engine: Engine, sql: str) -> dict[str, list[str]]:
+    """The cells statement of ``sql`` in each form of ``FORMS`` (the last: its two parts, on
+    Postgres only)."""
     _, prepared = engine.prepare(sql, "demo", 0.5, 1e-8)
     detail = prepared.detail
     copy = ranked_copy(engine, "trips")
-    sources: dict[str, tuple[tuple[str, str] | None, bool]] = {
-        "table": (None, False), "copy, digits computed": ((SCHEMA, copy), False),
-        "copy": ((SCHEMA, copy), True), "twin": ((SCHEMA, copy + UNIT_ORDER), True)}
+    twin = (SCHEMA, copy + UNIT_ORDER)
+    middle = engine.samples.middle(copy)
+    sources: dict[str, tuple[tuple[str, str] | None, bool, list[tuple[bool, int] | None]]] = {
+        "table": (None, False, [None]), "copy, digits computed": ((SCHEMA, copy), False, [None]),
+        "copy": ((SCHEMA, copy), True, [None]), "twin": (twin, True, [None])}
+    if middle is not None:
+        sources[SPLIT] = (twin, True, [(False, middle), (True, middle)])
     out = {}
-    for form, (source, digits) in sources.items():
-        (build,) = [b for what, _, b in histogram_builders(
-            detail.query, detail.restriction, None, one_statement=True, copy=source,
-            digits=digits) if what == CELLS]
-        out[form] = dialect(build(), engine.dialect).sql(engine.dialect)
+    for form, (source, digits, cuts) in sources.items():
+        out[form] = []
+        for part in cuts:
+            (build,) = [b for what, _, b in histogram_builders(
+                detail.query, detail.restriction, None, one_statement=True, copy=source,
+                digits=digits, part=part) if what == CELLS]
+            out[form].append(dialect(build(), engine.dialect).sql(engine.dialect))
     return out
 
 
@@ -97,7 +108,8 @@ def bench(engine: Engine, repeat: int) -> list[tuple[str, int, float, dict[str, 
         for label, days, sql in QUERIES:
             forms = statements(engine, sql)
             runs: dict[str, Callable[[], object]] = {
-                form: (lambda text=text: engine.backend.run(text)) for form, text in forms.items()}
+                form: (lambda texts=texts: engine.backend.run_side_by_side(texts))
+                for form, texts in forms.items()}
             raw_queries.run(sql)
             for run in runs.values():  # planned and cached once
                 run()
@@ -133,8 +145,10 @@ def report(results: dict[str, list[tuple[str, int, float, dict[str, float]]]],
     ]
     for backend, rows in results.items():
         for label, days, raw, found in rows:
-            chosen = "twin" if cells_twin_pays(days, 90) else "copy"
-            cells = [f"**{found[f]:.1f}**" if f == chosen else f"{found[f]:.1f}" for f in FORMS]
+            chosen = ("twin" if SPLIT not in found else SPLIT) \
+                if cells_twin_pays(days, 90) else "copy"
+            cells = ["-" if f not in found else f"**{found[f]:.1f}**" if f == chosen
+                     else f"{found[f]:.1f}" for f in FORMS]
             lines.append(f"| {backend} | {label} | {days} | {raw:.1f} | " + " | ".join(cells)
                          + f" | {found[chosen] / found['table']:.2f} |")
     return "\n".join(lines)

@@ -382,29 +382,30 @@ class BoundedSamples:
         unit order (sorted by that count first): the cut K that splits the choices' cells of
         a query reading the twin into two parts of about half its rows each
         (``rewriters.selection.choice_histogram``'s ``part``), which Postgres runs side by
-        side.  Read once per twin, on Postgres, from the twin's index (90 ms for 1M demo
-        trips; the twin never changes under its name).  None without a twin, elsewhere, or
-        when the read failed (logged; the cells then run whole: the same cells).  Only the
+        side.  Read with the copy, when this proxy builds or first finds it
+        (``_read_middle``), never by a query.  None without a twin, elsewhere, in a one-shot
+        command, or when the read failed: the cells then run whole, the same cells.  Only the
         parts' running time depends on it: their cells add up to the whole statement's
         whatever K is."""
         with self._lock:
-            if copy in self._middles:
-                return self._middles[copy]
-        if self._backend.dialect != "postgres" or not self.twin(copy):
+            return self._middles.get(copy) if self.read_twins and copy in self._twins else None
+
+    def _read_middle(self, copy: str) -> int | None:
+        """``middle`` of ``copy``, read from its twin's index on Postgres (90 ms for 1M demo
+        trips, once: the twin never changes under its name); None elsewhere or on failure
+        (logged)."""
+        if self._backend.dialect != "postgres":
             return None
         twin = f'{SCHEMA}."{unit_ordered(copy)}"'
         try:
             rows = self._backend.run(
                 f"SELECT {UNIT_ROWS} FROM {twin} ORDER BY {UNIT_ROWS} LIMIT 1 "
                 f"OFFSET (SELECT COUNT(*) / 2 FROM {twin})").rows
-            found = int(rows[0][0]) if rows and rows[0][0] is not None else None
         except Exception as err:
             log.warning("the middle of %s not read (%s): its cells run whole", twin,
                         str(err).splitlines()[0] if str(err) else type(err).__name__)
-            found = None
-        with self._lock:
-            self._middles[copy] = found
-        return found
+            return None
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def month_twin(self, copy: str) -> bool:
         """Whether the ranked copy named ``copy`` has its month twin
@@ -558,9 +559,6 @@ class BoundedSamples:
         with self._lock:
             self._building.pop(table, None)
             self._current[(table, RANKED)] = (time.monotonic(), name)
-        # Its twin's middle, read here in the background rather than by the first query whose
-        # cells it cuts in two.
-        self.middle(name)
 
     def _ranked_failed(self, table: str, err: Exception) -> None:
         """Remember (for the TTL) that ``table`` has no ranked copy; the caller holds the lock."""
@@ -776,6 +774,9 @@ class BoundedSamples:
             self._settle(built)
         if twin is not None:
             self._twins.add(name)
+            # Read with the copy, never by a query (``middle``).
+            if name not in self._middles:
+                self._middles[name] = self._read_middle(name)
         if month_twin is not None:
             self._month_twins.add(name)
         # The copy's twins (``_u``, grouped ``_g...``) start with its name: kept with it.
