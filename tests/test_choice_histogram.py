@@ -32,6 +32,7 @@ from chorus_py.kinds.selection import (
     histogram_builders,
     parts,
 )
+from chorus_py.stores.samples import BoundedSamples
 from mechanisms.caps import cap_bins
 from mechanisms.clip_bounds import STEPS, magnitude_edges
 from rewriters.contribution import UNIT_ORDER
@@ -67,6 +68,13 @@ w = {{ type = "float", lower = -50, upper = 50 }}
 
 [analysts.alice]
 """  # LIMIT and UPPER
+
+
+@pytest.fixture(autouse=True)
+def _cells_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cells statement whole: on Postgres the engine sends it over the twin as two halves
+    side by side (``BoundedSamples.middle``), whose shapes tests/test_cells_parts.py checks."""
+    monkeypatch.setattr(BoundedSamples, "middle", lambda self, copy: None)
 
 
 def _value(person: int, i: int) -> float | None:
@@ -234,17 +242,10 @@ def test_a_sum_runs_one_selection_statement(scratch: Callable[..., Engine],
             ran.append(sql)
         return run(sql, *args, **kwargs)  # type: ignore[arg-type]
 
-    run_parts = engine.statements.run_parts
-
-    def spy_parts(texts: list[str], *args: object) -> object:  # Postgres: its two parts
-        ran.append(" UNION ALL ".join(texts))
-        return run_parts(texts, *args)  # type: ignore[arg-type]
-
     monkeypatch.setattr(engine.statements, "run", spy)
-    monkeypatch.setattr(engine.statements, "run_parts", spy_parts)
     result = engine.execute("SELECT SUM(v), AVG(w) FROM choice_t WHERE v > 1", analyst="alice",
                             epsilon=10.0)
-    assert len(ran) == 2  # the selection's one statement (or its parts at once), the answer
+    assert len(ran) == 2  # the selection's one statement, then the answer
     report = result.report
     contribution = report.contribution
     assert contribution.epsilon == pytest.approx(10.0 * 0.1)  # cap_epsilon_share 0.1
@@ -373,11 +374,10 @@ def test_a_filtered_querys_cells_run_once(scratch: Callable[..., Engine],
         assert report.contribution.steps[0].mechanism == "discrete_laplace"  # chosen again
         charged.append(report.contribution.epsilon)
         answers.add(len(ran) - 1)  # a run's last statement is its answer (noised in SQL or not)
+    # Not the twin's middle, read with the copy this test's first query builds.
     cells_run = [s for i, s in enumerate(ran) if "__ranked_" in s and i not in answers
                  and not s.startswith(("EXPLAIN", "SELECT __chorus_unit_rows FROM"))]
-    # One statement, or on Postgres its two parts (``kinds.single``: the twin's middle, read
-    # once, cuts it), once.
-    assert len(cells_run) == (2 if engine.dialect == "postgres" else 1), cells_run
+    assert len(cells_run) == 1, cells_run
     assert charged == [pytest.approx(1.0)] * 4
 
 

@@ -14,6 +14,8 @@ windows, stored-sample names, epsilon, delta, choices) and cached per query shap
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from sqlglot import exp
 
@@ -386,37 +388,49 @@ class SingleTableKind:
         """The selection histograms: (what, bins, SQL) each, in the order the selection reads
         them; the cap and clipping histograms in one statement (over the ranked copy's stored
         row counts when ``stored`` names it, over its filtered rows when ``copy`` names it or
-        its twin in unit order).  Then, with the twin's ``middle``, that statement's two parts
-        (its units of at most ``middle`` stored rows, then the others) that run side by side
-        instead of it; () otherwise.  Each SQL depends only on the query and the copy: built
-        and verified once per query shape, each part as any statement sent."""
+        its twin in unit order).  With the twin's ``middle``, that statement over the twin's
+        rows is sent as two parts (its units of at most ``middle`` stored rows, then the
+        others), run side by side: they come second, and the statement's SQL is then ``part
+        UNION ALL part``, the same rows, never sent (the name its result is remembered by).
+        Each SQL sent depends only on the query and the copy: built and verified once per
+        query shape."""
         query = detail.query
+        out, parts = [], ()
+        for what, size, build in histogram_builders(query, detail.restriction, detail.sample,
+                                                    one_statement=True, stored=stored,
+                                                    copy=copy, dialect=self.services.dialect,
+                                                    grouped=grouped):
+            if what == CELLS and size == COPIED and middle is not None:
+                parts = tuple(self._histogram_sql(detail, stored, copy, grouped, what, b,
+                                                  (above, middle))
+                              for above, b in ((False, None), (True, None)))
+                out.append((what, size, " UNION ALL ".join(parts)))
+                continue
+            out.append((what, size, self._histogram_sql(detail, stored, copy, grouped, what,
+                                                        build)))
+        return tuple(out), parts
 
-        def texts(part: tuple[bool, int] | None) -> list[tuple[tuple[str, ...], int, str]]:
-            out = []
-            for what, size, build in histogram_builders(
-                    query, detail.restriction, detail.sample, one_statement=True,
-                    stored=stored, copy=copy, dialect=self.services.dialect,
-                    grouped=grouped, part=part):
-                if part is not None and what != CELLS:
-                    continue
-                key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy,
-                       grouped, part, *what)
-                sql = self._histograms.get(key)
-                if sql is None:
-                    sql = rendered(build(), self.services.dialect)  # a fresh tree: no copies
-                    # The selection noises it in the proxy.
-                    self.services.statements.verify_outgoing(sql, "noised_by_proxy",
-                                                             query.tables)
-                    self._histograms.put(key, sql)
-                out.append((what, size, sql))
-            return out
-
-        whole = tuple(texts(None))
-        if middle is None or not any(w == CELLS and size == COPIED for w, size, _ in whole):
-            return whole, ()
-        return whole, tuple(sql for above in (False, True)
-                            for _, _, sql in texts((above, middle)))
+    def _histogram_sql(self, detail: AnalyticQuery, stored: tuple[str, str] | None,
+                       copy: tuple[str, str] | None, grouped: tuple[str, str] | None,
+                       what: tuple[str, ...], build: Callable[[], Any] | None,
+                       part: tuple[bool, int] | None = None) -> str:
+        """One selection histogram's SQL (``build``'s tree, or the cells' ``part``), rendered
+        and verified once per query shape."""
+        query = detail.query
+        key = (query.normalized_sql, detail.restriction, detail.sample, stored, copy, grouped,
+               part, *what)
+        sql = self._histograms.get(key)
+        if sql is None:
+            if build is None:
+                (build,) = [b for w, _, b in histogram_builders(
+                    query, detail.restriction, detail.sample, one_statement=True, stored=stored,
+                    copy=copy, dialect=self.services.dialect, grouped=grouped, part=part)
+                    if w == what]
+            sql = rendered(build(), self.services.dialect)  # a fresh tree: no copies
+            # The selection noises it in the proxy.
+            self.services.statements.verify_outgoing(sql, "noised_by_proxy", query.tables)
+            self._histograms.put(key, sql)
+        return sql
 
 
 def reads_twin(services: Services, query: AggregateQuery, reads: BlocksRead | None,
