@@ -86,9 +86,11 @@ class Recorder:
         backend, statements, ledger = engine.backend, engine.statements, engine.ledger
         # run_integers: a histogram read column-wise (quantiles, MIN/MAX); untimed, its
         # statement was counted as the proxy's own time.
-        for name in ("run", "run_public", "run_integers"):
+        # run_side_by_side: a statement's parts at once (Postgres's halves of the choices'
+        # cells), timed as one statement; their runs in its helper threads are inside it.
+        for name in ("run", "run_public", "run_integers", "run_side_by_side"):
             self._time_backend(backend, name)
-        for name in ("run", "run_integers"):
+        for name in ("run", "run_integers", "run_parts"):
             self._mark_query(statements, name)
         ensure = ledger.ensure_blocks
         overlapped = ledger.claim_overlapped
@@ -126,17 +128,20 @@ class Recorder:
     def _time_backend(self, backend: Any, name: str) -> None:
         call = getattr(backend, name)
 
-        def timed(sql: str) -> Any:
-            # Only the outermost call is timed: a backend's run_integers may call its run.
+        def timed(sql: Any) -> Any:
+            # Only the outermost call is timed: a backend's run_integers may call its run, and
+            # run_side_by_side its run, here and in its helper threads.
             depth = getattr(self._local, "sending", 0)
+            helper = threading.current_thread().name.startswith("chorus-side-by-side")
             self._local.sending = depth + 1
             started = time.perf_counter()
             try:
                 return call(sql)
             finally:
                 self._local.sending = depth
-                if depth == 0:
-                    self._statement(sql, time.perf_counter() - started)
+                if depth == 0 and not helper:
+                    text = sql if isinstance(sql, str) else " UNION ALL ".join(sql)
+                    self._statement(text, time.perf_counter() - started)
 
         setattr(backend, name, timed)
 
