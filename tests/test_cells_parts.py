@@ -29,29 +29,14 @@ from chorus_py.engine import Engine
 from chorus_py.kinds.selection import CELLS, COPIED, cells, histogram_builders, parts
 from rewriters.contribution import UNIT_ORDER
 from rewriters.dialect import dialect
-from tests.test_choice_histogram import LIMIT, POLICY, V_VALUES, W_VALUES
+from tests.test_choice_histogram import LIMIT, random_table
 
 _tables = iter(range(1_000_000))
 
 
 def _table(scratch: Callable[..., Engine], sizes: list[tuple[int, int]]) -> tuple[Engine, str]:
     """A table of units of the given (rows, seed), its ranked copy and twin built."""
-    rows, next_id = [], 1
-    for person, (size, seed) in enumerate(sizes, 1):
-        for i in range(size):
-            rows.append((next_id, person, V_VALUES[(seed + i) % len(V_VALUES)],
-                         W_VALUES[(seed * 7 + i * 3) % len(W_VALUES)]))
-            next_id += 1
-    table = f"parts_t{next(_tables)}"
-
-    def text(x: float | None) -> str:
-        return "NULL" if x is None else repr(x)
-
-    values = ", ".join(f"({i}, {p}, {text(v)}, {text(w)})" for i, p, v, w in rows)
-    engine = scratch(table, [
-        f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION, "
-        f"w DOUBLE PRECISION)", f"INSERT INTO {table} VALUES {values}"],
-        POLICY.replace("choice_t", table))
+    engine, table, _ = random_table(scratch, sizes, f"parts_t{next(_tables)}")
     engine.warm_up(wait=True)
     return engine, table
 

@@ -412,6 +412,29 @@ FILTERS: list[tuple[str, Callable[[Row], bool]]] = [
 _tables = iter(range(1_000_000))
 
 
+def random_table(scratch: Callable[..., Engine], units: list[tuple[int, int]], table: str
+                 ) -> tuple[Engine, str, list[tuple[int, int, float | None, float | None]]]:
+    """An engine on ``table``: for each unit of ``units`` (rows, seed), its rows of (id,
+    person, v, w) with values of ``V_VALUES`` and ``W_VALUES`` picked by the seed; and those
+    rows."""
+    rows, next_id = [], 1
+    for person, (size, seed) in enumerate(units, 1):
+        for i in range(size):
+            rows.append((next_id, person, V_VALUES[(seed + i) % len(V_VALUES)],
+                         W_VALUES[(seed * 7 + i * 3) % len(W_VALUES)]))
+            next_id += 1
+
+    def text(x: float | None) -> str:
+        return "NULL" if x is None else repr(x)
+
+    values = ", ".join(f"({i}, {p}, {text(v)}, {text(w)})" for i, p, v, w in rows)
+    engine = scratch(table, [
+        f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION, "
+        f"w DOUBLE PRECISION)", f"INSERT INTO {table} VALUES {values}"],
+        POLICY.replace("choice_t", table))
+    return engine, table, rows
+
+
 def _brute_force(rows: list[tuple[int, int, float | None, float | None]],
                  passing: Callable[[Row], bool], stored: bool
                  ) -> tuple[list[int], dict[str, np.ndarray]]:
@@ -447,22 +470,7 @@ def test_the_histograms_equal_a_brute_force_count(scratch: Callable[..., Engine]
     """Units of 1 to 40 rows (the limit is 10), NULLs, signed values beyond the bounds and
     filters that drop whole units: the statement's cells, summed by ``cells``, give exactly
     the hand count of units per cap bin and, up to floating point, the hand weights."""
-    rows, next_id = [], 1
-    for person, (size, seed) in enumerate(units, 1):
-        for i in range(size):
-            rows.append((next_id, person, V_VALUES[(seed + i) % len(V_VALUES)],
-                         W_VALUES[(seed * 7 + i * 3) % len(W_VALUES)]))
-            next_id += 1
-    table = f"choice_h{next(_tables)}"
-
-    def text(x: float | None) -> str:
-        return "NULL" if x is None else repr(x)
-
-    values = ", ".join(f"({i}, {p}, {text(v)}, {text(w)})" for i, p, v, w in rows)
-    engine = scratch(table, [
-        f"CREATE TABLE {table} (id BIGINT, person BIGINT, v DOUBLE PRECISION, "
-        f"w DOUBLE PRECISION)", f"INSERT INTO {table} VALUES {values}"],
-        POLICY.replace("choice_t", table))
+    engine, table, rows = random_table(scratch, units, f"choice_h{next(_tables)}")
     _reading(engine, twin)  # a filtered query's cells over the copy, or over its twin
     where, passing = FILTERS[which]
     _, prepared = engine.prepare(f"SELECT SUM(v), AVG(w) FROM {table} {where}", "alice",
