@@ -36,7 +36,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    running count ``COUNT(*) OVER (PARTITION BY unit ORDER BY __chorus_rank ROWS BETWEEN
    UNBOUNDED PRECEDING AND CURRENT ROW) AS r``, the same numbers: ``_numbers_rows``) and,
    above it, a filter ``r <= k`` (at most k rows per unit); or, for the proxy's selection
-   histograms, rows grouped by the unit then only counted, or each row weighted by
+   histograms, rows grouped by the unit then only counted (by the read's own unit column
+   alone, or by it and other keys then by it alone, each level the only source of the
+   next, no ROLLUP, CUBE, GROUPING SETS nor join up to the counts: ``_one_row_per_unit``),
+   or each row weighted by
    ``1 / COUNT(*) OVER (PARTITION BY unit)`` or marked by ``CASE WHEN ROW_NUMBER() OVER
    (PARTITION BY unit) = 1 THEN 1 ELSE 0 END`` (one row of each unit).  A ranked copy
    (``chorus_private.T__ranked_*``, every row of T with its unit's row count,
@@ -67,6 +70,10 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    never read alone, unless the aggregation sums only weights and marks of the copy's rows
    (``_weighed_read``: a selection histogram's part, whose comparison keeps whole units);
    several occurrences of one copy (a self-join) are distinct sources of one join.
+   Wherever a window is partitioned by the unit, the unit is the read's own column
+   (``_foreign_unit``): in the direct reader the read's, above it a name that comes down
+   unchanged to it (``_own_unit``), never another source's column of that name in a join nor
+   an alias of that name over another expression.
    Every such k and K (``r <= k``, ``__chorus_rank <= k``, ``__chorus_unit_rows <= K``) is an
    int at most the statement's cap (the rows per unit its noise assumes, when the caller
    passes it) and at most the table's limit (the policy's ``max_rows_per_unit``): a bound
@@ -491,6 +498,11 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
             and _per_person(barrier, alias, rules, name, allowed):
         return _above_per_person(chain, name, allowed)
     _check_barrier(barrier, name, allowed)
+    if spec.unit is not None and not sample:
+        stranger = _foreign_unit(chain, index, spec.unit, alias, sole)
+        if stranger is not None:
+            raise Refused(f"{stranger} partitions the rows of private table '{name}' but is "
+                          f"not its own {spec.unit} column")
     most = min(c for c in (cap, spec.limit, math.inf) if c is not None)
     light = stored and not sample and (_copy_capped(reader.args.get("where"), alias, sole, most)
                                        or _stored_weights(chain, index, alias, sole,
@@ -500,7 +512,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
             and not _one_month(reader.args.get("where"), alias, sole):
         raise Refused(f"the month twin {table.name} is read without __chorus_month = <month>")
     if spec.unit is not None and not sample and not light \
-            and not _bounded(chain, index, spec.unit, most, copy):
+            and not _bounded(chain, index, spec.unit, most, copy, (alias, sole)):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit} to at most {most:g} rows")
     return barrier
@@ -947,11 +959,13 @@ def _aggregated_output(value: exp.Expr, name: str,
 
 
 def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float,
-             copy: tuple[str, bool] | None = None) -> bool:
+             copy: tuple[str, bool] | None = None,
+             read: tuple[str, bool] = ("", False)) -> bool:
     """Whether each unit's rows reaching ``barrier`` are bounded (rule 4, module docstring).
     ``copy``: the read is of a ranked copy (or its twin) under (alias, sole source), whose
     direct reader may partition its row numbers by the copy's own ``__chorus_unit_rows`` and
-    the unit (``_presorted``)."""
+    the unit (``_presorted``); ``read``: the private read's (alias, sole source), whose own
+    unit column a GROUP BY must be (``_one_row_per_unit``)."""
     below = chain[: barrier + 1]
     for i, select in enumerate(below):
         for item in select.expressions:
@@ -975,15 +989,68 @@ def _bounded(chain: list[exp.Select], barrier: int, unit: str, most: float,
                 # nothing else.
                 return _sums_of_weights(chain, barrier, unit, copy=None)
         group = select.args.get("group")
-        if group is not None and any(isinstance(k, exp.Column) and k.name == unit
-                                     for k in group.expressions):
+        if group is not None:
             # Grouped by the unit, then only counted: each unit adds 1 to one bin above.
-            above = chain[i + 1:]
+            alone = _one_row_per_unit(chain, i, unit, *read)
+            above = chain[alone + 1:] if alone is not None else []
             if above and all(isinstance(a, exp.Count) for s in above
                              for p in s.expressions for a in _plain_aggregates(p)) \
-                    and any(_aggregates(s) for s in above):
+                    and any(_aggregates(s) for s in above) \
+                    and _whole_up_to_counts(chain, alone):
                 return True
     return False
+
+
+def _one_row_per_unit(chain: list[exp.Select], level: int, unit: str, alias: str,
+                      sole: bool) -> int | None:
+    """The level at which the rows of ``chain[level]``, grouped by keys among which the read's
+    own unit (``_unit_key``), are one row per unit: the first SELECT from there up grouped by
+    that unit alone, every one in between grouped by keys among which it is (so a unit's
+    rows stay within its groups), each the only source of the next.  None when there is no
+    such level, or a grouping is by ROLLUP, CUBE, GROUPING SETS or WITH TOTALS (which put a
+    row in several groups).  ``GROUP BY unit, driver`` then ``GROUP BY unit`` (distinct
+    drivers per unit) is one row per unit; ``GROUP BY unit, driver`` alone is one per pair."""
+    while level < len(chain):
+        group = chain[level].args.get("group")
+        if group is None or any(group.args.get(arg) for arg in ("grouping_sets", "cube",
+                                                                 "rollup", "totals")) \
+                or not any(_unit_key(k, unit, chain, level, alias, sole)
+                           for k in group.expressions):
+            return None
+        if len(group.expressions) == 1:
+            return level
+        if level + 1 < len(chain) and not _read_whole_by(chain[level], chain[level + 1]):
+            return None
+        level += 1
+    return None
+
+
+def _whole_up_to_counts(chain: list[exp.Select], level: int | None) -> bool:
+    """Whether, from ``chain[level]`` up to the last SELECT that aggregates, each is the only
+    source of the next (no join above that could repeat a unit's row)."""
+    if level is None:
+        return False
+    last = max(j for j, s in enumerate(chain) if _aggregates(s))
+    return all(_read_whole_by(chain[j], chain[j + 1]) for j in range(level, last))
+
+
+def _unit_key(key: exp.Expr, unit: str, chain: list[exp.Select], level: int, alias: str,
+              sole: bool) -> bool:
+    """Whether the GROUP BY key ``key`` of ``chain[level]`` is the read's own unit column,
+    under its name (``_own_unit``) or another given to it below (``t.rider_id AS u``, traced
+    by ``_origin``)."""
+    if not isinstance(key, exp.Column):
+        return False
+    if key.name == unit and _own_unit(key, unit, chain, level, alias, sole):
+        return True
+    if level == 0:
+        return False
+    origin = _origin(key.name, chain, level)
+    if origin is None or origin[0] < 0:
+        return False
+    value = origin[1]
+    return isinstance(value, exp.Column) and _unit_key(value, unit, chain, origin[0], alias,
+                                                       sole)
 
 
 def _numbers_rows(window: exp.Window) -> bool:
@@ -1268,6 +1335,55 @@ def _owned_by(alias: str, sole: bool) -> Callable[[exp.Expr], bool]:
         return isinstance(column, exp.Column) and (column.table == alias
                                                    or (sole and not column.table))
     return own
+
+
+def _foreign_unit(chain: list[exp.Select], barrier: int, unit: str, alias: str,
+                  sole: bool) -> str | None:
+    """The first column named ``unit`` in a window's PARTITION BY in the SELECTs from a
+    private read's direct reader up to its barrier that is not the read's own unit column
+    (``_own_unit``), as SQL; None when there is none.
+
+    The bounding rules (rule 4, 4'') recognise a window's unit by its column's name: a column
+    of that name that is something else (another source's column of a join, an alias over
+    another expression, ``t.fare AS rider_id``) would split a unit's rows over several
+    partitions, each bounded, the unit not.  (A GROUP BY bounds only through
+    ``_one_row_per_unit``, which traces its key itself: the barrier's own GROUP BY keys are
+    the query's groups, released by their own rules.)"""
+    for level in range(barrier + 1):
+        keys: list[exp.Expr] = []
+        for node in _local(chain[level]):
+            if isinstance(node, exp.Window):
+                keys += node.args.get("partition_by") or []
+        for key in keys:
+            for column in ([key] if isinstance(key, exp.Column) else key.find_all(exp.Column)):
+                if column.name == unit and not _own_unit(column, unit, chain, level, alias,
+                                                         sole):
+                    return column.sql()
+    return None
+
+
+def _own_unit(column: exp.Column, unit: str, chain: list[exp.Select], level: int, alias: str,
+              sole: bool) -> bool:
+    """Whether ``column`` (named ``unit``, in ``chain[level]``) is the private read's own unit
+    column: in its direct reader (level 0) a column of the read (``alias``, or unqualified
+    when it is the reader's only source); above, a name that comes down unchanged, through
+    SELECTs each the only source of the next (``_origin``), to such a column or to the
+    reader's star over the read alone."""
+    if level == 0:
+        return _owned_by(alias, sole)(column)
+    origin = _origin(unit, chain, level)
+    if origin is None:
+        return False
+    at, value = origin
+    if at >= 0:
+        return isinstance(value, exp.Column) and value.name == unit \
+            and _own_unit(value, unit, chain, at, alias, sole)
+    # Through stars down to the reader: each of its stars must be the read's (``t.*``, or a
+    # bare ``*`` over the read alone).
+    return all((isinstance(item, exp.Star) and sole)
+               or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+                   and item.table == alias)
+               for item in chain[0].expressions if _is_star(item))
 
 
 def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
