@@ -401,9 +401,8 @@ class SingleTableKind:
                                                     copy=copy, dialect=self.services.dialect,
                                                     grouped=grouped):
             if what == CELLS and size == COPIED and middle is not None:
-                parts = tuple(self._histogram_sql(detail, stored, copy, grouped, what, b,
-                                                  (above, middle))
-                              for above, b in ((False, None), (True, None)))
+                parts = tuple(self._histogram_sql(detail, stored, copy, grouped, what, None,
+                                                  (above, middle)) for above in (False, True))
                 out.append((what, size, " UNION ALL ".join(parts)))
                 continue
             out.append((what, size, self._histogram_sql(detail, stored, copy, grouped, what,
