@@ -112,11 +112,21 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    The grid is made of literal VALUES and of SELECTs
    that read public tables only (keys from a joined public table: ``rewriters.keys``).  Keys
    that come from rows (not from the grid) need a ``noisy column > literal`` threshold in the
-   outer WHERE.  A statement whose exact
-   result goes to the proxy's noise (``noised_by_proxy``: answers in proxy mode, selection
-   histograms; ``sampled`` for sampled sensitivity, which may also take percentiles) needs 1-4
-   only; one released exactly (``exact``: public
-   queries) may read no private table at all.
+   outer WHERE, the key-release gate, whose noisy column is noise over one column of E that
+   counts each unit at most once per group, in every aggregation it adds up (``_unit_count``;
+   the threshold is calibrated for that count): ``COUNT(DISTINCT c)``, c the reads' own unit
+   column (its name traced unchanged down to them, ``_column_tables``), every other read with
+   a unit joined to them by ON equalities of unit columns where their sources meet; a grouped
+   twin's count of its marks (``COUNT(CASE WHEN __chorus_rank = __chorus_gscore THEN unit
+   END)``, ``SUM(__chorus_gfirst)``, the twin's own columns) under a GROUP BY of exactly its
+   stored key columns, in order (their names' digest is in its name: one mark per unit and
+   group of those keys); or ``COUNT(*)`` where no read has a unit, or every read is under a
+   per-person barrier.  A statement whose exact result goes to the proxy's noise
+   (``noised_by_proxy``: answers in proxy mode, selection histograms; ``sampled`` for
+   sampled sensitivity, which may also take percentiles) needs 1-4, and, where the caller
+   names the output the proxy's key-release threshold reads (``gate``), that output of the
+   statement itself (no SELECT above the aggregation) must count units as a gate does; one
+   released exactly (``exact``: public queries) may read no private table at all.
 
 A verdict carries over to a statement that differs from a verified one only in literal values
 no rule reads (:func:`literal_shape`): the statement at a query's limit cap and its final
@@ -169,6 +179,11 @@ _MONTH = "__chorus_month"
 # groups ranked (``__chorus_grank`` over ``__chorus_gk0, ...``), one occurrence with it too.
 _GROUPED_TWIN = re.compile(r"(.*__ranked_[0-9a-f]{16})_g[0-9a-f]{8}")
 _GROUPED_RANK = "__chorus_grank"
+# Its group score (the least stored rank of a unit's rows in each group of the stored keys) and
+# mark (1 on one row of each such group): with the stored rank, the twin's counts of distinct
+# units of a group (``_twin_units``).
+_GROUP_SCORE = "__chorus_gscore"
+_GROUP_FIRST = "__chorus_gfirst"
 # The only relations of a ranked copy read by name: the copy (group 1; its table, group 2) and
 # its twins.  (A Postgres month twin's partitions, ``<copy>_m_<month>``, hold one month of its
 # rows each and are read only through it, pinned to the month: a partition named directly
@@ -342,7 +357,7 @@ def cap_bounds(rules: OutgoingRules, cap: int | None) -> tuple[int, ...]:
 def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Release,
                    tables: frozenset[str], cut: list[Token] | None = None,
                    groups: int | None = None, group_keys: int | None = None,
-                   cap: int | None = None) -> None:
+                   cap: int | None = None, gate: str | None = None) -> None:
     """Raise InternalError (logged at error level with ``sql``) unless ``sql`` reads private
     tables only inside the bounding-and-noise structure (module docstring) and reads no
     private table outside ``tables``, those the analysis said the query reads.  ``cut``: the
@@ -351,9 +366,11 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
     groups of the first ``group_keys`` GROUP BY expressions of the aggregation (None: all of
     them; a quantile histogram's last one is its bins).  ``cap``: the rows per unit k the
     noise assumes of every table read with a row cap (rule 4: every cap at most k; None:
-    at most each table's limit)."""
+    at most each table's limit).  ``gate``: the output of a statement whose exact result
+    goes to the proxy's noise that the proxy's key-release threshold reads (it must count
+    each unit at most once per group, as rule 5's gate; None: no threshold)."""
     try:
-        verify(sql, dialect, rules, release, tables, cut, groups, group_keys, cap)
+        verify(sql, dialect, rules, release, tables, cut, groups, group_keys, cap, gate)
     except Refused as err:
         log.error("refused by the outgoing check (%s): %s", err, sql)
         raise InternalError(
@@ -364,7 +381,7 @@ def check_outgoing(sql: str, dialect: str, rules: OutgoingRules, release: Releas
 def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
            tables: frozenset[str], cut: list[Token] | None = None,
            groups: int | None = None, group_keys: int | None = None,
-           cap: int | None = None) -> None:
+           cap: int | None = None, gate: str | None = None) -> None:
     """``check_outgoing`` without logging: raises Refused naming the broken rule."""
     try:
         # What sqlglot.parse does, from the tokens when given (cut from this very text).
@@ -388,8 +405,11 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     allowed = _SAMPLED_AGGREGATES if release == "sampled" else _BARRIER_AGGREGATES
     barriers: list[exp.Select] = []
     reads: dict[int, list[exp.Table]] = {}  # id(barrier) -> the private reads below it
+    per_person: set[int] = set()  # id(table) of the reads under a per-person barrier (3')
     for table, name in private:
-        barrier = _check_private_read(table, name, rules, allowed, cap)
+        barrier, person = _check_private_read(table, name, rules, allowed, cap)
+        if person:
+            per_person.add(id(table))
         if groups is not None:
             _check_groups(table, name, barrier, rules, groups, group_keys)
         # Several reads may share one barrier (a ranked copy's light and heavy branches).
@@ -402,8 +422,13 @@ def verify(sql: str, dialect: str, rules: OutgoingRules, release: Release,
     # One aggregation of the private rows, or the sum of a ranked copy's two branches' (on
     # every release: the proxy's noise, too, is calibrated to one aggregation's stability).
     measured = barriers[0] if len(barriers) == 1 else _combination(barriers, reads, rules)
+    found = _Measured(barriers, reads, per_person)
     if release == "noised_in_sql":
-        _check_noise(tree, measured, rules)
+        _check_noise(tree, measured, found, rules)
+    elif gate is not None and (tree is not measured
+                               or not _counts_units(gate, measured, found, rules)):
+        raise Refused(f"the proxy's key-release threshold reads {gate}, which does not count "
+                      "each unit at most once per group")
 
 
 # -- 1. binding ------------------------------------------------------------------------------
@@ -471,9 +496,12 @@ def _declared(table: exp.Table, rules: OutgoingRules) -> str:
 
 # -- 2-4. one private read -------------------------------------------------------------------
 def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
-                        allowed: tuple[type[exp.Expr], ...], cap: int | None) -> exp.Select:
-    """Check rules 2-4 for one reference; return its barrier.  A row cap keeps at most
-    ``most`` rows per unit: the statement's ``cap`` and the table's limit, the smaller."""
+                        allowed: tuple[type[exp.Expr], ...], cap: int | None
+                        ) -> tuple[exp.Select, bool]:
+    """Check rules 2-4 for one reference; return its barrier, and whether the read is under
+    a per-person barrier (rule 3': one row per unit reaches the barrier).  A row cap keeps at
+    most ``most`` rows per unit: the statement's ``cap`` and the table's limit, the
+    smaller."""
     chain = _select_ancestors(table)
     reader = chain[0] if chain else None
     holder = table.parent
@@ -496,7 +524,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
     sample = stored and _RANKED_MARKER not in table.name  # bounded when it was stored
     if spec.unit is not None and not sample and index == 0 \
             and _per_person(barrier, alias, rules, name, allowed):
-        return _above_per_person(chain, name, allowed)
+        return _above_per_person(chain, name, allowed), True
     _check_barrier(barrier, name, allowed)
     if spec.unit is not None and not sample:
         stranger = _foreign_unit(chain, index, spec.unit, alias, sole)
@@ -515,7 +543,7 @@ def _check_private_read(table: exp.Table, name: str, rules: OutgoingRules,
             and not _bounded(chain, index, spec.unit, most, copy, (alias, sole)):
         raise Refused(f"private table '{name}' is read without contribution bounding per "
                       f"{spec.unit} to at most {most:g} rows")
-    return barrier
+    return barrier, False
 
 
 # -- 4''. groups per unit ------------------------------------------------------------------
@@ -574,7 +602,8 @@ def _stored_group_ranks(table: exp.Table, reader: exp.Select, keys: list[exp.Exp
     """Whether ``table`` is a grouped twin (``rewriters.grouped_copy``) read with
     ``alias.__chorus_grank <= G`` (an int G <= ``groups``) ANDed into its reader's WHERE and
     every key (the barrier's GROUP BY keys traced to the table, ``_at_source``) one of its
-    stored key columns ``__chorus_gk<i>``.  The proxy stores ``__chorus_grank`` as
+    stored key columns ``__chorus_gk<i>``, or the keys exactly the columns they store (their
+    names' digest is the twin's, ``_key_digest``).  The proxy stores ``__chorus_grank`` as
     ``DENSE_RANK() OVER (PARTITION BY unit ORDER BY score, __chorus_gk0, ...)`` over the
     copy's rows: distinct key tuples of a unit have distinct ranks, so its rows of rank <= G
     have at most G tuples, and keys among their columns at most G values (a filter only drops
@@ -589,9 +618,13 @@ def _stored_group_ranks(table: exp.Table, reader: exp.Select, keys: list[exp.Exp
                  and (c.this.table == alias or (sole and not c.this.table))
                  and _int_at_most(c.expression, groups)
                  for c in _conjuncts(reader.args.get("where")))
-    return capped and bool(keys) and all(
-        isinstance(k, exp.Column) and not k.table and _GROUPED_KEY.fullmatch(k.name)
-        for k in keys)
+    if not capped or not keys or not all(isinstance(k, exp.Column) and not k.table
+                                         for k in keys):
+        return False
+    names = [k.name for k in keys if isinstance(k, exp.Column)]
+    # Its stored key columns, or the columns they store (the twin's name digests them).
+    return all(_GROUPED_KEY.fullmatch(n) for n in names) \
+        or table.name.endswith(f"_g{_key_digest(names)}")
 
 
 def _rank_at_most(chain: list[exp.Select], level: int, window_level: int, window: exp.Window,
@@ -1459,7 +1492,19 @@ def _window(conjuncts: list[exp.Expr], alias: str, column: str, sole: bool) -> b
 
 
 # -- 5. noise --------------------------------------------------------------------------------
-def _check_noise(tree: exp.Select, measured: exp.Select, rules: OutgoingRules) -> None:
+@dataclass(frozen=True)
+class _Measured:
+    """The aggregations of private rows under a statement's noise: their barriers (one, or a
+    ranked copy's parts that ``_combination`` adds up), each one's private reads by
+    ``id(barrier)``, and the ``id`` of every read under a per-person barrier (rule 3')."""
+
+    barriers: list[exp.Select]
+    reads: Mapping[int, list[exp.Table]]
+    per_person: set[int]
+
+
+def _check_noise(tree: exp.Select, measured: exp.Select, found: _Measured,
+                 rules: OutgoingRules) -> None:
     with_ = tree.args.get("with_")
     ctes = with_.expressions if isinstance(with_, exp.With) else []
     if len(ctes) != 1 or ctes[0].alias_or_name != NOISY or not ctes[0].args.get("materialized"):
@@ -1501,13 +1546,289 @@ def _check_noise(tree: exp.Select, measured: exp.Select, rules: OutgoingRules) -
             raise Refused(f"{NOISY} outputs {item.alias_or_name} without noise")
     from_rows = [k for k in passed if not _public_key(exact, k, rules)]
     if from_rows:
-        where = tree.args.get("where")
-        gate = any(isinstance(c, exp.GT) and isinstance(c.this, exp.Column)
-                   and c.this.name in noised and isinstance(c.expression, exp.Literal)
-                   for c in _conjuncts(where))
-        if not gate:
+        gates = [c.this.name for c in _conjuncts(tree.args.get("where"))
+                 if isinstance(c, exp.GT) and isinstance(c.this, exp.Column)
+                 and c.this.name in noised and isinstance(c.expression, exp.Literal)]
+        if not gates:
             raise Refused(f"group key {from_rows[0]} comes from private rows but is released "
                           "without the noisy threshold")
+        if exact is not measured \
+                or not any(_gate_counts_units(noisy, g, measured, found, rules) for g in gates):
+            raise Refused(f"group key {from_rows[0]} is released by a threshold on "
+                          f"{gates[0]}, which does not count each unit at most once per group")
+
+
+# -- 5'. the key-release gate ---------------------------------------------------------------
+def _gate_counts_units(noisy: exp.Select, gate: str, measured: exp.Select, found: _Measured,
+                       rules: OutgoingRules) -> bool:
+    """Whether the noisy column ``gate`` of ``noisy`` is noise over one column of the exact
+    measurements that counts each unit at most once per group (``_counts_units``)."""
+    item = next((i for i in noisy.expressions if i.alias_or_name == gate), None)
+    names = {c.name for c in item.find_all(exp.Column)} if item is not None else set()
+    return len(names) == 1 and _counts_units(names.pop(), measured, found, rules)
+
+
+def _counts_units(name: str, measured: exp.Select, found: _Measured,
+                  rules: OutgoingRules) -> bool:
+    """Whether the output ``name`` of ``measured`` (one aggregation of private rows, or the
+    sum of a ranked copy's parts) counts each unit at most once per group, in every
+    aggregation it adds up (``_unit_count``).  The key-release threshold is calibrated for
+    that count (a new unit adds at most 1 to each of at most D groups): over any other
+    column (``COUNT(*)`` of a unit's many rows, a distinct count of another column) one
+    unit's rows alone could clear it."""
+    total = _output(measured, name)
+    if len(found.barriers) == 1:
+        counts = [(measured, total)]
+    else:  # the ranked copy's parts, summed by _combination: each part's column at its place
+        total = total.this if isinstance(total, exp.Cast) else total
+        if not isinstance(total, exp.Sum) or not isinstance(total.this, exp.Column):
+            return False
+        sides = _sides(measured.args["from_"].this.this)
+        first = [i.alias_or_name for i in sides[0].expressions] \
+            if isinstance(sides[0], exp.Select) else []
+        if first.count(total.this.name) != 1:
+            return False
+        at = first.index(total.this.name)
+        counts = [(side, side.expressions[at] if isinstance(side, exp.Select)
+                   and at < len(side.expressions) else None) for side in sides]
+    for side, value in counts:
+        value = value.this if isinstance(value, exp.Alias) else value
+        if value is None or not isinstance(side, exp.Select) \
+                or not _unit_count(value, side, found, rules):
+            return False
+    return True
+
+
+def _output(select: exp.Select, name: str) -> exp.Expr | None:
+    """The value of ``select``'s one output named ``name`` (None: none, several, or a star
+    that may carry it)."""
+    if any(_is_star(i) for i in select.expressions):
+        return None
+    items = [i for i in select.expressions if i.alias_or_name == name]
+    if len(items) != 1:
+        return None
+    return items[0].this if isinstance(items[0], exp.Alias) else items[0]
+
+
+def _unit_count(value: exp.Expr, barrier: exp.Select, found: _Measured,
+                rules: OutgoingRules) -> bool:
+    """Whether ``value``, an output of ``barrier`` (one aggregation of private rows), adds at
+    most 1 per unit to each of its groups:
+
+    - ``COUNT(DISTINCT c)``, c the reads' own unit column (``_origins``: its value comes
+      unchanged from their unit columns), every other read with a unit joined to them on
+      units (``_units_joined``: its rows in a joined row are the same unit's);
+    - a grouped twin's count of its marks, grouped by exactly its stored keys
+      (``_twin_units``);
+    - ``COUNT(*)`` where no read below has a unit (event level: a row is a unit) or every
+      read is under a per-person barrier (one row per unit)."""
+    reads = found.reads[id(barrier)]
+    value = value.this if isinstance(value, exp.Cast) else value
+    if isinstance(value, exp.Count) and isinstance(value.this, exp.Star):
+        return all(id(t) in found.per_person or _unit_of(t, rules) is None for t in reads)
+    if isinstance(value, exp.Count) and isinstance(value.this, exp.Distinct):
+        args = value.this.expressions
+        if len(args) != 1 or not isinstance(args[0], exp.Column):
+            return False
+        origins = _origins(args[0], barrier)
+        return _units_of(origins, reads, rules) \
+            and _units_joined(barrier, [t for t, _ in origins or []], reads, rules)
+    return _twin_units(value, barrier, reads, rules)
+
+
+def _unit_of(table: exp.Table, rules: OutgoingRules) -> str | None:
+    """The unit column of the relation ``table`` reads (None: public, event level, or rows of
+    several units)."""
+    spec = rules.private.get(_declared(table, rules))
+    return spec.unit if spec is not None else None
+
+
+#: Where a column's value comes from: each base table it is read from, with the column's
+#: name there (several: the sides of a UNION).
+_Origins = list[tuple[exp.Table, str]]
+
+
+def _units_of(origins: _Origins | None, reads: list[exp.Table], rules: OutgoingRules) -> bool:
+    """Whether every origin of a column is the unit column of a read in ``reads``."""
+    return bool(origins) and all(any(t is r for r in reads) and _unit_of(t, rules) == name
+                                 for t, name in origins or [])
+
+
+def _origins(column: exp.Column, select: exp.Select) -> _Origins | None:
+    """The base tables and their columns whose values ``column`` (in ``select``'s scope) is,
+    unchanged: its qualifier's source (or ``select``'s only source), then down through
+    subqueries by the output of its name, a plain column (renamed or not), or a star of one
+    source, and through each side of a UNION whose sides list the same names (``_names``).
+    None when it is anything else: an expression, a name that a star and an explicit output
+    may both carry, a star over several sources."""
+    sources = _sources(select)
+    if column.table:
+        source = sources.get(column.table)
+    else:
+        source = next(iter(sources.values())) if len(sources) == 1 else None
+    return _source_origins(source, column.name) if source is not None else None
+
+
+def _sources(select: exp.Select) -> dict[str, exp.Expr]:
+    """``select``'s FROM and JOIN sources by alias."""
+    found = [select.args["from_"].this] if select.args.get("from_") else []
+    found += [j.this for j in select.args.get("joins") or []]
+    return {s.alias_or_name: s for s in found}
+
+
+def _source_origins(source: exp.Expr, name: str) -> _Origins | None:
+    if isinstance(source, exp.Table):
+        return [(source, name)]
+    if not isinstance(source, exp.Subquery):
+        return None
+    node = source.this
+    sides = _sides(node) if isinstance(node, exp.Union) else [node]
+    names = [_names(s) if isinstance(s, exp.Select) else None for s in sides]
+    if len(sides) > 1 and (names[0] is None or any(n != names[0] for n in names)):
+        return None
+    out: _Origins = []
+    for side in sides:
+        found = _select_origins(side, name) if isinstance(side, exp.Select) else None
+        if found is None:
+            return None
+        out += found
+    return out
+
+
+def _select_origins(select: exp.Select, name: str) -> _Origins | None:
+    explicit = [i for i in select.expressions if not _is_star(i) and i.alias_or_name == name]
+    stars = [i for i in select.expressions if _is_star(i)]
+    if len(explicit) > 1 or (explicit and stars):
+        return None
+    if explicit:
+        value = explicit[0].this if isinstance(explicit[0], exp.Alias) else explicit[0]
+        return _origins(value, select) if isinstance(value, exp.Column) else None
+    if len(stars) != 1:
+        return None
+    sources = _sources(select)
+    star = stars[0]
+    if isinstance(star, exp.Star):
+        source = next(iter(sources.values())) if len(sources) == 1 else None
+    else:
+        source = sources.get(star.table)
+    return _source_origins(source, name) if source is not None else None
+
+
+def _sides(node: exp.Expr) -> list[exp.Expr]:
+    """The sides of a chain of set operations, left to right (``node`` itself if none)."""
+    if isinstance(node, exp.SetOperation):
+        return _sides(node.this) + _sides(node.expression)
+    return [node]
+
+
+def _units_joined(barrier: exp.Select, counted: list[exp.Table], reads: list[exp.Table],
+                  rules: OutgoingRules) -> bool:
+    """Whether every read below ``barrier`` with a unit, other than the ``counted`` ones, is
+    joined to them by ON equalities of unit columns (``_origins``; a chain of them through
+    the join's sources) where their sources first meet: a joined row then holds one unit's
+    rows only, and a distinct count of the counted unit counts it."""
+    others = [t for t in reads if _unit_of(t, rules) is not None
+              and not any(t is c for c in counted)]
+    for table in others:
+        meet = next((s for s in _select_ancestors(counted[0])
+                     if any(a is s for a in _select_ancestors(table))), None)
+        if meet is None or not meet.args.get("joins"):
+            return False
+        sources = _sources(meet)
+        start = next((a for a, src in sources.items() if _contains(src, counted[0])), None)
+        goal = next((a for a, src in sources.items() if _contains(src, table)), None)
+        if start is None or goal is None or start == goal:
+            return False
+        edges: dict[str, set[str]] = {}
+        for join in meet.args.get("joins") or []:
+            for cond in _conjuncts(join.args.get("on")):
+                if not isinstance(cond, exp.EQ):
+                    continue
+                ends = [cond.this, cond.expression]
+                if all(isinstance(e, exp.Column) and e.table in sources
+                       and _units_of(_origins(e, meet), reads, rules) for e in ends):
+                    edges.setdefault(ends[0].table, set()).add(ends[1].table)
+                    edges.setdefault(ends[1].table, set()).add(ends[0].table)
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), set()) - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        if goal not in seen:
+            return False
+    return True
+
+
+def _contains(node: exp.Expr, inner: exp.Expr | None) -> bool:
+    """Whether ``inner`` is ``node`` or lies inside it."""
+    while inner is not None:
+        if inner is node:
+            return True
+        inner = inner.parent
+    return False
+
+
+def _twin_units(value: exp.Expr, barrier: exp.Select, reads: list[exp.Table],
+                rules: OutgoingRules) -> bool:
+    """Whether ``value`` counts a grouped twin's marks (``rewriters.grouped_copy``):
+    ``COUNT(CASE WHEN x.__chorus_rank = x.__chorus_gscore THEN x.unit END)`` or
+    ``SUM(x.__chorus_gfirst)``, each column's value the twin's own column of that name
+    (``_origins``), under a GROUP BY of exactly the twin's stored keys (``_stored_keys``).
+    The proxy stores one mark per (unit, group of those keys): the row of least stored rank
+    (``__chorus_gscore`` is that rank) or ``__chorus_gfirst = 1``.  Grouped by fewer keys, a
+    unit's marks of several stored groups would fall in one group, each counted."""
+    if isinstance(value, exp.Sum) and isinstance(value.this, exp.Column):
+        origins = _origins(value.this, barrier)
+        if origins is None or any(name != _GROUP_FIRST for _, name in origins):
+            return False
+    elif isinstance(value, exp.Count) and isinstance(value.this, exp.Case):
+        ifs = value.this.args.get("ifs") or []
+        default = value.this.args.get("default")
+        if len(ifs) != 1 or (default is not None and not isinstance(default, exp.Null)):
+            return False
+        test, unit = ifs[0].this, ifs[0].args.get("true")
+        if not isinstance(test, exp.EQ) or not isinstance(unit, exp.Column):
+            return False
+        origins = _origins(unit, barrier)
+        if not _units_of(origins, reads, rules):
+            return False
+        ranks = [_origins(r, barrier) if isinstance(r, exp.Column) else None
+                 for r in (test.this, test.expression)]
+        if any(r is None or len(r) != 1 for r in ranks) \
+                or sorted(r[0][1] for r in ranks if r) != sorted([_STORED_RANK, _GROUP_SCORE]) \
+                or any(r[0][0] is not origins[0][0] for r in ranks if r and origins):
+            return False
+    else:
+        return False
+    if len(origins) != 1 or not any(origins[0][0] is r for r in reads):
+        return False
+    return _stored_keys(barrier, origins[0][0], rules)
+
+
+def _stored_keys(barrier: exp.Select, twin: exp.Table, rules: OutgoingRules) -> bool:
+    """Whether ``twin`` is a grouped twin and ``barrier`` groups by exactly its stored key
+    columns, in order: each key's value is the twin's column (``_origins``) and those
+    columns' names digest to the one in its name (``_key_digest``)."""
+    db = twin.args.get("db")
+    group = barrier.args.get("group")
+    if db is None or db.name != rules.private_schema or group is None \
+            or not _GROUPED_TWIN.fullmatch(twin.name) \
+            or any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets", "totals")):
+        return False
+    names = []
+    for key in group.expressions:
+        origins = _origins(key, barrier) if isinstance(key, exp.Column) else None
+        if origins is None or len(origins) != 1 or origins[0][0] is not twin:
+            return False
+        names.append(origins[0][1])
+    return bool(names) and twin.name.endswith(f"_g{_key_digest(names)}")
+
+
+def _key_digest(columns: list[str]) -> str:
+    """The digest a grouped twin's name carries of its key columns
+    (``rewriters.grouped_copy.grouped_name``: the first 8 hex digits of the SHA-256 of the
+    names joined by NUL)."""
+    return hashlib.sha256("\0".join(columns).encode()).hexdigest()[:8]
 
 
 def _combination(barriers: list[exp.Select], reads: Mapping[int, list[exp.Table]],

@@ -135,7 +135,8 @@ class Statements:
 
     def verify_outgoing(self, sql: str, release: Release, tables: Sequence[str] = (),
                         variants: bool = False, groups: int | None = None,
-                        group_keys: int | None = None, cap: int | None = None) -> None:
+                        group_keys: int | None = None, cap: int | None = None,
+                        gate: str | None = None) -> None:
         """The outgoing check (``analyses.outgoing``, wall 4) of a statement about to run:
         InternalError if it reads a private table outside the bounding-and-noise structure,
         or one not among ``tables`` (those its analysis reads).  Every statement derived from
@@ -148,15 +149,16 @@ class Statements:
         (its rows must be bounded to g groups per unit; None: no such bound), the groups of
         the first ``group_keys`` GROUP BY expressions (None: all of them).  ``cap``: the
         rows per unit k its noise assumes (every row cap in it must be at most k; None: at
-        most each table's limit)."""
+        most each table's limit).  ``gate``: the output the proxy's key-release threshold
+        reads, when the proxy adds the noise (None: none)."""
         # A digest of the text, not the text (several kB per statement), as the cache key.
         key = (hashlib.blake2b(sql.encode(), digest_size=16).digest(), release, groups,
-               group_keys, cap, *sorted(tables))
+               group_keys, cap, gate, *sorted(tables))
         if key in self._verified:
             return
         if not variants:
             check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables),
-                           groups=groups, group_keys=group_keys, cap=cap)
+                           groups=groups, group_keys=group_keys, cap=cap, gate=gate)
             self._verified.put(key, True)
             return
         # The later variants pass by their tokens (the parse and the rules are most of the
@@ -166,10 +168,10 @@ class Statements:
         cut = tokens(sql, self.dialect)
         caps = cap_bounds(self.outgoing, cap)
         shape = None if cut is None else (literal_shape(cut, groups, caps), release, groups,
-                                          group_keys, cap is None, *sorted(tables))
+                                          group_keys, cap is None, gate, *sorted(tables))
         if shape is None or shape not in self._shapes:
             check_outgoing(sql, self.dialect, self.outgoing, release, frozenset(tables), cut,
-                           groups, group_keys, cap)
+                           groups, group_keys, cap, gate)
             if shape is not None:
                 self._shapes.put(shape, True)
         self._verified.put(key, True)

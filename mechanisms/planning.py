@@ -57,6 +57,11 @@ class NoisePlan:
     epsilon: float
     delta: float
 
+    @property
+    def gate(self) -> str | None:
+        """The measurement the key-release threshold reads (None: no threshold)."""
+        return self.threshold.measurement_id if self.threshold is not None else None
+
     def all_mechanisms(self) -> dict[str, Mechanism]:
         """Every noisy column: the measurements, and the key-release count when it is separate."""
         found = dict(self.mechanisms)

@@ -128,9 +128,13 @@ def groups_per_unit(rows: exp.Select, alias: str, unit: str) -> exp.Select:
         exp.column(unit, table=alias), copy=False)
 
 
-def group_key_column(alias: str, position: int) -> exp.Column:
-    """The grouped twin's stored value of the query's ``position``-th key column."""
-    return exp.column(f"{GROUP_KEY}{position}", table=alias)
+def group_key_column(alias: str, column: str) -> exp.Column:
+    """A key column of the grouped twin as a query groups by it: the column itself, whose
+    values its ``__chorus_gk<i>`` stores.  The outgoing verifier knows the twin's keys only
+    by the digest of their names in its name (``grouped_name``), so a GROUP BY of exactly
+    these names, in order, shows that the groups are the stored ones (its marks count each
+    unit once per group)."""
+    return exp.column(column, table=alias)
 
 
 def first_of_group(alias: str) -> exp.Sum:

@@ -345,21 +345,21 @@ def combine_branches(parts: Sequence[exp.Select], key_ids: Sequence[str],
 def _stored_group_measure(query: AggregateQuery, rows: exp.Select, columns: Sequence[exp.Expr],
                           measure_ids: Sequence[str]) -> exp.Select:
     """The per-group measurements of the grouped twin's part (``rewriters.grouped_copy``):
-    grouped by the stored key values ``__chorus_gk<i>`` (the keys its ranks bound: the outgoing
-    verifier traces the GROUP BY to them), each distinct-unit count (a ``count_units``
+    grouped by the key columns whose values it stores (``group_key_column``: the keys its
+    ranks bound, as the outgoing verifier checks), each distinct-unit count (a ``count_units``
     measurement, the key-release gate) as the sum of the one mark per (unit, group); the
     other measurements as in the other parts."""
     alias = query.alias
     counts_units = {m.id for m in query.measurements if _counts_units(m)}
     if len(measure_ids) > len(query.measurements):  # the gate: COUNT(DISTINCT unit)
         counts_units.add(THRESHOLD_ID)
-    out: list[exp.Expr] = [exp.alias_(group_key_column(alias, i), k.id, copy=False)
-                           for i, k in enumerate(query.keys)]
+    out: list[exp.Expr] = [exp.alias_(group_key_column(alias, k.expr.name), k.id, copy=False)
+                           for k in query.keys]
     for column in columns[len(query.keys):]:
         out.append(exp.alias_(first_of_group(alias), column.alias, copy=False)
                    if column.alias in counts_units else column.copy())
     return exp.select(*out).from_(rows.subquery(alias, copy=False), copy=False).group_by(
-        *[group_key_column(alias, i) for i in range(len(query.keys))], copy=False)
+        *[group_key_column(alias, k.expr.name) for k in query.keys], copy=False)
 
 
 def _counts_units(m: Measurement) -> bool:

@@ -299,6 +299,10 @@ def groups_bounded(query: AggregateQuery) -> bool:
     return query.bounded_groups is not None
 
 
+#: The output of ``quantile_group_units`` the proxy's key-release threshold reads.
+UNITS_COLUMN = "n"
+
+
 def quantile_group_units(query: AggregateQuery, argument: exp.Expr,
                          restriction: BlockRestriction | None) -> exp.Select:
     """Rows (g0, ..., n): per group (keys as in ``quantile_histogram``), the number n of distinct
@@ -332,7 +336,7 @@ def quantile_group_units(query: AggregateQuery, argument: exp.Expr,
     group = [exp.column(f"g{i}", table="r") for i in range(len(query.keys))]
     return (exp.select(*[exp.alias_(c, c.name) for c in group],
                        exp.alias_(exp.Count(this=exp.Distinct(
-                           expressions=[exp.column("u", table="r")])), "n"))
+                           expressions=[exp.column("u", table="r")])), UNITS_COLUMN))
             .from_(per_row.subquery("r", copy=False), copy=False)
             .group_by(*[c.copy() for c in group], copy=False))
 

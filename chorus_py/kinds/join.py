@@ -356,7 +356,8 @@ class JoinKind:
             *odds, max_epsilon=services.policy.privacy.max_epsilon_per_query)
         if warning:
             report = dataclasses.replace(report, warnings=(warning,))
-        services.statements.verify_outgoing(sql, services.release, query.tables)
+        services.statements.verify_outgoing(sql, services.release, query.tables,
+                                            gate=plan.gate)
         events = join_events(plan, resolved)
         if plan.threshold is not None:
             events += (Event.from_mechanism(plan.threshold.mechanism),

@@ -115,7 +115,8 @@ class PerPersonKind:
                                                                    per_person))
         proxy = services.policy.privacy.noise != "sql"
         sql = rewritten.measure_sql(consume=True) if proxy else rewritten.sql_with_noise(plan)
-        services.statements.verify_outgoing(sql, services.release, query.tables)
+        services.statements.verify_outgoing(sql, services.release, query.tables,
+                                            gate=plan.gate)
         detail = AnalyticQuery(outer, plan, reads, Proxied.of(rewritten) if proxy else None, sql,
                                chosen=chosen)
         report = _report(query, aggregate_report(outer, plan, reads, sql,

@@ -69,6 +69,7 @@ from rewriters.dialect import rendered
 from rewriters.keys import key_grid
 from rewriters.pipeline import SPLIT_DIALECTS
 from rewriters.quantiles import (
+    UNITS_COLUMN,
     groups_bounded,
     quantile_finish,
     quantile_group_units,
@@ -450,7 +451,7 @@ class QuantileKind:
                 remembered.add(gate_sql)
             services.statements.verify_outgoing(gate_sql, "noised_by_proxy", query.tables,
                                                 groups=query.bounded_groups,
-                                                cap=query.stability)
+                                                cap=query.stability, gate=UNITS_COLUMN)
         detail = QuantileDetail(analysis, mechanisms, tuple(histograms), groups, finish, gate,
                                 gate_sql if _counts_units(query) else None, lookup,
                                 table.types if table is not None else {},

@@ -200,7 +200,7 @@ class SingleTableKind:
         services.statements.verify_outgoing(detail.sql, services.release, query.tables,
                                             variants=bool(selects),
                                             groups=detail.query.bounded_groups,
-                                            cap=detail.query.stability)
+                                            cap=detail.query.stability, gate=detail.plan.gate)
         # While the row cap is still to be chosen the final mechanisms are not known yet: the
         # query's (epsilon, delta) itself, whose Renyi curve bounds that of any mechanism of
         # that cost.
