@@ -155,7 +155,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -464,20 +464,16 @@ class _BoundTable:
 
     def __init__(self, column: ClipColumn) -> None:
         self.column = column
-        self.bounds = np.asarray(column.candidates(), dtype=float)
-        values = self.bounds.tolist()
-
-        def table(stat: Callable[[float], float]) -> np.ndarray:
-            return np.asarray([stat(b) for b in values], dtype=float)
-
-        self._table = table
-        self.spread = table(column.spread)
-        self.spread_loss = table(column.spread_loss)
-        self.spread_loss_sd = table(column.spread_loss_sd)
-        self.kurtosis_term = table(lambda b: math.sqrt(max(column.kurtosis(b) - 1.0, 0.0)))
-        self.loss = table(column.loss)
-        self.loss_sd = table(column.loss_sd)
-        self.cv = table(lambda b: math.sqrt(column.spread(b)) / column.mean(b))
+        self.bounds = bounds = np.asarray(column.candidates(), dtype=float)
+        # Every statistic at every bound in one array operation (``ClipColumn.means`` and
+        # the others).
+        self.spread = column.spreads(bounds)
+        self.spread_loss = column.spread_losses(bounds)
+        self.spread_loss_sd = column.spread_loss_sds(bounds)
+        self.kurtosis_term = np.sqrt(np.maximum(column.kurtoses(bounds) - 1.0, 0.0))
+        self.loss = column.losses(bounds)
+        self.loss_sd = column.loss_sds(bounds)
+        self.cv = np.sqrt(self.spread) / column.means(bounds)
         self._per_row: dict[tuple[str, bool], np.ndarray] = {}
         self._offset: dict[bool, np.ndarray] = {}
 
@@ -491,8 +487,7 @@ class _BoundTable:
     def offset(self, centred: bool) -> np.ndarray:
         found = self._offset.get(centred)
         if found is None:
-            found = self._offset[centred] = self._table(
-                lambda b: self.column.offset(b, centred))
+            found = self._offset[centred] = self.column.offsets(self.bounds, centred)
         return found
 
     def errors(self, terms: Sequence[CapTerm], k: np.ndarray, n_k: np.ndarray, n_all: float,

@@ -77,6 +77,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from mechanisms.caps import RowModel, soft_threshold
 
 
@@ -114,10 +116,11 @@ def choose_quantile_cap(rows: RowModel, ps: Sequence[float],
     weight = sum(max(p, 1.0 - p) for p in ps) / max(groups, 1)
     shrunk = soft_threshold(rows)
     best: QuantileCap | None = None
-    for k in shrunk.candidates():
-        if not 1 <= k <= rows.limit:
-            continue
-        dropped = weight * shrunk.lost(k, 0.0)
+    caps = [k for k in shrunk.candidates() if 1 <= k <= rows.limit]
+    # R(k) at every candidate in one array operation.
+    lost = shrunk.lost_at(np.asarray(caps, dtype=float), 0.0).tolist()
+    for k, rows_lost in zip(caps, lost, strict=True):
+        dropped = weight * rows_lost
         error = rank_error(k)
         if not math.isfinite(error):
             continue

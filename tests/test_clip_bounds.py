@@ -181,6 +181,65 @@ def test_variance_weighs_its_noise_against_subsampling() -> None:
         4 * noise / 1000)
 
 
+@given(lower=st.sampled_from([0.0, -3.0, -200.0, 1.0]), upper=st.sampled_from([7.5, 200.0]),
+       noisy=st.lists(st.floats(-50.0, 5e4), min_size=STEPS + 2, max_size=STEPS + 2),
+       epsilon=st.sampled_from([0.0, 0.05, 1.0]))
+@settings(max_examples=60, deadline=None)
+def test_every_bound_at_once_is_each_bound_by_the_formulas(
+        lower: float, upper: float, noisy: list[float], epsilon: float) -> None:
+    """The statistics at every candidate bound in one array operation (what the rule
+    tabulates) against the module docstring's formulas summed bound by bound in plain Python
+    (p_j = H'_j / W, a_j the representatives, m = min(a_j, B))."""
+    col = ClipColumn(lower, upper, tuple(noisy), epsilon)
+    bounds = col.candidates()
+    weights = col.weights()
+    total = sum(weights)
+    p = [w / total for w in weights] if total >= 1.0 else [1.0] + [0.0] * (STEPS + 1)
+    a = representatives(col.magnitude)
+    variance = col._histogram_variance
+    w_total = max(total, 1.0)
+    a_total = max(sum(h * x for h, x in zip(weights, a, strict=True)), col.magnitude * 1e-9)
+
+    def mean(b: float) -> float:
+        return max(sum(pj * min(x, b) for pj, x in zip(p, a, strict=True)),
+                   col.magnitude * 1e-9)
+
+    def spread(b: float) -> float:
+        mu = sum(pj * min(x, b) for pj, x in zip(p, a, strict=True))
+        return max(sum(pj * min(x, b) ** 2 for pj, x in zip(p, a, strict=True)) - mu * mu,
+                   (col.magnitude * 1e-6) ** 2)
+
+    full_mean, full_spread = mean(col.magnitude), spread(col.magnitude)
+    expected = {
+        "means": [mean(b) for b in bounds],
+        "mean_sds": [math.sqrt(variance * sum((min(x, b) - mean(b)) ** 2 for x in a))
+                     / w_total for b in bounds],
+        "losses": [min(max((full_mean - mean(b)) / full_mean, 0.0), 1.0) for b in bounds],
+        "loss_sds": [math.sqrt(variance * sum(
+            (max(x - b, 0.0) - min(max((full_mean - mean(b)) / full_mean, 0.0), 1.0) * x) ** 2
+            for x in a)) / a_total for b in bounds],
+        "spreads": [spread(b) for b in bounds],
+        "spread_losses": [min(max((full_spread - spread(b)) / full_spread, 0.0), 1.0)
+                          for b in bounds],
+        "spread_loss_sds": [math.sqrt(variance * sum(max(x * x - b * b, 0.0) ** 2 for x in a))
+                            / (w_total * full_spread) for b in bounds],
+    }
+    for name, values in expected.items():
+        assert list(getattr(col, name)(bounds)) == pytest.approx(values, rel=1e-9, abs=1e-12), \
+            name
+    for b, got in zip(bounds, col.kurtoses(bounds), strict=True):
+        mu = sum(pj * min(x, b) for pj, x in zip(p, a, strict=True))
+        fourth = sum(pj * (min(x, b) - mu) ** 4 for pj, x in zip(p, a, strict=True))
+        assert got == pytest.approx(max(fourth / spread(b) ** 2, 1.0), rel=1e-6)
+    for centred in (False, True):
+        for b, got in zip(bounds, col.offsets(bounds, centred), strict=True):
+            lo, hi = col.interval(b)
+            c = (lo + hi) / 2 if centred else 0.0
+            want = (abs(mean(b) - c) if lower >= 0 else abs(mean(b) + c) if upper <= 0
+                    else min(max(abs(lo - c), abs(hi - c)), mean(b) + abs(c)))
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
 def test_intervals_and_per_row_bounds() -> None:
     col = ClipColumn(-3.0, 10.0, (1.0,) * (STEPS + 2))
     assert col.interval(10.0) == (-3.0, 10.0)
