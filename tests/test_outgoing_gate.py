@@ -23,6 +23,7 @@ from sqlglot import exp
 from analyses.outgoing import Refused, verify
 from chorus_py.engine import Engine
 from chorus_py.errors import InternalError
+from chorus_py.kinds import quantile as quantile_kind
 from rewriters import pipeline
 from tests.conftest import nothing_spent
 
@@ -206,3 +207,29 @@ def test_a_rewriter_that_gates_on_rows_is_stopped_before_the_database(
     with pytest.raises(InternalError, match="threshold"):
         engine.execute(query, analyst="alice", epsilon=1.0, delta=1e-6)
     assert nothing_spent(engine)
+
+
+def test_a_quantiles_units_gate_that_counts_rows_is_stopped(
+        backend_url: str, make_engine: Callable[..., Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantiles by a thresholded key with automatic caps: the proxy gates the keys on a
+    separate statement's distinct units per group (``rewriters.quantiles.
+    quantile_group_units``, its output ``n``).  Built as COUNT(*) of the rows (a simulated
+    bug), the statement is refused before it runs and nothing is spent; built right, the
+    query is answered."""
+    query = "SELECT driver_id, MEDIAN(fare) FROM trips GROUP BY driver_id"
+    engine = make_engine(backend_url, contribution="auto")
+    engine.execute(query, analyst="alice", epsilon=1.0, delta=1e-6)
+    built = quantile_kind.quantile_group_units
+
+    def rows_per_group(*args: object, **kwargs: object) -> exp.Select:
+        tree = built(*args, **kwargs)  # type: ignore[arg-type]
+        next(c for c in tree.find_all(exp.Count) if c.find(exp.Distinct)).replace(
+            exp.Count(this=exp.Star()))
+        return tree
+
+    other = make_engine(backend_url, contribution="auto")
+    monkeypatch.setattr(quantile_kind, "quantile_group_units", rows_per_group)
+    with pytest.raises(InternalError, match="threshold"):
+        other.execute(query, analyst="alice", epsilon=1.0, delta=1e-6)
+    assert nothing_spent(other)
