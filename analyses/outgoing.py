@@ -115,7 +115,7 @@ proxy's schema, ``chorus_private.T__bounded_*`` / ``T__attr_*``):
    outer WHERE, the key-release gate, whose noisy column is noise over one column of E that
    counts each unit at most once per group, in every aggregation it adds up (``_unit_count``;
    the threshold is calibrated for that count): ``COUNT(DISTINCT c)``, c the reads' own unit
-   column (its name traced unchanged down to them, ``_column_tables``), every other read with
+   column (its value traced unchanged down to them, ``_origins``), every other read with
    a unit joined to them by ON equalities of unit columns where their sources meet; a grouped
    twin's count of its marks (``COUNT(CASE WHEN __chorus_rank = __chorus_gscore THEN unit
    END)``, ``SUM(__chorus_gfirst)``, the twin's own columns) under a GROUP BY of exactly its

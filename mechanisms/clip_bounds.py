@@ -61,7 +61,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 
@@ -98,22 +98,6 @@ def representatives(magnitude: float) -> tuple[float, ...]:
     edges = magnitude_edges(magnitude)
     middles = [(edges[j] + edges[j - 1]) / 2 for j in range(1, STEPS + 1)]
     return (magnitude, *middles, edges[-1] / 2)
-
-
-_F = TypeVar("_F", bound=Callable[..., float])
-
-
-def _per_bound(method: _F) -> _F:
-    """Remember a ClipColumn statistic per bound: the rule asks for it once per candidate cap."""
-    @functools.wraps(method)
-    def remembered(self: ClipColumn, bound: float | None = None) -> float:
-        key = (method.__name__, bound)
-        memo = self._memo
-        if key not in memo:
-            memo[key] = method(self, bound)
-        return memo[key]
-
-    return remembered  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -281,25 +265,30 @@ class ClipColumn:
         fourth = np.sum(p * (clipped - mu[:, None]) ** 4, axis=1)
         return np.maximum(fourth / self.spreads(bounds) ** 2, 1.0)
 
-    @_per_bound
-    def mean(self, bound: float | None = None) -> float:
-        """mu(B) (mu at B = None: at the declared magnitude), never below a tiny floor."""
-        return float(self.means(np.array([self.magnitude if bound is None else bound]))[0])
+    def _one(self, many: Callable[[np.ndarray], np.ndarray], bound: float | None) -> float:
+        """The statistic ``many`` at one bound (None: the declared magnitude), remembered per
+        bound: the rule asks for some of them once per candidate cap."""
+        at = self.magnitude if bound is None else bound
+        key = (many.__name__, at)
+        if key not in self._memo:
+            self._memo[key] = float(many(np.array([at]))[0])
+        return self._memo[key]
 
-    @_per_bound
+    def mean(self, bound: float | None = None) -> float:
+        """mu(B) (``means``; mu at B = None: at the declared magnitude)."""
+        return self._one(self.means, bound)
+
     def mean_sd(self, bound: float | None = None) -> float:
         """sd mu(B) (``mean_sds``; at B = None, at the declared magnitude)."""
-        return float(self.mean_sds(np.array([self.magnitude if bound is None else bound]))[0])
+        return self._one(self.mean_sds, bound)
 
-    @_per_bound
     def loss(self, bound: float) -> float:
         """loss(B) (``losses``)."""
-        return float(self.losses(np.array([bound]))[0])
+        return self._one(self.losses, bound)
 
-    @_per_bound
     def loss_sd(self, bound: float) -> float:
         """sd loss(B) (``loss_sds``)."""
-        return float(self.loss_sds(np.array([bound]))[0])
+        return self._one(self.loss_sds, bound)
 
     def loss_upper(self, bound: float, z: float = Z) -> float:
         """loss(B) + z sd loss(B): the clipping bias at its upper estimate (module docstring).
@@ -308,25 +297,17 @@ class ClipColumn:
         capping it would let every narrow bound tie (the failure this rule replaces)."""
         return self.loss(bound) + z * self.loss_sd(bound)
 
-    @_per_bound
     def spread(self, bound: float) -> float:
         """nu(B) (``spreads``)."""
-        return float(self.spreads(np.array([bound]))[0])
+        return self._one(self.spreads, bound)
 
-    @_per_bound
     def spread_loss(self, bound: float) -> float:
         """(nu(M) - nu(B)) / nu(M) (``spread_losses``)."""
-        return float(self.spread_losses(np.array([bound]))[0])
+        return self._one(self.spread_losses, bound)
 
-    @_per_bound
-    def spread_loss_sd(self, bound: float) -> float:
-        """An upper bound on sd spread_loss(B) (``spread_loss_sds``)."""
-        return float(self.spread_loss_sds(np.array([bound]))[0])
-
-    @_per_bound
     def kurtosis(self, bound: float) -> float:
         """kappa(B) (``kurtoses``)."""
-        return float(self.kurtoses(np.array([bound]))[0])
+        return self._one(self.kurtoses, bound)
 
     def per_row(self, bound: float, kind: SumKind, centred: bool) -> float:
         """The per-row bound d of a measurement over [l', u'] (its sensitivity is k d)."""
