@@ -698,12 +698,13 @@ def _names(select: exp.Select) -> list[str] | None:
 
 
 # The columns a ranked copy adds to its table (``rewriters.contribution.ranked_table``; its
-# stored quantile bins ``__chorus_bin<i>``, ``rewriters.bins``, and magnitude digits
-# ``__chorus_mag<i>``, ``rewriters.selection.stored_digit_columns``: functions of one row's
+# stored quantile bins ``__chorus_bin<i>``, ``rewriters.bins``, magnitude digits
+# ``__chorus_mag<i>``, ``rewriters.selection.stored_digit_columns``, and clipped values
+# ``__chorus_clip<i>``, ``rewriters.clipping.stored_clip_columns``: functions of one row's
 # value, which no rule reads); any other ``__chorus_`` name is the rewriter's own, never a
 # column of a declared table.
 _COPY_COLUMNS = frozenset({_UNIT_ROWS, _STORED_RANK, "__chorus_rand", _POSITION})
-_STORED_BIN = re.compile(r"__chorus_(?:bin|mag)\d+")
+_STORED_BIN = re.compile(r"__chorus_(?:bin|mag|clip)\d+")
 
 
 def _origin(name: str, chain: list[exp.Select], level: int) -> tuple[int, exp.Expr] | None:

@@ -66,17 +66,28 @@ def stored_bins(policy: TablePolicy) -> tuple[tuple[str, float, float], ...]:
     return tuple(found)
 
 
+def stored_column(policy: TablePolicy, argument: exp.Expr, alias: str
+                  ) -> tuple[int, float, float] | None:
+    """(i, lower, upper) when ``argument`` is a plain column of the table (``alias.column``)
+    that a ranked copy stores values of (its bin, magnitude digit, clipped value): the i-th
+    of :func:`stored_bins`, with its declared bounds; None otherwise."""
+    if not isinstance(argument, exp.Column) or argument.table != alias:
+        return None
+    for i, (name, low, high) in enumerate(stored_bins(policy)):
+        if name == argument.name:
+            return i, low, high
+    return None
+
+
 def stored_bin(policy: TablePolicy, argument: exp.Expr, alias: str, lower: float,
                upper: float, bins: int) -> str | None:
     """The name of the ranked copy's stored bin of ``argument`` when it is a plain column of
     the table (``alias.column``) and the histogram bins it exactly as the copy did (its
     declared bounds, ``BINS``); None otherwise (the histogram computes the bin)."""
-    if bins != BINS or not isinstance(argument, exp.Column) or argument.table != alias:
+    found = stored_column(policy, argument, alias)
+    if found is None or bins != BINS or found[1:] != (float(lower), float(upper)):
         return None
-    for i, (name, low, high) in enumerate(stored_bins(policy)):
-        if name == argument.name:
-            return f"{STORED_BIN}{i}" if (low, high) == (float(lower), float(upper)) else None
-    return None
+    return f"{STORED_BIN}{found[0]}"
 
 
 def stored_bin_columns(policy: TablePolicy, alias: str) -> list[exp.Expr]:

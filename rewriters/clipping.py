@@ -5,6 +5,12 @@ from __future__ import annotations
 from sqlglot import exp
 
 from analyses.trees import copy_tree
+from chorus_py.policy import TablePolicy
+from rewriters.bins import stored_bins, stored_column
+
+#: The prefix of a ranked copy's stored clipped values: ``__chorus_clip<i>``, the i-th bounded
+#: numeric column of ``rewriters.bins.stored_bins`` clipped at its declared bounds.
+STORED_CLIP = "__chorus_clip"
 
 
 def clipping(value: exp.Expr, lower: float, upper: float, consume: bool = False) -> exp.Expr:
@@ -112,3 +118,44 @@ def bound_literal(value: float) -> exp.Expr:
     negation (``kinds.templates`` relies on this exact form to fill its holes)."""
     literal = exp.Literal.number(int(value) if float(value).is_integer() else value)
     return exp.Neg(this=exp.Literal.number(-value)) if value < 0 else literal
+
+
+def clips_stored(dialect: str) -> bool:
+    """Whether the ranked copies of ``dialect`` store their bounded columns clipped at the
+    declared bounds (:func:`stored_clip_columns`): DuckDB's, where the clip is most of a SUM's
+    cost (1M demo trips, prepared statements, medians of 40: ``SUM`` over the copy 1.72 ms,
+    with the clip's CASE 3.38, raw 1.39).  Postgres runs the CASE at no measurable cost
+    beside its per-row overhead (``Clipping a column by comparisons``, benchmarks/RESULTS.md),
+    where a wider copy would cost reading it; Spark compiles the CASE into its scan."""
+    return dialect == "duckdb"
+
+
+def stored_clip_columns(policy: TablePolicy, alias: str) -> list[exp.Expr]:
+    """The clipped values a ranked copy stores, over the table's rows as ``alias``: for each
+    bounded numeric column v (``rewriters.bins.stored_bins``, declared [lower, upper]),
+    :func:`clipping` of v at those bounds as ``__chorus_clip<i>``: the very expression an
+    answer clips a plain column with at its declared bounds, evaluated by the same database on
+    the same value, so every row's stored value (NULL, NaN and the infinities included) is the
+    one the answer would compute, and so is every sum of them.  The copy's name covers them
+    (``chorus_py.stores.samples``)."""
+    return [exp.alias_(clipping(exp.column(name, table=alias, quoted=True), lower, upper,
+                                consume=True), f"{STORED_CLIP}{i}")
+            for i, (name, lower, upper) in enumerate(stored_bins(policy))]
+
+
+def stored_clip(policy: TablePolicy, argument: exp.Expr, alias: str, lower: float,
+                upper: float) -> exp.Expr | None:
+    """The ranked copy's stored clipped value of ``argument`` (``alias.__chorus_clip<i>``)
+    when it is a plain column of the table clipped at its declared bounds, as the copy's
+    was; None otherwise (the statement clips it per row).
+
+    At other bounds inside the declared ones, clipping the stored value at the bounds that
+    differ would give the same values with one comparison fewer (a whole-table ``SUM`` at [0,
+    100] on 1M demo trips: 3.7 ms clipped per row, 3.0 from the stored value; at the declared
+    [0, 200] 1.7, raw 1.5), but which comparisons are left would be part of a text template's
+    structure (``kinds.templates``), whose random stand-ins for the other bound cannot always
+    keep their order beside a declared one: not done."""
+    found = stored_column(policy, argument, alias)
+    if found is None or found[1:] != (float(lower), float(upper)):
+        return None
+    return exp.column(f"{STORED_CLIP}{found[0]}", table=alias)

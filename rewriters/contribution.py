@@ -157,9 +157,11 @@ def group_ranks(rows: exp.Select, unit: str, keys: Sequence[exp.Expr],
     ).from_(scored.subquery("s", copy=False), copy=False)
 
 
-def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -> exp.Select:
+def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None,
+                 stored: Sequence[exp.Expr] = ()) -> exp.Select:
     """The rows of ``table`` (those satisfying ``where``, over alias ``t``, if given) that
-    contribution bounding keeps, for the proxy to store once.
+    contribution bounding keeps, for the proxy to store once; with ``stored`` (over ``t``:
+    ``rewriters.clipping.stored_clip_columns``), each row's values of those too.
 
     >>> sample_table("trips", "rider_id", 2).sql("duckdb")
     'SELECT * FROM (SELECT r.*, ROW_NUMBER() OVER (PARTITION BY r.rider_id ORDER BY r.__chorus_rand) AS __chorus_rank FROM (SELECT t.*, RANDOM() AS __chorus_rand FROM trips AS t) AS r) AS b WHERE b.__chorus_rank <= 2'
@@ -168,6 +170,8 @@ def sample_table(table: str, unit: str, k: int, where: exp.Expr | None = None) -
         exp.Table(this=exp.to_identifier(table), alias=exp.TableAlias(this=exp.to_identifier("t"))))
     if where is not None:
         rows = rows.where(where, copy=False)
+    if stored:
+        rows = rows.select(*stored, copy=False)
     return contribution(rows, unit, k)
 
 

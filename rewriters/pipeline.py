@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from analyses.query import AggregateQuery, Measurement
+from chorus_py.policy import TablePolicy
 from mechanisms.planning import THRESHOLD_ID, NoisePlan
 from rewriters.blocks import BlockRestriction, blocks
-from rewriters.clipping import clipping
+from rewriters.clipping import clipping, clips_stored, stored_clip
 from rewriters.contribution import (
     RANK,
     contribution,
@@ -233,8 +234,13 @@ def pipeline(query: AggregateQuery, plan: NoisePlan, restriction: BlockRestricti
     # safety() and _measure_sql() build fresh trees: the builders need not copy them.
     columns: list[exp.Expr] = [exp.alias_(safety(k.expr), k.id, copy=False)
                                for k in query.keys]
-    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit, marked), m.id, copy=False)
-                for m in query.measurements]
+    # Every row comes from the ranked copy or its twins (all of them the copy's columns), or
+    # from the bounded sample (a table of several units per row reads its kept set S from
+    # ``sample`` instead, which stores no clipped values): their clipped values are stored.
+    from_sample = sample is not None and not tp.multi_attribution
+    stored = tp if (ranked is not None or from_sample) and clips_stored(dialect) else None
+    columns += [exp.alias_(_measure_sql(m, alias, tp.privacy_unit, marked, stored), m.id,
+                           copy=False) for m in query.measurements]
     measure_ids = list(measured_ids(query, plan))
     if plan.threshold is not None and plan.threshold.separate:
         unit, gate_alias = tp.privacy_unit, alias
@@ -450,8 +456,12 @@ def _distinct_units(alias: str, unit: str, marked: bool) -> exp.Expr:
     return exp.Count(this=exp.Distinct(expressions=[exp.column(unit, table=alias)]))
 
 
-def _measure_sql(m: Measurement, alias: str, unit: str | None, marked: bool = False
-                 ) -> exp.Expr:
+def _measure_sql(m: Measurement, alias: str, unit: str | None, marked: bool = False,
+                 stored: TablePolicy | None = None) -> exp.Expr:
+    """One measurement's exact aggregate over the rows as ``alias``; ``stored``: the policy of
+    a ranked copy (or twin) those rows come from that stores its clipped values
+    (``rewriters.clipping.stored_clip``), read instead of clipped per row where they are the
+    same values."""
     if m.kind == "count_units" and m.argument is not None:  # a join: the unit column it names
         return exp.Count(this=exp.Distinct(expressions=[safety(m.argument)]))
     if m.kind == "count_units":
@@ -460,7 +470,10 @@ def _measure_sql(m: Measurement, alias: str, unit: str | None, marked: bool = Fa
     if m.kind == "count":
         return exp.Count(this=exp.Star() if m.argument is None else safety(m.argument))
     assert m.argument is not None and m.lower is not None and m.upper is not None
-    value = clipping(safety(m.argument), m.lower, m.upper, consume=True)
+    kept = None if stored is None else stored_clip(stored, m.argument, alias, m.lower,
+                                                   m.upper)
+    value = kept if kept is not None else clipping(safety(m.argument), m.lower, m.upper,
+                                                   consume=True)
     if m.center:
         value = exp.Paren(this=exp.Sub(this=value, expression=exp.Literal.number(m.center)))
     if m.grid:  # joins: an integer number of grid steps per row (analyses.query._JOIN_GRID_STEPS)

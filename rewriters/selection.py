@@ -19,7 +19,7 @@ from analyses.query import AggregateQuery
 from analyses.trees import copy_tree
 from chorus_py.policy import TablePolicy
 from mechanisms.clip_bounds import magnitude_edges
-from rewriters.bins import stored_bins
+from rewriters.bins import stored_bins, stored_column
 from rewriters.blocks import BlockRestriction
 from rewriters.clipping import clipping
 from rewriters.contribution import RANK, UNIT_ORDER, UNIT_ROWS
@@ -454,10 +454,7 @@ def stored_digit(policy: TablePolicy, argument: exp.Expr, alias: str, lower: flo
     """The name of the ranked copy's stored magnitude digit of ``argument`` when it is a plain
     column of the table (``alias.column``) clipped at its declared bounds, as the copy's was;
     None otherwise (the statement computes the digit)."""
-    if not isinstance(argument, exp.Column) or argument.table != alias:
+    found = stored_column(policy, argument, alias)
+    if found is None or found[1:] != (float(lower), float(upper)):
         return None
-    for i, (name, low, high) in enumerate(stored_bins(policy)):
-        if name == argument.name:
-            return f"{STORED_DIGIT}{i}" if (low, high) == (float(lower), float(upper)) \
-                else None
-    return None
+    return f"{STORED_DIGIT}{found[0]}"

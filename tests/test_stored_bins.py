@@ -1,5 +1,6 @@
-"""The quantile bins and magnitude digits a ranked copy stores (``rewriters.bins``,
-``rewriters.selection.stored_digit_columns``, issue 23).
+"""The quantile bins, magnitude digits and clipped values a ranked copy stores
+(``rewriters.bins``, ``rewriters.selection.stored_digit_columns``,
+``rewriters.clipping.stored_clip_columns``, issue 23).
 
 A histogram over the ranked copy groups the copy's stored bin of a plain column at its
 declared bounds instead of computing each row's bin.  It must be the very bin the histogram
@@ -10,7 +11,9 @@ against the cells counted by hand.  Which columns are stored, when a histogram m
 and that other declared bounds make another copy (never a stale bin) are checked too.  The
 magnitude digit of the choices' cells (the bin of |clip(v)| over the declared bounds' edges,
 or the NULL digit) likewise, against a hand computation and against the database computing
-the cells' own expression over the same rows.
+the cells' own expression over the same rows.  The clipped value an answer sums (DuckDB's
+copies only) likewise, row by row, and an answer's exact sums read from it against the same
+statement clipping per row.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from chorus_py.kinds.quantile import QuantileDetail
 from chorus_py.policy import TablePolicy
 from mechanisms.clip_bounds import magnitude_edges
 from rewriters.bins import BINS, stored_bin, stored_bins
-from rewriters.clipping import clipping
+from rewriters.clipping import clipping, stored_clip
 from rewriters.dialect import dialect
 from rewriters.selection import magnitude_digit, stored_digit
 from tests.conftest import table_with_rows
@@ -48,6 +51,7 @@ noise = "proxy"
 privacy_unit = "person"
 max_rows_per_unit = 100
 contribution = "fixed"
+bounding = "{bounding}"
 
 [tables.{table}.columns]
 person = {{ type = "int" }}
@@ -115,10 +119,10 @@ def test_a_histogram_reads_a_stored_bin_only_where_it_is_the_same_bin() -> None:
     assert stored_bin(policy, parse_one("t.w"), "t", 0, 1, BINS) is None  # not stored
 
 
-def _engine(table: tuple[str, str], make: Callable[[str], Engine], lower: float = -50
-            ) -> Engine:
+def _engine(table: tuple[str, str], make: Callable[[str], Engine], lower: float = -50,
+            bounding: str = "per-query") -> Engine:
     url, name = table
-    engine = make(POLICY.format(url=url, table=name, lower=lower))
+    engine = make(POLICY.format(url=url, table=name, lower=lower, bounding=bounding))
     engine.warm_up(wait=True)
     return engine
 
@@ -214,7 +218,94 @@ def test_the_copy_stores_the_digit_the_cells_compute(
         assert n_digit == n_computed == _digit(None if n is None else float(n), 0, 20), n
 
 
+def test_an_answer_reads_a_stored_clip_only_where_it_is_the_same_value() -> None:
+    policy = _policy()
+    v = parse_one("t.v")
+    assert stored_clip(policy, v, "t", -50, 50) == exp.column("__chorus_clip1", table="t")
+    assert stored_clip(policy, parse_one("t.n"), "t", 0, 20) == exp.column("__chorus_clip0",
+                                                                           table="t")
+    assert stored_clip(policy, v, "t", -50, 40) is None  # other bounds
+    assert stored_clip(policy, v, "t", 0, 50) is None
+    assert stored_clip(policy, v, "u", -50, 50) is None  # another table's column
+    assert stored_clip(policy, parse_one("t.v * 2"), "t", -100, 100) is None
+    assert stored_clip(policy, parse_one("t.w"), "t", 0, 1) is None  # not stored
+
+
+def _clipped(x: float | None, lower: float, upper: float) -> float | None:
+    """A clip by hand: NULL stays NULL, NaN is above every number on both databases."""
+    if x is None:
+        return None
+    return upper if math.isnan(x) else min(max(x, lower), upper)
+
+
+def test_the_copy_stores_the_clip_the_answer_computes(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine]) -> None:
+    """DuckDB: each row's stored clipped value is the hand one and the one the database
+    computes with the answer's own expression (``clipping``) over the same row.  Postgres
+    stores none (``rewriters.clipping.clips_stored``)."""
+    engine = _engine(table, policy_engine)
+    name = table[1]
+    copy = engine.samples.ranked(name, engine.policy.tables[name])
+    assert copy is not None
+    columns = [c for c in engine.backend.run(f'SELECT * FROM {SCHEMA}."{copy}" LIMIT 0').columns
+               if c.startswith("__chorus_clip")]
+    if engine.dialect != "duckdb":
+        assert columns == []
+        return
+    assert columns == ["__chorus_clip0", "__chorus_clip1"]
+
+    def computed(column: str, lower: float, upper: float) -> str:
+        tree = clipping(exp.column(column, table="c"), lower, upper, consume=True)
+        return dialect(tree, engine.dialect).sql(engine.dialect)
+
+    rows = engine.backend.run(
+        f'SELECT v, "__chorus_clip1", {computed("v", -50, 50)}, n, "__chorus_clip0", '
+        f'{computed("n", 0, 20)} FROM {SCHEMA}."{copy}" AS c').rows
+    assert len(rows) == len(_rows())
+    for v, v_clip, v_computed, n, n_clip, n_computed in rows:
+        expected = _clipped(v, -50, 50)
+        assert v_clip == v_computed == expected, v
+        assert n_clip == n_computed == _clipped(None if n is None else float(n), 0, 20), n
+
+
+@pytest.mark.parametrize("bounding", ["per-query", "materialized"])
+def test_an_answer_at_the_declared_bounds_sums_the_stored_clip(
+        table: tuple[str, str], policy_engine: Callable[[str], Engine], bounding: str) -> None:
+    """The answer's exact sums read from the stored clipped values (DuckDB's ranked copy, or
+    its bounded sample) are those of the same statement clipping each row, and the hand sums
+    (every row kept: at most 100 a unit); the query is answered (the outgoing verifier passes
+    it)."""
+    engine = _engine(table, policy_engine, bounding=bounding)
+    name = table[1]
+    sql = f"SELECT SUM(v) AS s, AVG(n) AS a, SUM(v * 2) AS d FROM {name}"
+    _, prepared = engine.prepare(sql, "alice", epsilon=1.0)
+    (statement,) = prepared.statements
+    stored = f"{name}.__chorus_clip"
+    if engine.dialect != "duckdb":
+        assert "__chorus_clip" not in statement
+    else:
+        # v and n at their declared bounds read the stored values; v * 2 is clipped per row.
+        assert f"SUM({stored}1)" in statement and stored + "0" in statement
+        assert "LEAST(GREATEST(" in statement
+        per_row = statement.replace(f"{stored}1", computed_clip(name, "v", -50, 50)).replace(
+            f"{stored}0", computed_clip(name, "n", 0, 20))
+        assert "__chorus_clip" not in per_row
+        assert engine.backend.run(statement).rows == engine.backend.run(per_row).rows
+    values = [v for _, v, *_ in _rows()]
+    by_hand = sum(c for c in (_clipped(v, -50, 50) for v in values) if c is not None)
+    (exact,) = engine.backend.run(statement).rows
+    assert math.isclose(exact[0], by_hand, rel_tol=1e-12)  # m0, SUM(v): up to its order
+    assert engine.execute(sql, "alice", epsilon=1.0).rows
+
+
+def computed_clip(alias: str, column: str, lower: float, upper: float) -> str:
+    """The answer's per-row clip of ``alias.column`` as DuckDB SQL."""
+    return clipping(exp.column(column, table=alias, quoted=True), lower, upper).sql("duckdb")
+
+
 @pytest.mark.parametrize("sql", [
+    "SELECT SUM(__chorus_clip1) FROM {t}",
+    "SELECT COUNT(*) FROM {t} WHERE __chorus_clip0 > 3",
     "SELECT SUM(__chorus_mag1) FROM {t}",
     "SELECT COUNT(*) FROM {t} WHERE __chorus_mag0 > 3",
     "SELECT SUM(__chorus_bin1) FROM {t}",

@@ -34,6 +34,7 @@ from sqlglot import exp
 from analyses.query import AggregateQuery
 from analyses.trees import dialect_named
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
+from rewriters.bins import stored_column
 from rewriters.clipping import bound_literal  # the exact literal clipping prints
 
 # A value that varies, named by where it comes from: ("k",), ("lo", arg), ("m", id, field, sign)..
@@ -101,6 +102,21 @@ def _bounded(query: AggregateQuery) -> dict[str, tuple[float, float]]:
     return found
 
 
+def _declared(query: AggregateQuery) -> set[str]:
+    """The bounded arguments (by their SQL) clipped at the declared bounds of a column a
+    ranked copy stores clipped (``rewriters.clipping.stored_clip``): an answer over the copy
+    reads that column instead of a clip with the bounds in it, a structure of its own (the
+    bounds are then fixed: the template keeps them, no hole)."""
+    out = set()
+    for key, (lo, hi) in _bounded(query).items():
+        m = next(m for m in query.measurements if m.argument_sql == key)
+        found = None if m.argument is None else stored_column(query.table_policy, m.argument,
+                                                               query.alias)
+        if found is not None and found[1:] == (float(lo), float(hi)):
+            out.add(key)
+    return out
+
+
 class _Unfit(Exception):
     """These values cannot be expressed by this template (render in full)."""
 
@@ -113,8 +129,9 @@ def signature(query: AggregateQuery, plan: NoisePlan, sampled: bool) -> tuple[ob
     """
     k, g = query.stability, query.max_groups
     caps: tuple[object, ...] = (k, g) if sampled else (g is None, g is not None and g < k)
-    bounds = tuple(sorted((key, lo < 0, float(lo).is_integer(), hi < 0, float(hi).is_integer())
-                          for key, (lo, hi) in _bounded(query).items()))
+    declared = _declared(query)
+    bounds = tuple(sorted((key, lo < 0, float(lo).is_integer(), hi < 0, float(hi).is_integer(),
+                           key in declared) for key, (lo, hi) in _bounded(query).items()))
     centres = tuple((m.id, m.center == 0, math.copysign(1.0, m.center))
                     for m in query.measurements if m.lower is not None)
     mechanisms = tuple((mid, type(m).__name__) for mid, m in plan.all_mechanisms().items())
@@ -241,8 +258,10 @@ def _placeholders(query: AggregateQuery, plan: NoisePlan, sampled: bool, epsilon
             else m for m in placeholder.measurements))
         centres = {m.argument_sql: m.center for m in query.measurements
                    if m.lower is not None and m.argument is not None and m.center}
-        bounds = {key: _bound_pair(draw, lo, hi, centres.get(key)) for key, (lo, hi)
-                  in real.items()}
+        declared = _declared(query)
+        bounds = {key: (lo, hi) if key in declared else _bound_pair(draw, lo, hi,
+                                                                     centres.get(key))
+                  for key, (lo, hi) in real.items()}
         placeholder = placeholder.with_bounds(bounds)
     gate = plan.threshold
     requests = [NoiseRequest(m.id, float(draw.randrange(10**6, 10**7)) if m.integral else

@@ -20,7 +20,10 @@ its index on the count one after the other: a heavy branch at cap 28 over 1M dem
 twin's order (``__chorus_pos``) and that of its unit's first row (``__chorus_run``,
 ``rewriters.contribution.ranked_table``'s ``positions``; part of the copy's name, so older
 copies are rebuilt), which the heavy branch reads as it keeps each unit's first k rows in
-one pass (``rewriters.contribution.streamed_rank``).
+one pass (``rewriters.contribution.streamed_rank``), and each bounded numeric column clipped
+at its declared bounds (``__chorus_clip<i>``, ``rewriters.clipping.stored_clip_columns``),
+which an answer reads where it clips that column at those bounds (the clip was half of a
+whole-table SUM's statement).
 A table whose blocks are cut on a date or timestamp column also has a month twin, ``<copy
 name>_m`` (``rewriters.contribution.month_ordered``): the copy stores each row's calendar
 month (``__chorus_month``), and the month twin holds the same rows by month, then in the twin's
@@ -44,7 +47,8 @@ For a table with a privacy unit and cap k, the proxy keeps one random sample of 
 unit in ``chorus_private.<table>__bounded_<keyed digest>``; queries then read that sample instead
 of ranking rows per query.  Stability stays k for every query (each unit has <= k rows in the
 sample, chosen at random, independently of other units), and reusing one sample across queries
-costs no privacy.
+costs no privacy.  On DuckDB it stores each bounded numeric column clipped at its declared
+bounds too, as the ranked copy does (``__chorus_clip<i>``).
 
 The sample is versioned by a fingerprint of its source table and rebuilt when the table changes:
 on Postgres the relation's oid and relfilenode (new after DROP/CREATE or TRUNCATE) with its
@@ -92,6 +96,7 @@ from rewriters.blocks import (
     month_start,
 )
 from rewriters.blocks import blocks as restrict_blocks
+from rewriters.clipping import clips_stored, stored_clip_columns
 from rewriters.contribution import (
     MONTH,
     POSITION,
@@ -630,6 +635,9 @@ class BoundedSamples:
         else:  # Spark: every column of every row too (hash(*) expands to them)
             row = self._backend.run(
                 f'SELECT COUNT(*), SUM(hash(*) % 1000000007) FROM "{table}"').rows
+        # "clips": it stores the bounded columns clipped at their declared bounds
+        # (rewriters.clipping.stored_clip_columns).
+        clips = f"|clips {stored_bins(policy)}" if clips_stored(self._backend.dialect) else ""
         if kind == RANKED:  # every row, whatever the cap: engines of any k share it
             # and the bins it stores (rewriters.bins): other declared bounds, another copy;
             # "order": its twin's index is in the twin's order (a copy whose twin was indexed
@@ -637,10 +645,11 @@ class BoundedSamples:
             # magnitude digits of the choices' cells (rewriters.selection.stored_digit_columns,
             # over the same columns and bounds, STEPS + 1 edges each).
             return (f"{row}|{policy.privacy_unit}|ranked|bins {BINS} {stored_bins(policy)}"
-                    f"|order|digits {STEPS}")
+                    f"|order|digits {STEPS}{clips}")
         # The cap is part of the version: a new max_rows_per_unit needs a new sample; so is
-        # its layout ("ordered": in block order, indexed), so that older samples are rebuilt.
-        return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered"
+        # its layout ("ordered": in block order, indexed), so that older samples are rebuilt;
+        # and its clipped values' columns and bounds.
+        return f"{row}|{policy.privacy_unit}|{policy.contribution_bound}|ordered{clips}"
 
     def _span(self, table: str, policy: TablePolicy) -> BlockWindows | None:
         """The table's scheduled windows now (None: no blocks): the sample holds only their
@@ -692,6 +701,7 @@ class BoundedSamples:
                                                      quoted=True),
                                     span.start, span.end,
                                     policy.columns[policy.block.column].type)
+        clips = stored_clip_columns(policy, "t") if clips_stored(self._backend.dialect) else []
         if kind == RANKED:
             # DuckDB's heavy branch checks the twin's order by the stored positions
             # (``rewriters.contribution.streamed_rank``).
@@ -702,10 +712,11 @@ class BoundedSamples:
                 months = month_sql(exp.column(policy.block.column, table="t", quoted=True))
             select = ranked_table(table, policy.privacy_unit, where,
                                   [*stored_bin_columns(policy, "t"),
-                                   *stored_digit_columns(policy, "t")],
+                                   *stored_digit_columns(policy, "t"), *clips],
                                   positions=positions, month=months)
         else:
-            select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where)
+            select = sample_table(table, policy.privacy_unit, policy.contribution_bound, where,
+                                  clips)
         existing = [(t,) for t in self._backend.owned_tables() if t.startswith(f"{table}{kind}")]
         statements = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
         twin = unit_ordered(name) if kind == RANKED and self._has_twin(name) else None
