@@ -22,6 +22,7 @@ import collections
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlglot import exp, parse_one
@@ -182,6 +183,23 @@ def _digit(x: float | None, lower: float, upper: float) -> int:
     return next((j for j, e in enumerate(edges) if magnitude >= e), len(edges))
 
 
+def _stored_beside_computed(engine: Engine, copy: str, stored: str,
+                            expression: Callable[[exp.Column, float, float], exp.Expr]
+                            ) -> list[tuple[Any, ...]]:
+    """(v, stored of v, computed of v, n, stored of n, computed of n) for every row of the
+    copy: its stored columns ``<stored>1`` (v) and ``<stored>0`` (n) beside ``expression``
+    of the column and its declared bounds, computed by the database over the same row."""
+    def computed(column: str, lower: float, upper: float) -> str:
+        tree = expression(exp.column(column, table="c"), lower, upper)
+        return dialect(tree, engine.dialect).sql(engine.dialect)
+
+    rows = engine.backend.run(
+        f'SELECT v, "{stored}1", {computed("v", -50, 50)}, n, "{stored}0", '
+        f'{computed("n", 0, 20)} FROM {SCHEMA}."{copy}" AS c').rows
+    assert len(rows) == len(_rows())
+    return rows
+
+
 def test_a_cells_statement_reads_a_stored_digit_only_where_it_is_the_same_digit() -> None:
     policy = _policy()
     v = parse_one("t.v")
@@ -203,16 +221,12 @@ def test_the_copy_stores_the_digit_the_cells_compute(
     copy = engine.samples.ranked(name, engine.policy.tables[name])
     assert copy is not None
 
-    def computed(column: str, lower: float, upper: float) -> str:
-        tree = magnitude_digit(lambda: exp.Abs(this=clipping(
-            exp.column(column, table="c"), lower, upper, consume=True)),
+    def digit(column: exp.Column, lower: float, upper: float) -> exp.Expr:
+        return magnitude_digit(lambda: exp.Abs(this=clipping(
+            column.copy(), lower, upper, consume=True)),
             magnitude_edges(max(abs(lower), abs(upper))))
-        return dialect(tree, engine.dialect).sql(engine.dialect)
 
-    rows = engine.backend.run(
-        f'SELECT v, "__chorus_mag1", {computed("v", -50, 50)}, n, "__chorus_mag0", '
-        f'{computed("n", 0, 20)} FROM {SCHEMA}."{copy}" AS c').rows
-    assert len(rows) == len(_rows())
+    rows = _stored_beside_computed(engine, copy, "__chorus_mag", digit)
     for v, v_digit, v_computed, n, n_digit, n_computed in rows:
         assert v_digit == v_computed == _digit(v, -50, 50), v
         assert n_digit == n_computed == _digit(None if n is None else float(n), 0, 20), n
@@ -253,15 +267,9 @@ def test_the_copy_stores_the_clip_the_answer_computes(
         assert columns == []
         return
     assert columns == ["__chorus_clip0", "__chorus_clip1"]
-
-    def computed(column: str, lower: float, upper: float) -> str:
-        tree = clipping(exp.column(column, table="c"), lower, upper, consume=True)
-        return dialect(tree, engine.dialect).sql(engine.dialect)
-
-    rows = engine.backend.run(
-        f'SELECT v, "__chorus_clip1", {computed("v", -50, 50)}, n, "__chorus_clip0", '
-        f'{computed("n", 0, 20)} FROM {SCHEMA}."{copy}" AS c').rows
-    assert len(rows) == len(_rows())
+    rows = _stored_beside_computed(
+        engine, copy, "__chorus_clip",
+        lambda column, lower, upper: clipping(column, lower, upper, consume=True))
     for v, v_clip, v_computed, n, n_clip, n_computed in rows:
         expected = _clipped(v, -50, 50)
         assert v_clip == v_computed == expected, v
