@@ -34,8 +34,7 @@ from sqlglot import exp
 from analyses.query import AggregateQuery
 from analyses.trees import dialect_named
 from mechanisms.planning import NoisePlan, NoiseRequest, ThresholdRequest, plan_noise
-from rewriters.bins import stored_column
-from rewriters.clipping import bound_literal  # the exact literal clipping prints
+from rewriters.clipping import bound_literal, stored_clip  # bound_literal: as clipping prints
 
 # A value that varies, named by where it comes from: ("k",), ("lo", arg), ("m", id, field, sign)..
 Source = tuple[Any, ...]
@@ -107,14 +106,10 @@ def _declared(query: AggregateQuery) -> set[str]:
     ranked copy stores clipped (``rewriters.clipping.stored_clip``): an answer over the copy
     reads that column instead of a clip with the bounds in it, a structure of its own (the
     bounds are then fixed: the template keeps them, no hole)."""
-    out = set()
-    for key, (lo, hi) in _bounded(query).items():
-        m = next(m for m in query.measurements if m.argument_sql == key)
-        found = None if m.argument is None else stored_column(query.table_policy, m.argument,
-                                                               query.alias)
-        if found is not None and found[1:] == (float(lo), float(hi)):
-            out.add(key)
-    return out
+    return {m.argument_sql for m in query.measurements
+            if m.argument_sql is not None and m.argument is not None and m.lower is not None
+            and m.upper is not None and stored_clip(query.table_policy, m.argument,
+                                                    query.alias, m.lower, m.upper) is not None}
 
 
 class _Unfit(Exception):
